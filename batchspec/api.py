@@ -1,0 +1,127 @@
+"""The public Python entry points, shared by the job runner and users' scripts.
+
+    results = batchspec.generate(["def add(a, b):"], target="path/or/hub-id", drafter="ngram")
+
+`generate` returns Results in prompt order. For streams, `load_models` + `build_generator` give a
+SpecBatchGenerator whose `run(requests)` pulls requests lazily and yields Results as they finish.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .drafters import make_drafter
+from .generator import SpecBatchGenerator
+from .models import Models, load_models
+from .sampling import SamplingParams
+from .types import Request, Result
+
+DEFAULT_MAX_SEQ_LEN = 2048
+
+__all__ = ["generate", "load_models", "build_generator", "Models"]
+
+
+def model_max_positions(model: PreTrainedModel) -> int | None:
+    config = model.config.get_text_config()
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def build_generator(
+    models: Models,
+    *,
+    drafter: str = "none",
+    k: int = 4,
+    batch_size: int = 8,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    stop: Iterable[str] = (),
+    seed: int = 0,
+    max_seq_len: int | None = None,
+) -> SpecBatchGenerator:
+    """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
+    defaults to min(the model's position limit, 2048) and may not exceed the position limit."""
+    limit = model_max_positions(models.target)
+    if max_seq_len is None:
+        max_seq_len = min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
+    elif limit is not None and max_seq_len > limit:
+        raise ValueError(f"max_seq_len={max_seq_len} exceeds the target's {limit} positions")
+    if drafter == "none":
+        k = 0
+    sampling = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed)
+    target_vocab = models.target.get_output_embeddings().weight.shape[0]
+    draft = make_drafter(
+        drafter, device=models.target.device, num_slots=batch_size, max_len=max_seq_len + k + 1,
+        max_position=max_seq_len, target_vocab_size=target_vocab, sampling=sampling, draft_model=models.draft,
+    )
+    return SpecBatchGenerator(
+        models.target, models.tokenizer, drafter=draft, sampling=sampling, batch_size=batch_size,
+        max_seq_len=max_seq_len, max_new_tokens=max_new_tokens, eos_token_ids=models.eos_token_ids,
+        stop=stop, k=k,
+    )
+
+
+def generate(
+    prompts: Sequence[str | list[int]],
+    *,
+    ids: Sequence[str] | None = None,
+    target: str | PreTrainedModel,
+    draft: str | PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    drafter: str = "none",
+    k: int = 4,
+    batch_size: int = 8,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    stop: Iterable[str] = (),
+    seed: int = 0,
+    dtype: str = "auto",
+    device: str = "auto",
+    max_seq_len: int | None = None,
+    trust_remote_code: bool = False,
+) -> list[Result]:
+    """Complete every prompt; Results come back in prompt order.
+
+    A prompt is text (tokenized as `tokenizer(prompt)`, so the result equals the new tokens of
+    `model.generate(**tokenizer(prompt, return_tensors="pt"))` under greedy decoding) or a list of
+    token ids. `ids` name the requests (default: the prompt's position as a string); with sampling,
+    a request's output depends only on (seed, id, prompt). A prompt that cannot run comes back with
+    finish_reason "error" and an `error` message instead of raising.
+    """
+    if ids is not None and len(ids) != len(prompts):
+        raise ValueError(f"ids has {len(ids)} entries but prompts has {len(prompts)}")
+    ids = [str(i) for i in (ids if ids is not None else range(len(prompts)))]
+    if len(set(ids)) != len(ids):
+        raise ValueError("ids must be unique")
+    if drafter == "model" and draft is None:
+        raise ValueError("drafter='model' needs draft= (a path, hub id or loaded model)")
+    models = load_models(
+        target, draft if drafter == "model" else None, tokenizer=tokenizer, dtype=dtype, device=device,
+        trust_remote_code=trust_remote_code,
+    )
+    if max_seq_len is None:
+        longest = max((len(p) if isinstance(p, list) else len(models.tokenizer(p)["input_ids"])
+                       for p in prompts if isinstance(p, (str, list))), default=1)
+        limit = model_max_positions(models.target)
+        max_seq_len = max(2, longest + max_new_tokens if limit is None else min(limit, longest + max_new_tokens))
+    generator = build_generator(
+        models, drafter=drafter, k=k, batch_size=batch_size, max_new_tokens=max_new_tokens,
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
+        stop=stop, seed=seed, max_seq_len=max_seq_len,
+    )
+    requests = [Request(id=i, prompt=p) for i, p in zip(ids, prompts)]
+    by_id = {r.id: r for r in generator.run(requests)}
+    return [by_id[i] for i in ids]

@@ -1,0 +1,294 @@
+"""SpecBatchGenerator: B fixed slots, each round draft -> verify -> accept -> per-row rollback -> refill.
+
+Per slot, with the sequence seq = prompt + output so far and L = len(seq):
+  - the target cache holds seq[:L-1]; the last token g = seq[L-1] is pending;
+  - a round feeds [g, d_1 .. d_n] at positions L-1 .. L-1+n (n <= k drafts, 0 allowed) and gets the
+    target's distribution for positions L .. L+n in one forward over every active row;
+  - acceptance keeps m drafts and one more token (recovered or bonus): L' = L + m + 1;
+  - rollback sets the cache length to L' - 1, O(1): the rejected entries are stale and never attended.
+Stops (EOS ids, stop strings, max_new_tokens, max_seq_len) are checked on emitted tokens only.
+There is one host sync per round: the emitted tokens and counts come back to decide stops and stats.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .drafters import DraftContext, Drafter
+from .kv_cache import SlotKVCache, forward
+from .sampling import (
+    STREAM_ACCEPT, STREAM_RESAMPLE, SamplingParams, greedy_tokens, growing_presence, request_key, to_probs,
+    uniforms, verify_greedy, verify_sampling,
+)
+from .types import FINISH_LENGTH, FINISH_STOP, Request, Result, RunStats
+
+
+@dataclass(slots=True)
+class Slot:
+    """Host-side state of one running request."""
+
+    request: Request
+    prompt_ids: list[int]
+    length: int  # tokens in seq (prompt + output)
+    started: float
+    output: list[int] = field(default_factory=list)
+    draft_tokens: int = 0
+    accepted_per_round: list[int] = field(default_factory=list)
+
+
+class SpecBatchGenerator:
+    """Runs requests through `batch_size` slots; yields a Result as each request finishes.
+
+    Args are plain values: the target model and tokenizer, a Drafter (see drafters.py), the sampling
+    params, the slot count, max_seq_len (prompt + completion tokens per slot), max_new_tokens, the EOS
+    ids, stop strings, and k (the most drafts per row per round).
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        drafter: Drafter,
+        sampling: SamplingParams,
+        batch_size: int,
+        max_seq_len: int,
+        max_new_tokens: int,
+        eos_token_ids: Iterable[int],
+        stop: Iterable[str] = (),
+        k: int = 4,
+    ):
+        if batch_size < 1 or k < 0 or max_new_tokens < 1 or max_seq_len < 2:
+            raise ValueError(
+                f"need batch_size >= 1, k >= 0, max_new_tokens >= 1, max_seq_len >= 2; got "
+                f"{batch_size}, {k}, {max_new_tokens}, {max_seq_len}"
+            )
+        self.target, self.tokenizer, self.drafter, self.sampling = target, tokenizer, drafter, sampling
+        self.batch_size, self.max_seq_len, self.max_new_tokens, self.k = batch_size, max_seq_len, max_new_tokens, k
+        self.stop = tuple(s for s in stop if s)
+        self.device = target.device
+        self.vocab_size = target.get_output_embeddings().weight.shape[0]
+        self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=self.device)
+        # Slack past max_seq_len: rows that draft fewer than the longest row write padding there.
+        capacity = max_seq_len + k + 1
+        self.cache = SlotKVCache.for_model(target, batch_size, capacity)
+        self.tokens = torch.zeros(batch_size, capacity, dtype=torch.long, device=self.device)
+        self.noise_keys = torch.zeros(batch_size, dtype=torch.long, device=self.device)
+        self.presence = (
+            torch.zeros(batch_size, self.vocab_size, dtype=torch.bool, device=self.device)
+            if sampling.repetition_penalty != 1.0 else None
+        )
+        self.slots: list[Slot | None] = [None] * batch_size
+        self.stats = RunStats(proposed_by_position=[0] * k, accepted_by_position=[0] * k)
+        self._admitting = True
+
+    def stop_admitting(self) -> None:
+        """Finish the requests in flight, take no new ones; run() then returns."""
+        self._admitting = False
+
+    # ---- admission -------------------------------------------------------------------------------
+
+    def _prompt_ids(self, request: Request) -> list[int] | str:
+        """Token ids for a request, or an error message."""
+        if request.error:
+            return request.error
+        prompt = request.prompt
+        if prompt is None:
+            return "prompt is null"
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                return "prompt is empty"
+            ids = self.tokenizer(prompt)["input_ids"]
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                return f"prompt token id {bad[0]} is outside the model's vocabulary [0, {self.vocab_size})"
+        else:
+            return f"prompt must be a string or a list of token ids, got {type(prompt).__name__}"
+        if not ids:
+            return "prompt is empty after tokenization"
+        if len(ids) >= self.max_seq_len:
+            return f"prompt has {len(ids)} tokens but max_seq_len is {self.max_seq_len}: no room for a new token"
+        return ids
+
+    @torch.inference_mode()
+    def _admit(self, new: list[tuple[int, Request, list[int]]]) -> None:
+        """Prefill prompt[:-1] of the new rows (the last prompt token is verified in the first round)."""
+        now = time.perf_counter()
+        for slot, request, ids in new:
+            self.slots[slot] = Slot(request=request, prompt_ids=ids, length=len(ids), started=now)
+            self.tokens[slot, : len(ids)] = torch.tensor(ids, device=self.device)
+            self.noise_keys[slot] = request_key(self.sampling.seed, request.id)
+            self.cache.lengths[slot] = len(ids) - 1
+            if self.presence is not None:
+                self.presence[slot] = False
+                self.presence[slot, torch.tensor(ids, device=self.device)] = True
+        todo = [(slot, ids[:-1]) for slot, _, ids in new if len(ids) > 1]
+        if todo:
+            width = max(len(ids) for _, ids in todo)
+            input_ids = torch.tensor([ids + [0] * (width - len(ids)) for _, ids in todo], device=self.device)
+            forward(self.target, self.cache, input_ids, [s for s, _ in todo], [0] * len(todo),
+                    self.max_seq_len, logits_to_keep=1)
+        self.drafter.admit([slot for slot, _, _ in new], [ids for _, _, ids in new])
+
+    # ---- the loop --------------------------------------------------------------------------------
+
+    def run(self, requests: Iterable[Request]) -> Iterator[Result]:
+        """Pull requests lazily as slots free up; yield Results in completion order."""
+        pending = iter(requests)
+        exhausted = False
+        while True:
+            new = []
+            free = [s for s, slot in enumerate(self.slots) if slot is None]
+            while free and self._admitting and not exhausted:
+                request = next(pending, None)
+                if request is None:
+                    exhausted = True
+                    break
+                ids = self._prompt_ids(request)
+                if isinstance(ids, str):
+                    self.stats.requests += 1
+                    self.stats.errors += 1
+                    yield Result.error_result(request, ids)
+                    continue
+                new.append((free.pop(0), request, ids))
+            if new:
+                self._admit(new)
+            active = [s for s, slot in enumerate(self.slots) if slot is not None]
+            if not active:
+                if exhausted or not self._admitting:
+                    return
+                continue
+            yield from self._round(active)
+
+    def _draft_budget(self, slot: Slot) -> int:
+        """Drafts this row may propose: at most k, and never more than can still be emitted
+        (max_new_tokens) or fit (max_seq_len) — the overflow guard."""
+        room = min(self.max_new_tokens - len(slot.output), self.max_seq_len - slot.length) - 1
+        return max(0, min(self.k, room))
+
+    @torch.inference_mode()
+    def _round(self, rows: list[int]) -> list[Result]:
+        slots = [self.slots[r] for r in rows]
+        lengths = [s.length for s in slots]
+        budgets = [self._draft_budget(s) for s in slots]
+        rows_t = torch.tensor(rows, device=self.device)
+        lengths_t = torch.tensor(lengths, device=self.device)
+
+        draft = self.drafter.propose(DraftContext(rows, lengths, budgets, self.tokens, self.presence, self.noise_keys))
+        drafts, num_drafts = draft.tokens, draft.num_tokens
+        width = 1 + drafts.shape[1]
+        pending = self.tokens[rows_t, lengths_t - 1]
+        input_ids = torch.cat([pending[:, None], drafts], dim=1)  # [b, T]
+        logits = forward(self.target, self.cache, input_ids, rows, [n - 1 for n in lengths], self.max_seq_len)
+
+        presence = growing_presence(self.presence[rows_t], drafts, width) if self.presence is not None else None
+        if self.sampling.greedy:
+            tokens, num_accepted = verify_greedy(greedy_tokens(logits, self.sampling, presence), drafts, num_drafts)
+        else:
+            p = to_probs(logits, self.sampling, presence)
+            q = draft.probs
+            keys = self.noise_keys[rows_t]
+            positions = lengths_t[:, None] + torch.arange(width, device=self.device)  # position each token decides
+            u_accept = uniforms(keys, positions[:, :-1], STREAM_ACCEPT)
+            u_resample = uniforms(keys, positions, STREAM_RESAMPLE)
+            tokens, num_accepted = verify_sampling(p, drafts, num_drafts, q, u_accept, u_resample)
+
+        # Stops on emitted tokens: cut after the first EOS among the m+1 new tokens.
+        index = torch.arange(width, device=self.device)[None, :]
+        emitted = index < (num_accepted + 1)[:, None]
+        is_eos = torch.isin(tokens, self.eos) & emitted
+        first_eos = torch.where(is_eos, index, width).min(dim=1).values
+        num_emit = torch.minimum(num_accepted + 1, first_eos + 1)
+        self.tokens[rows_t[:, None], lengths_t[:, None] + index] = tokens  # past num_emit: stale, harmless
+        flags = [num_emit, num_accepted, (first_eos < width).long(), num_drafts]
+        host = torch.cat([tokens, torch.stack(flags, dim=1)], dim=1).tolist()  # the round's one host sync
+
+        self.stats.rounds += 1
+        finished: list[Result] = []
+        emitted_lists, accepted_list, new_lengths = [], [], []
+        for row, slot, values in zip(rows, slots, host):
+            num, m, hit_eos, n_drafts = values[width:]
+            new = values[:num]
+            # An EOS inside the round cuts it: drafts past the cut were moot, counted neither way.
+            accepted = min(m, num)
+            n_drafts = min(n_drafts, num) if num < m + 1 else n_drafts
+            slot.output.extend(new)
+            slot.length += num
+            slot.draft_tokens += n_drafts
+            slot.accepted_per_round.append(accepted)
+            for i in range(n_drafts):
+                self.stats.proposed_by_position[i] += 1
+            for i in range(accepted):
+                self.stats.accepted_by_position[i] += 1
+            emitted_lists.append(new)
+            accepted_list.append(m)
+            new_lengths.append(slot.length - 1)
+            reason = self._finish_reason(slot, bool(hit_eos))
+            if reason is not None:
+                finished.append(self._result(row, slot, reason))
+        self.cache.rollback(rows, new_lengths)
+        self.drafter.commit(rows, emitted_lists, accepted_list)
+        if self.presence is not None:
+            flat_rows = [r for r, new in zip(rows, emitted_lists) for _ in new]
+            flat_tokens = [t for new in emitted_lists for t in new]
+            self.presence[torch.tensor(flat_rows, device=self.device), torch.tensor(flat_tokens, device=self.device)] = True
+        return finished
+
+    # ---- finishing -------------------------------------------------------------------------------
+
+    def _finish_reason(self, slot: Slot, hit_eos: bool) -> str | None:
+        if hit_eos:
+            return FINISH_STOP
+        if self.stop and self._cut_at_stop(slot):
+            return FINISH_STOP
+        if len(slot.output) >= self.max_new_tokens or slot.length >= self.max_seq_len:
+            return FINISH_LENGTH
+        return None
+
+    def _cut_at_stop(self, slot: Slot) -> bool:
+        """If the decoded output contains a stop string, keep the shortest token prefix whose text
+        contains it (the tokens that produced it) and return True."""
+        text = self.tokenizer.decode(slot.output, skip_special_tokens=True)
+        if not any(s in text for s in self.stop):
+            return False
+        for n in range(1, len(slot.output) + 1):
+            if any(s in self.tokenizer.decode(slot.output[:n], skip_special_tokens=True) for s in self.stop):
+                slot.length -= len(slot.output) - n
+                del slot.output[n:]
+                return True
+        return True
+
+    def _result(self, row: int, slot: Slot, reason: str) -> Result:
+        self.slots[row] = None
+        completion = self.tokenizer.decode(slot.output, skip_special_tokens=True)
+        if reason == FINISH_STOP and self.stop:
+            cut = [completion.find(s) for s in self.stop if s in completion]
+            if cut:
+                completion = completion[: min(cut)]
+        forwards = len(slot.accepted_per_round)
+        accepted = sum(slot.accepted_per_round)
+        request = slot.request
+        prompt = request.prompt if isinstance(request.prompt, str) else self.tokenizer.decode(slot.prompt_ids)
+        stats = self.stats
+        stats.requests += 1
+        stats.prompt_tokens += len(slot.prompt_ids)
+        stats.completion_tokens += len(slot.output)
+        stats.target_forwards += forwards
+        stats.draft_tokens += slot.draft_tokens
+        stats.accepted_tokens += accepted
+        return Result(
+            id=request.id, prompt=prompt, completion=completion, completion_token_ids=list(slot.output),
+            finish_reason=reason, error=None, prompt_tokens=len(slot.prompt_ids),
+            completion_tokens=len(slot.output), target_forwards=forwards, draft_tokens=slot.draft_tokens,
+            accepted_tokens=accepted, acceptance_rate=accepted / slot.draft_tokens if slot.draft_tokens else None,
+            tokens_per_forward=len(slot.output) / forwards if forwards else None,
+            accepted_per_round=list(slot.accepted_per_round), latency_s=time.perf_counter() - slot.started,
+            extra=dict(request.extra),
+        )

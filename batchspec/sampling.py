@@ -1,0 +1,226 @@
+"""Pure functions: logits -> probabilities, reproducible noise, and the two acceptance rules.
+
+Vocabulary of the acceptance step (as in vLLM's rejection sampler):
+  - accepted tokens: the leading drafts the target agrees with (greedy: equal to its argmax;
+    sampling: kept with probability min(1, p(x)/q(x)));
+  - recovered token: what the target emits at the first rejected position (greedy: its argmax;
+    sampling: a draw from norm(max(0, p - q)));
+  - bonus token: what the target emits after every draft was accepted (argmax, or a draw from p).
+A round therefore emits num_accepted + 1 tokens. Drafters without probabilities (n-gram, prompt
+lookup) are a one-hot q: accept x with probability p(x), else draw from p with x removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+# Noise streams: each decision at a token position draws from its own stream, so they are independent.
+STREAM_DRAFT, STREAM_ACCEPT, STREAM_RESAMPLE = 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """One job's sampling settings; temperature 0 means greedy (top_k/top_p/min_p are then ignored,
+    repetition_penalty still applies, as in Hugging Face `generate`)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        checks = {
+            "temperature": self.temperature >= 0,
+            "top_k": self.top_k >= 0,
+            "top_p": 0 < self.top_p <= 1,
+            "min_p": 0 <= self.min_p <= 1,
+            "repetition_penalty": self.repetition_penalty > 0,
+        }
+        for key, ok in checks.items():
+            if not ok:
+                raise ValueError(f"sampling.{key}={getattr(self, key)!r} is out of range")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def apply_repetition_penalty(logits: torch.Tensor, presence: torch.Tensor, penalty: float) -> torch.Tensor:
+    """logits [..., V], presence [..., V] bool (token already in the context) -> penalized logits.
+
+    Same rule as transformers' RepetitionPenaltyLogitsProcessor (divide positive scores, multiply
+    negative ones), written over a presence mask because each verify position has its own context
+    (the prompt, the output so far, and the drafts before it).
+    """
+    penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(presence, penalized, logits)
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [N, V] -> warped logits [N, V] (filtered entries -inf), in transformers' order and code."""
+    if params.temperature != 1.0:
+        logits = TemperatureLogitsWarper(params.temperature)(None, logits)
+    if params.top_k:
+        logits = TopKLogitsWarper(top_k=params.top_k)(None, logits)
+    if params.top_p < 1.0:
+        logits = TopPLogitsWarper(top_p=params.top_p)(None, logits)
+    if params.min_p > 0.0:
+        logits = MinPLogitsWarper(min_p=params.min_p)(None, logits)
+    return logits
+
+
+def to_probs(logits: torch.Tensor, params: SamplingParams, presence: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [..., V] -> the sampling distribution [..., V] (float32) after every transform."""
+    shape = logits.shape
+    logits = logits.float()
+    if presence is not None and params.repetition_penalty != 1.0:
+        logits = apply_repetition_penalty(logits, presence, params.repetition_penalty)
+    logits = warp(logits.reshape(-1, shape[-1]), params)
+    return torch.softmax(logits, dim=-1).reshape(shape)
+
+
+def greedy_tokens(logits: torch.Tensor, params: SamplingParams, presence: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [..., V] -> argmax [...] after the repetition penalty (the only transform that can move it)."""
+    if presence is not None and params.repetition_penalty != 1.0:
+        logits = apply_repetition_penalty(logits, presence, params.repetition_penalty)
+    return logits.argmax(dim=-1)
+
+
+def growing_presence(base: torch.Tensor, drafts: torch.Tensor, num_positions: int) -> torch.Tensor:
+    """Context presence for each verify position: base [b, V] | drafts[:, :t] for t in 0..num_positions-1.
+
+    drafts [b, K] -> [b, num_positions, V] bool. Padding drafts only reach positions that are never used.
+    """
+    b, vocab = base.shape
+    seen = torch.zeros(b, num_positions, vocab, dtype=torch.int32, device=base.device)
+    k = min(drafts.shape[1], num_positions - 1)
+    if k > 0:
+        onehot = torch.zeros(b, k, vocab, dtype=torch.int32, device=base.device)
+        onehot.scatter_(2, drafts[:, :k, None].clamp(0, vocab - 1), 1)
+        seen[:, 1 : k + 1] = onehot.cumsum(dim=1)
+    return base[:, None, :] | (seen > 0)
+
+
+# ---- reproducible noise: a pure function of (seed, request id, token position, stream) --------------
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(x: int) -> int:
+    x &= _MASK64
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_C1, _C2, _GOLDEN = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB), _signed(0x9E3779B97F4A7C15)
+
+
+def request_key(seed: int, request_id: str) -> int:
+    """A 63-bit key for a request's noise; the same (seed, id) gives the same key on every machine."""
+    digest = hashlib.blake2b(f"{seed}\x00{request_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _shift_right(z: torch.Tensor, s: int) -> torch.Tensor:
+    return (z >> s) & ((1 << (64 - s)) - 1)  # logical shift on int64
+
+
+def _mix64(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finalizer on int64 tensors (wrap-around multiplication)."""
+    z = (z ^ _shift_right(z, 30)) * _C1
+    z = (z ^ _shift_right(z, 27)) * _C2
+    return z ^ _shift_right(z, 31)
+
+
+def uniforms(keys: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.Tensor:
+    """Counter-based U[0, 1): keys [b] int64, positions [b, ...] int64 -> float64 [b, ...].
+
+    Depends only on (key, position, stream) — never on batch size, slot or neighbours — which is
+    what makes seeded sampling reproducible across batch sizes, orderings and resumes.
+    """
+    keys = keys.reshape(-1, *([1] * (positions.dim() - 1)))
+    z = _mix64(keys + _signed(stream * _GOLDEN))
+    z = _mix64(z + positions * _GOLDEN)
+    return _shift_right(z, 11).double() * (1.0 / (1 << 53))
+
+
+def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw: probs [N, V] (unnormalized ok), u [N] in [0, 1) -> tokens [N].
+
+    Never returns a zero-probability token: with right=True the search lands on the first index whose
+    cumulative mass exceeds u * total, and a zero entry does not raise the cumulative mass.
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    target = (u.double() * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+# ---- acceptance --------------------------------------------------------------------------------------
+
+
+def verify_greedy(target_argmax: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor):
+    """Exact-match acceptance.
+
+    target_argmax [b, T] (the target's token after each of the T inputs), drafts [b, T-1] (padded),
+    num_drafts [b] -> (tokens [b, T], num_accepted [b]). The round emits tokens[:, :num_accepted+1]:
+    the accepted drafts equal the target's argmax, so the target's row is the output as it stands.
+    """
+    k = drafts.shape[1]
+    valid = torch.arange(k, device=drafts.device)[None, :] < num_drafts[:, None]
+    match = (target_argmax[:, :k] == drafts) & valid
+    num_accepted = match.int().cumprod(dim=1).sum(dim=1)
+    return target_argmax, num_accepted
+
+
+def verify_sampling(
+    p: torch.Tensor,
+    drafts: torch.Tensor,
+    num_drafts: torch.Tensor,
+    q: torch.Tensor | None,
+    u_accept: torch.Tensor,
+    u_resample: torch.Tensor,
+):
+    """Lossless speculative sampling (Leviathan et al. 2023, Algorithm 1), vectorized over rows.
+
+    p [b, T, V]: the target's distribution after each input; drafts [b, T-1]; num_drafts [b];
+    q [b, T-1, V] the drafter's distribution at each draft position, or None for one-hot q;
+    u_accept [b, T-1] and u_resample [b, T] in [0, 1): the noise for each position a recovered or bonus
+    token may land on (index num_accepted is used).
+    Returns (tokens [b, T], num_accepted [b]); the round emits tokens[:, :num_accepted+1].
+    """
+    b, t, vocab = p.shape
+    k = t - 1
+    rows = torch.arange(b, device=p.device)
+    valid = torch.arange(k, device=p.device)[None, :] < num_drafts[:, None]
+    p_draft = p[:, :k].gather(2, drafts[:, :, None]).squeeze(2)  # [b, K]
+    q_draft = q.gather(2, drafts[:, :, None]).squeeze(2) if q is not None else torch.ones_like(p_draft)
+    accept = (u_accept < p_draft / q_draft.clamp_min(1e-30)) & valid  # probability min(1, p/q)
+    num_accepted = accept.int().cumprod(dim=1).sum(dim=1)
+
+    p_next = p[rows, num_accepted]  # [b, V]: at the first rejection, or after the last draft
+    rejected = (num_accepted < num_drafts)[:, None]
+    m = num_accepted.clamp(max=max(k - 1, 0))
+    if q is not None and k > 0:
+        q_next = q[rows, m]
+    else:
+        q_next = torch.zeros_like(p_next)
+        if k > 0:
+            q_next[rows, drafts[rows, m]] = 1.0
+    residual = (p_next - torch.where(rejected, q_next, torch.zeros_like(q_next))).clamp_min(0)
+    # A rejection is only possible when the residual has mass; guard the measure-zero case anyway.
+    dist = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)
+    next_token = sample(dist, u_resample.gather(1, num_accepted[:, None]).squeeze(1))
+
+    tokens = torch.cat([drafts, drafts.new_zeros(b, 1)], dim=1)
+    tokens[rows, num_accepted] = next_token
+    return tokens, num_accepted

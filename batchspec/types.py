@@ -1,0 +1,120 @@
+"""Records that cross module boundaries: a request in, a result out, run-wide statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+FINISH_STOP = "stop"  # EOS token or stop string
+FINISH_LENGTH = "length"  # max_new_tokens or max_seq_len reached
+FINISH_ERROR = "error"  # the request could not run; `error` says why
+
+
+@dataclass(slots=True)
+class Request:
+    """One prompt to complete.
+
+    `prompt` is text (tokenized the way `tokenizer(prompt)` does by default, so special tokens such as
+    BOS are added) or a list of token ids used as-is. A source that cannot build a prompt for a row
+    sets `error` instead; the generator then returns an error Result without running it.
+    `extra` carries pass-through columns to the output row untouched.
+    """
+
+    id: str
+    prompt: str | list[int] | None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Result:
+    """One output row: the completion plus how well drafting worked for this request.
+
+    `completion_token_ids` are the new tokens; they end with the EOS token when the request ended on
+    EOS (as Hugging Face `generate` does). `completion` is their decoded text with special tokens
+    skipped, cut before a stop string when one matched. `target_forwards` counts the verify passes
+    this request took part in after its prefill; `accepted_per_round` has one entry per such pass.
+    """
+
+    id: str
+    prompt: str
+    completion: str
+    completion_token_ids: list[int]
+    finish_reason: str
+    error: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    target_forwards: int
+    draft_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float | None
+    tokens_per_forward: float | None
+    accepted_per_round: list[int]
+    latency_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_row(self) -> dict[str, Any]:
+        """The output row: every field above, with `extra` flattened in (pass-through columns)."""
+        row = {name: getattr(self, name) for name in RESULT_COLUMNS}
+        row.update(self.extra)
+        return row
+
+    @classmethod
+    def error_result(cls, request: Request, error: str, prompt_tokens: int = 0) -> "Result":
+        prompt = request.prompt if isinstance(request.prompt, str) else ""
+        return cls(
+            id=request.id, prompt=prompt, completion="", completion_token_ids=[], finish_reason=FINISH_ERROR,
+            error=error, prompt_tokens=prompt_tokens, completion_tokens=0, target_forwards=0, draft_tokens=0,
+            accepted_tokens=0, acceptance_rate=None, tokens_per_forward=None, accepted_per_round=[],
+            latency_s=0.0, extra=dict(request.extra),
+        )
+
+
+RESULT_COLUMNS = (
+    "id", "prompt", "completion", "completion_token_ids", "finish_reason", "error", "prompt_tokens",
+    "completion_tokens", "target_forwards", "draft_tokens", "accepted_tokens", "acceptance_rate",
+    "tokens_per_forward", "accepted_per_round", "latency_s",
+)
+
+
+@dataclass(slots=True)
+class RunStats:
+    """Aggregates over every request a generator has run (errors excluded from token counts)."""
+
+    requests: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    rounds: int = 0  # batched verify passes
+    target_forwards: int = 0  # sum over requests of the verify passes each took part in
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    proposed_by_position: list[int] = field(default_factory=list)  # drafts proposed at draft position i
+    accepted_by_position: list[int] = field(default_factory=list)  # ... of which accepted
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def tokens_per_forward(self) -> float | None:
+        return self.completion_tokens / self.target_forwards if self.target_forwards else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Mean number of drafts accepted per request-round."""
+        return self.accepted_tokens / self.target_forwards if self.target_forwards else None
+
+    @property
+    def acceptance_by_position(self) -> list[float | None]:
+        return [a / p if p else None for a, p in zip(self.accepted_by_position, self.proposed_by_position)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests, "errors": self.errors, "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens, "rounds": self.rounds,
+            "target_forwards": self.target_forwards, "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens, "acceptance_rate": self.acceptance_rate,
+            "tokens_per_forward": self.tokens_per_forward, "mean_accepted_length": self.mean_accepted_length,
+            "acceptance_by_position": self.acceptance_by_position,
+        }

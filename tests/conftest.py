@@ -1,0 +1,91 @@
+"""Session fixtures: tiny random models of three architectures saved to a temp dir, plus references.
+
+Each target gets a second EOS id in its generation config: a token that its greedy output produces
+for some prompts but not others, so the parity tests cover requests ending on EOS and on length.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tiny import PROMPTS, build_tokenizer, save_model
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(2)
+
+MAX_NEW = 24
+ARCHS = ("llama", "qwen2", "gpt2")
+
+
+@dataclass
+class TinyPair:
+    arch: str
+    target: Path
+    draft: Path  # random, unrelated to the target (almost nothing accepted)
+    tokenizer: object
+    eos_ids: list[int]
+    reference: list[list[int]]  # HF greedy new tokens for each of PROMPTS
+
+
+def hf_greedy(model, tokenizer, prompts, max_new_tokens):
+    out = []
+    for prompt in prompts:
+        enc = tokenizer(prompt, return_tensors="pt")
+        with torch.no_grad():
+            ids = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens)
+        out.append(ids[0, enc["input_ids"].shape[1]:].tolist())
+    return out
+
+
+def pick_extra_eos(reference: list[list[int]]) -> int:
+    """A token that appears (after position 2) in some but not all greedy outputs."""
+    counts = Counter(t for ref in reference for t in set(ref[3:]))
+    for token, n in counts.most_common():
+        if 2 <= n <= len(reference) - 3:
+            return token
+    raise RuntimeError("no suitable extra EOS token")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="session", params=ARCHS)
+def pair(request, tmp_path_factory, tokenizer) -> TinyPair:
+    arch = request.param
+    root = tmp_path_factory.mktemp(arch)
+    vocab = len(tokenizer) + 12  # embeddings padded past the tokenizer's vocabulary
+    target = save_model(root / "target", arch, tokenizer, seed=0, vocab_size=vocab)
+    # What users get: transformers picks the tokenizer class from the model type (Qwen2Tokenizer for
+    # qwen2, which pre-tokenizes differently), so references use the tokenizer as loaded from disk.
+    loaded_tokenizer = AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    model.generation_config.eos_token_id = None  # gotcha: None must be set on the model's own config
+    extra = pick_extra_eos(hf_greedy(model, loaded_tokenizer, PROMPTS, MAX_NEW))
+    eos_ids = [tokenizer.eos_token_id, extra]
+    target = save_model(root / "target", arch, tokenizer, seed=0, vocab_size=vocab, eos_ids=eos_ids)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    reference = hf_greedy(model, loaded_tokenizer, PROMPTS, MAX_NEW)
+    # The draft's embeddings are padded differently from the target's (vocab + 4 vs + 12).
+    draft = save_model(root / "draft", arch, tokenizer, seed=1, vocab_size=len(tokenizer) + 4, eos_ids=eos_ids,
+                       layers=1, hidden=32)
+    return TinyPair(arch, target, draft, loaded_tokenizer, eos_ids, reference)
+
+
+@pytest.fixture(scope="session")
+def llama_pair(tmp_path_factory, tokenizer) -> TinyPair:
+    root = tmp_path_factory.mktemp("llama-only")
+    vocab = len(tokenizer) + 12
+    target = save_model(root / "target", "llama", tokenizer, seed=0, vocab_size=vocab)
+    draft = save_model(root / "draft", "llama", tokenizer, seed=1, vocab_size=vocab, layers=1, hidden=32)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    return TinyPair("llama", target, draft, tokenizer, [tokenizer.eos_token_id],
+                    hf_greedy(model, tokenizer, PROMPTS, MAX_NEW))

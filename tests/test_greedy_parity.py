@@ -1,0 +1,95 @@
+"""Greedy output with speculation equals Hugging Face `generate(do_sample=False)` on each prompt alone,
+token for token: every drafter x {Llama, Qwen2, GPT-2} x batch {1, 3, 8} x K {1, 4}, on 12 prompts of
+different lengths (slots refill mid-run) ending on EOS (two EOS ids) and on max_new_tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+import batchspec
+from conftest import MAX_NEW
+from tiny import PROMPTS
+
+DRAFTERS = ["none", "ngram", "prompt_lookup", "model-random", "model-identical"]
+
+
+def run(pair, drafter: str, batch_size: int, k: int, **kw):
+    draft = {"model-random": pair.draft, "model-identical": pair.target}.get(drafter)
+    return batchspec.generate(
+        PROMPTS, target=str(pair.target), draft=str(draft) if draft else None,
+        drafter="model" if draft else drafter, batch_size=batch_size, k=k, max_new_tokens=MAX_NEW, **kw,
+    )
+
+
+def test_references_cover_eos_and_length(pair):
+    """The fixture is only a strong test if some prompts stop on EOS and some run to the length limit."""
+    ends_on_eos = [ref[-1] in pair.eos_ids for ref in pair.reference]
+    assert 1 <= sum(ends_on_eos) < len(PROMPTS), ends_on_eos
+    assert any(len(ref) == MAX_NEW for ref in pair.reference)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_greedy_parity(pair, drafter, batch_size, k):
+    results = run(pair, drafter, batch_size, k)
+    for prompt, result, expected in zip(PROMPTS, results, pair.reference):
+        assert result.completion_token_ids == expected, (prompt, result)
+        ended_on_eos = expected[-1] in pair.eos_ids
+        assert result.finish_reason == ("stop" if ended_on_eos else "length")
+        assert result.completion == pair.tokenizer.decode(expected, skip_special_tokens=True)
+        assert result.completion_tokens == len(expected)
+        assert result.target_forwards == len(result.accepted_per_round) >= 1
+        assert sum(result.accepted_per_round) == result.accepted_tokens <= result.draft_tokens
+    proposed = sum(r.draft_tokens for r in results)
+    accepted = sum(r.accepted_tokens for r in results)
+    if drafter == "none":
+        assert proposed == 0 and all(r.target_forwards == r.completion_tokens for r in results)
+    elif drafter == "model-identical":
+        assert proposed > 0 and accepted == proposed  # the target drafting for itself: every draft accepted
+        # K+1 tokens per verify pass except where a stop or the length limit cut the round short
+        assert sum(r.completion_tokens for r in results) / sum(r.target_forwards for r in results) > 0.8 * (k + 1)
+    elif drafter == "model-random":
+        assert proposed > 0 and accepted / proposed < 0.35
+    else:
+        assert proposed > 0 and accepted > 0
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "model-random"])
+def test_stop_string_cuts_completion(pair, drafter):
+    """A stop string ends the request on accepted text; the completion is cut before it."""
+    def visible_pair(text):  # a 2-character visible substring in the second half of the text
+        return next((text[i : i + 2] for i in range(len(text) // 2, len(text) - 1) if text[i : i + 2].strip()
+                     and "\ufffd" not in text[i : i + 2]), None)
+
+    texts = [pair.tokenizer.decode(ref, skip_special_tokens=True) for ref in pair.reference]
+    index = next(i for i, text in enumerate(texts) if visible_pair(text))
+    stop = visible_pair(texts[index])
+    results = run(pair, drafter, batch_size=3, k=4, stop=[stop])
+    for result, expected in zip(results, pair.reference):
+        text = pair.tokenizer.decode(expected, skip_special_tokens=True)
+        if stop in text:
+            assert result.finish_reason == "stop"
+            assert result.completion == text[: text.index(stop)]
+            # the kept tokens are a prefix of the reference that contains the stop string
+            assert result.completion_token_ids == expected[: len(result.completion_token_ids)]
+            assert stop in pair.tokenizer.decode(result.completion_token_ids, skip_special_tokens=True)
+        else:
+            assert result.completion_token_ids == expected
+    assert results[index].finish_reason == "stop"
+
+
+def test_run_aggregates(llama_pair):
+    models = batchspec.load_models(str(llama_pair.target))
+    generator = batchspec.build_generator(models, drafter="ngram", k=3, batch_size=4, max_new_tokens=MAX_NEW)
+    results = list(generator.run(batchspec.Request(id=str(i), prompt=p) for i, p in enumerate(PROMPTS)))
+    stats = generator.stats
+    assert stats.requests == len(PROMPTS) and stats.errors == 0
+    assert stats.completion_tokens == sum(r.completion_tokens for r in results)
+    assert stats.target_forwards == sum(r.target_forwards for r in results)
+    assert stats.accepted_tokens == sum(r.accepted_tokens for r in results)
+    assert sum(stats.proposed_by_position) == stats.draft_tokens
+    assert sum(stats.accepted_by_position) == stats.accepted_tokens
+    # acceptance can only fall with draft position: accepting position i requires accepting i-1
+    assert all(a >= b for a, b in zip(stats.accepted_by_position, stats.accepted_by_position[1:]))
+    assert stats.tokens_per_forward == pytest.approx(stats.completion_tokens / stats.target_forwards)
