@@ -47,9 +47,14 @@ def build_generator(
     stop: Iterable[str] = (),
     seed: int = 0,
     max_seq_len: int | None = None,
+    adaptive: bool | None = None,
 ) -> SpecBatchGenerator:
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
-    defaults to min(the model's position limit, 2048) and may not exceed the position limit."""
+    defaults to min(the model's position limit, 2048) and may not exceed the position limit.
+
+    adaptive: choose each round's number of drafts (0..k) from measured throughput (adaptive.py).
+    None means on for greedy decoding, where it cannot change the output, and off when sampling,
+    where it would make seeded output depend on machine load."""
     limit = model_max_positions(models.target)
     if max_seq_len is None:
         max_seq_len = min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
@@ -57,6 +62,8 @@ def build_generator(
         raise ValueError(f"max_seq_len={max_seq_len} exceeds the target's {limit} positions")
     if drafter == "none":
         k = 0
+    if adaptive is None:
+        adaptive = temperature == 0.0
     sampling = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed)
     target_vocab = models.target.get_output_embeddings().weight.shape[0]
     draft = make_drafter(
@@ -66,7 +73,7 @@ def build_generator(
     return SpecBatchGenerator(
         models.target, models.tokenizer, drafter=draft, sampling=sampling, batch_size=batch_size,
         max_seq_len=max_seq_len, max_new_tokens=max_new_tokens, eos_token_ids=models.eos_token_ids,
-        stop=stop, k=k,
+        stop=stop, k=k, adaptive=adaptive,
     )
 
 
@@ -91,6 +98,7 @@ def generate(
     dtype: str = "auto",
     device: str = "auto",
     max_seq_len: int | None = None,
+    adaptive: bool | None = None,
     trust_remote_code: bool = False,
 ) -> list[Result]:
     """Complete every prompt; Results come back in prompt order.
@@ -120,7 +128,7 @@ def generate(
     generator = build_generator(
         models, drafter=drafter, k=k, batch_size=batch_size, max_new_tokens=max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-        stop=stop, seed=seed, max_seq_len=max_seq_len,
+        stop=stop, seed=seed, max_seq_len=max_seq_len, adaptive=adaptive,
     )
     requests = [Request(id=i, prompt=p) for i, p in zip(ids, prompts)]
     by_id = {r.id: r for r in generator.run(requests)}

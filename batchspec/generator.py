@@ -19,6 +19,7 @@ from typing import Iterable, Iterator
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .adaptive import AdaptiveK
 from .drafters import DraftContext, Drafter
 from .kv_cache import SlotKVCache, forward
 from .sampling import (
@@ -62,6 +63,7 @@ class SpecBatchGenerator:
         eos_token_ids: Iterable[int],
         stop: Iterable[str] = (),
         k: int = 4,
+        adaptive: bool = False,
     ):
         if batch_size < 1 or k < 0 or max_new_tokens < 1 or max_seq_len < 2:
             raise ValueError(
@@ -86,6 +88,8 @@ class SpecBatchGenerator:
         self.slots: list[Slot | None] = [None] * batch_size
         self.stats = RunStats(proposed_by_position=[0] * k, accepted_by_position=[0] * k)
         self._admitting = True
+        # With adaptive speculation k is the most drafts per round; each round's k is chosen from measured throughput.
+        self.adaptive = AdaptiveK(k) if adaptive and k > 0 else None
 
     def stop_admitting(self) -> None:
         """Finish the requests in flight, take no new ones; run() then returns."""
@@ -167,17 +171,19 @@ class SpecBatchGenerator:
                 continue
             yield from self._round(active)
 
-    def _draft_budget(self, slot: Slot) -> int:
+    def _draft_budget(self, slot: Slot, k: int) -> int:
         """Drafts this row may propose: at most k, and never more than can still be emitted
         (max_new_tokens) or fit (max_seq_len) — the overflow guard."""
         room = min(self.max_new_tokens - len(slot.output), self.max_seq_len - slot.length) - 1
-        return max(0, min(self.k, room))
+        return max(0, min(k, room))
 
     @torch.inference_mode()
     def _round(self, rows: list[int]) -> list[Result]:
+        started = time.perf_counter()
+        k = self.adaptive.choose() if self.adaptive else self.k
         slots = [self.slots[r] for r in rows]
         lengths = [s.length for s in slots]
-        budgets = [self._draft_budget(s) for s in slots]
+        budgets = [self._draft_budget(s, k) for s in slots]
         rows_t = torch.tensor(rows, device=self.device)
         lengths_t = torch.tensor(lengths, device=self.device)
 
@@ -211,6 +217,8 @@ class SpecBatchGenerator:
         host = torch.cat([tokens, torch.stack(flags, dim=1)], dim=1).tolist()  # the round's one host sync
 
         self.stats.rounds += 1
+        if self.adaptive:
+            self.adaptive.observe(k, sum(values[width] for values in host), time.perf_counter() - started)
         finished: list[Result] = []
         emitted_lists, accepted_list, new_lengths = [], [], []
         for row, slot, values in zip(rows, slots, host):

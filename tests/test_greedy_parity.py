@@ -13,11 +13,12 @@ from tiny import PROMPTS
 DRAFTERS = ["none", "ngram", "prompt_lookup", "model-random", "model-identical"]
 
 
-def run(pair, drafter: str, batch_size: int, k: int, **kw):
+def run(pair, drafter: str, batch_size: int, k: int, adaptive: bool = False, **kw):
     draft = {"model-random": pair.draft, "model-identical": pair.target}.get(drafter)
     return batchspec.generate(
         PROMPTS, target=str(pair.target), draft=str(draft) if draft else None,
-        drafter="model" if draft else drafter, batch_size=batch_size, k=k, max_new_tokens=MAX_NEW, **kw,
+        drafter="model" if draft else drafter, batch_size=batch_size, k=k, max_new_tokens=MAX_NEW,
+        adaptive=adaptive, **kw,
     )
 
 
@@ -53,6 +54,13 @@ def test_greedy_parity(pair, drafter, batch_size, k):
         assert proposed > 0 and accepted / proposed < 0.35
     else:
         assert proposed > 0 and accepted > 0
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS[1:])
+def test_greedy_parity_with_adaptive_k(pair, drafter):
+    """Adaptive speculation picks each round's k from timing; the output must not move."""
+    results = run(pair, drafter, batch_size=8, k=4, adaptive=True)
+    assert [r.completion_token_ids for r in results] == pair.reference
 
 
 @pytest.mark.parametrize("drafter", ["none", "ngram", "model-random"])

@@ -1,0 +1,241 @@
+"""Side-by-side benchmark: batchspec against Hugging Face generate on the same pair, prompts and lengths.
+
+    python -m batchspec.bench                       # the shipped demo pair on held-out prompts, CPU
+    python -m batchspec.bench --batch-size 1 --k 4 --repeats 5 --markdown bench.md --json bench.json
+
+Contenders run interleaved, `--repeats` times each, in one process; the table reports the median
+tokens/s, the ratio to HF batched `generate`, acceptance, tokens per target forward, and the speedup
+over drafter none predicted from the measured acceptance and cost curve:
+
+    predicted = tokens_per_forward * t_verify(1) / (t_verify(k+1) + k * t_draft(1))
+
+where t_verify(T) is one target forward of T tokens per row at this batch size and t_draft(1) one
+draft forward of 1 token (0 for the n-gram and prompt-lookup drafters). It also checks that every
+greedy output equals drafter none's, token for token, and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .api import build_generator
+from .kv_cache import SlotKVCache, forward
+from .models import load_models
+from .types import Request
+
+DEMO = Path(__file__).parent / "assets" / "demo"
+
+
+@dataclass
+class Contender:
+    name: str
+    kind: str  # hf_batched | hf_assisted | hf_prompt_lookup | batchspec
+    drafter: str = "none"
+    adaptive: bool = False
+    tokens_per_s: list[float] = field(default_factory=list)
+    outputs: list[list[int]] | None = None
+    acceptance: float | None = None
+    tokens_per_forward: float | None = None
+
+
+def read_prompts(path: str, limit: int) -> list[str]:
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path, columns=["prompt"]).column("prompt").to_pylist()[:limit]
+    with open(path) as f:
+        return [json.loads(line)["prompt"] for line in f if line.strip()][:limit]
+
+
+@torch.inference_mode()
+def forward_ms(model, batch_size: int, width: int, context: int, repeats: int = 5) -> float:
+    """Median ms of one forward of `width` tokens per row for `batch_size` rows with `context` cached."""
+    cache = SlotKVCache.for_model(model, batch_size, context + width + 1)
+    rows = list(range(batch_size))
+    ids = torch.randint(3, 100, (batch_size, context), device=model.device)
+    forward(model, cache, ids, rows, [0] * batch_size, context + width + 1, logits_to_keep=1)
+    step = torch.randint(3, 100, (batch_size, width), device=model.device)
+    times = []
+    for _ in range(repeats + 1):
+        sync(model.device)
+        t0 = time.perf_counter()
+        forward(model, cache, step, rows, [context] * batch_size, context + width + 1)
+        sync(model.device)
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times[1:])
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def run_hf(contender: Contender, models, prompts, args) -> tuple[float, list[list[int]]]:
+    tokenizer, target = models.tokenizer, models.target
+    tokenizer.padding_side = "left"
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else models.eos_token_ids[0]
+    common = dict(do_sample=False, max_new_tokens=args.max_new_tokens, pad_token_id=pad)
+    batch = args.batch_size if contender.kind == "hf_batched" else 1
+    if contender.kind == "hf_assisted":
+        gc = models.draft.generation_config  # HF reads the draft length from the assistant's config
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = args.k, "constant", 0.0
+        common["assistant_model"] = models.draft
+    elif contender.kind == "hf_prompt_lookup":
+        common["prompt_lookup_num_tokens"] = args.k
+    outputs, tokens = [], 0
+    sync(target.device)
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        enc = tokenizer(prompts[i : i + batch], return_tensors="pt", padding=True).to(target.device)
+        out = target.generate(**enc, **common)
+        for row in out[:, enc["input_ids"].shape[1] :].tolist():
+            row = strip_after_eos(row, models.eos_token_ids, pad)
+            outputs.append(row)
+            tokens += len(row)
+    sync(target.device)
+    return tokens / (time.perf_counter() - t0), outputs
+
+
+def strip_after_eos(row: list[int], eos: list[int], pad: int) -> list[int]:
+    for i, token in enumerate(row):
+        if token in eos:
+            return row[: i + 1]
+    return row
+
+
+def run_batchspec(contender: Contender, models, prompts, args):
+    generator = build_generator(
+        models, drafter=contender.drafter, k=args.k, batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, adaptive=contender.adaptive,
+    )
+    sync(models.target.device)
+    t0 = time.perf_counter()
+    results = list(generator.run(Request(str(i), p) for i, p in enumerate(prompts)))
+    sync(models.target.device)
+    elapsed = time.perf_counter() - t0
+    by_id = {r.id: r for r in results}
+    outputs = [by_id[str(i)].completion_token_ids for i in range(len(prompts))]
+    contender.acceptance = generator.stats.acceptance_rate
+    contender.tokens_per_forward = generator.stats.tokens_per_forward
+    return generator.stats.completion_tokens / elapsed, outputs
+
+
+def contenders(args, has_draft: bool) -> list[Contender]:
+    out = [Contender("hf generate (batched)", "hf_batched")]
+    if args.hf_batch1:
+        if has_draft:
+            out.append(Contender("hf assisted (batch 1)", "hf_assisted"))
+        out.append(Contender("hf prompt lookup (batch 1)", "hf_prompt_lookup"))
+    out.append(Contender("batchspec none", "batchspec", "none"))
+    drafters = (["model"] if has_draft else []) + ["ngram", "prompt_lookup"]
+    for drafter in drafters:
+        out.append(Contender(f"batchspec {drafter} k={args.k}", "batchspec", drafter))
+        if args.adaptive:
+            out.append(Contender(f"batchspec {drafter} adaptive", "batchspec", drafter, adaptive=True))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default=str(DEMO / "target"))
+    parser.add_argument("--draft", default=str(DEMO / "draft"), help="'' for no draft model")
+    parser.add_argument("--prompts", default=str(DEMO / "prompts.parquet"), help="parquet or jsonl with a 'prompt' column")
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-seq-len", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--no-hf-batch1", dest="hf_batch1", action="store_false", help="skip the batch-1 HF contenders")
+    parser.add_argument("--no-adaptive", dest="adaptive", action="store_false", help="skip the adaptive-k contenders")
+    parser.add_argument("--json", help="write the table as JSON here")
+    parser.add_argument("--markdown", help="write the table as Markdown here")
+    args = parser.parse_args(argv)
+
+    torch.manual_seed(0)
+    models = load_models(args.target, args.draft or None, dtype=args.dtype, device=args.device)
+    for model in (models.target, models.draft):
+        if model is not None:
+            model.generation_config.eos_token_id = models.eos_token_ids  # the same stops for every contender
+    prompts = read_prompts(args.prompts, args.num_prompts)
+    runners = {"batchspec": run_batchspec}
+    field_ = contenders(args, models.draft is not None)
+    print(f"{len(prompts)} prompts, batch {args.batch_size}, k {args.k}, max_new_tokens {args.max_new_tokens}, "
+          f"{args.repeats} repeats, device {models.target.device}, dtype {models.target.dtype}", flush=True)
+    for repeat in range(args.repeats):
+        for c in field_:
+            rate, outputs = runners.get(c.kind, run_hf)(c, models, prompts, args)
+            c.tokens_per_s.append(rate)
+            c.outputs = c.outputs or outputs
+            print(f"  repeat {repeat + 1}: {c.name:32s} {rate:8.1f} tok/s", flush=True)
+
+    context = int(statistics.mean(len(models.tokenizer(p)["input_ids"]) for p in prompts) + args.max_new_tokens / 2)
+    t_verify1 = forward_ms(models.target, args.batch_size, 1, context)
+    t_verifyk = forward_ms(models.target, args.batch_size, args.k + 1, context)
+    t_draft = forward_ms(models.draft, args.batch_size, 1, context) if models.draft is not None else 0.0
+    cost = {"context": context, "target_ms_1": t_verify1, f"target_ms_{args.k + 1}": t_verifyk, "draft_ms_1": t_draft}
+
+    baseline = statistics.median(field_[0].tokens_per_s)
+    none = next(c for c in field_ if c.kind == "batchspec" and c.drafter == "none")
+    reference, none_rate = none.outputs, statistics.median(none.tokens_per_s)
+    rows = []
+    for c in field_:
+        rate = statistics.median(c.tokens_per_s)
+        predicted = None
+        if c.kind == "batchspec" and c.drafter != "none" and c.tokens_per_forward and not c.adaptive:
+            draft_cost = args.k * t_draft if c.drafter == "model" else 0.0
+            predicted = c.tokens_per_forward * t_verify1 / (t_verifyk + draft_cost)
+        mismatches = sum(a != b for a, b in zip(c.outputs, reference))
+        rows.append({
+            "contender": c.name, "tokens_per_s": rate, "vs_hf_batched": rate / baseline,
+            "vs_none": rate / none_rate, "acceptance": c.acceptance, "tokens_per_forward": c.tokens_per_forward,
+            "predicted_vs_none": predicted, "achieved_over_predicted": (rate / none_rate) / predicted if predicted else None,
+            "outputs_equal_to_none": len(prompts) - mismatches, "num_prompts": len(prompts),
+        })
+    table = render(rows)
+    print()
+    print(table)
+    print(f"\ncost curve at batch {args.batch_size}, ~{context} tokens cached: target 1 token {t_verify1:.2f} ms, "
+          f"{args.k + 1} tokens {t_verifyk:.2f} ms (x{t_verifyk / t_verify1:.2f}); draft 1 token {t_draft:.2f} ms")
+    same = all(r["outputs_equal_to_none"] == len(prompts) for r in rows)
+    print("greedy outputs: " + ("all identical to drafter none" if same else
+          "DIFFER: " + ", ".join(f"{r['contender']} {r['num_prompts'] - r['outputs_equal_to_none']}" for r in rows
+                                 if r["outputs_equal_to_none"] != len(prompts))))
+    report = {"args": vars(args), "cost_ms": cost, "rows": rows, "greedy_identical": same,
+              "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__}}
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+
+
+def render(rows: list[dict]) -> str:
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    lines = ["| contender | tok/s | vs HF batched | vs none | acceptance | tokens/fwd | predicted vs none | achieved/predicted | = none |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['contender']} | {r['tokens_per_s']:.1f} | {r['vs_hf_batched']:.2f} | {r['vs_none']:.2f} | "
+            f"{fmt(r['acceptance'], '.2f')} | {fmt(r['tokens_per_forward'], '.2f')} | {fmt(r['predicted_vs_none'], '.2f')} | "
+            f"{fmt(r['achieved_over_predicted'], '.2f')} | {r['outputs_equal_to_none']}/{r['num_prompts']} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    main()
