@@ -48,6 +48,7 @@ def build_generator(
     seed: int = 0,
     max_seq_len: int | None = None,
     adaptive: bool | None = None,
+    profile: bool = False,
 ) -> SpecBatchGenerator:
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
     defaults to min(the model's position limit, 2048) and may not exceed the position limit.
@@ -73,7 +74,7 @@ def build_generator(
     return SpecBatchGenerator(
         models.target, models.tokenizer, drafter=draft, sampling=sampling, batch_size=batch_size,
         max_seq_len=max_seq_len, max_new_tokens=max_new_tokens, eos_token_ids=models.eos_token_ids,
-        stop=stop, k=k, adaptive=adaptive,
+        stop=stop, k=k, adaptive=adaptive, profile=profile,
     )
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .api import build_generator
-from .kv_cache import SlotKVCache, forward
+from .calibrate import forward_ms, read_prompts, sync
 from .models import load_models
 from .types import Request
 
@@ -45,38 +44,7 @@ class Contender:
     outputs: list[list[int]] | None = None
     acceptance: float | None = None
     tokens_per_forward: float | None = None
-
-
-def read_prompts(path: str, limit: int) -> list[str]:
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path, columns=["prompt"]).column("prompt").to_pylist()[:limit]
-    with open(path) as f:
-        return [json.loads(line)["prompt"] for line in f if line.strip()][:limit]
-
-
-@torch.inference_mode()
-def forward_ms(model, batch_size: int, width: int, context: int, repeats: int = 5) -> float:
-    """Median ms of one forward of `width` tokens per row for `batch_size` rows with `context` cached."""
-    cache = SlotKVCache.for_model(model, batch_size, context + width + 1)
-    rows = list(range(batch_size))
-    ids = torch.randint(3, 100, (batch_size, context), device=model.device)
-    forward(model, cache, ids, rows, [0] * batch_size, context + width + 1, logits_to_keep=1)
-    step = torch.randint(3, 100, (batch_size, width), device=model.device)
-    times = []
-    for _ in range(repeats + 1):
-        sync(model.device)
-        t0 = time.perf_counter()
-        forward(model, cache, step, rows, [context] * batch_size, context + width + 1)
-        sync(model.device)
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times[1:])
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    timings: dict | None = None  # seconds per round phase, summed over repeats
 
 
 @torch.inference_mode()
@@ -117,6 +85,7 @@ def run_batchspec(contender: Contender, models, prompts, args):
     generator = build_generator(
         models, drafter=contender.drafter, k=args.k, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, adaptive=contender.adaptive,
+        profile=True,
     )
     sync(models.target.device)
     t0 = time.perf_counter()
@@ -127,6 +96,7 @@ def run_batchspec(contender: Contender, models, prompts, args):
     outputs = [by_id[str(i)].completion_token_ids for i in range(len(prompts))]
     contender.acceptance = generator.stats.acceptance_rate
     contender.tokens_per_forward = generator.stats.tokens_per_forward
+    contender.timings = {name: (contender.timings or {}).get(name, 0.0) + t for name, t in generator.timings.items()}
     return generator.stats.completion_tokens / elapsed, outputs
 
 
@@ -163,7 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", help="write the table as JSON here")
     parser.add_argument("--markdown", help="write the table as Markdown here")
     args = parser.parse_args(argv)
-
+    if args.k < 1:
+        parser.error("--k must be at least 1")
     torch.manual_seed(0)
     models = load_models(args.target, args.draft or None, dtype=args.dtype, device=args.device)
     for model in (models.target, models.draft):
@@ -209,6 +180,12 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     print(f"\ncost curve at batch {args.batch_size}, ~{context} tokens cached: target 1 token {t_verify1:.2f} ms, "
           f"{args.k + 1} tokens {t_verifyk:.2f} ms (x{t_verifyk / t_verify1:.2f}); draft 1 token {t_draft:.2f} ms")
+    print("where batchspec's time goes (share of round time: draft / verify / accept / bookkeeping / admit):")
+    for c in field_:
+        if c.timings:
+            total = sum(c.timings.values())
+            print(f"  {c.name:32s} " + " / ".join(f"{c.timings[n] / total:.0%}" for n in
+                                                  ("draft", "verify", "accept", "bookkeeping", "admit")))
     same = all(r["outputs_equal_to_none"] == len(prompts) for r in rows)
     print("greedy outputs: " + ("all identical to drafter none" if same else
           "DIFFER: " + ", ".join(f"{r['contender']} {r['num_prompts'] - r['outputs_equal_to_none']}" for r in rows
@@ -237,5 +214,4 @@ def render(rows: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     main()

@@ -64,6 +64,7 @@ class SpecBatchGenerator:
         stop: Iterable[str] = (),
         k: int = 4,
         adaptive: bool = False,
+        profile: bool = False,
     ):
         if batch_size < 1 or k < 0 or max_new_tokens < 1 or max_seq_len < 2:
             raise ValueError(
@@ -90,6 +91,10 @@ class SpecBatchGenerator:
         self._admitting = True
         # With adaptive speculation k is the most drafts per round; each round's k is chosen from measured throughput.
         self.adaptive = AdaptiveK(k) if adaptive and k > 0 else None
+        # Seconds spent per phase. On a GPU the split is only exact with profile=True, which adds a
+        # device sync per phase; otherwise work queued in one phase is paid in the next sync.
+        self.timings = dict.fromkeys(("admit", "draft", "verify", "accept", "bookkeeping"), 0.0)
+        self._sync_phases = profile and self.device.type == "cuda"
 
     def stop_admitting(self) -> None:
         """Finish the requests in flight, take no new ones; run() then returns."""
@@ -163,7 +168,9 @@ class SpecBatchGenerator:
                     continue
                 new.append((free.pop(0), request, ids))
             if new:
+                mark = time.perf_counter()
                 self._admit(new)
+                self._phase("admit", mark)
             active = [s for s, slot in enumerate(self.slots) if slot is not None]
             if not active:
                 if exhausted or not self._admitting:
@@ -188,11 +195,13 @@ class SpecBatchGenerator:
         lengths_t = torch.tensor(lengths, device=self.device)
 
         draft = self.drafter.propose(DraftContext(rows, lengths, budgets, self.tokens, self.presence, self.noise_keys))
+        mark = self._phase("draft", started)
         drafts, num_drafts = draft.tokens, draft.num_tokens
         width = 1 + drafts.shape[1]
         pending = self.tokens[rows_t, lengths_t - 1]
         input_ids = torch.cat([pending[:, None], drafts], dim=1)  # [b, T]
         logits = forward(self.target, self.cache, input_ids, rows, [n - 1 for n in lengths], self.max_seq_len)
+        mark = self._phase("verify", mark)
 
         presence = growing_presence(self.presence[rows_t], drafts, width) if self.presence is not None else None
         if self.sampling.greedy:
@@ -215,6 +224,7 @@ class SpecBatchGenerator:
         self.tokens[rows_t[:, None], lengths_t[:, None] + index] = tokens  # past num_emit: stale, harmless
         flags = [num_emit, num_accepted, (first_eos < width).long(), num_drafts]
         host = torch.cat([tokens, torch.stack(flags, dim=1)], dim=1).tolist()  # the round's one host sync
+        mark = self._phase("accept", mark)
 
         self.stats.rounds += 1
         if self.adaptive:
@@ -235,6 +245,7 @@ class SpecBatchGenerator:
                 self.stats.proposed_by_position[i] += 1
             for i in range(accepted):
                 self.stats.accepted_by_position[i] += 1
+            self.stats.rejected_rounds += accepted < n_drafts
             emitted_lists.append(new)
             accepted_list.append(m)
             new_lengths.append(slot.length - 1)
@@ -247,7 +258,15 @@ class SpecBatchGenerator:
             flat_rows = [r for r, new in zip(rows, emitted_lists) for _ in new]
             flat_tokens = [t for new in emitted_lists for t in new]
             self.presence[torch.tensor(flat_rows, device=self.device), torch.tensor(flat_tokens, device=self.device)] = True
+        self._phase("bookkeeping", mark)
         return finished
+
+    def _phase(self, name: str, since: float) -> float:
+        if self._sync_phases:
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.timings[name] += now - since
+        return now
 
     # ---- finishing -------------------------------------------------------------------------------
 

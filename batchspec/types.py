@@ -89,6 +89,7 @@ class RunStats:
     target_forwards: int = 0  # sum over requests of the verify passes each took part in
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    rejected_rounds: int = 0  # request-rounds that ended on a rejected draft
     proposed_by_position: list[int] = field(default_factory=list)  # drafts proposed at draft position i
     accepted_by_position: list[int] = field(default_factory=list)  # ... of which accepted
 
@@ -99,6 +100,13 @@ class RunStats:
     @property
     def tokens_per_forward(self) -> float | None:
         return self.completion_tokens / self.target_forwards if self.target_forwards else None
+
+    @property
+    def alpha(self) -> float | None:
+        """Per-draft acceptance probability under the geometric model (seed 000): each draft is kept
+        with probability alpha until the first rejection. Estimated as accepted / (accepted + rejections)."""
+        trials = self.accepted_tokens + self.rejected_rounds
+        return self.accepted_tokens / trials if trials else None
 
     @property
     def mean_accepted_length(self) -> float | None:
@@ -116,5 +124,6 @@ class RunStats:
             "target_forwards": self.target_forwards, "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens, "acceptance_rate": self.acceptance_rate,
             "tokens_per_forward": self.tokens_per_forward, "mean_accepted_length": self.mean_accepted_length,
+            "rejected_rounds": self.rejected_rounds, "alpha": self.alpha,
             "acceptance_by_position": self.acceptance_by_position,
         }

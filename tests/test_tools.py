@@ -1,0 +1,55 @@
+"""The benchmark and calibrate commands on a tiny pair: they run, and their arithmetic is right."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchspec import bench, calibrate
+from tiny import PROMPTS
+
+
+@pytest.mark.parametrize("alpha,k,expected", [(0.0, 4, 1.0), (1.0, 4, 5.0), (0.5, 1, 1.5), (0.8, 3, 2.952)])
+def test_expected_tokens(alpha, k, expected):
+    assert calibrate.expected_tokens(alpha, k) == pytest.approx(expected)
+
+
+def test_predicted_speedup_counts_verify_and_draft_cost():
+    # alpha 0.8, k 2: 2.44 tokens per round; the round costs t(3) + 2 * t_draft = 15 + 2 * 1 = 17 ms vs 10 ms per token
+    assert calibrate.predicted_speedup(0.8, 2, [10.0, 12.0, 15.0], 1.0) == pytest.approx(2.44 * 10 / 17)
+    assert calibrate.predicted_speedup(0.3, 0, [10.0], 5.0) == pytest.approx(1.0)
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    path = tmp_path / "prompts.parquet"
+    pq.write_table(pa.table({"prompt": PROMPTS[:6]}), path)
+    return str(path)
+
+
+@pytest.mark.slow
+def test_bench_runs_every_contender_and_checks_outputs(llama_pair, prompt_file, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    bench.main(["--target", str(llama_pair.target), "--draft", str(llama_pair.draft), "--prompts", prompt_file,
+                "--num-prompts", "6", "--max-new-tokens", "12", "--batch-size", "3", "--k", "2", "--repeats", "1",
+                "--json", str(out), "--markdown", str(tmp_path / "bench.md")])
+    report = json.loads(out.read_text())
+    names = [row["contender"] for row in report["rows"]]
+    assert names[0] == "hf generate (batched)" and "hf assisted (batch 1)" in names and "hf prompt lookup (batch 1)" in names
+    assert {"batchspec model k=2", "batchspec ngram adaptive", "batchspec prompt_lookup k=2"} <= set(names)
+    assert report["greedy_identical"], report["rows"]
+    assert "all identical to drafter none" in capsys.readouterr().out
+    assert (tmp_path / "bench.md").read_text().startswith("| contender |")
+
+
+@pytest.mark.slow
+def test_calibrate_recommends_a_k_per_batch_size(llama_pair, prompt_file, capsys):
+    calibrate.main(["--target", str(llama_pair.target), "--draft", str(llama_pair.target), "--prompts", prompt_file,
+                    "--num-prompts", "6", "--max-new-tokens", "12", "--k-max", "3", "--batch-sizes", "1,3",
+                    "--batch-size", "3"])
+    out = capsys.readouterr().out
+    assert "alpha = 1.000" in out  # the target drafting for itself: every draft is accepted
+    assert "| 1 |" in out and "| 3 |" in out and "recommended k at batch 3" in out
