@@ -7,6 +7,8 @@ for some prompts but not others, so the parity tests cover requests ending on EO
 from __future__ import annotations
 
 import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: spinning threads on a busy CPU
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path

@@ -1,0 +1,332 @@
+"""`python -m batchspec job=NAME [key=value ...]`: the only place that reads the Hydra config.
+
+    python -m batchspec job=demo                        # run (or resume) the demo job
+    python -m batchspec job=demo --cfg job              # show the composed config
+    python -m batchspec job=demo -m drafter.k=2,4,8     # a sweep: one output dir per K
+
+The composed config is checked against the schema (config.py) by Hydra, then turned into a plain
+JobConfig; from there on every module gets plain arguments. Exit status: 0 on success (row errors
+are counted in summary.json), 1 for Hydra's config composition errors, 2 with one line on stderr for
+a config that cannot run, an unreadable input, a missing column or an unloadable model, 128+N when
+signal N stopped the run (rerun to resume).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from importlib import metadata
+from itertools import chain
+from pathlib import Path
+from typing import Any, Mapping
+
+import hydra
+import pyarrow as pa
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .config import CONF_DIR, ConfigError, DrafterName, JobConfig, find_jobs, job_dirs, register_configs
+from .job import Progress, resolve_progress_mode, run_job
+from .sink import RESULT_SCHEMA, ParquetSink, atomic_write_text, done_ids, part_files, shard_name, summarize
+from .sources import PromptBuilder, RowSelector, SourceError, open_source, shard_from_env, template_columns
+
+log = logging.getLogger("batchspec")
+
+EXIT_SETUP_ERROR = 2
+# Keys whose values decide what the output rows contain: a resumed run must agree on them.
+FINGERPRINT_KEYS = ("drafter", "model.target", "model.draft", "model.dtype", "sampling", "source.path",
+                    "source.format", "source.split", "source.prompt_column", "source.id_column",
+                    "source.template", "source.chat", "source.keep_columns", "max_seq_len")
+LIBRARIES = ("batchspec", "torch", "transformers", "tokenizers", "datasets", "pyarrow", "hydra-core", "omegaconf")
+
+
+def main() -> None:
+    """Register the schema and the job files, then hand over to Hydra."""
+    try:
+        register_configs(find_jobs(job_dirs(Path.cwd())))
+    except (ConfigError, OmegaConfBaseException, OSError) as e:
+        fail(f"cannot register the job files: {first_line(e)}")
+    hydra_main()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def hydra_main(cfg: DictConfig) -> None:
+    hc = HydraConfig.get()
+    job_name = hc.runtime.choices.get("job")
+    subdir = hc.job.override_dirname if hc.mode == RunMode.MULTIRUN else ""
+    try:
+        job = to_job_config(cfg, job_name)
+        out_dir = Path(job.output.dir) / subdir if subdir else Path(job.output.dir)
+        composed = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+        code = run(job, out_dir=out_dir, composed=composed, job_name=job_name or "", environ=os.environ)
+    except (ConfigError, SourceError, OSError) as e:
+        fail(first_line(e))
+    if code:
+        sys.exit(code)
+
+
+# ---- config -> plain objects -------------------------------------------------------------------
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def fail(message: str) -> None:
+    print(f"batchspec: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_SETUP_ERROR)
+
+
+def to_job_config(cfg: DictConfig, job_name: str | None) -> JobConfig:
+    """The composed config as a JobConfig dataclass, checked for contradictions between keys."""
+    if job_name is None and OmegaConf.is_interpolation(cfg.output, "dir"):
+        names = ", ".join(find_jobs(job_dirs(Path.cwd()))) or "none found"
+        raise ConfigError(f"no job selected: pass job=NAME (jobs: {names}) or set output.dir")
+    try:
+        job: JobConfig = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        raise ConfigError(f"{key}: {first_line(e)}" if key else first_line(e)) from e
+    validate(job)
+    return job
+
+
+def validate(job: JobConfig) -> None:
+    """Raise ConfigError naming the key for values the schema's types cannot rule out."""
+    s, src = job.sampling, job.source
+    checks = [
+        (job.batch_size >= 1, f"batch_size={job.batch_size}: need >= 1"),
+        (job.max_seq_len is None or job.max_seq_len >= 2, f"max_seq_len={job.max_seq_len}: need >= 2"),
+        (job.drafter.name == DrafterName.none or job.drafter.k >= 1, f"drafter.k={job.drafter.k}: need >= 1"),
+        (job.drafter.name != DrafterName.model or job.model.draft,
+         "drafter=model needs model.draft (a draft model dir or hub id)"),
+        (s.max_new_tokens >= 1, f"sampling.max_new_tokens={s.max_new_tokens}: need >= 1"),
+        (s.temperature >= 0, f"sampling.temperature={s.temperature}: need >= 0"),
+        (s.top_k >= 0, f"sampling.top_k={s.top_k}: need >= 0 (0 = off)"),
+        (0 < s.top_p <= 1, f"sampling.top_p={s.top_p}: need 0 < top_p <= 1"),
+        (0 <= s.min_p <= 1, f"sampling.min_p={s.min_p}: need 0 <= min_p <= 1"),
+        (s.repetition_penalty > 0, f"sampling.repetition_penalty={s.repetition_penalty}: need > 0"),
+        (src.template is not None or src.prompt_column, "set source.prompt_column or source.template"),
+        (src.limit is None or src.limit >= 0, f"source.limit={src.limit}: need >= 0"),
+        (job.output.rows_per_file >= 1, f"output.rows_per_file={job.output.rows_per_file}: need >= 1"),
+        (job.progress.every_s > 0, f"progress.every_s={job.progress.every_s}: need > 0"),
+        (job.threads is None or job.threads >= 1, f"threads={job.threads}: need >= 1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    clash = [c for c in src.keep_columns if c in RESULT_SCHEMA.names]
+    if clash:
+        raise ConfigError(f"source.keep_columns: {clash[0]!r} is also an output column; rename it in the input")
+
+
+def needed_columns(job: JobConfig) -> dict[str, str]:
+    """Input column -> the config key that needs it (a template's fields, else the prompt column)."""
+    src = job.source
+    needed: dict[str, str] = {}
+    if src.template is not None:
+        for c in template_columns(src.template):
+            needed[c] = "source.template"
+    else:
+        needed[src.prompt_column] = "source.prompt_column"
+    if src.id_column is not None:
+        needed.setdefault(src.id_column, "source.id_column")
+    for c in src.keep_columns:
+        needed.setdefault(c, "source.keep_columns")
+    return needed
+
+
+def select(config: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def fingerprint(composed: Mapping[str, Any], drafter: DrafterName) -> dict[str, Any]:
+    values = {key: select(composed, key) for key in FINGERPRINT_KEYS}
+    if drafter != DrafterName.model:
+        values["model.draft"] = None  # not used, so not part of what the output depends on
+    return values
+
+
+def check_fingerprint(out_dir: Path, current: dict[str, Any]) -> None:
+    """Refuse to resume into an output dir whose rows were made under a config that changes them."""
+    path = out_dir / "job.json"
+    if not path.exists() or not part_files(out_dir):
+        return
+    stored = json.loads(path.read_text()).get("fingerprint", {})
+    for key in FINGERPRINT_KEYS:
+        if stored.get(key) != current.get(key):
+            raise ConfigError(
+                f"output.dir {out_dir} holds rows made with a different {key} ({stored.get(key)!r}, now "
+                f"{current.get(key)!r}): choose another output.dir, or delete {path} to add to it anyway"
+            )
+
+
+def write_fingerprint(out_dir: Path, current: dict[str, Any]) -> None:
+    atomic_write_text(out_dir / "job.json", json.dumps({"fingerprint": current}, indent=2) + "\n")
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+# ---- the run -----------------------------------------------------------------------------------
+
+
+def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: str,
+        environ: Mapping[str, str]) -> int:
+    """Run (or resume) one shard of a job into out_dir; returns the exit status."""
+    started = time.perf_counter()
+    index, count = shard_from_env(job.shard.index, job.shard.count, environ)
+    src = job.source
+    source = open_source(src.path, src.format.value, src.split, needed_columns(job))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    wanted = fingerprint(composed, job.drafter.name)
+    check_fingerprint(out_dir, wanted)
+    done = done_ids(out_dir)
+    selector = RowSelector(source, id_column=src.id_column, shard_index=index, shard_count=count,
+                           limit=src.limit, done=done)
+    rows = iter(selector)
+    first = next(rows, None)
+    label = f"shard {index}/{count}" if count > 1 else "job"
+    if first is None:
+        log.info("nothing to do: every row of %s %s is already in %s", job_name, label, out_dir / "data")
+        finish(out_dir, index, count, composed, selector, outcome=None, load_s=0.0, generator=None)
+        return 0
+
+    from .api import build_generator, load_models  # deferred: torch is only needed from here on
+
+    progress_mode = resolve_progress_mode(job.progress.mode.value, sys.stderr)
+    if progress_mode != "bar":
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # no "Loading weights" bars in cron / SLURM logs
+
+    if job.threads is not None:
+        import torch
+
+        torch.set_num_threads(job.threads)
+    log.info("%s %s: %s rows to do (%d already done) -> %s", job_name, label,
+             "?" if selector.total is None else selector.total - selector.skipped, selector.skipped, out_dir)
+    try:
+        models = load_models(
+            job.model.target, job.model.draft if job.drafter.name == DrafterName.model else None,
+            dtype=job.model.dtype.value, device=job.model.device, trust_remote_code=job.model.trust_remote_code,
+        )
+    except ValueError as e:  # batchspec.models.ModelLoadError: unloadable model or incompatible draft
+        raise ConfigError(first_line(e)) from e
+    builder = PromptBuilder(
+        prompt_column=src.prompt_column, template=src.template, chat=src.chat, tokenizer=models.tokenizer,
+        keep_columns=src.keep_columns, keep_schema=pa_fields(source.schema, src.keep_columns),
+        check_types=not source.typed,
+    )
+    s = job.sampling
+    try:
+        generator = build_generator(
+            models, drafter=job.drafter.name.value, k=job.drafter.k, batch_size=job.batch_size,
+            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+            min_p=s.min_p, repetition_penalty=s.repetition_penalty, stop=tuple(s.stop), seed=s.seed,
+            max_seq_len=job.max_seq_len, adaptive=job.drafter.adaptive,
+        )
+    except ValueError as e:  # e.g. max_seq_len beyond the model's positions
+        raise ConfigError(first_line(e)) from e
+    load_s = time.perf_counter() - started
+    log.info("models loaded in %.1f s (drafter %s, k=%d, batch %d)", load_s, job.drafter.name.value,
+             job.drafter.k, job.batch_size)
+    sink = ParquetSink(out_dir, shard_index=index, shard_count=count, rows_per_file=job.output.rows_per_file,
+                       keep_schema=pa_fields(source.schema, src.keep_columns))
+    write_fingerprint(out_dir, wanted)
+    progress = Progress(progress_mode, total=remaining(selector), every_s=job.progress.every_s)
+    requests = (builder.request(row) for row in chain([first], rows))
+    outcome = run_job(requests, generator, sink, progress, remaining=lambda: remaining(selector))
+    if outcome.interrupted_by is not None:
+        log.warning("stopped by signal %d: %d rows written this run (%d errors); rerun the same command to resume",
+                    outcome.interrupted_by, outcome.rows, outcome.errors)
+        return 128 + outcome.interrupted_by
+    finish(out_dir, index, count, composed, selector, outcome=outcome, load_s=load_s, generator=generator)
+    return 0
+
+
+def pa_fields(schema: pa.Schema, names: list[str]) -> pa.Schema:
+    return pa.schema([schema.field(n) for n in names])
+
+
+def remaining(selector: RowSelector) -> int | None:
+    return None if selector.total is None else selector.total - selector.skipped
+
+
+def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], selector: RowSelector, *, outcome,
+           load_s: float, generator) -> dict[str, Any]:
+    """Mark the shard finished, rewrite summary.json over the whole output dir, print it."""
+    shards_dir = out_dir / "shards"
+    shards_dir.mkdir(exist_ok=True)
+    marker = shards_dir / f"{shard_name(index, count)}.json"
+    if outcome is not None or not marker.exists():
+        this_run = None
+        if outcome is not None:
+            this_run = {
+                "rows": outcome.rows, "rows_error": outcome.errors, "completion_tokens": outcome.completion_tokens,
+                "setup_s": round(load_s, 3), "wall_s": round(outcome.wall_s, 3),
+                "tokens_per_s": outcome.completion_tokens / outcome.wall_s if outcome.wall_s else None,
+                "generator": generator.stats.as_dict(),
+            }
+        atomic_write_text(marker, json.dumps({
+            "shard": index, "count": count, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "duplicate_ids_skipped": selector.duplicates, "last_run": this_run,
+        }, indent=2) + "\n")
+    finished = sorted(
+        m["shard"] for m in (json.loads(p.read_text()) for p in shards_dir.glob("shard-*.json"))
+        if m.get("count") == count
+    )
+    summary = summarize(out_dir)
+    summary.update({
+        "output_dir": str(out_dir), "data": str(out_dir / "data"),
+        "shards": {"count": count, "finished": finished, "complete": len(finished) == count},
+        "duplicate_ids_skipped": selector.duplicates,
+        "config": composed, "versions": versions(),
+    })
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    print(format_summary(summary, outcome), flush=True)
+    errors = summary["rows_error"]
+    log.info("done: %d rows in %s (%d ok, %d errors%s); summary: %s", summary["rows"], out_dir / "data",
+             summary["rows_ok"], errors, f", e.g. {next(iter(summary['errors']))!r}" if errors else "",
+             out_dir / "summary.json")
+    return summary
+
+
+def format_summary(summary: dict[str, Any], outcome) -> str:
+    """The human-readable block printed at the end of a run."""
+    def num(x, fmt=".2f"):
+        return "-" if x is None else format(x, fmt)
+
+    drafter = summary["config"].get("drafter", {})
+    by_position = " ".join(num(a) for a in summary["acceptance_by_position"]) or "-"
+    lines = [
+        f"batchspec summary: {summary['output_dir']}",
+        f"  rows                      {summary['rows']} ({summary['rows_ok']} ok, {summary['rows_error']} errors)"
+        + (f"; this run {outcome.rows}" if outcome is not None else "; nothing to do"),
+        f"  tokens                    {summary['completion_tokens']} generated, {summary['prompt_tokens']} prompt",
+        f"  generation time           {num(summary['wall_s'], '.1f')} s, {num(summary['tokens_per_s'], '.1f')} tokens/s",
+        f"  drafter                   {drafter.get('name')}"
+        + (f" (k={drafter.get('k')})" if drafter.get("name") != "none" else ""),
+        f"  acceptance rate           {num(summary['acceptance_rate'], '.3f')}",
+        f"  acceptance by position    {by_position}",
+        f"  tokens per target forward {num(summary['tokens_per_target_forward'])}",
+        f"  shards finished           {len(summary['shards']['finished'])}/{summary['shards']['count']}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,165 @@
+"""The job config schema: dataclasses registered in Hydra's ConfigStore.
+
+conf/config.yaml starts from `batchspec_schema`, so every key below is typed and closed: a misspelled
+key or a value of the wrong type fails with Hydra's own message while the config is composed, before
+any model loads. Only cli.py reads the composed config; everything else takes plain arguments.
+
+Job files (`job=NAME`) are registered here too: every `*.yaml` in the shipped `jobs/` folder, in
+`./jobs` of the current directory and in the folders listed in $BATCHSPEC_JOBS_DIR becomes the
+option NAME of the `job` group, in Hydra's `_global_` package (a job file sets any key of the schema).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = REPO_ROOT / "conf"
+SHIPPED_JOBS_DIR = REPO_ROOT / "jobs"
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+
+
+class ConfigError(ValueError):
+    """A config that composes but cannot run (a contradiction between keys); the message is one line."""
+
+
+class DrafterName(Enum):
+    none = "none"
+    model = "model"
+    ngram = "ngram"
+    prompt_lookup = "prompt_lookup"
+
+
+class SourceFormat(Enum):
+    auto = "auto"
+    parquet = "parquet"
+    hf = "hf"
+    jsonl = "jsonl"
+
+
+class Dtype(Enum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class ProgressMode(Enum):
+    auto = "auto"  # a tqdm bar on a terminal, periodic log lines otherwise (SLURM, cron)
+    bar = "bar"
+    log = "log"
+    off = "off"
+
+
+@dataclass
+class ModelConfig:
+    target: str = MISSING  # local dir or hub id
+    draft: Optional[str] = None  # needed by drafter=model
+    dtype: Dtype = Dtype.auto
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    trust_remote_code: bool = False
+
+
+@dataclass
+class DrafterConfig:
+    name: DrafterName = DrafterName.none
+    k: int = 4  # most draft tokens per request per round (ignored by drafter=none)
+    adaptive: Optional[bool] = None  # pick 0..k drafts per round from measured throughput; null = on when greedy
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    max_new_tokens: int = 128
+    stop: List[str] = field(default_factory=list)
+    seed: int = 0
+
+
+@dataclass
+class SourceConfig:
+    path: str = MISSING  # Parquet file / folder / glob, saved HF dataset dir or dataset name, JSONL file
+    format: SourceFormat = SourceFormat.auto
+    split: str = "train"  # for HF datasets
+    prompt_column: Optional[str] = "prompt"  # text, token ids, or (chat=true) a list of messages
+    id_column: Optional[str] = None  # default: the row's position in the input, as a string
+    template: Optional[str] = None  # Jinja2 over the row's columns, e.g. "Q: {{ question }}\nA:"
+    chat: bool = False  # render the prompt with the tokenizer's chat template
+    keep_columns: List[str] = field(default_factory=list)  # copied into the output rows
+    limit: Optional[int] = None  # only the first `limit` rows of the input (before sharding)
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "outputs/${hydra:runtime.choices.job}"  # stable per job: rerun = resume
+    rows_per_file: int = 1000
+
+
+@dataclass
+class ShardConfig:
+    index: Optional[int] = None  # default: $SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN, else 0
+    count: Optional[int] = None  # default: $SLURM_ARRAY_TASK_COUNT, else 1
+
+
+@dataclass
+class ProgressConfig:
+    mode: ProgressMode = ProgressMode.auto
+    every_s: float = 30.0  # seconds between log lines in log mode
+
+
+@dataclass
+class JobConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    source: SourceConfig = field(default_factory=SourceConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    shard: ShardConfig = field(default_factory=ShardConfig)
+    progress: ProgressConfig = field(default_factory=ProgressConfig)
+    batch_size: int = 8
+    max_seq_len: Optional[int] = None  # prompt + completion tokens per slot; default min(model limit, 2048)
+    threads: Optional[int] = None  # torch CPU threads (torch.set_num_threads); null = torch's default
+
+
+def job_dirs(cwd: Path) -> list[Path]:
+    """Folders whose *.yaml files are jobs, later ones overriding earlier ones of the same name."""
+    dirs = [SHIPPED_JOBS_DIR, cwd / "jobs"]
+    dirs += [Path(p) for p in os.environ.get("BATCHSPEC_JOBS_DIR", "").split(os.pathsep) if p]
+    unique: list[Path] = []
+    for d in dirs:
+        if d.is_dir() and d.resolve() not in [u.resolve() for u in unique]:
+            unique.append(d)
+    return unique
+
+
+def find_jobs(dirs: list[Path]) -> dict[str, Path]:
+    """Job name -> file, over `dirs` (a later folder wins on a name clash)."""
+    jobs: dict[str, Path] = {}
+    for d in dirs:
+        for path in sorted(d.glob("*.yaml")):
+            jobs[path.stem] = path
+    return jobs
+
+
+def register_configs(jobs: dict[str, Path]) -> None:
+    """Store the schema and each job file in Hydra's ConfigStore, and add the `${assets:...}`
+    resolver (a path inside batchspec/assets, so shipped jobs run from any directory)."""
+    OmegaConf.register_new_resolver("assets", lambda rel: str(ASSETS_DIR / rel), replace=True)
+    cs = ConfigStore.instance()
+    cs.store(name="batchspec_schema", node=JobConfig)
+    for name, path in jobs.items():
+        try:
+            node = OmegaConf.load(path)
+        except Exception as e:  # yaml.YAMLError and friends
+            raise ConfigError(f"{path}: {str(e).strip().splitlines()[0]}") from e
+        cs.store(group="job", name=name, node=node, package="_global_")

@@ -1,0 +1,171 @@
+"""The job loop: requests -> generator -> sink, with progress, resume bookkeeping and signals.
+
+    outcome = run_job(requests, generator, sink, progress=Progress("auto", total=200))
+
+run_job pulls requests lazily through the generator (which admits them as slots free up), writes a
+part file every `rows_per_file` results, and flushes the rest at the end. SIGTERM, SIGUSR2 (SLURM's
+pre-emption warning) and SIGINT make it stop admitting requests, finish the ones in flight, flush
+and return `interrupted`; a second signal stops at once, flushing only the complete rows. Rows not
+written are simply redone by the next run (resume = rerun the same command).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from .sink import ParquetSink
+from .types import FINISH_ERROR, Request, RunStats
+
+log = logging.getLogger("batchspec")
+
+STOP_SIGNALS = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGUSR2", None), signal.SIGINT) if s is not None)
+
+
+class StopNow(Exception):
+    """Raised by the signal handler on the second signal: stop without finishing in-flight rows."""
+
+
+@dataclass(slots=True)
+class JobOutcome:
+    rows: int  # results written by this run
+    errors: int  # of which finish_reason == "error"
+    completion_tokens: int
+    wall_s: float
+    interrupted_by: int | None  # the signal number, if a signal stopped the run
+
+
+class StatsDelta:
+    """Drafting statistics since the previous part, stored in each part file's metadata."""
+
+    def __init__(self, stats: RunStats):
+        self.stats = stats
+        self.proposed = list(stats.proposed_by_position)
+        self.accepted = list(stats.accepted_by_position)
+        self.rounds = stats.rounds
+        self.time = time.perf_counter()
+
+    def take(self) -> dict[str, Any]:
+        s, now = self.stats, time.perf_counter()
+        delta = {
+            "proposed_by_position": [a - b for a, b in zip(s.proposed_by_position, self.proposed)],
+            "accepted_by_position": [a - b for a, b in zip(s.accepted_by_position, self.accepted)],
+            "rounds": s.rounds - self.rounds,
+            "wall_s": now - self.time,
+        }
+        self.proposed, self.accepted = list(s.proposed_by_position), list(s.accepted_by_position)
+        self.rounds, self.time = s.rounds, now
+        return delta
+
+
+def resolve_progress_mode(mode: str, stream) -> str:
+    """auto -> bar on a terminal, log otherwise."""
+    if mode == "auto":
+        return "bar" if stream.isatty() else "log"
+    return mode
+
+
+class Progress:
+    """A tqdm bar over rows on a terminal; periodic plain log lines otherwise (SLURM, cron).
+
+    mode: auto | bar | log | off. `total` may be None (unknown length) and shrinks by `skip()` as rows
+    already done by an earlier run go by.
+    """
+
+    def __init__(self, mode: str, total: int | None, every_s: float = 30.0, stream=None):
+        self.stream = stream or sys.stderr
+        mode = resolve_progress_mode(mode, self.stream)
+        self.mode, self.total, self.every_s = mode, total, every_s
+        self.rows = self.errors = self.tokens = 0
+        self.start = self.last_log = time.perf_counter()
+        self.bar = None
+        if mode == "bar":
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="row", file=self.stream, dynamic_ncols=True, smoothing=0.1)
+
+    def set_total(self, total: int | None) -> None:
+        self.total = total
+        if self.bar is not None and total is not None and total != self.bar.total:
+            self.bar.total = total
+            self.bar.refresh()
+
+    def line(self, stats: RunStats) -> str:
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        of = f"/{self.total}" if self.total is not None else ""
+        acc = stats.acceptance_rate
+        tpf = stats.tokens_per_forward
+        return (
+            f"rows {self.rows}{of} ({self.rows / elapsed:.2f} rows/s) | {self.tokens / elapsed:.1f} tok/s | "
+            f"acceptance {'-' if acc is None else f'{acc:.3f}'} | "
+            f"tokens/forward {'-' if tpf is None else f'{tpf:.2f}'} | errors {self.errors}"
+        )
+
+    def update(self, completion_tokens: int, error: bool, stats: RunStats) -> None:
+        self.rows += 1
+        self.errors += error
+        self.tokens += completion_tokens
+        if self.bar is not None:
+            elapsed = max(time.perf_counter() - self.start, 1e-9)
+            acc = stats.acceptance_rate
+            self.bar.set_postfix_str(
+                f"{self.tokens / elapsed:.0f} tok/s, acc {'-' if acc is None else f'{acc:.2f}'}, err {self.errors}",
+                refresh=False,
+            )
+            self.bar.update(1)
+        elif self.mode == "log" and time.perf_counter() - self.last_log >= self.every_s:
+            self.last_log = time.perf_counter()
+            log.info(self.line(stats))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_job(requests: Iterable[Request], generator, sink: ParquetSink, progress: Progress,
+            remaining=None) -> JobOutcome:
+    """Drive `generator.run(requests)` into `sink` until the requests run out or a signal stops it.
+
+    `generator` is a batchspec SpecBatchGenerator (run / stats / stop_admitting). `remaining`, if
+    given, is called before each progress update and returns the rows left to do (or None).
+    """
+    received: list[int] = []
+
+    def on_signal(signum, frame):
+        received.append(signum)
+        if len(received) == 1:
+            log.warning("%s: finishing the rows in flight, then stopping (send it again to stop now)",
+                        signal.Signals(signum).name)
+            generator.stop_admitting()
+        else:
+            raise StopNow
+
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    delta = StatsDelta(generator.stats)
+    start = time.perf_counter()
+    rows = errors = tokens = 0
+    try:
+        for result in generator.run(requests):
+            sink.add(result)
+            rows += 1
+            errors += result.finish_reason == FINISH_ERROR
+            tokens += result.completion_tokens
+            if remaining is not None:
+                progress.set_total(remaining())
+            progress.update(result.completion_tokens, result.finish_reason == FINISH_ERROR, generator.stats)
+            if sink.full:
+                sink.flush(delta.take())
+    except StopNow:
+        log.warning("stopping now; rows in flight are left for the next run")
+    finally:
+        # The buffer holds only complete rows; write them even when stopping early.
+        sink.flush(delta.take())
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        progress.close()
+    return JobOutcome(rows=rows, errors=errors, completion_tokens=tokens, wall_s=time.perf_counter() - start,
+                      interrupted_by=received[0] if received else None)

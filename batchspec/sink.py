@@ -1,0 +1,185 @@
+"""Results -> Parquet part files, written atomically, plus the summary of an output dir.
+
+Layout of an output dir:
+
+    data/shard-00000-of-00001-part-000000.parquet   rows_per_file rows each (the last may be short)
+    shards/shard-00000-of-00001.json                 written when that shard has finished
+    summary.json                                     totals over every part file and finished shard
+    job.json                                         the config that decides the output (resume guard)
+    logs/                                            Hydra's log and composed config of each run
+    .tmp/                                            parts being written; renamed into data/ when complete
+
+A part is written to .tmp/ and renamed into data/ (same filesystem, so the rename is atomic): a reader
+or a resumed run never sees half a file, and data/ holds only Parquet, so
+`pyarrow.dataset.dataset(out/"data")`, `pandas.read_parquet(out/"data")` and
+`datasets.load_dataset("parquet", data_dir=out/"data")` read it as one table. Each part also carries,
+in its Parquet key-value metadata, the drafting statistics of the rounds since the previous part
+(draft position counts, wall time), so the summary covers resumed runs too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .types import FINISH_ERROR, RESULT_COLUMNS, Result
+
+COLUMN_TYPES = {
+    "id": pa.string(),
+    "prompt": pa.string(),
+    "completion": pa.string(),
+    "completion_token_ids": pa.list_(pa.int32()),
+    "finish_reason": pa.string(),
+    "error": pa.string(),
+    "prompt_tokens": pa.int64(),
+    "completion_tokens": pa.int64(),
+    "target_forwards": pa.int64(),
+    "draft_tokens": pa.int64(),
+    "accepted_tokens": pa.int64(),
+    "acceptance_rate": pa.float64(),
+    "tokens_per_forward": pa.float64(),
+    "accepted_per_round": pa.list_(pa.int32()),
+    "latency_s": pa.float64(),
+}
+RESULT_SCHEMA = pa.schema([(name, COLUMN_TYPES[name]) for name in RESULT_COLUMNS])  # Result fields, same order
+
+META_KEY = b"batchspec"
+TOTAL_COLUMNS = ("prompt_tokens", "completion_tokens", "target_forwards", "draft_tokens", "accepted_tokens")
+
+
+def output_schema(keep: pa.Schema | None = None) -> pa.Schema:
+    """The Result columns, then the keep columns with their input types."""
+    fields = list(RESULT_SCHEMA)
+    for f in keep or []:
+        if f.name in RESULT_SCHEMA.names:
+            raise ValueError(f"source.keep_columns: {f.name!r} is also an output column; rename it in the input")
+        fields.append(pa.field(f.name, f.type))
+    return pa.schema(fields)
+
+
+def shard_name(index: int, count: int) -> str:
+    return f"shard-{index:05d}-of-{count:05d}"
+
+
+def part_files(out_dir: Path) -> list[Path]:
+    return sorted((out_dir / "data").glob("*.parquet"))
+
+
+def done_ids(out_dir: Path) -> set[str]:
+    """Ids of every row in the finished part files of any shard (only the id column is read)."""
+    ids: set[str] = set()
+    for f in part_files(out_dir):
+        try:
+            ids.update(pq.read_table(f, columns=["id"]).column("id").to_pylist())
+        except (OSError, pa.ArrowException) as e:
+            raise OSError(f"cannot read output part {f}: {e}; move it away and rerun to redo its rows") from e
+    return ids
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class ParquetSink:
+    """Buffers Results of one shard and writes them as parts of `rows_per_file` rows.
+
+    Parts are numbered after the shard's existing ones, so a resumed run only adds files; leftover
+    temp files of this shard (from a killed run) are removed on start.
+    """
+
+    def __init__(self, out_dir: Path, *, shard_index: int, shard_count: int, rows_per_file: int,
+                 keep_schema: pa.Schema | None = None):
+        if rows_per_file < 1:
+            raise ValueError(f"output.rows_per_file={rows_per_file}: need at least 1")
+        self.out_dir, self.rows_per_file = Path(out_dir), rows_per_file
+        self.schema = output_schema(keep_schema)
+        self.prefix = shard_name(shard_index, shard_count)
+        self.data_dir, self.tmp_dir = self.out_dir / "data", self.out_dir / ".tmp"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.tmp_dir.glob(f"{self.prefix}-*"):
+            stale.unlink()
+        numbers = [int(m.group(1)) for f in self.data_dir.glob(f"{self.prefix}-part-*.parquet")
+                   if (m := re.search(r"-part-(\d+)\.parquet$", f.name))]
+        self.next_part = max(numbers, default=-1) + 1
+        self.buffer: list[dict[str, Any]] = []
+        self.rows_written = 0
+        self.files_written: list[Path] = []
+
+    @property
+    def full(self) -> bool:
+        return len(self.buffer) >= self.rows_per_file
+
+    def add(self, result: Result) -> None:
+        self.buffer.append(result.to_row())
+
+    def flush(self, metadata: dict[str, Any] | None = None) -> Path | None:
+        """Write the buffered rows as one part (temp file, fsync, rename); None if nothing is buffered."""
+        if not self.buffer:
+            return None
+        schema = self.schema.with_metadata({META_KEY: json.dumps(metadata or {})})
+        table = pa.Table.from_pylist(self.buffer, schema=schema)
+        name = f"{self.prefix}-part-{self.next_part:06d}.parquet"
+        tmp = self.tmp_dir / name
+        with open(tmp, "wb") as f:
+            pq.write_table(table, f, compression="zstd")
+            f.flush()
+            os.fsync(f.fileno())
+        final = self.data_dir / name
+        os.replace(tmp, final)
+        self.next_part += 1
+        self.rows_written += len(self.buffer)
+        self.files_written.append(final)
+        self.buffer = []
+        return final
+
+
+def summarize(out_dir: Path) -> dict[str, Any]:
+    """Totals over every part file in `out_dir` (all shards, all runs), reading only counter columns."""
+    reasons: Counter = Counter()
+    errors: Counter = Counter()
+    totals = dict.fromkeys(TOTAL_COLUMNS, 0)
+    proposed: list[int] = []
+    accepted: list[int] = []
+    wall = 0.0
+    files = part_files(out_dir)
+    for f in files:
+        table = pq.read_table(f, columns=["finish_reason", "error", *TOTAL_COLUMNS])
+        reasons.update(table.column("finish_reason").to_pylist())
+        errors.update(e for e in table.column("error").to_pylist() if e is not None)
+        for c in TOTAL_COLUMNS:
+            totals[c] += int(pc.sum(table.column(c)).as_py() or 0)
+        meta = json.loads((table.schema.metadata or {}).get(META_KEY, b"{}"))
+        wall += float(meta.get("wall_s", 0.0))
+        for mine, theirs in ((proposed, meta.get("proposed_by_position", [])),
+                             (accepted, meta.get("accepted_by_position", []))):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, v in enumerate(theirs):
+                mine[i] += v
+    rows = sum(reasons.values())
+    completion, forwards = totals["completion_tokens"], totals["target_forwards"]
+    return {
+        "rows": rows,
+        "rows_ok": rows - reasons.get(FINISH_ERROR, 0),
+        "rows_error": reasons.get(FINISH_ERROR, 0),
+        "finish_reasons": dict(sorted(reasons.items())),
+        "errors": dict(errors.most_common(10)),  # the most frequent error messages, with counts
+        **totals,
+        "wall_s": round(wall, 3),  # generation time summed over runs and shards
+        "tokens_per_s": completion / wall if wall else None,
+        "acceptance_rate": totals["accepted_tokens"] / totals["draft_tokens"] if totals["draft_tokens"] else None,
+        "acceptance_by_position": [a / p if p else None for a, p in zip(accepted, proposed)],
+        "tokens_per_target_forward": completion / forwards if forwards else None,
+        "mean_accepted_length": totals["accepted_tokens"] / forwards if forwards else None,
+        "files": len(files),
+    }

@@ -1,0 +1,499 @@
+"""Build batchspec's offline demo pair: a small trained Llama target, a distilled draft and held-out prompts.
+
+Everything comes from the running interpreter's standard library, so no download is needed:
+
+1. corpus: a fixed, sorted list of pure-Python stdlib modules, split by file into train and held-out;
+2. tokenizer: byte-level BPE (`<s>` BOS id 0, prepended; `</s>` EOS id 1; `<pad>` id 2) trained on
+   the train files only;
+3. models: a Llama target trained from scratch on next-token prediction, then a much smaller Llama
+   draft distilled from it (KL to the target's next-token distribution) so that their greedy tokens agree;
+4. prompts: code prefixes (a def/class header plus its first lines) taken from the held-out files;
+5. measurements on held-out data (loss, greedy agreement, forward timings), printed and written to
+   the README next to the assets.
+
+Usage (about 15-20 minutes on 2 CPU cores)::
+
+    python tools/build_demo.py --out batchspec/assets/demo
+
+Fixed seeds, fp32, CPU, two torch threads; reruns on the same interpreter and machine give the same files.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP: share the cores politely
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import argparse
+import ast
+import math
+import platform
+import shutil
+import statistics
+import sys
+import sysconfig
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"  # ids 0, 1, 2
+# Stdlib folders left out: tests, GUI/tools, deprecated copies, codec tables and generated data.
+EXCLUDED_DIRS = {
+    "test", "tests", "idlelib", "lib2to3", "site-packages", "encodings", "pydoc_data", "ensurepip",
+    "turtledemo", "distutils", "tkinter", "__phello__", "lib-dynload", "__pycache__", "msilib",
+}
+MIN_FILE_BYTES, MAX_FILE_BYTES = 1_000, 48_000  # skip stubs and the few huge modules (~4 MB in all)
+HELDOUT_EVERY = 10  # every 10th file of the sorted list is held out
+
+
+# ----------------------------------------------------------------------------------------------- corpus
+
+def stdlib_files(root: Path) -> list[Path]:
+    """Sorted stdlib-relative paths of the pure-Python modules that make up the corpus."""
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if any(part in EXCLUDED_DIRS or part.startswith("config-") for part in rel.parts[:-1]):
+            continue
+        if rel.name.startswith(("_sysconfigdata", "test_")):
+            continue
+        if MIN_FILE_BYTES <= path.stat().st_size <= MAX_FILE_BYTES:
+            files.append(rel)
+    return files
+
+
+def split_files(files: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(train, held-out): file i is held out when i % HELDOUT_EVERY == HELDOUT_EVERY - 1."""
+    heldout = [f for i, f in enumerate(files) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1]
+    train = [f for i, f in enumerate(files) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1]
+    return train, heldout
+
+
+def read_text(root: Path, rel: Path) -> str:
+    return (root / rel).read_text(encoding="utf-8", errors="replace")
+
+
+# -------------------------------------------------------------------------------------------- tokenizer
+
+def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE on `texts`; `tokenizer(text)` prepends `<s>`, decoding round-trips any text."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[BOS, EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, 0)]
+    )
+    assert [tok.token_to_id(t) for t in (BOS, EOS, PAD)] == [0, 1, 2]
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD)
+
+
+def token_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
+    """All texts as one 1-D tensor, each file as `<s> ... </s>`."""
+    ids: list[int] = []
+    for enc in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+        ids += [tokenizer.bos_token_id, *enc, tokenizer.eos_token_id]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+# ----------------------------------------------------------------------------------------------- models
+
+def llama_config(vocab_size: int, hidden: int, layers: int, intermediate: int, heads: int, kv_heads: int,
+                 max_positions: int) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+        tie_word_embeddings=True, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+    )
+
+
+def new_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    model.generation_config.bos_token_id = 0
+    model.generation_config.eos_token_id = 1
+    model.generation_config.pad_token_id = 2
+    return model
+
+
+def n_params(model: torch.nn.Module) -> int:
+    """Unique parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def random_windows(stream: torch.Tensor, gen: torch.Generator, batch: int, seq_len: int, bos: int) -> torch.Tensor:
+    """`batch` rows of `<s>` + `seq_len - 1` consecutive tokens starting at random offsets of `stream`."""
+    starts = torch.randint(0, len(stream) - seq_len, (batch,), generator=gen)
+    rows = torch.stack([stream[s : s + seq_len - 1] for s in starts.tolist()])
+    return torch.cat([torch.full((batch, 1), bos, dtype=torch.long), rows], dim=1)
+
+
+def fixed_windows(stream: torch.Tensor, seq_len: int, bos: int, limit: int | None = None) -> torch.Tensor:
+    """Non-overlapping `<s>`-prefixed windows covering `stream` (the tail that does not fill one is dropped)."""
+    n = (len(stream) // (seq_len - 1)) if limit is None else min(limit, len(stream) // (seq_len - 1))
+    rows = stream[: n * (seq_len - 1)].view(n, seq_len - 1)
+    return torch.cat([torch.full((n, 1), bos, dtype=torch.long), rows], dim=1)
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
+    """Linear warmup, then cosine decay to 10% of the peak."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.inference_mode()
+def eval_loss(model: LlamaForCausalLM, windows: torch.Tensor, batch: int = 8) -> float:
+    """Mean next-token cross-entropy (nats) over all predicted positions of `windows`."""
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(windows), batch):
+        x = windows[i : i + batch]
+        logits = model(input_ids=x).logits[:, :-1]
+        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum").item()
+        count += x[:, 1:].numel()
+    return total / count
+
+
+def train(model: LlamaForCausalLM, stream: torch.Tensor, *, steps: int, batch: int, seq_len: int, lr: float,
+          seed: int, name: str, eval_windows: torch.Tensor, teacher: LlamaForCausalLM | None = None,
+          log_every: int = 25) -> float:
+    """AdamW on `<s>`-prefixed random windows; next-token CE, or KL to `teacher`'s distribution if given.
+
+    Returns the mean training loss of the last 10% of the steps.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95))
+    if teacher is not None:
+        teacher.eval()
+    losses, start = [], time.time()
+    for step in range(steps):
+        model.train()
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, lr, warmup=max(1, steps // 20))
+        x = random_windows(stream, gen, batch, seq_len, bos=0)
+        logits = model(input_ids=x).logits
+        if teacher is None:
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        else:
+            with torch.no_grad():
+                target_logp = F.log_softmax(teacher(input_ids=x).logits, dim=-1)
+            loss = F.kl_div(F.log_softmax(logits, dim=-1).flatten(0, 1), target_logp.flatten(0, 1),
+                            log_target=True, reduction="batchmean")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if (step + 1) % log_every == 0 or step + 1 == steps:
+            recent = statistics.mean(losses[-log_every:])
+            msg = f"[{name}] step {step + 1}/{steps} {'kl' if teacher else 'loss'} {recent:.3f}"
+            if (step + 1) % (log_every * 8) == 0 or step + 1 == steps:
+                msg += f" held-out loss {eval_loss(model, eval_windows):.3f}"
+            print(f"{msg} ({time.time() - start:.0f}s)", flush=True)
+    model.eval()
+    return statistics.mean(losses[-max(1, steps // 10):])
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+
+def file_prompts(text: str, tokenizer, min_tokens: int, max_tokens: int, body_lines: int = 3) -> list[str]:
+    """Prefixes of each def/class in `text`: decorators + header + the first body lines, dedented.
+
+    Only blocks with at least two more lines after the prefix qualify (so there is something to
+    continue). The prompt ends at the end of a line, without the newline: a trailing newline would
+    be tokenized apart from the next line's indentation, unlike anything seen in training.
+    """
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    lines = text.splitlines()
+    nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    prompts = []
+    for node in sorted(nodes, key=lambda n: n.lineno):
+        start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        body_start = node.body[0].lineno
+        for n_body in range(body_lines, 0, -1):
+            end = body_start - 1 + n_body  # exclusive index into lines
+            if node.end_lineno < end + 2:
+                continue
+            prompt = textwrap.dedent("\n".join(lines[start - 1 : end])).rstrip()
+            if min_tokens <= len(tokenizer(prompt)["input_ids"]) <= max_tokens:
+                prompts.append(prompt)
+                break
+    return prompts
+
+
+def build_prompts(root: Path, heldout: list[Path], tokenizer, n: int, min_tokens: int, max_tokens: int
+                  ) -> list[dict]:
+    """`n` prompts spread evenly over all candidates of the held-out files (in file, then line order)."""
+    candidates, seen = [], set()
+    for rel in heldout:
+        for prompt in file_prompts(read_text(root, rel), tokenizer, min_tokens, max_tokens):
+            if prompt not in seen:
+                seen.add(prompt)
+                candidates.append((prompt, rel.as_posix()))
+    picks = [candidates[i * len(candidates) // n] for i in range(min(n, len(candidates)))]
+    return [{"id": f"heldout-{i:04d}", "prompt": p, "source_file": f} for i, (p, f) in enumerate(picks)]
+
+
+# --------------------------------------------------------------------------------------------- measures
+
+@dataclass
+class Agreement:
+    rate: float  # fraction of positions where the draft's greedy token equals the target's
+    positions: int
+    tokens_per_verify: dict[int, float]  # greedy speculative decoding with k drafted tokens: tokens per target pass
+
+
+def tokens_per_verify(matches: list[bool], k: int) -> float:
+    """Tokens emitted per target forward when the draft proposes k tokens and the target accepts a prefix.
+
+    With greedy decoding on both sides the draft's proposals follow the target's own tokens as long
+    as they agree, so the accepted run at position i is the run of consecutive matches from i (at
+    most k), and each target pass adds one token of its own.
+    """
+    pos, passes = 0, 0
+    while pos < len(matches):
+        run = 0
+        while run < k and pos + run < len(matches) and matches[pos + run]:
+            run += 1
+        pos += run + 1
+        passes += 1
+    return len(matches) / passes
+
+
+@torch.inference_mode()
+def greedy_agreement(target, draft, tokenizer, prompts: list[str], max_new_tokens: int) -> Agreement:
+    """Target generates greedily; compare the draft's argmax given the same prefix at every new position."""
+    all_matches = []
+    per_prompt = []
+    for prompt in prompts:
+        enc = tokenizer(prompt, return_tensors="pt")
+        out = target.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens)
+        new = out[0, enc["input_ids"].shape[1]:].tolist()
+        if tokenizer.eos_token_id in new:
+            new = new[: new.index(tokenizer.eos_token_id) + 1]
+        p = enc["input_ids"].shape[1]
+        draft_pred = draft(input_ids=out[:, : p + len(new) - 1]).logits[0, p - 1 :].argmax(-1).tolist()
+        matches = [a == b for a, b in zip(draft_pred, new)]
+        all_matches += matches
+        per_prompt.append(matches)
+    rate = sum(all_matches) / len(all_matches)
+    tpv = {k: statistics.mean(tokens_per_verify(m, k) for m in per_prompt) for k in (2, 4)}
+    return Agreement(rate, len(all_matches), tpv)
+
+
+@torch.inference_mode()
+def forward_ms(model, context: torch.Tensor, batch: int, new_tokens: int, reps: int = 20) -> float:
+    """Median wall time (ms) of one cached forward of `new_tokens` tokens after a `context`-long prefix."""
+    model.eval()
+    ctx = context[None].expand(batch, -1)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ctx, past_key_values=cache, use_cache=True)
+    x = context[:new_tokens][None].expand(batch, -1)
+    times = []
+    for i in range(reps + 3):
+        t = time.perf_counter()
+        model(input_ids=x, past_key_values=cache, use_cache=True)
+        times.append(time.perf_counter() - t)
+        cache.crop(-new_tokens)  # drop the new tokens again
+    return 1000 * statistics.median(times[3:])
+
+
+# ------------------------------------------------------------------------------------------------- main
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "batchspec/assets/demo")
+    p.add_argument("--steps", type=int, default=600, help="target training steps")
+    p.add_argument("--draft-steps", type=int, default=450, help="draft distillation steps")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--n-prompts", type=int, default=200)
+    p.add_argument("--n-agree", type=int, default=32, help="held-out prompts for the greedy agreement measure")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    t0 = time.time()
+    torch.set_num_threads(2)
+    torch.manual_seed(args.seed)
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = stdlib_files(root)
+    train_files, heldout_files = split_files(files)
+    train_texts = [read_text(root, f) for f in train_files]
+    heldout_texts = [read_text(root, f) for f in heldout_files]
+    print(f"corpus: Python {platform.python_version()} stdlib {root}: {len(train_files)} train files "
+          f"({sum(map(len, train_texts)) / 1e6:.2f} MB), {len(heldout_files)} held-out files "
+          f"({sum(map(len, heldout_texts)) / 1e6:.2f} MB)", flush=True)
+
+    tokenizer = train_tokenizer(train_texts, args.vocab_size)
+    train_stream, heldout_stream = token_stream(tokenizer, train_texts), token_stream(tokenizer, heldout_texts)
+    print(f"tokenizer: vocab {len(tokenizer)}; {len(train_stream)} train tokens, {len(heldout_stream)} held-out "
+          f"tokens ({time.time() - t0:.0f}s)", flush=True)
+    heldout_windows = fixed_windows(heldout_stream, args.seq_len, bos=0)
+    monitor_windows = heldout_windows[:: max(1, len(heldout_windows) // 32)][:32]
+    train_eval_windows = fixed_windows(train_stream, args.seq_len, bos=0)
+    train_eval_windows = train_eval_windows[:: max(1, len(train_eval_windows) // 64)][:64]
+
+    vocab = len(tokenizer)
+    target = new_model(llama_config(vocab, 256, 4, 672, 4, 2, 1024), seed=args.seed)
+    draft = new_model(llama_config(vocab, 128, 2, 352, 4, 2, 1024), seed=args.seed + 1)
+    print(f"target {n_params(target) / 1e6:.2f}M params, draft {n_params(draft) / 1e6:.2f}M params", flush=True)
+
+    t_train = time.time()
+    target_train = train(target, train_stream, steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=2e-3,
+                         seed=args.seed + 10, name="target", eval_windows=monitor_windows)
+    t_draft = time.time()
+    draft_kl = train(draft, train_stream, steps=args.draft_steps, batch=args.batch, seq_len=args.seq_len, lr=3e-3,
+                     seed=args.seed + 11, name="draft", eval_windows=monitor_windows, teacher=target)
+    train_minutes = (t_draft - t_train) / 60, (time.time() - t_draft) / 60
+
+    prompts = build_prompts(root, heldout_files, tokenizer, args.n_prompts, min_tokens=20, max_tokens=150)
+    print(f"prompts: {len(prompts)} from {len({p['source_file'] for p in prompts})} held-out files", flush=True)
+
+    # Save, then measure the saved models as users will load them.
+    out: Path = args.out
+    for name in ("target", "draft"):
+        if (out / name).exists():
+            shutil.rmtree(out / name)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(out / name)
+        tokenizer.save_pretrained(out / name)
+    pq.write_table(pa.Table.from_pylist(prompts, schema=pa.schema(
+        [("id", pa.string()), ("prompt", pa.string()), ("source_file", pa.string())])), out / "prompts.parquet")
+    target = LlamaForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
+    draft = LlamaForCausalLM.from_pretrained(out / "draft", dtype=torch.float32).eval()
+
+    m = {
+        "target_train_loss": target_train, "draft_train_kl": draft_kl,
+        "target_train_eval": eval_loss(target, train_eval_windows), "draft_train_eval": eval_loss(draft, train_eval_windows),
+        "target_heldout": eval_loss(target, heldout_windows), "draft_heldout": eval_loss(draft, heldout_windows),
+    }
+    print(f"loss (nats/token): target train {m['target_train_eval']:.3f} held-out {m['target_heldout']:.3f} "
+          f"(ppl {math.exp(m['target_heldout']):.2f}); draft train {m['draft_train_eval']:.3f} held-out "
+          f"{m['draft_heldout']:.3f} (ppl {math.exp(m['draft_heldout']):.2f})", flush=True)
+    agree_prompts = [p["prompt"] for p in prompts[:: max(1, len(prompts) // args.n_agree)][: args.n_agree]]
+    agreement = greedy_agreement(target, draft, tokenizer, agree_prompts, max_new_tokens=64)
+    print(f"greedy agreement: {agreement.rate:.3f} over {agreement.positions} positions "
+          f"({len(agree_prompts)} prompts x <=64 tokens); tokens per target pass with greedy speculation: "
+          + ", ".join(f"k={k}: {v:.2f}" for k, v in agreement.tokens_per_verify.items()), flush=True)
+    context = heldout_stream[1:129]
+    timings = {(name, b, k): forward_ms(model, context, b, k)
+               for name, model in (("target", target), ("draft", draft)) for b in (1, 8) for k in (1, 5)}
+    for key, ms in timings.items():
+        print(f"forward {key[0]} batch {key[1]} x {key[2]} tokens after 128 cached: {ms:.2f} ms", flush=True)
+
+    wall = (time.time() - t0) / 60
+    write_readme(out, args, argv, files=(train_files, heldout_files), tokens=(len(train_stream), len(heldout_stream)),
+                 params=(n_params(target), n_params(draft)), steps=(args.steps, args.draft_steps),
+                 train_minutes=train_minutes, losses=m, agreement=agreement, n_agree=len(agree_prompts),
+                 timings=timings, n_prompts=len(prompts), wall=wall, target=target, draft=draft)
+    sizes = {p.relative_to(out).as_posix(): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
+    print(f"assets: {sum(sizes.values()) / 1e6:.2f} MB in {out}", flush=True)
+    print(f"wall time: {wall:.1f} min", flush=True)
+
+
+def write_readme(out: Path, args, argv, *, files, tokens, params, steps, train_minutes, losses, agreement,
+                 n_agree, timings, n_prompts, wall, target, draft) -> None:
+    """Describe the assets, how they were made and what was measured."""
+    command = "python tools/build_demo.py" + ("" if argv is None and len(sys.argv) == 1 else
+                                              " " + " ".join(sys.argv[1:] if argv is None else argv))
+    tc, dc = target.config, draft.config
+
+    def shape(c):
+        return (f"Llama, hidden {c.hidden_size}, {c.num_hidden_layers} layers, {c.num_attention_heads} heads "
+                f"({c.num_key_value_heads} KV), MLP {c.intermediate_size}, vocab {c.vocab_size}, "
+                f"max positions {c.max_position_embeddings}, tied embeddings")
+
+    rows = "\n".join(f"| {name} | {b} | {k} | {ms:.2f} |" for (name, b, k), ms in timings.items())
+    text = f"""# Offline demo pair: stdlib-Python code models
+
+Trained, tiny models for batchspec's offline demo and benchmark: no download, CPU-friendly.
+
+| path | what |
+|---|---|
+| `target/` | target model ({params[0] / 1e6:.2f}M params, fp32 safetensors) + tokenizer |
+| `draft/` | draft model ({params[1] / 1e6:.2f}M params, fp32 safetensors) + the same tokenizer |
+| `prompts.parquet` | {n_prompts} held-out prompts: columns `id` (`heldout-0000`...), `prompt`, `source_file` |
+
+- **Corpus**: the pure-Python modules of the CPython {platform.python_version()} standard library
+  (sorted; tests, idlelib, lib2to3, tkinter, distutils, encodings, pydoc_data and similar left out;
+  files of 1-48 KB), split by file: {len(files[0])} train files ({tokens[0]:,} tokens) and
+  {len(files[1])} held-out files ({tokens[1]:,} tokens; every {HELDOUT_EVERY}th file of the sorted list).
+  Held-out files are never trained on and are the only source of the prompts.
+- **Tokenizer**: byte-level BPE trained on the train files, vocab {tc.vocab_size};
+  `<s>` (id 0, BOS, prepended by `tokenizer(text)`), `</s>` (id 1, EOS), `<pad>` (id 2).
+- **Target**: {shape(tc)}. Trained from scratch, next-token cross-entropy, AdamW (peak lr 2e-3,
+  cosine), {steps[0]} steps of {args.batch} x {args.seq_len} tokens (`<s>` + a random window of the
+  train token stream), fp32 on 2 CPU threads ({train_minutes[0]:.1f} min).
+- **Draft**: {shape(dc)}. Distilled from the trained target: KL to the target's next-token
+  distribution on the same kind of windows, {steps[1]} steps, peak lr 3e-3 ({train_minutes[1]:.1f} min).
+- **Prompts**: every def/class of the held-out files gives a candidate: decorators + header + its
+  first (up to 3) body lines, dedented, ending at a line end without the newline, 20-150 tokens
+  with `<s>`, and with at least two more lines in the block; {n_prompts} are picked evenly spread
+  over the candidates, in file and line order.
+
+## How it was made
+
+```
+{command}
+```
+
+Fixed seeds (`--seed {args.seed}`), fp32, CPU, `torch.set_num_threads(2)`, `OMP_WAIT_POLICY=PASSIVE`;
+wall time {wall:.1f} min on a 2-core machine. The corpus is the running interpreter's standard
+library, so rebuilding on another Python version gives different (but equivalent) assets.
+
+## Measurements (held-out data)
+
+| model | train-window loss | held-out loss | held-out perplexity |
+|---|---|---|---|
+| target | {losses['target_train_eval']:.3f} | {losses['target_heldout']:.3f} | {math.exp(losses['target_heldout']):.2f} |
+| draft | {losses['draft_train_eval']:.3f} | {losses['draft_heldout']:.3f} | {math.exp(losses['draft_heldout']):.2f} |
+
+Losses are mean next-token cross-entropy in nats per token (held-out: every `<s>`-prefixed
+{args.seq_len}-token window of the held-out files; train: 64 windows spread over the train files).
+Final training loss (mean of the last 10% of steps): target {losses['target_train_loss']:.3f},
+draft KL to target {losses['draft_train_kl']:.3f}.
+
+**Greedy agreement**: the target generates 64 tokens greedily (`generate(do_sample=False)`) for
+{n_agree} held-out prompts; at {agreement.positions} positions the draft's greedy next token given
+the target's prefix equals the target's in **{agreement.rate:.1%}** of them. Replaying greedy
+speculative decoding on those sequences gives {agreement.tokens_per_verify[2]:.2f} (k=2) and
+{agreement.tokens_per_verify[4]:.2f} (k=4) tokens per target forward.
+
+**Forward time** (ms, median of 20, one forward of T new tokens after a 128-token KV cache, fp32,
+2 threads; machine-dependent):
+
+| model | batch | T | ms |
+|---|---|---|---|
+{rows}
+"""
+    (out / "README.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
