@@ -221,8 +221,10 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
         import torch
 
         torch.set_num_threads(job.threads)
-    log.info("%s %s: %s rows to do (%d already done) -> %s", job_name, label,
-             "?" if selector.total is None else selector.total - selector.skipped, selector.skipped, out_dir)
+    # Done rows are skipped lazily while reading, so count them from the output, not the selector.
+    # With several shards sharing the directory, only a single-shard count is exact up front.
+    to_do = "?" if selector.total is None or count > 1 else max(selector.total - len(done), 0)
+    log.info("%s %s: %s rows to do (%d already done) -> %s", job_name, label, to_do, len(done), out_dir)
     try:
         models = load_models(
             job.model.target, job.model.draft if job.drafter.name == DrafterName.model else None,
