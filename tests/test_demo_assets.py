@@ -8,7 +8,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
