@@ -17,12 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass(slots=True)
-class Arm:
-    rate: float | None = None  # smoothed tokens per second
-    rounds: int = 0
-
-
 @dataclass
 class AdaptiveK:
     """Bandit over k. Call choose() before a round and observe() after it."""
@@ -31,19 +25,19 @@ class AdaptiveK:
     probe_rounds: int = 3  # rounds per arm when it is (re)measured
     revisit_every: int = 48  # exploit rounds between probes of the best arm's neighbours
     smoothing: float = 0.3  # weight of a new observation in an arm's rate
-    arms: list[Arm] = field(init=False)
+    rates: list[float | None] = field(init=False)  # smoothed tokens per second for each k; None = unmeasured
     _queue: list[int] = field(init=False)
     _since_probe: int = field(init=False, default=0)
 
     def __post_init__(self):
-        self.arms = [Arm() for _ in range(self.k_max + 1)]
+        self.rates = [None] * (self.k_max + 1)
         # Measure the extremes first, so a useless drafter is found out after a few rounds.
         order = [0, self.k_max] + [k for k in range(self.k_max - 1, 0, -1)]
         self._queue = [k for k in order for _ in range(self.probe_rounds)]
 
     @property
     def best(self) -> int:
-        measured = [(arm.rate, k) for k, arm in enumerate(self.arms) if arm.rate is not None]
+        measured = [(rate, k) for k, rate in enumerate(self.rates) if rate is not None]
         return max(measured)[1] if measured else self.k_max
 
     def choose(self) -> int:
@@ -63,7 +57,5 @@ class AdaptiveK:
             self._queue.pop(0)
         if seconds <= 0:
             return
-        arm = self.arms[k]
-        rate = tokens / seconds
-        arm.rate = rate if arm.rate is None else (1 - self.smoothing) * arm.rate + self.smoothing * rate
-        arm.rounds += 1
+        rate, old = tokens / seconds, self.rates[k]
+        self.rates[k] = rate if old is None else (1 - self.smoothing) * old + self.smoothing * rate

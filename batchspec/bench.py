@@ -67,14 +67,15 @@ def run_hf(contender: Contender, models, prompts, args) -> tuple[float, list[lis
         enc = tokenizer(prompts[i : i + batch], return_tensors="pt", padding=True).to(target.device)
         out = target.generate(**enc, **common)
         for row in out[:, enc["input_ids"].shape[1] :].tolist():
-            row = strip_after_eos(row, models.eos_token_ids, pad)
+            row = strip_after_eos(row, models.eos_token_ids)
             outputs.append(row)
             tokens += len(row)
     sync(target.device)
     return tokens / (time.perf_counter() - t0), outputs
 
 
-def strip_after_eos(row: list[int], eos: list[int], pad: int) -> list[int]:
+def strip_after_eos(row: list[int], eos: list[int]) -> list[int]:
+    """HF pads a batched row after its EOS; keep the tokens up to and including the first EOS."""
     for i, token in enumerate(row):
         if token in eos:
             return row[: i + 1]
