@@ -101,6 +101,15 @@ def run_batchspec(contender: Contender, models, prompts, args):
     return generator.stats.completion_tokens / elapsed, outputs
 
 
+def randomize(model, seed: int) -> None:
+    """Replace every weight of `model` by a fresh random initialisation of the same config (fixed seed)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    fresh = AutoModelForCausalLM.from_config(model.config)
+    model.load_state_dict(fresh.state_dict())
+
+
 def contenders(args, has_draft: bool) -> list[Contender]:
     out = [Contender("hf generate (batched)", "hf_batched")]
     if args.hf_batch1:
@@ -108,7 +117,7 @@ def contenders(args, has_draft: bool) -> list[Contender]:
             out.append(Contender("hf assisted (batch 1)", "hf_assisted"))
         out.append(Contender("hf prompt lookup (batch 1)", "hf_prompt_lookup"))
     out.append(Contender("batchspec none", "batchspec", "none"))
-    drafters = (["model"] if has_draft else []) + ["ngram", "prompt_lookup"]
+    drafters = [d for d in (["model"] if has_draft else []) + ["ngram", "prompt_lookup"] if d in args.drafters]
     for drafter in drafters:
         out.append(Contender(f"batchspec {drafter} k={args.k}", "batchspec", drafter))
         if args.adaptive:
@@ -131,13 +140,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--no-hf-batch1", dest="hf_batch1", action="store_false", help="skip the batch-1 HF contenders")
     parser.add_argument("--no-adaptive", dest="adaptive", action="store_false", help="skip the adaptive-k contenders")
+    parser.add_argument("--drafters", default="model,ngram,prompt_lookup",
+                        help="comma-separated drafters to run besides none (default: all)")
+    parser.add_argument("--random-draft", action="store_true",
+                        help="replace the draft's weights by random ones (same shapes, seed 0): a useless draft, "
+                             "to check that adaptive speculation then costs next to nothing")
     parser.add_argument("--json", help="write the table as JSON here")
     parser.add_argument("--markdown", help="write the table as Markdown here")
     args = parser.parse_args(argv)
     if args.k < 1:
         parser.error("--k must be at least 1")
     torch.manual_seed(0)
+    args.drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    unknown = set(args.drafters) - {"model", "ngram", "prompt_lookup"}
+    if unknown:
+        parser.error(f"--drafters: unknown {sorted(unknown)}; choose from model, ngram, prompt_lookup")
     models = load_models(args.target, args.draft or None, dtype=args.dtype, device=args.device)
+    if args.random_draft:
+        if models.draft is None:
+            parser.error("--random-draft needs --draft")
+        randomize(models.draft, seed=0)
     for model in (models.target, models.draft):
         if model is not None:
             model.generation_config.eos_token_id = models.eos_token_ids  # the same stops for every contender

@@ -74,6 +74,9 @@ class SpecBatchGenerator:
         self.target, self.tokenizer, self.drafter, self.sampling = target, tokenizer, drafter, sampling
         self.batch_size, self.max_seq_len, self.max_new_tokens, self.k = batch_size, max_seq_len, max_new_tokens, k
         self.stop = tuple(s for s in stop if s)
+        # A stop string of L characters spans at most 4L byte-level tokens (plus a few special ones that
+        # decode to nothing): a round only needs to decode its new tokens and this many before them.
+        self.stop_window = 4 * max(map(len, self.stop), default=0) + 8
         self.device = target.device
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=self.device)
@@ -89,7 +92,7 @@ class SpecBatchGenerator:
         self.slots: list[Slot | None] = [None] * batch_size
         self.stats = RunStats(proposed_by_position=[0] * k, accepted_by_position=[0] * k)
         self._admitting = True
-        # With adaptive speculation k is the most drafts per round; each round's k is chosen from measured throughput.
+        # With adaptive speculation k is the most drafts per round; each round's k is chosen from acceptance and cost.
         self.adaptive = AdaptiveK(k) if adaptive and k > 0 else None
         # Seconds spent per phase. On a GPU the split is only exact with profile=True, which adds a
         # device sync per phase; otherwise work queued in one phase is paid in the next sync.
@@ -134,6 +137,8 @@ class SpecBatchGenerator:
             self.slots[slot] = Slot(request=request, prompt_ids=ids, length=len(ids), started=now)
             self.tokens[slot, : len(ids)] = torch.tensor(ids, device=self.device)
             self.noise_keys[slot] = request_key(self.sampling.seed, request.id)
+            if self.adaptive:
+                self.adaptive.admit(slot)
             self.cache.lengths[slot] = len(ids) - 1
             if self.presence is not None:
                 self.presence[slot] = False
@@ -187,9 +192,12 @@ class SpecBatchGenerator:
     @torch.inference_mode()
     def _round(self, rows: list[int]) -> list[Result]:
         started = time.perf_counter()
-        k = self.adaptive.choose() if self.adaptive else self.k
         slots = [self.slots[r] for r in rows]
         lengths = [s.length for s in slots]
+        if self.adaptive:
+            k = self.adaptive.choose(rows, [self._draft_budget(s, self.k) for s in slots])
+        else:
+            k = self.k
         budgets = [self._draft_budget(s, k) for s in slots]
         rows_t = torch.tensor(rows, device=self.device)
         lengths_t = torch.tensor(lengths, device=self.device)
@@ -227,8 +235,6 @@ class SpecBatchGenerator:
         mark = self._phase("accept", mark)
 
         self.stats.rounds += 1
-        if self.adaptive:
-            self.adaptive.observe(k, sum(values[width] for values in host), time.perf_counter() - started)
         finished: list[Result] = []
         emitted_lists, accepted_list, new_lengths = [], [], []
         for row, slot, values in zip(rows, slots, host):
@@ -249,7 +255,7 @@ class SpecBatchGenerator:
             emitted_lists.append(new)
             accepted_list.append(m)
             new_lengths.append(slot.length - 1)
-            reason = self._finish_reason(slot, bool(hit_eos))
+            reason = self._finish_reason(slot, bool(hit_eos), len(new))
             if reason is not None:
                 finished.append(self._result(row, slot, reason))
         self.cache.rollback(rows, new_lengths)
@@ -259,6 +265,9 @@ class SpecBatchGenerator:
             flat_tokens = [t for new in emitted_lists for t in new]
             self.presence[torch.tensor(flat_rows, device=self.device), torch.tensor(flat_tokens, device=self.device)] = True
         self._phase("bookkeeping", mark)
+        if self.adaptive:  # the whole round, the drafter's commit included, is the cost of this k
+            self.adaptive.observe(k, time.perf_counter() - started, rows, budgets,
+                                  [values[width + 3] for values in host], [values[width + 1] for values in host])
         return finished
 
     def _phase(self, name: str, since: float) -> float:
@@ -270,22 +279,26 @@ class SpecBatchGenerator:
 
     # ---- finishing -------------------------------------------------------------------------------
 
-    def _finish_reason(self, slot: Slot, hit_eos: bool) -> str | None:
+    def _finish_reason(self, slot: Slot, hit_eos: bool, num_new: int) -> str | None:
         if hit_eos:
             return FINISH_STOP
-        if self.stop and self._cut_at_stop(slot):
+        if self.stop and self._cut_at_stop(slot, num_new):
             return FINISH_STOP
         if len(slot.output) >= self.max_new_tokens or slot.length >= self.max_seq_len:
             return FINISH_LENGTH
         return None
 
-    def _cut_at_stop(self, slot: Slot) -> bool:
+    def _cut_at_stop(self, slot: Slot, num_new: int) -> bool:
         """If the decoded output contains a stop string, keep the shortest token prefix whose text
-        contains it (the tokens that produced it) and return True."""
-        text = self.tokenizer.decode(slot.output, skip_special_tokens=True)
-        if not any(s in text for s in self.stop):
+        contains it (the tokens that produced it) and return True.
+
+        Earlier rounds found no stop string, so a new one must end in this round's `num_new` tokens:
+        decoding only the tail keeps a long completion from costing a full decode every round.
+        """
+        tail = self.tokenizer.decode(slot.output[-(num_new + self.stop_window):], skip_special_tokens=True)
+        if not any(s in tail for s in self.stop):
             return False
-        for n in range(1, len(slot.output) + 1):
+        for n in range(len(slot.output) - num_new + 1, len(slot.output) + 1):  # shorter prefixes had no stop
             if any(s in self.tokenizer.decode(slot.output[:n], skip_special_tokens=True) for s in self.stop):
                 slot.length -= len(slot.output) - n
                 del slot.output[n:]

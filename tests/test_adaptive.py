@@ -1,4 +1,10 @@
-"""The adaptive-k bandit on synthetic throughput curves."""
+"""The adaptive-k controller against simulated rounds: Bernoulli draft acceptance per row, a noisy cost curve.
+
+Each case runs the controller for a few thousand rounds with a fixed random seed and compares the
+tokens per second it achieves with the exact expected rate of the best fixed k (and of k = 0). The
+tolerances are the issue's: >= 90% of the best fixed k, <= 5% slower than plain decoding with a
+useless draft.
+"""
 
 from __future__ import annotations
 
@@ -6,53 +12,104 @@ import random
 
 import pytest
 
-from batchspec.adaptive import AdaptiveK
+from batchspec.adaptive import AdaptiveK, expected_tokens
+
+# Round time relative to a 1-token step for k = 0..4: the CPU cost curve measured on the demo pair.
+CPU_CURVE = [1.0, 1.27, 1.43, 1.60, 1.77]
+FLAT_CURVE = [1.0, 1.02, 1.04, 1.06, 1.08]  # a GPU at small batch: verifying is nearly free
 
 
-def simulate(rate_of_k, k_max=4, rounds=400, noise=0.15, seed=0):
-    """Run the controller against tokens/s = rate_of_k(k) * (1 +- noise); return the k chosen per round."""
+def simulate(alphas, curve, *, rounds=3000, noise=0.2, seed=0, alpha_at=None, controller=None):
+    """Run the controller over len(alphas) rows; return (tokens/s achieved, ks chosen).
+
+    A row's drafts are accepted left to right, each with probability alphas[i] (or alpha_at(round, i));
+    a round with k drafts takes curve[k] * (1 +- noise) seconds.
+    """
     rng = random.Random(seed)
-    controller, chosen = AdaptiveK(k_max), []
-    for _ in range(rounds):
-        k = controller.choose()
+    k_max = len(curve) - 1
+    controller = controller or AdaptiveK(k_max)
+    slots = list(range(len(alphas)))
+    tokens = seconds = 0.0
+    chosen = []
+    for r in range(rounds):
+        k = controller.choose(slots, [k_max] * len(slots))
+        accepted = []
+        for i in slots:
+            a = alphas[i] if alpha_at is None else alpha_at(r, i)
+            m = 0
+            while m < k and rng.random() < a:
+                m += 1
+            accepted.append(m)
+        t = curve[k] * (1 + rng.uniform(-noise, noise))
+        controller.observe(k, t, slots, [k] * len(slots), [k] * len(slots), accepted)
+        tokens += sum(m + 1 for m in accepted)
+        seconds += t
         chosen.append(k)
-        rate = rate_of_k(k) * (1 + rng.uniform(-noise, noise))
-        controller.observe(k, tokens=8, seconds=8 / rate)
-    return chosen
+    return tokens / seconds, chosen
 
 
-CURVES = [
-    # name, tokens/s for k = 0..4, acceptable picks after exploration
-    ("useless_draft", [100, 60, 50, 45, 40], {0}),
-    ("good_draft", [100, 150, 180, 190, 185], {2, 3, 4}),
-    ("peak_in_middle", [100, 130, 140, 110, 90], {1, 2}),
+def fixed_rate(alphas, curve, k):
+    return sum(expected_tokens(a, k) for a in alphas) / curve[k]
+
+
+CASES = [
+    # name, per-row acceptance, cost curve
+    ("useless_draft_b8", [0.0] * 8, CPU_CURVE),
+    ("useless_draft_b1", [0.0], CPU_CURVE),
+    ("weak_draft_b8", [0.3] * 8, CPU_CURVE),
+    ("good_draft_b8", [0.8] * 8, CPU_CURVE),
+    ("good_draft_b1", [0.8], CPU_CURVE),
+    ("mixed_rows_b8", [0.95, 0.9, 0.1, 0.0, 0.7, 0.5, 0.85, 0.2], CPU_CURVE),
+    ("medium_draft_flat_b4", [0.6] * 4, FLAT_CURVE),
+    ("good_draft_flat_b1", [0.9], FLAT_CURVE),
 ]
 
 
-@pytest.mark.parametrize("name,curve,good", CURVES, ids=[c[0] for c in CURVES])
-def test_converges_to_a_near_best_k(name, curve, good):
-    chosen = simulate(lambda k: curve[k])
-    steady = chosen[50:]
-    share = sum(k in good for k in steady) / len(steady)
-    assert share > 0.85, (name, share)
-    mean_rate = sum(curve[k] for k in steady) / len(steady)
-    assert mean_rate >= 0.9 * max(curve)
+@pytest.mark.parametrize("name,alphas,curve", CASES, ids=[c[0] for c in CASES])
+def test_reaches_90_percent_of_the_best_fixed_k(name, alphas, curve):
+    achieved, _ = simulate(alphas, curve)
+    best = max(fixed_rate(alphas, curve, k) for k in range(len(curve)))
+    assert achieved >= 0.9 * best, (name, achieved / best)
 
 
-def test_useless_draft_costs_under_five_percent_over_a_long_job():
-    curve = [100, 60, 50, 45, 40]
-    chosen = simulate(lambda k: curve[k], rounds=2000)
-    time_spent = sum(1 / curve[k] for k in chosen)
-    assert time_spent <= 1.05 * len(chosen) / curve[0]
+@pytest.mark.parametrize("alphas", [[0.0] * 8, [0.0]], ids=["b8", "b1"])
+def test_useless_draft_is_at_most_5_percent_slower_than_plain_decoding(alphas):
+    achieved, chosen = simulate(alphas, CPU_CURVE, rounds=5000)
+    assert achieved >= 0.95 * fixed_rate(alphas, CPU_CURVE, 0)
+    assert sum(k == 0 for k in chosen[100:]) / len(chosen[100:]) > 0.9
 
 
 def test_follows_a_change_in_acceptance():
-    state = {"round": 0}
-    good, bad = [100, 150, 180, 190, 185], [100, 60, 50, 45, 40]
+    alphas = [0.0] * 8
+    good_then_bad = lambda r, i: 0.85 if r < 1500 else 0.0  # noqa: E731
+    _, chosen = simulate(alphas, CPU_CURVE, alpha_at=good_then_bad)
+    assert sum(k >= 2 for k in chosen[500:1500]) / 1000 > 0.8
+    assert sum(k == 0 for k in chosen[-1000:]) / 1000 > 0.85
 
-    def rate(k):
-        state["round"] += 1
-        return (good if state["round"] < 300 else bad)[k]
 
-    chosen = simulate(rate, rounds=900)
-    assert sum(k == 0 for k in chosen[-300:]) / 300 > 0.85
+def test_budget_zero_rows_expect_one_token_whatever_k():
+    controller = AdaptiveK(4)
+    for k in range(5):  # time every k once at b = 2: k = 4 is cheapest per round
+        controller.observe(k, 1.0 - 0.1 * k, [0, 1], [k, k], [k, k], [k, k])
+    # Both rows have room for no draft: every k predicts 2 tokens, so the cheapest round wins.
+    assert controller.predicted_rate(3, [0, 1], [0, 0]) == pytest.approx(2 / 0.7)
+    assert controller.choose([0, 1], [0, 0]) == 4
+
+
+def test_cost_of_an_unseen_batch_size_borrows_the_nearest_curve():
+    controller = AdaptiveK(2)
+    for k, t in enumerate([1.0, 1.5, 2.0]):
+        controller.observe(k, t, list(range(8)), [k] * 8, [k] * 8, [0] * 8)
+    assert controller.cost(2, 3) == pytest.approx(2.0)  # nothing at b = 3: the b = 8 curve as is
+    controller.observe(0, 0.5, [0, 1, 2], [0] * 3, [0] * 3, [0] * 3)
+    assert controller.cost(2, 3) == pytest.approx(1.0)  # scaled by the k = 0 time measured at b = 3
+
+
+def test_a_new_request_starts_from_the_pooled_acceptance():
+    controller = AdaptiveK(4)
+    for _ in range(50):
+        controller.observe(4, 1.0, [0, 1], [4, 4], [4, 4], [4, 0])
+    assert controller.alpha(0) > 0.9 and controller.alpha(1) < 0.2
+    controller.admit(1)
+    assert controller.alpha(1) == pytest.approx(controller.pooled_alpha)
+    assert 0.4 < controller.pooled_alpha < 0.95

@@ -53,3 +53,34 @@ def test_calibrate_recommends_a_k_per_batch_size(llama_pair, prompt_file, capsys
     out = capsys.readouterr().out
     assert "alpha = 1.000" in out  # the target drafting for itself: every draft is accepted
     assert "| 1 |" in out and "| 3 |" in out and "recommended k at batch 3" in out
+
+
+def test_synthetic_pair_knobs_control_agreement(tmp_path):
+    """tools/synthetic_pair.py: at s = 0, sigma = 0 the draft computes exactly the target; noise lowers agreement."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import synthetic_pair as sp
+
+    target, draft, knobs = sp.build("tiny", 2, real_vocab=4096, seed=0, dtype=torch.float32, device="cpu")
+    ids = torch.randint(3, 4096, (2, 12), generator=torch.Generator().manual_seed(0))
+    sp.set_knobs(knobs, 0.0, 0.0)
+    with torch.no_grad():
+        assert torch.equal(target(ids).logits, draft(ids).logits)
+        assert target(ids).logits[..., 4096:].eq(0).all()  # padded vocabulary rows: logit 0, never the argmax
+    prompts = [list(range(3, 3 + n)) for n in (5, 9)]
+    assert sp.agreement(target, draft, prompts, 8) == 1.0
+    sp.set_knobs(knobs, 1.0, 100.0)
+    assert sp.agreement(target, draft, prompts, 8) < 0.5
+
+    sp.main(["--out", str(tmp_path / "pair"), "--shape", "tiny", "--draft-layers", "2", "--alpha", "0.6",
+             "--dtype", "float32", "--device", "cpu", "--calibration-prompts", "3", "--calibration-tokens", "8"])
+    from batchspec.models import load_models
+
+    models = load_models(str(tmp_path / "pair" / "target"), str(tmp_path / "pair" / "draft"), dtype="float32",
+                         device="cpu")
+    assert models.draft.config.num_hidden_layers == 2 and models.target.config.num_hidden_layers == 6
+    assert "greedy agreement" in (tmp_path / "pair" / "README.md").read_text()

@@ -326,7 +326,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "batchspec/assets/demo")
     p.add_argument("--steps", type=int, default=600, help="target training steps")
     p.add_argument("--draft-steps", type=int, default=450, help="draft distillation steps")
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--lr", type=float, default=2e-3, help="target peak learning rate")
+    p.add_argument("--draft-lr", type=float, default=3e-3, help="draft peak learning rate")
+    p.add_argument("--target-shape", default="256x14x672", help="hidden x layers x MLP of the target (4 heads, 2 KV)")
+    p.add_argument("--draft-shape", default="128x2x352", help="hidden x layers x MLP of the draft (4 heads, 2 KV)")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--n-prompts", type=int, default=200)
@@ -359,15 +363,16 @@ def main(argv=None) -> None:
     train_eval_windows = train_eval_windows[:: max(1, len(train_eval_windows) // 64)][:64]
 
     vocab = len(tokenizer)
-    target = new_model(llama_config(vocab, 256, 4, 672, 4, 2, 1024), seed=args.seed)
-    draft = new_model(llama_config(vocab, 128, 2, 352, 4, 2, 1024), seed=args.seed + 1)
+    (th, tl, tm), (dh, dl, dm) = (map(int, shape.split("x")) for shape in (args.target_shape, args.draft_shape))
+    target = new_model(llama_config(vocab, th, tl, tm, 4, 2, 1024), seed=args.seed)
+    draft = new_model(llama_config(vocab, dh, dl, dm, 4, 2, 1024), seed=args.seed + 1)
     print(f"target {n_params(target) / 1e6:.2f}M params, draft {n_params(draft) / 1e6:.2f}M params", flush=True)
 
     t_train = time.time()
-    target_train = train(target, train_stream, steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=2e-3,
+    target_train = train(target, train_stream, steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr,
                          seed=args.seed + 10, name="target", eval_windows=monitor_windows)
     t_draft = time.time()
-    draft_kl = train(draft, train_stream, steps=args.draft_steps, batch=args.batch, seq_len=args.seq_len, lr=3e-3,
+    draft_kl = train(draft, train_stream, steps=args.draft_steps, batch=args.batch, seq_len=args.seq_len, lr=args.draft_lr,
                      seed=args.seed + 11, name="draft", eval_windows=monitor_windows, teacher=target)
     train_minutes = (t_draft - t_train) / 60, (time.time() - t_draft) / 60
 
@@ -447,11 +452,11 @@ Trained, tiny models for batchspec's offline demo and benchmark: no download, CP
   Held-out files are never trained on and are the only source of the prompts.
 - **Tokenizer**: byte-level BPE trained on the train files, vocab {tc.vocab_size};
   `<s>` (id 0, BOS, prepended by `tokenizer(text)`), `</s>` (id 1, EOS), `<pad>` (id 2).
-- **Target**: {shape(tc)}. Trained from scratch, next-token cross-entropy, AdamW (peak lr 2e-3,
+- **Target**: {shape(tc)}. Trained from scratch, next-token cross-entropy, AdamW (peak lr {args.lr:g},
   cosine), {steps[0]} steps of {args.batch} x {args.seq_len} tokens (`<s>` + a random window of the
   train token stream), fp32 on 2 CPU threads ({train_minutes[0]:.1f} min).
 - **Draft**: {shape(dc)}. Distilled from the trained target: KL to the target's next-token
-  distribution on the same kind of windows, {steps[1]} steps, peak lr 3e-3 ({train_minutes[1]:.1f} min).
+  distribution on the same kind of windows, {steps[1]} steps of {args.batch} x {args.seq_len} tokens, peak lr {args.draft_lr:g} ({train_minutes[1]:.1f} min).
 - **Prompts**: every def/class of the held-out files gives a candidate: decorators + header + its
   first (up to 3) body lines, dedented, ending at a line end without the newline, 20-150 tokens
   with `<s>`, and with at least two more lines in the block; {n_prompts} are picked evenly spread
