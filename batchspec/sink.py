@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ COLUMN_TYPES = {
     "latency_s": pa.float64(),
 }
 RESULT_SCHEMA = pa.schema([(name, COLUMN_TYPES[name]) for name in RESULT_COLUMNS])  # Result fields, same order
+RESULT_NAMES = frozenset(RESULT_COLUMNS)
 
 META_KEY = b"batchspec"
 TOTAL_COLUMNS = ("prompt_tokens", "completion_tokens", "target_forwards", "draft_tokens", "accepted_tokens")
@@ -112,23 +114,25 @@ class ParquetSink:
         numbers = [int(m.group(1)) for f in self.data_dir.glob(f"{self.prefix}-part-*.parquet")
                    if (m := re.search(r"-part-(\d+)\.parquet$", f.name))]
         self.next_part = max(numbers, default=-1) + 1
-        self.buffer: list[dict[str, Any]] = []
+        self.buffer: list[Result] = []
         self.rows_written = 0
-        self.files_written: list[Path] = []
+        self.parts_written = 0
+        self.write_s = 0.0  # seconds in flush(): Arrow table, Parquet encode + write, fsync, rename
 
     @property
     def full(self) -> bool:
         return len(self.buffer) >= self.rows_per_file
 
     def add(self, result: Result) -> None:
-        self.buffer.append(result.to_row())
+        self.buffer.append(result)  # turned into columns at flush, where the write time is measured
 
     def flush(self, metadata: dict[str, Any] | None = None) -> Path | None:
         """Write the buffered rows as one part (temp file, fsync, rename); None if nothing is buffered."""
         if not self.buffer:
             return None
+        started = time.perf_counter()
         schema = self.schema.with_metadata({META_KEY: json.dumps(metadata or {})})
-        table = pa.Table.from_pylist(self.buffer, schema=schema)
+        table = self.table(schema)
         name = f"{self.prefix}-part-{self.next_part:06d}.parquet"
         tmp = self.tmp_dir / name
         with open(tmp, "wb") as f:
@@ -139,9 +143,21 @@ class ParquetSink:
         os.replace(tmp, final)
         self.next_part += 1
         self.rows_written += len(self.buffer)
-        self.files_written.append(final)
+        self.parts_written += 1
         self.buffer = []
+        self.write_s += time.perf_counter() - started
         return final
+
+    def table(self, schema: pa.Schema) -> pa.Table:
+        """The buffered Results as a table, column by column (the Result fields, then the keep columns
+        from `extra`; the same rows as Result.to_row would give)."""
+        buffer = self.buffer
+        columns = [
+            pa.array([getattr(r, f.name) for r in buffer] if f.name in RESULT_NAMES
+                     else [r.extra.get(f.name) for r in buffer], type=f.type)
+            for f in schema
+        ]
+        return pa.Table.from_arrays(columns, schema=schema)
 
 
 def summarize(out_dir: Path) -> dict[str, Any]:
