@@ -256,13 +256,16 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
     log.info("models loaded in %.1f s (drafter %s, k=%d, batch %d)", load_s, job.drafter.name.value,
              job.drafter.k, job.batch_size)
     sink = ParquetSink(out_dir, shard_index=index, shard_count=count, rows_per_file=job.output.rows_per_file,
-                       keep_schema=pa_fields(source.schema, src.keep_columns))
+                       keep_schema=pa_fields(source.schema, src.keep_columns), background=True)
     write_fingerprint(out_dir, wanted)
     progress = Progress(progress_mode, total=remaining(selector), every_s=job.progress.every_s)
     requests = TimedStream(builder.request(row) for row in chain([first], rows))
     outcome = run_job(requests, generator, sink, progress, remaining=lambda: remaining(selector))
+    closing = time.perf_counter()
+    sink.close()  # every part is in data/ once this returns
     io = io_summary(read_s=peek_s + requests.seconds, write_s=sink.write_s, scan_s=scan_s,
-                    wall_s=scan_s + peek_s + outcome.wall_s)
+                    wall_s=scan_s + peek_s + outcome.wall_s + time.perf_counter() - closing,
+                    encode_write_s=sink.encode_write_s)
     if outcome.interrupted_by is not None:
         log.warning("stopped by signal %d: %d rows written this run (%d errors); rerun the same command to resume",
                     outcome.interrupted_by, outcome.rows, outcome.errors)

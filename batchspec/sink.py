@@ -24,6 +24,7 @@ import os
 import re
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,6 @@ COLUMN_TYPES = {
     "latency_s": pa.float64(),
 }
 RESULT_SCHEMA = pa.schema([(name, COLUMN_TYPES[name]) for name in RESULT_COLUMNS])  # Result fields, same order
-RESULT_NAMES = frozenset(RESULT_COLUMNS)
 
 META_KEY = b"batchspec"
 TOTAL_COLUMNS = ("prompt_tokens", "completion_tokens", "target_forwards", "draft_tokens", "accepted_tokens")
@@ -97,10 +97,16 @@ class ParquetSink:
 
     Parts are numbered after the shard's existing ones, so a resumed run only adds files; leftover
     temp files of this shard (from a killed run) are removed on start.
+
+    With `background=True` a flush builds the part's Arrow table and hands the encode, write, fsync
+    and rename to one writer thread, so the disk works while the caller generates; at most one part
+    is in flight (a flush first waits for the previous one). `close()` waits for it and re-raises a
+    write error (a later flush does too). A part still becomes visible in data/ only by the atomic
+    rename, so a killed run loses at most the buffered and in-flight rows, which the next run redoes.
     """
 
     def __init__(self, out_dir: Path, *, shard_index: int, shard_count: int, rows_per_file: int,
-                 keep_schema: pa.Schema | None = None):
+                 keep_schema: pa.Schema | None = None, background: bool = False):
         if rows_per_file < 1:
             raise ValueError(f"output.rows_per_file={rows_per_file}: need at least 1")
         self.out_dir, self.rows_per_file = Path(out_dir), rows_per_file
@@ -115,25 +121,66 @@ class ParquetSink:
                    if (m := re.search(r"-part-(\d+)\.parquet$", f.name))]
         self.next_part = max(numbers, default=-1) + 1
         self.buffer: list[Result] = []
-        self.rows_written = 0
+        self.rows_written = 0  # rows of the parts flushed (in background mode: handed to the writer)
         self.parts_written = 0
-        self.write_s = 0.0  # seconds in flush(): Arrow table, Parquet encode + write, fsync, rename
+        self.write_s = 0.0  # seconds the caller spent in flush() and close()
+        self.encode_write_s = 0.0  # seconds of Parquet encode + write + fsync + rename (in the writer thread if background)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="batchspec-sink") if background else None
+        self._pending: Future | None = None
 
     @property
     def full(self) -> bool:
         return len(self.buffer) >= self.rows_per_file
 
     def add(self, result: Result) -> None:
-        self.buffer.append(result)  # turned into columns at flush, where the write time is measured
+        self.buffer.append(result)  # made a row at flush, where the write time is measured
 
     def flush(self, metadata: dict[str, Any] | None = None) -> Path | None:
-        """Write the buffered rows as one part (temp file, fsync, rename); None if nothing is buffered."""
+        """Write the buffered rows as one part (temp file, fsync, rename); None if nothing is buffered.
+        In background mode the part is in data/ once the next flush or close() returns."""
         if not self.buffer:
             return None
         started = time.perf_counter()
-        schema = self.schema.with_metadata({META_KEY: json.dumps(metadata or {})})
-        table = self.table(schema)
-        name = f"{self.prefix}-part-{self.next_part:06d}.parquet"
+        try:
+            schema = self.schema.with_metadata({META_KEY: json.dumps(metadata or {})})
+            table = pa.Table.from_pylist([r.to_row() for r in self.buffer], schema=schema)
+            name = f"{self.prefix}-part-{self.next_part:06d}.parquet"
+            if self._writer is None:
+                final = self._write(table, name)
+            else:
+                self._wait()
+                self._pending = self._writer.submit(self._write, table, name)
+                final = self.data_dir / name
+            self.next_part += 1
+            self.rows_written += len(self.buffer)
+            self.parts_written += 1
+            self.buffer = []
+            return final
+        finally:
+            self.write_s += time.perf_counter() - started
+
+    def close(self) -> None:
+        """Wait until every flushed part is in data/ (re-raising a write error); stop the writer thread."""
+        started = time.perf_counter()
+        try:
+            self._wait()
+        finally:
+            if self._writer is not None:
+                self._writer.shutdown(wait=True)
+                self._writer = None
+            self.write_s += time.perf_counter() - started
+
+    def _wait(self) -> None:
+        pending = self._pending
+        if pending is not None:
+            try:
+                pending.result()
+            finally:
+                if pending.done():
+                    self._pending = None
+
+    def _write(self, table: pa.Table, name: str) -> Path:
+        started = time.perf_counter()
         tmp = self.tmp_dir / name
         with open(tmp, "wb") as f:
             pq.write_table(table, f, compression="zstd")
@@ -141,23 +188,8 @@ class ParquetSink:
             os.fsync(f.fileno())
         final = self.data_dir / name
         os.replace(tmp, final)
-        self.next_part += 1
-        self.rows_written += len(self.buffer)
-        self.parts_written += 1
-        self.buffer = []
-        self.write_s += time.perf_counter() - started
+        self.encode_write_s += time.perf_counter() - started
         return final
-
-    def table(self, schema: pa.Schema) -> pa.Table:
-        """The buffered Results as a table, column by column (the Result fields, then the keep columns
-        from `extra`; the same rows as Result.to_row would give)."""
-        buffer = self.buffer
-        columns = [
-            pa.array([getattr(r, f.name) for r in buffer] if f.name in RESULT_NAMES
-                     else [r.extra.get(f.name) for r in buffer], type=f.type)
-            for f in schema
-        ]
-        return pa.Table.from_arrays(columns, schema=schema)
 
 
 def summarize(out_dir: Path) -> dict[str, Any]:
