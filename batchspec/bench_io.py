@@ -142,7 +142,8 @@ def io_share(args, workdir: Path, model: Path) -> None:
         parts = {**phases, "read": io["read_s"], "write": io["write_s"], "other": other}
         print(f"run {r + 1}/{args.repeats}: {runs[-1]['rows']} rows, job wall {io['wall_s']:.1f} s "
               f"(process {runs[-1]['process_s']:.1f} s, setup {runs[-1]['setup_s']:.1f} s): "
-              f"read {io['read_s']:.2f} s + write {io['write_s']:.2f} s = IO share {io['share']:.1%}", flush=True)
+              f"read {io['read_s']:.2f} s + write {io['write_s']:.2f} s = IO share {io['share']:.1%} "
+              f"(writer thread, overlapping: {io['encode_write_s']:.2f} s)", flush=True)
         print("    where the job wall goes: " + ", ".join(
             f"{k} {v:.2f} s ({v / io['wall_s']:.0%})" for k, v in parts.items()), flush=True)
         if not args.keep:
