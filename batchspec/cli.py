@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .config import CONF_DIR, ConfigError, DrafterName, JobConfig, find_jobs, job_dirs, register_configs
+from .iostats import TimedStream, io_summary
 from .job import Progress, resolve_progress_mode, run_job
 from .sink import RESULT_SCHEMA, ParquetSink, atomic_write_text, done_ids, part_files, shard_name, summarize
 from .sources import PromptBuilder, RowSelector, SourceError, open_source, shard_from_env, template_columns
@@ -198,11 +199,15 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
     out_dir.mkdir(parents=True, exist_ok=True)
     wanted = fingerprint(composed, job.drafter.name)
     check_fingerprint(out_dir, wanted)
+    scan_started = time.perf_counter()
     done = done_ids(out_dir)
+    scan_s = time.perf_counter() - scan_started
     selector = RowSelector(source, id_column=src.id_column, shard_index=index, shard_count=count,
                            limit=src.limit, done=done)
     rows = iter(selector)
+    peek_started = time.perf_counter()
     first = next(rows, None)
+    peek_s = time.perf_counter() - peek_started
     label = f"shard {index}/{count}" if count > 1 else "job"
     if first is None:
         log.info("nothing to do: every row of %s %s is already in %s", job_name, label, out_dir / "data")
@@ -251,16 +256,21 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
     log.info("models loaded in %.1f s (drafter %s, k=%d, batch %d)", load_s, job.drafter.name.value,
              job.drafter.k, job.batch_size)
     sink = ParquetSink(out_dir, shard_index=index, shard_count=count, rows_per_file=job.output.rows_per_file,
-                       keep_schema=pa_fields(source.schema, src.keep_columns))
+                       keep_schema=pa_fields(source.schema, src.keep_columns), background=True)
     write_fingerprint(out_dir, wanted)
     progress = Progress(progress_mode, total=remaining(selector), every_s=job.progress.every_s)
-    requests = (builder.request(row) for row in chain([first], rows))
+    requests = TimedStream(builder.request(row) for row in chain([first], rows))
     outcome = run_job(requests, generator, sink, progress, remaining=lambda: remaining(selector))
+    closing = time.perf_counter()
+    sink.close()  # every part is in data/ once this returns
+    io = io_summary(read_s=peek_s + requests.seconds, write_s=sink.write_s, scan_s=scan_s,
+                    wall_s=scan_s + peek_s + outcome.wall_s + time.perf_counter() - closing,
+                    encode_write_s=sink.encode_write_s)
     if outcome.interrupted_by is not None:
         log.warning("stopped by signal %d: %d rows written this run (%d errors); rerun the same command to resume",
                     outcome.interrupted_by, outcome.rows, outcome.errors)
         return 128 + outcome.interrupted_by
-    finish(out_dir, index, count, composed, selector, outcome=outcome, load_s=load_s, generator=generator)
+    finish(out_dir, index, count, composed, selector, outcome=outcome, load_s=load_s, generator=generator, io=io)
     return 0
 
 
@@ -273,7 +283,7 @@ def remaining(selector: RowSelector) -> int | None:
 
 
 def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], selector: RowSelector, *, outcome,
-           load_s: float, generator) -> dict[str, Any]:
+           load_s: float, generator, io: dict[str, Any] | None = None) -> dict[str, Any]:
     """Mark the shard finished, rewrite summary.json over the whole output dir, print it."""
     shards_dir = out_dir / "shards"
     shards_dir.mkdir(exist_ok=True)
@@ -285,7 +295,8 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
                 "rows": outcome.rows, "rows_error": outcome.errors, "completion_tokens": outcome.completion_tokens,
                 "setup_s": round(load_s, 3), "wall_s": round(outcome.wall_s, 3),
                 "tokens_per_s": outcome.completion_tokens / outcome.wall_s if outcome.wall_s else None,
-                "generator": generator.stats.as_dict(),
+                "generator": generator.stats.as_dict(), "io": io,
+                "round_phases_s": {name: round(t, 3) for name, t in generator.timings.items()},
             }
         atomic_write_text(marker, json.dumps({
             "shard": index, "count": count, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -299,7 +310,7 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
     summary.update({
         "output_dir": str(out_dir), "data": str(out_dir / "data"),
         "shards": {"count": count, "finished": finished, "complete": len(finished) == count},
-        "duplicate_ids_skipped": selector.duplicates,
+        "duplicate_ids_skipped": selector.duplicates, "io": io,
         "config": composed, "versions": versions(),
     })
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -331,4 +342,8 @@ def format_summary(summary: dict[str, Any], outcome) -> str:
         f"  tokens per target forward {num(summary['tokens_per_target_forward'])}",
         f"  shards finished           {len(summary['shards']['finished'])}/{summary['shards']['count']}",
     ]
+    io = summary.get("io")
+    if io:
+        lines.append(f"  IO this run               read {io['read_s']:.2f} s, write {io['write_s']:.2f} s, "
+                     f"resume scan {io['resume_scan_s']:.2f} s = {num(io['share'], '.1%')} of {io['wall_s']:.1f} s")
     return "\n".join(lines)

@@ -114,6 +114,8 @@ class Source:
 
 def _take(table: pa.Table | pa.RecordBatch, start: int, index: int, count: int, limit: int | None):
     """The rows of one chunk (starting at global position `start`) that belong to the shard."""
+    if count == 1 and (limit is None or start + table.num_rows <= limit):
+        return range(table.num_rows), table.to_pylist()  # the whole chunk: no index, no copy
     picks = [i for i in range(table.num_rows) if in_shard(start + i, index, count, limit)]
     return picks, (table.take(pa.array(picks, pa.int64())).to_pylist() if picks else [])
 
@@ -317,6 +319,10 @@ class RowSelector:
     """Iterates the shard's rows that still need a result: rows whose id is in `done` (finished part
     files) are skipped, as are later rows repeating an id seen before (counted in `duplicates`).
 
+    Only ids from `id_column` can repeat, so only they are remembered (memory grows with the rows read).
+    Position ids cannot: a source yields strictly increasing positions (checked), and distinct
+    positions have distinct decimal strings, so a fresh run over any input length keeps no per-row state.
+
     `total` is the shard's row count when the input knows its length; `skipped` grows as done rows
     go by, so `total - skipped` is what is left of this run.
     """
@@ -342,6 +348,9 @@ class RowSelector:
         return str(value), None
 
     def __iter__(self) -> Iterator[Row]:
+        if self.id_column is None:
+            yield from self._by_position()
+            return
         seen: set[str] = set()
         for position, values in self.source.rows(self.shard_index, self.shard_count, self.limit):
             row_id, id_error = self.row_id(position, values)
@@ -357,6 +366,22 @@ class RowSelector:
                 yield Row(row_id, position, error=values)
             else:
                 yield Row(row_id, position, values, id_error)
+
+    def _by_position(self) -> Iterator[Row]:
+        """Rows whose id is their position: no id can repeat, so there is no `seen` set to keep."""
+        done, last = self.done, -1
+        for position, values in self.source.rows(self.shard_index, self.shard_count, self.limit):
+            if position <= last:
+                raise RuntimeError(f"source yielded position {position} after {last}; positions must increase")
+            last = position
+            row_id = str(position)
+            if row_id in done:
+                self.skipped += 1
+                continue
+            if isinstance(values, str):
+                yield Row(row_id, position, error=values)
+            else:
+                yield Row(row_id, position, values)
 
 
 # ---- prompts -----------------------------------------------------------------------------------

@@ -63,8 +63,18 @@ def test_parquet_job_with_bad_rows_then_noop_rerun(tmp_path, tiny_models, monkey
     assert len(s["acceptance_by_position"]) == 3 and s["shards"] == {"count": 1, "finished": [0], "complete": True}
     assert s["config"]["drafter"] == {"name": "model", "k": 3, "adaptive": False}
     assert {"torch", "transformers", "pyarrow", "hydra-core", "datasets"} <= set(s["versions"])
+    io = s["io"]  # this run's time reading the input and writing parts
+    assert set(io) == {"read_s", "write_s", "resume_scan_s", "wall_s", "share", "encode_write_s"}
+    assert all(io[k] >= 0 for k in io) and io["wall_s"] > 0 and io["share"] <= 1
+    busy = io["read_s"] + io["write_s"] + io["resume_scan_s"]
+    assert io["share"] == pytest.approx(busy / io["wall_s"], abs=2e-4 / io["wall_s"])  # fields rounded to 1e-4 s
+    last_run = json.loads((out / "shards" / "shard-00000-of-00001.json").read_text())["last_run"]
+    assert last_run["io"] == io and io["wall_s"] >= last_run["wall_s"]
+    assert set(last_run["round_phases_s"]) == {"admit", "draft", "verify", "accept", "bookkeeping"}
+    assert sum(last_run["round_phases_s"].values()) <= last_run["wall_s"]
     printed = capsys.readouterr().out
     assert "rows                      15 (12 ok, 3 errors)" in printed and "tokens per target forward" in printed
+    assert "IO this run               read " in printed
 
     # datasets.load_dataset reads the output dir
     import datasets
@@ -78,6 +88,7 @@ def test_parquet_job_with_bad_rows_then_noop_rerun(tmp_path, tiny_models, monkey
     assert time.perf_counter() - started < 5
     assert {f.name: f.stat().st_mtime_ns for f in (out / "data").iterdir()} == before
     assert "nothing to do" in capsys.readouterr().out
+    assert summary(out)["io"] is None
 
 
 def test_saved_hf_dataset_with_template_and_chat(tmp_path, tiny_models, monkeypatch):

@@ -105,3 +105,31 @@ def test_unreadable_part_is_reported(tmp_path):
     (tmp_path / "data" / "shard-00000-of-00001-part-000000.parquet").write_bytes(b"garbage")
     with pytest.raises(OSError, match="cannot read output part .*move it away and rerun"):
         done_ids(tmp_path)
+
+
+def test_background_writer_writes_the_same_parts_and_times_them(tmp_path):
+    def write(out, background):
+        sink = ParquetSink(out, shard_index=0, shard_count=1, rows_per_file=3, keep_schema=KEEP, background=background)
+        for i in range(8):
+            sink.add(result(i, error=(i == 4)))
+            if sink.full:
+                sink.flush({"wall_s": 1.0})
+        sink.flush({"wall_s": 0.5})
+        sink.close()
+        assert (sink.rows_written, sink.parts_written) == (8, 3)
+        assert sink.write_s >= 0 and sink.encode_write_s > 0
+        return [(f.name, pq.read_table(f).drop_columns(["latency_s"]), pq.read_schema(f).metadata)
+                for f in part_files(out)]
+
+    assert write(tmp_path / "bg", True) == write(tmp_path / "sync", False)
+    assert list((tmp_path / "bg" / ".tmp").iterdir()) == []
+
+
+def test_background_write_error_is_raised(tmp_path):
+    sink = ParquetSink(tmp_path, shard_index=0, shard_count=1, rows_per_file=2, background=True)
+    (tmp_path / ".tmp").rmdir()  # the writer thread cannot create its temp file
+    sink.add(result(0))
+    sink.flush()
+    with pytest.raises(FileNotFoundError):
+        sink.close()
+    assert part_files(tmp_path) == []

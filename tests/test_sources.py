@@ -105,6 +105,19 @@ def test_row_selector_skips_done_and_duplicate_ids(tmp_path):
     assert (selector.total, selector.skipped, selector.duplicates) == (6, 2, 1)
     positional = RowSelector(source, id_column=None, shard_index=1, shard_count=2, limit=None, done={"3"})
     assert [r.id for r in positional] == ["1", "5"] and positional.total == 3
+    assert (positional.skipped, positional.duplicates) == (1, 0)
+
+
+def test_position_ids_need_increasing_positions():
+    class Shuffled:
+        num_rows = 3
+
+        def rows(self, index, count, limit):
+            yield from [(0, {"text": "a"}), (2, {"text": "b"}), (1, {"text": "c"})]
+
+    selector = RowSelector(Shuffled(), id_column=None, shard_index=0, shard_count=1, limit=None, done=set())
+    with pytest.raises(RuntimeError, match="position 1 after 2"):
+        list(selector)
 
 
 def test_jsonl_lines_blank_bad_and_gzip(tmp_path):
