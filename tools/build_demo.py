@@ -11,7 +11,7 @@ Everything comes from the running interpreter's standard library, so no download
 5. measurements on held-out data (loss, greedy agreement, forward timings), printed and written to
    the README next to the assets.
 
-Usage (about 15-20 minutes on 2 CPU cores)::
+Usage (about 40 minutes on 2 CPU cores)::
 
     python tools/build_demo.py --out batchspec/assets/demo
 
@@ -324,8 +324,8 @@ def forward_ms(model, context: torch.Tensor, batch: int, new_tokens: int, reps: 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "batchspec/assets/demo")
-    p.add_argument("--steps", type=int, default=600, help="target training steps")
-    p.add_argument("--draft-steps", type=int, default=450, help="draft distillation steps")
+    p.add_argument("--steps", type=int, default=700, help="target training steps")
+    p.add_argument("--draft-steps", type=int, default=500, help="draft distillation steps")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--lr", type=float, default=2e-3, help="target peak learning rate")
     p.add_argument("--draft-lr", type=float, default=3e-3, help="draft peak learning rate")
