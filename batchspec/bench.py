@@ -2,6 +2,8 @@
 
     python -m batchspec.bench                       # the shipped demo pair on held-out prompts, CPU
     python -m batchspec.bench --batch-size 1 --k 4 --repeats 5 --markdown bench.md --json bench.json
+    python -m batchspec.bench --k 1,2,3,4 --drafters model     # a fixed-k sweep next to adaptive (k <= 4)
+    python -m batchspec.bench --random-draft --drafters model  # a useless draft: adaptive should cost ~nothing
 
 Contenders run interleaved, `--repeats` times each, in one process; the table reports the median
 tokens/s, the ratio to HF batched `generate`, acceptance, tokens per target forward, and the speedup
@@ -40,6 +42,7 @@ class Contender:
     kind: str  # hf_batched | hf_assisted | hf_prompt_lookup | batchspec
     drafter: str = "none"
     adaptive: bool = False
+    k: int = 0  # drafts per round (the maximum, if adaptive)
     tokens_per_s: list[float] = field(default_factory=list)
     outputs: list[list[int]] | None = None
     acceptance: float | None = None
@@ -56,10 +59,10 @@ def run_hf(contender: Contender, models, prompts, args) -> tuple[float, list[lis
     batch = args.batch_size if contender.kind == "hf_batched" else 1
     if contender.kind == "hf_assisted":
         gc = models.draft.generation_config  # HF reads the draft length from the assistant's config
-        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = args.k, "constant", 0.0
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = contender.k, "constant", 0.0
         common["assistant_model"] = models.draft
     elif contender.kind == "hf_prompt_lookup":
-        common["prompt_lookup_num_tokens"] = args.k
+        common["prompt_lookup_num_tokens"] = contender.k
     outputs, tokens = [], 0
     sync(target.device)
     t0 = time.perf_counter()
@@ -84,7 +87,7 @@ def strip_after_eos(row: list[int], eos: list[int]) -> list[int]:
 
 def run_batchspec(contender: Contender, models, prompts, args):
     generator = build_generator(
-        models, drafter=contender.drafter, k=args.k, batch_size=args.batch_size,
+        models, drafter=contender.drafter, k=contender.k, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, adaptive=contender.adaptive,
         profile=True,
     )
@@ -111,17 +114,19 @@ def randomize(model, seed: int) -> None:
 
 
 def contenders(args, has_draft: bool) -> list[Contender]:
+    k_max = max(args.k)
     out = [Contender("hf generate (batched)", "hf_batched")]
     if args.hf_batch1:
         if has_draft:
-            out.append(Contender("hf assisted (batch 1)", "hf_assisted"))
-        out.append(Contender("hf prompt lookup (batch 1)", "hf_prompt_lookup"))
+            out.append(Contender("hf assisted (batch 1)", "hf_assisted", k=k_max))
+        out.append(Contender("hf prompt lookup (batch 1)", "hf_prompt_lookup", k=k_max))
     out.append(Contender("batchspec none", "batchspec", "none"))
     drafters = [d for d in (["model"] if has_draft else []) + ["ngram", "prompt_lookup"] if d in args.drafters]
     for drafter in drafters:
-        out.append(Contender(f"batchspec {drafter} k={args.k}", "batchspec", drafter))
+        for k in args.k:
+            out.append(Contender(f"batchspec {drafter} k={k}", "batchspec", drafter, k=k))
         if args.adaptive:
-            out.append(Contender(f"batchspec {drafter} adaptive", "batchspec", drafter, adaptive=True))
+            out.append(Contender(f"batchspec {drafter} adaptive k<={k_max}", "batchspec", drafter, adaptive=True, k=k_max))
     return out
 
 
@@ -133,8 +138,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-seq-len", type=int, default=512)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--batch-size", default="8", help="a list (e.g. 1,8,32) runs the whole field at each "
+                        "and ends with a table of tokens/s by batch size")
+    parser.add_argument("--k", default="4", help="drafts per round; a list (e.g. 1,2,3,4) runs a fixed-k sweep, "
+                        "and adaptive gets the largest as its maximum")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
@@ -148,8 +155,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", help="write the table as JSON here")
     parser.add_argument("--markdown", help="write the table as Markdown here")
     args = parser.parse_args(argv)
-    if args.k < 1:
+    try:
+        args.k = sorted({int(k) for k in str(args.k).split(",")})
+    except ValueError:
+        parser.error(f"--k: expected integers like 4 or 1,2,4, got {args.k!r}")
+    if args.k[0] < 1:
         parser.error("--k must be at least 1")
+    try:
+        args.batch_size = [int(b) for b in str(args.batch_size).split(",")]
+    except ValueError:
+        parser.error(f"--batch-size: expected integers like 8 or 1,8,32, got {args.batch_size!r}")
     torch.manual_seed(0)
     args.drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
     unknown = set(args.drafters) - {"model", "ngram", "prompt_lookup"}
@@ -164,6 +179,21 @@ def main(argv: list[str] | None = None) -> None:
         if model is not None:
             model.generation_config.eos_token_id = models.eos_token_ids  # the same stops for every contender
     prompts = read_prompts(args.prompts, args.num_prompts)
+    reports = [bench_batch_size(args, models, prompts, b) for b in args.batch_size]
+    if len(reports) > 1:
+        summary = render_by_batch_size(reports)
+        print("\n" + summary)
+    else:
+        summary = reports[0]["table"]
+    if args.json:
+        Path(args.json).write_text(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
+    if args.markdown:
+        Path(args.markdown).write_text(summary + "\n")
+
+
+def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
+    """Run every contender at one batch size, print its table and return the report."""
+    args = argparse.Namespace(**{**vars(args), "batch_size": batch_size})
     runners = {"batchspec": run_batchspec}
     field_ = contenders(args, models.draft is not None)
     print(f"{len(prompts)} prompts, batch {args.batch_size}, k {args.k}, max_new_tokens {args.max_new_tokens}, "
@@ -177,9 +207,10 @@ def main(argv: list[str] | None = None) -> None:
 
     context = int(statistics.mean(len(models.tokenizer(p)["input_ids"]) for p in prompts) + args.max_new_tokens / 2)
     t_verify1 = forward_ms(models.target, args.batch_size, 1, context)
-    t_verifyk = forward_ms(models.target, args.batch_size, args.k + 1, context)
+    t_verify = {k: forward_ms(models.target, args.batch_size, k + 1, context) for k in args.k}
     t_draft = forward_ms(models.draft, args.batch_size, 1, context) if models.draft is not None else 0.0
-    cost = {"context": context, "target_ms_1": t_verify1, f"target_ms_{args.k + 1}": t_verifyk, "draft_ms_1": t_draft}
+    cost = {"context": context, "target_ms_1": t_verify1, "draft_ms_1": t_draft,
+            **{f"target_ms_{k + 1}": t for k, t in t_verify.items()}}
 
     baseline = statistics.median(field_[0].tokens_per_s)
     none = next(c for c in field_ if c.kind == "batchspec" and c.drafter == "none")
@@ -189,8 +220,8 @@ def main(argv: list[str] | None = None) -> None:
         rate = statistics.median(c.tokens_per_s)
         predicted = None
         if c.kind == "batchspec" and c.drafter != "none" and c.tokens_per_forward and not c.adaptive:
-            draft_cost = args.k * t_draft if c.drafter == "model" else 0.0
-            predicted = c.tokens_per_forward * t_verify1 / (t_verifyk + draft_cost)
+            draft_cost = c.k * t_draft if c.drafter == "model" else 0.0
+            predicted = c.tokens_per_forward * t_verify1 / (t_verify[c.k] + draft_cost)
         mismatches = sum(a != b for a, b in zip(c.outputs, reference))
         rows.append({
             "contender": c.name, "tokens_per_s": rate, "vs_hf_batched": rate / baseline,
@@ -202,23 +233,33 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(table)
     print(f"\ncost curve at batch {args.batch_size}, ~{context} tokens cached: target 1 token {t_verify1:.2f} ms, "
-          f"{args.k + 1} tokens {t_verifyk:.2f} ms (x{t_verifyk / t_verify1:.2f}); draft 1 token {t_draft:.2f} ms")
+          + ", ".join(f"{k + 1} tokens {t:.2f} ms (x{t / t_verify1:.2f})" for k, t in t_verify.items())
+          + f"; draft 1 token {t_draft:.2f} ms")
     print("where batchspec's time goes (share of round time: draft / verify / accept / bookkeeping / admit):")
     for c in field_:
         if c.timings:
             total = sum(c.timings.values())
             print(f"  {c.name:32s} " + " / ".join(f"{c.timings[n] / total:.0%}" for n in
                                                   ("draft", "verify", "accept", "bookkeeping", "admit")))
+    adaptive_vs_best = {}
+    for drafter in args.drafters:
+        fixed = [r for r, c in zip(rows, field_) if c.kind == "batchspec" and c.drafter == drafter and not c.adaptive]
+        adaptive = [r for r, c in zip(rows, field_) if c.kind == "batchspec" and c.drafter == drafter and c.adaptive]
+        if fixed and adaptive:
+            best = max(fixed, key=lambda r: r["tokens_per_s"])
+            adaptive_vs_best[drafter] = adaptive[0]["tokens_per_s"] / best["tokens_per_s"]
+            print(f"adaptive vs the best fixed k: {drafter} {adaptive_vs_best[drafter]:.2f} (best fixed: "
+                  f"{best['contender']}); adaptive vs none {adaptive[0]['vs_none']:.2f}")
     same = all(r["outputs_equal_to_none"] == len(prompts) for r in rows)
     print("greedy outputs: " + ("all identical to drafter none" if same else
           "DIFFER: " + ", ".join(f"{r['contender']} {r['num_prompts'] - r['outputs_equal_to_none']}" for r in rows
                                  if r["outputs_equal_to_none"] != len(prompts))))
-    report = {"args": vars(args), "cost_ms": cost, "rows": rows, "greedy_identical": same,
-              "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__}}
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
+    return {"args": vars(args), "batch_size": batch_size, "cost_ms": cost, "rows": rows, "greedy_identical": same,
+            "adaptive_vs_best_fixed": adaptive_vs_best, "table": table,
+            "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+                        "device": torch.cuda.get_device_name() if models.target.device.type == "cuda" else "cpu"}}
+
+
 
 
 def render(rows: list[dict]) -> str:
@@ -233,6 +274,32 @@ def render(rows: list[dict]) -> str:
             f"{fmt(r['acceptance'], '.2f')} | {fmt(r['tokens_per_forward'], '.2f')} | {fmt(r['predicted_vs_none'], '.2f')} | "
             f"{fmt(r['achieved_over_predicted'], '.2f')} | {r['outputs_equal_to_none']}/{r['num_prompts']} |"
         )
+    return "\n".join(lines)
+
+
+
+def render_by_batch_size(reports: list[dict]) -> str:
+    """One row per batch size: tokens/s of HF batched, drafter none, and each drafter's best fixed k and adaptive."""
+    drafters = sorted({c.split()[1] for r in reports for c in (row["contender"] for row in r["rows"])
+                       if c.startswith("batchspec ") and c.split()[1] != "none"})
+    head = ["batch", "HF batched tok/s", "none tok/s", "none vs HF"]
+    for d in drafters:
+        head += [f"{d} best fixed (k)", f"{d} adaptive", f"{d} best vs none", f"{d} best vs HF"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for r in reports:
+        rows = {row["contender"]: row for row in r["rows"]}
+        hf, none = rows["hf generate (batched)"], rows["batchspec none"]
+        cells = [str(r["batch_size"]), f"{hf['tokens_per_s']:.0f}", f"{none['tokens_per_s']:.0f}",
+                 f"{none['vs_hf_batched']:.2f}"]
+        for d in drafters:
+            fixed = [row for name, row in rows.items() if name.startswith(f"batchspec {d} k=")]
+            adaptive = [row for name, row in rows.items() if name.startswith(f"batchspec {d} adaptive")]
+            best = max(fixed + adaptive, key=lambda row: row["tokens_per_s"]) if fixed + adaptive else None
+            top = max(fixed, key=lambda row: row["tokens_per_s"]) if fixed else None
+            cells += [f"{top['tokens_per_s']:.0f} ({top['contender'].split('k=')[1]})" if top else "-",
+                      f"{adaptive[0]['tokens_per_s']:.0f}" if adaptive else "-",
+                      f"{best['vs_none']:.2f}" if best else "-", f"{best['vs_hf_batched']:.2f}" if best else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

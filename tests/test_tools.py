@@ -34,15 +34,22 @@ def prompt_file(tmp_path):
 def test_bench_runs_every_contender_and_checks_outputs(llama_pair, prompt_file, tmp_path, capsys):
     out = tmp_path / "bench.json"
     bench.main(["--target", str(llama_pair.target), "--draft", str(llama_pair.draft), "--prompts", prompt_file,
-                "--num-prompts", "6", "--max-new-tokens", "12", "--batch-size", "3", "--k", "2", "--repeats", "1",
+                "--num-prompts", "6", "--max-new-tokens", "12", "--batch-size", "1,3", "--k", "1,2", "--repeats", "1",
                 "--json", str(out), "--markdown", str(tmp_path / "bench.md")])
-    report = json.loads(out.read_text())
+    reports = json.loads(out.read_text())
+    assert [r["batch_size"] for r in reports] == [1, 3]
+    report = reports[-1]
     names = [row["contender"] for row in report["rows"]]
     assert names[0] == "hf generate (batched)" and "hf assisted (batch 1)" in names and "hf prompt lookup (batch 1)" in names
-    assert {"batchspec model k=2", "batchspec ngram adaptive", "batchspec prompt_lookup k=2"} <= set(names)
+    assert {"batchspec model k=1", "batchspec model k=2", "batchspec ngram adaptive k<=2",
+            "batchspec prompt_lookup k=2"} <= set(names)
+    assert set(report["cost_ms"]) >= {"target_ms_1", "target_ms_2", "target_ms_3", "draft_ms_1"}
     assert report["greedy_identical"], report["rows"]
-    assert "all identical to drafter none" in capsys.readouterr().out
-    assert (tmp_path / "bench.md").read_text().startswith("| contender |")
+    out = capsys.readouterr().out
+    assert "all identical to drafter none" in out
+    assert "adaptive vs the best fixed k: model" in out
+    table = (tmp_path / "bench.md").read_text()  # with several batch sizes: one row per batch size
+    assert table.startswith("| batch | HF batched tok/s | none tok/s |") and "\n| 3 | " in table
 
 
 @pytest.mark.slow
