@@ -126,6 +126,21 @@ class Progress:
             self.bar.close()
 
 
+def pass_on_signal(signum: int) -> None:
+    """Call the Python handler that was installed for `signum` before run_job's own (run_job restores
+    it when it returns), after the rows that were complete have been written.
+
+    Under Hydra's submitit launcher that is submitit's SIGUSR2 handler: it checkpoints the call (the
+    launcher resubmits itself with the same arguments), requeues the job with `scontrol requeue` and
+    exits; the requeued job skips the rows written before the signal. For SIGTERM submitit's handler
+    only logs. Default and ignored handlers and Python's SIGINT handler are left alone, so a plain
+    `python -m batchspec` still exits 128+N.
+    """
+    handler = signal.getsignal(signum)
+    if callable(handler) and handler is not signal.default_int_handler:
+        handler(signum, None)
+
+
 def run_job(requests: Iterable[Request], generator, sink: ParquetSink, progress: Progress,
             remaining=None) -> JobOutcome:
     """Drive `generator.run(requests)` into `sink` until the requests run out or a signal stops it.

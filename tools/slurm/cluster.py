@@ -79,10 +79,16 @@ def program(name: str) -> str:
 # ---- configuration ------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(names: tuple[str, ...]) -> dict[str, int]:
+    """A distinct free TCP port for each name (all sockets stay bound until every port is chosen)."""
+    sockets = [socket.socket() for _ in names]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return {name: s.getsockname()[1] for name, s in zip(names, sockets)}
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def available_memory_mb() -> int:
@@ -240,7 +246,7 @@ def start(root: Path, timeout: float = 90) -> Cluster:
         (root / d).mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)  # munged checks that no one else can write the dirs above its socket and key
     (root / "pids.json").unlink(missing_ok=True)
-    ports = {name: free_port() for name in ("slurmctld", "slurmd", "slurmdbd", "mariadb")}
+    ports = free_ports(("slurmctld", "slurmd", "slurmdbd", "mariadb"))
     write_configs(root, ports)
     log = root / "log"
     env = Cluster(root).env()
