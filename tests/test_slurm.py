@@ -213,3 +213,38 @@ def test_submitit_local_multirun(tmp_path):
         assert len(rows) == len({r["id"] for r in rows}) == 8
         texts.append([r["completion_token_ids"] for r in rows])
     assert texts[0] == texts[1]
+
+
+def test_sigterm_abandons_rows_in_flight_after_the_grace_time(tmp_path, monkeypatch, capsys):
+    """SIGKILL follows SIGTERM after SLURM's KillWait: rows still in flight TERM_GRACE_S after a SIGTERM
+    are abandoned, the complete ones written, exit 143; the rerun completes the output exactly once."""
+    import os
+    import signal
+    import threading
+
+    from batchspec import job as job_module
+    from conftest_jobs import run_inprocess
+
+    monkeypatch.setattr(job_module, "TERM_GRACE_S", 1e-6)  # no time for the rows in flight
+    args = ["job=demo", "source.limit=60", "sampling.max_new_tokens=32", "output.rows_per_file=4", "threads=1",
+            "output.dir=out"]
+    data = tmp_path / "out" / "data"
+
+    def term_after_first_part():
+        deadline = time.monotonic() + 120
+        while not list(data.glob("*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=term_after_first_part, daemon=True)
+    killer.start()
+    assert run_inprocess(tmp_path, *args, monkeypatch=monkeypatch) == 128 + signal.SIGTERM
+    killer.join()
+    printed = "".join(capsys.readouterr())
+    assert "SIGTERM: finishing the rows in flight" in printed and "s after SIGTERM: stopping now" in printed, printed
+    first = read_output(tmp_path / "out")
+    assert 4 <= len(first) < 60 and len({r["id"] for r in first}) == len(first)
+    assert not list((tmp_path / "out" / ".tmp").iterdir())
+    assert run_inprocess(tmp_path, *args, monkeypatch=monkeypatch) == 0
+    rows = read_output(tmp_path / "out")
+    assert len(rows) == len({r["id"] for r in rows}) == 60
