@@ -72,10 +72,17 @@ class Slurm:
             time.sleep(0.5)
         return time.monotonic() - started
 
-    def states(self, job: str) -> dict[str, str]:
-        """Accounting state of each array task (the last record of a requeued task wins), from sacct."""
-        out = self.cmd("sacct", "-n", "-X", "-P", "-j", job, "-o", "JobID,State").stdout
-        return dict(line.split("|") for line in out.splitlines() if line)
+    def states(self, job: str, timeout: float = 30) -> dict[str, str]:
+        """Final accounting state of each array task (the last record of a requeued task wins), from
+        sacct, which lags squeue by a moment: waits until no task is pending, running or completing."""
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.cmd("sacct", "-n", "-X", "-P", "-j", job, "-o", "JobID,State").stdout
+            states = dict(line.split("|") for line in out.splitlines() if line)
+            live = {k: v for k, v in states.items() if v in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED")}
+            if not live or time.monotonic() > deadline:
+                return states
+            time.sleep(0.5)
 
 
 def _install() -> float | None:
