@@ -119,6 +119,7 @@ def slurm_cluster(tmp_path_factory):
     yield slurm
     stopped = cluster_tools.stop(root)
     assert not cluster_tools.running(root), f"daemons still running after stop: {cluster_tools.running(root)}"
+    assert not cluster_tools.step_daemons(root), "slurmstepd processes left after stop"
     print(f"\nslurm cluster stopped: {', '.join(stopped)}")
 
 

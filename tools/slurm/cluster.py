@@ -299,18 +299,51 @@ def running(root: Path) -> list[str]:
 
 
 def stop(root: Path, grace: float = 10) -> list[str]:
-    """Stop the daemons recorded in ROOT/pids.json (controller first): SIGTERM, then SIGKILL after
-    `grace` seconds. Returns the names of the daemons that were running."""
+    """Cancel the jobs left in the queue, then stop the daemons recorded in ROOT/pids.json (controller
+    first): SIGTERM, then SIGKILL after `grace` seconds; then any job step daemon (slurmstepd) of this
+    cluster that is still there. Returns the names of the daemons that were running."""
     root = Path(root).resolve()
     path = root / "pids.json"
     if not path.exists():
         return []
     pids = json.loads(path.read_text())
     alive = running(root)
+    if "slurmctld" in alive and "slurmd" in alive:
+        drain(Cluster(root), timeout=30)
     order = [name for name in DAEMONS if name in alive]
     for name in order:
         terminate(pids[name], grace)
+    for pid in step_daemons(root):  # they outlive slurmd and retry the controller for minutes
+        terminate({"pid": pid, "start": start_time(pid)}, grace)
     return order
+
+
+def drain(cluster: Cluster, timeout: float) -> None:
+    """Cancel every job and wait (at most `timeout` s) until slurmd has finished them: a job whose
+    program has just exited is still completing, and its slurmstepd is still talking to slurmctld."""
+    cluster.run("scancel", f"--partition={PARTITION}", check=False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        queue = cluster.run("squeue", "-h", "-o", "%i", check=False)
+        if queue.returncode != 0 or not queue.stdout.strip():
+            return
+        time.sleep(0.5)
+
+
+def step_daemons(root: Path) -> list[int]:
+    """PIDs of the slurmstepd processes started by this cluster's slurmd (they inherit its SLURM_CONF)."""
+    mark = f"SLURM_CONF={root / 'etc' / 'slurm.conf'}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "cmdline").read_bytes().startswith(b"slurmstepd") and \
+                    mark in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
 
 
 def terminate(p: dict, grace: float) -> None:
