@@ -33,7 +33,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .config import CONF_DIR, ConfigError, DrafterName, JobConfig, find_jobs, job_dirs, register_configs
 from .iostats import TimedStream, io_summary
-from .job import Progress, resolve_progress_mode, run_job
+from .job import Progress, pass_on_signal, resolve_progress_mode, run_job
 from .sink import RESULT_SCHEMA, ParquetSink, atomic_write_text, done_ids, part_files, shard_name, summarize
 from .sources import PromptBuilder, RowSelector, SourceError, open_source, shard_from_env, template_columns
 
@@ -65,10 +65,17 @@ def hydra_main(cfg: DictConfig) -> None:
         job = to_job_config(cfg, job_name)
         out_dir = Path(job.output.dir) / subdir if subdir else Path(job.output.dir)
         composed = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-        code = run(job, out_dir=out_dir, composed=composed, job_name=job_name or "", environ=os.environ)
+        environ: Mapping[str, str] = os.environ
+        if "submitit" in str(OmegaConf.select(hc.launcher, "_target_", default="")):
+            # Hydra's submitit launcher submits a sweep as one SLURM array: its array variables number
+            # the sweep's jobs, not shards of this job. Shard with shard.count=N shard.index=0,...,N-1.
+            environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_ARRAY_")}
+        code = run(job, out_dir=out_dir, composed=composed, job_name=job_name or "", environ=environ)
     except (ConfigError, SourceError, OSError) as e:
         fail(first_line(e))
     if code:
+        if code > 128:
+            pass_on_signal(code - 128)  # under submitit: checkpoint, requeue and exit
         sys.exit(code)
 
 

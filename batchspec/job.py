@@ -5,8 +5,9 @@
 run_job pulls requests lazily through the generator (which admits them as slots free up), writes a
 part file every `rows_per_file` results, and flushes the rest at the end. SIGTERM, SIGUSR2 (SLURM's
 pre-emption warning) and SIGINT make it stop admitting requests, finish the ones in flight, flush
-and return `interrupted`; a second signal stops at once, flushing only the complete rows. Rows not
-written are simply redone by the next run (resume = rerun the same command).
+and return `interrupted`; a second signal stops at once, flushing only the complete rows. After a
+SIGTERM the rows in flight get TERM_GRACE_S to finish, then it stops at once too. Rows not written are
+simply redone by the next run (resume = rerun the same command).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from .types import FINISH_ERROR, Request, RunStats
 log = logging.getLogger("batchspec")
 
 STOP_SIGNALS = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGUSR2", None), signal.SIGINT) if s is not None)
+# SIGTERM is followed by SIGKILL: SLURM sends it KillWait (default 30 s) later at a time limit, a
+# scancel or a pre-emption. Rows still in flight this long after a SIGTERM are abandoned, so that the
+# complete rows are written and the process has exited before the SIGKILL.
+TERM_GRACE_S = 20.0
 
 
 class StopNow(Exception):
@@ -126,6 +131,21 @@ class Progress:
             self.bar.close()
 
 
+def pass_on_signal(signum: int) -> None:
+    """Call the Python handler that was installed for `signum` before run_job's own (run_job restores
+    it when it returns), after the rows that were complete have been written.
+
+    Under Hydra's submitit launcher that is submitit's SIGUSR2 handler: it checkpoints the call (the
+    launcher resubmits itself with the same arguments), requeues the job with `scontrol requeue` and
+    exits; the requeued job skips the rows written before the signal. For SIGTERM submitit's handler
+    only logs. Default and ignored handlers and Python's SIGINT handler are left alone, so a plain
+    `python -m batchspec` still exits 128+N.
+    """
+    handler = signal.getsignal(signum)
+    if callable(handler) and handler is not signal.default_int_handler:
+        handler(signum, None)
+
+
 def run_job(requests: Iterable[Request], generator, sink: ParquetSink, progress: Progress,
             remaining=None) -> JobOutcome:
     """Drive `generator.run(requests)` into `sink` until the requests run out or a signal stops it.
@@ -134,6 +154,16 @@ def run_job(requests: Iterable[Request], generator, sink: ParquetSink, progress:
     given, is called before each progress update and returns the rows left to do (or None).
     """
     received: list[int] = []
+    # StopNow is raised from a signal handler, so anywhere in the loop: never while a part is being
+    # written (a part renamed into data/ but not yet cleared from the buffer would be written twice).
+    writing = [False]
+    stop_after_write = [False]
+
+    def stop_now():
+        if writing[0]:
+            stop_after_write[0] = True
+        else:
+            raise StopNow
 
     def on_signal(signum, frame):
         received.append(signum)
@@ -141,10 +171,24 @@ def run_job(requests: Iterable[Request], generator, sink: ParquetSink, progress:
             log.warning("%s: finishing the rows in flight, then stopping (send it again to stop now)",
                         signal.Signals(signum).name)
             generator.stop_admitting()
+            if signum == signal.SIGTERM:
+                signal.setitimer(signal.ITIMER_REAL, TERM_GRACE_S)
         else:
-            raise StopNow
+            stop_now()
+
+    def on_deadline(signum, frame):
+        log.warning("rows still in flight %g s after SIGTERM: stopping now", TERM_GRACE_S)
+        stop_now()
+
+    def flush():
+        writing[0] = True
+        try:
+            sink.flush(delta.take())
+        finally:
+            writing[0] = False
 
     previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, on_deadline)
     delta = StatsDelta(generator.stats)
     start = time.perf_counter()
     rows = errors = tokens = 0
@@ -158,12 +202,15 @@ def run_job(requests: Iterable[Request], generator, sink: ParquetSink, progress:
                 progress.set_total(remaining())
             progress.update(result.completion_tokens, result.finish_reason == FINISH_ERROR, generator.stats)
             if sink.full:
-                sink.flush(delta.take())
+                flush()
+                if stop_after_write[0]:
+                    raise StopNow
     except StopNow:
         log.warning("stopping now; rows in flight are left for the next run")
     finally:
         # The buffer holds only complete rows; write them even when stopping early.
-        sink.flush(delta.take())
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        flush()
         for s, handler in previous.items():
             signal.signal(s, handler)
         progress.close()
