@@ -124,6 +124,7 @@ def validate(job: JobConfig) -> None:
         (src.template is not None or src.prompt_column, "set source.prompt_column or source.template"),
         (src.limit is None or src.limit >= 0, f"source.limit={src.limit}: need >= 0"),
         (job.output.rows_per_file >= 1, f"output.rows_per_file={job.output.rows_per_file}: need >= 1"),
+        (job.output.flush_every_s > 0, f"output.flush_every_s={job.output.flush_every_s}: need > 0"),
         (job.progress.every_s > 0, f"progress.every_s={job.progress.every_s}: need > 0"),
         (job.threads is None or job.threads >= 1, f"threads={job.threads}: need >= 1"),
     ]
@@ -263,6 +264,7 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
     log.info("models loaded in %.1f s (drafter %s, k=%d, batch %d)", load_s, job.drafter.name.value,
              job.drafter.k, job.batch_size)
     sink = ParquetSink(out_dir, shard_index=index, shard_count=count, rows_per_file=job.output.rows_per_file,
+                       flush_every_s=job.output.flush_every_s,
                        keep_schema=pa_fields(source.schema, src.keep_columns), background=True)
     write_fingerprint(out_dir, wanted)
     progress = Progress(progress_mode, total=remaining(selector), every_s=job.progress.every_s)

@@ -103,6 +103,9 @@ class SourceConfig:
 class OutputConfig:
     dir: str = "outputs/${hydra:runtime.choices.job}"  # stable per job: rerun = resume
     rows_per_file: int = 1000
+    # Also write a part when rows are buffered and this many seconds passed since the last part: bounds the
+    # work a SIGKILL (OOM killer, node failure) can lose when rows are slow.
+    flush_every_s: float = 300.0
 
 
 @dataclass

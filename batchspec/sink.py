@@ -114,10 +114,13 @@ class ParquetSink:
     """
 
     def __init__(self, out_dir: Path, *, shard_index: int, shard_count: int, rows_per_file: int,
-                 keep_schema: pa.Schema | None = None, background: bool = False):
+                 keep_schema: pa.Schema | None = None, background: bool = False,
+                 flush_every_s: float | None = None):
         if rows_per_file < 1:
             raise ValueError(f"output.rows_per_file={rows_per_file}: need at least 1")
         self.out_dir, self.rows_per_file = Path(out_dir), rows_per_file
+        self.flush_every_s = flush_every_s
+        self.last_flush = time.monotonic()
         self.schema = output_schema(keep_schema)
         self.prefix = shard_name(shard_index, shard_count)
         self.data_dir, self.tmp_dir = self.out_dir / "data", self.out_dir / ".tmp"
@@ -138,7 +141,11 @@ class ParquetSink:
 
     @property
     def full(self) -> bool:
-        return len(self.buffer) >= self.rows_per_file
+        """Time to write a part: rows_per_file rows buffered, or rows waiting for flush_every_s seconds."""
+        if len(self.buffer) >= self.rows_per_file:
+            return True
+        return (self.flush_every_s is not None and bool(self.buffer)
+                and time.monotonic() - self.last_flush >= self.flush_every_s)
 
     def add(self, result: Result) -> None:
         self.buffer.append(result)  # made a row at flush, where the write time is measured
@@ -163,6 +170,7 @@ class ParquetSink:
             self.rows_written += len(self.buffer)
             self.parts_written += 1
             self.buffer = []
+            self.last_flush = time.monotonic()
             return final
         finally:
             self.write_s += time.perf_counter() - started

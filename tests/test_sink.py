@@ -133,3 +133,20 @@ def test_background_write_error_is_raised(tmp_path):
     with pytest.raises(FileNotFoundError):
         sink.close()
     assert part_files(tmp_path) == []
+
+
+def test_rows_waiting_longer_than_flush_every_s_make_the_sink_full(tmp_path):
+    import time
+
+    sink = ParquetSink(tmp_path, shard_index=0, shard_count=1, rows_per_file=100, keep_schema=KEEP, flush_every_s=0.2)
+    assert not sink.full  # nothing buffered: never full, however long ago the last part was
+    time.sleep(0.25)
+    assert not sink.full
+    sink.add(result(0))
+    assert sink.full  # rows buffered and the last part (here: the start) is over 0.2 s ago
+    sink.flush()
+    sink.add(result(1))
+    assert not sink.full  # the clock restarts at each part
+    time.sleep(0.25)
+    assert sink.full
+    assert not ParquetSink(tmp_path, shard_index=0, shard_count=1, rows_per_file=100, keep_schema=KEEP).full
