@@ -17,12 +17,16 @@ number of active rows b. Two signals, two estimators:
   and pooled into a job-wide prior for rows that have little history: a_i = (A + w a) / (A + R + w);
 - cost: an exponential moving average of round time per (k, b); a k not yet measured at this b
   borrows the shape of the curve from the nearest batch size that measured it, and is probed once
-  when nothing is known.
+  when nothing is known. The first time of each (k, b) is replaced by the second (a cold first round
+  must not steer hundreds of rounds), and a round with drafts right after a round without is not
+  timed: a draft model then first catches up on the tokens it skipped, which is the cost of the
+  rounds before, not of this k.
 
 Predicting from these two instead of timing tokens per round directly matters at small batches,
 where the tokens a round emits swing between 1 and k+1 per row but its time hardly varies. A k that
 is never chosen is never re-measured, so every `revisit_every` rounds the controller re-times the
-neighbours of its choice; when it has settled on k = 0 that probe (k = 1) also refreshes acceptance.
+neighbours of its choice (two rounds each, the first of which may not be timed); when it has settled
+on k = 0 that probe (k = 1) also refreshes acceptance.
 
 The choice never changes a greedy output (speculation is exact). It does change which noise a
 sampled token consumes, so with temperature > 0 the generator keeps k fixed unless told otherwise:
@@ -56,12 +60,14 @@ class AdaptiveK:
     prior_weight: float = 2.0  # pseudo-observations of the job-wide acceptance in each row's estimate
     pooled_decay: float = 0.99  # per round, for the job-wide counts
     smoothing: float = 0.2  # weight of a new round time in the (k, b) average
-    revisit_every: int = 32  # rounds between re-timings of the chosen k's neighbours
+    revisit_every: int = 48  # rounds between re-timings of the chosen k's neighbours
     costs: dict[int, dict[int, float]] = field(init=False, default_factory=dict)  # b -> k -> seconds
+    samples: dict[tuple[int, int], int] = field(init=False, default_factory=dict)  # (b, k) -> rounds timed
     rows: dict[int, RowAcceptance] = field(init=False, default_factory=dict)  # slot -> counts
     pooled: RowAcceptance = field(init=False)
     _rounds: int = field(init=False, default=0)
     _probes: list[int] = field(init=False, default_factory=list)
+    _last_k: int | None = field(init=False, default=None)
 
     def __post_init__(self):
         # A weak prior (one accepted draft, one rejection: a = 0.5) until the job has measured its own.
@@ -100,11 +106,13 @@ class AdaptiveK:
 
     # ---- the decision ----------------------------------------------------------------------------
 
-    def predicted_rate(self, k: int, slots: list[int], budgets: list[int]) -> float | None:
+    def predicted_rate(self, k: int, slots: list[int], budgets: list[int],
+                       alphas: list[float] | None = None) -> float | None:
         seconds = self.cost(k, len(slots))
         if seconds is None:
             return None
-        tokens = sum(expected_tokens(self.alpha(s), min(k, budget)) for s, budget in zip(slots, budgets))
+        alphas = alphas if alphas is not None else [self.alpha(s) for s in slots]
+        tokens = sum(expected_tokens(a, min(k, budget)) for a, budget in zip(alphas, budgets))
         return tokens / seconds
 
     def choose(self, slots: list[int], budgets: list[int]) -> int:
@@ -112,13 +120,14 @@ class AdaptiveK:
         self._rounds += 1
         if self._probes:
             return self._probes.pop(0)
-        rates = [self.predicted_rate(k, slots, budgets) for k in range(self.k_max + 1)]
+        alphas = [self.alpha(s) for s in slots]
+        rates = [self.predicted_rate(k, slots, budgets, alphas) for k in range(self.k_max + 1)]
         unknown = [k for k, r in enumerate(rates) if r is None]
         if unknown:  # start of the job: time the extremes first, so a useless drafter is found out at once
             return 0 if 0 in unknown else (self.k_max if self.k_max in unknown else unknown[0])
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
         if self._rounds % self.revisit_every == 0:
-            self._probes = [k for k in (best + 1, best - 1) if 0 <= k <= self.k_max]
+            self._probes = [k for k in (best + 1, best - 1) if 0 <= k <= self.k_max for _ in range(2)]
             return self._probes.pop(0)
         return best
 
@@ -130,10 +139,14 @@ class AdaptiveK:
         A row whose drafter proposed fewer drafts than allowed and had them all accepted (nothing more to
         say) counts as a rejection too: for throughput, a missing draft is a refused one.
         """
-        if seconds > 0:
-            table = self.costs.setdefault(len(slots), {})
+        after_plain = k > 0 and self._last_k == 0
+        self._last_k = k
+        if seconds > 0 and not after_plain:
+            b = len(slots)
+            table = self.costs.setdefault(b, {})
+            n = self.samples[b, k] = self.samples.get((b, k), 0) + 1
             old = table.get(k)
-            table[k] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+            table[k] = seconds if n <= 2 else (1 - self.smoothing) * old + self.smoothing * seconds
         if k == 0:
             return
         pooled = self.pooled

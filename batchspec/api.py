@@ -53,7 +53,7 @@ def build_generator(
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
     defaults to min(the model's position limit, 2048) and may not exceed the position limit.
 
-    adaptive: choose each round's number of drafts (0..k) from measured throughput (adaptive.py).
+    adaptive: choose each round's number of drafts (0..k) from per-row acceptance and the round cost measured as it runs (adaptive.py).
     None means on for greedy decoding, where it cannot change the output, and off when sampling,
     where it would make seeded output depend on machine load."""
     limit = model_max_positions(models.target)

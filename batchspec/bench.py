@@ -284,7 +284,7 @@ def render_by_batch_size(reports: list[dict]) -> str:
                        if c.startswith("batchspec ") and c.split()[1] != "none"})
     head = ["batch", "HF batched tok/s", "none tok/s", "none vs HF"]
     for d in drafters:
-        head += [f"{d} best fixed (k)", f"{d} adaptive", f"{d} best vs none", f"{d} best vs HF"]
+        head += [f"{d} best fixed (k)", f"{d} adaptive", f"{d} best of both vs none", f"{d} best of both vs HF"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in reports:
         rows = {row["contender"]: row for row in r["rows"]}

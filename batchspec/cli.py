@@ -269,9 +269,11 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
     write_fingerprint(out_dir, wanted)
     progress = Progress(progress_mode, total=remaining(selector), every_s=job.progress.every_s)
     requests = TimedStream(builder.request(row) for row in chain([first], rows))
-    outcome = run_job(requests, generator, sink, progress, remaining=lambda: remaining(selector))
-    closing = time.perf_counter()
-    sink.close()  # every part is in data/ once this returns
+    try:
+        outcome = run_job(requests, generator, sink, progress, remaining=lambda: remaining(selector))
+    finally:
+        closing = time.perf_counter()
+        sink.close()  # every part is in data/ once this returns; re-raises a write error
     io = io_summary(read_s=peek_s + requests.seconds, write_s=sink.write_s, scan_s=scan_s,
                     wall_s=scan_s + peek_s + outcome.wall_s + time.perf_counter() - closing,
                     encode_write_s=sink.encode_write_s)

@@ -71,7 +71,7 @@ class ModelConfig:
 class DrafterConfig:
     name: DrafterName = DrafterName.none
     k: int = 4  # most draft tokens per request per round (ignored by drafter=none)
-    adaptive: Optional[bool] = None  # pick 0..k drafts per round from measured throughput; null = on when greedy
+    adaptive: Optional[bool] = None  # pick 0..k drafts per round from acceptance and measured round cost; null = on when greedy
 
 
 @dataclass
@@ -103,7 +103,7 @@ class SourceConfig:
 class OutputConfig:
     dir: str = "outputs/${hydra:runtime.choices.job}"  # stable per job: rerun = resume
     rows_per_file: int = 1000
-    # Also write a part when rows are buffered and this many seconds passed since the last part: bounds the
+    # Also write a part once the oldest buffered row has waited this many seconds: bounds the
     # work a SIGKILL (OOM killer, node failure) can lose when rows are slow.
     flush_every_s: float = 300.0
 

@@ -74,9 +74,10 @@ class SpecBatchGenerator:
         self.target, self.tokenizer, self.drafter, self.sampling = target, tokenizer, drafter, sampling
         self.batch_size, self.max_seq_len, self.max_new_tokens, self.k = batch_size, max_seq_len, max_new_tokens, k
         self.stop = tuple(s for s in stop if s)
-        # A stop string of L characters spans at most 4L byte-level tokens (plus a few special ones that
-        # decode to nothing): a round only needs to decode its new tokens and this many before them.
+        # A stop string of L characters spans at most 4L byte-level tokens, not counting special tokens
+        # (they decode to nothing): a round only decodes its new tokens and this many before them.
         self.stop_window = 4 * max(map(len, self.stop), default=0) + 8
+        self.special_ids = set(tokenizer.all_special_ids)
         self.device = target.device
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=self.device)
@@ -295,7 +296,11 @@ class SpecBatchGenerator:
         Earlier rounds found no stop string, so a new one must end in this round's `num_new` tokens:
         decoding only the tail keeps a long completion from costing a full decode every round.
         """
-        tail = self.tokenizer.decode(slot.output[-(num_new + self.stop_window):], skip_special_tokens=True)
+        output, start, need = slot.output, len(slot.output), num_new + self.stop_window
+        while start > 0 and need > 0:
+            start -= 1
+            need -= output[start] not in self.special_ids
+        tail = self.tokenizer.decode(output[start:], skip_special_tokens=True)
         if not any(s in tail for s in self.stop):
             return False
         for n in range(len(slot.output) - num_new + 1, len(slot.output) + 1):  # shorter prefixes had no stop

@@ -158,15 +158,27 @@ def run_job(requests: Iterable[Request], generator, sink: ParquetSink, progress:
     # written (a part renamed into data/ but not yet cleared from the buffer would be written twice).
     writing = [False]
     stop_after_write = [False]
+    closing = [False]  # set in the final flush: from then on signals only get recorded
+    last_signal = [0.0]
 
     def stop_now():
+        if closing[0]:
+            return
         if writing[0]:
             stop_after_write[0] = True
         else:
             raise StopNow
 
     def on_signal(signum, frame):
+        now = time.monotonic()
+        # Under srun a step gets SIGTERM twice (from slurmstepd and forwarded by srun) within a moment:
+        # a SIGTERM again within a second is the same request, not "stop now".
+        if received and signum == received[-1] == signal.SIGTERM and now - last_signal[0] < 1.0:
+            return
         received.append(signum)
+        last_signal[0] = now
+        if closing[0]:
+            return
         if len(received) == 1:
             log.warning("%s: finishing the rows in flight, then stopping (send it again to stop now)",
                         signal.Signals(signum).name)
@@ -208,7 +220,9 @@ def run_job(requests: Iterable[Request], generator, sink: ParquetSink, progress:
     except StopNow:
         log.warning("stopping now; rows in flight are left for the next run")
     finally:
-        # The buffer holds only complete rows; write them even when stopping early.
+        # The buffer holds only complete rows; write them even when stopping early. No signal may
+        # interrupt this (StopNow escaping here would skip the flush and exit 1 instead of 128+N).
+        closing[0] = True
         signal.setitimer(signal.ITIMER_REAL, 0)
         flush()
         for s, handler in previous.items():

@@ -120,7 +120,7 @@ class ParquetSink:
             raise ValueError(f"output.rows_per_file={rows_per_file}: need at least 1")
         self.out_dir, self.rows_per_file = Path(out_dir), rows_per_file
         self.flush_every_s = flush_every_s
-        self.last_flush = time.monotonic()
+        self.oldest = 0.0  # time.monotonic() when the oldest buffered row arrived
         self.schema = output_schema(keep_schema)
         self.prefix = shard_name(shard_index, shard_count)
         self.data_dir, self.tmp_dir = self.out_dir / "data", self.out_dir / ".tmp"
@@ -141,13 +141,16 @@ class ParquetSink:
 
     @property
     def full(self) -> bool:
-        """Time to write a part: rows_per_file rows buffered, or rows waiting for flush_every_s seconds."""
+        """Time to write a part: rows_per_file rows buffered, or the oldest has waited flush_every_s seconds
+        (checked as results arrive)."""
         if len(self.buffer) >= self.rows_per_file:
             return True
         return (self.flush_every_s is not None and bool(self.buffer)
-                and time.monotonic() - self.last_flush >= self.flush_every_s)
+                and time.monotonic() - self.oldest >= self.flush_every_s)
 
     def add(self, result: Result) -> None:
+        if not self.buffer:
+            self.oldest = time.monotonic()
         self.buffer.append(result)  # made a row at flush, where the write time is measured
 
     def flush(self, metadata: dict[str, Any] | None = None) -> Path | None:
@@ -170,7 +173,6 @@ class ParquetSink:
             self.rows_written += len(self.buffer)
             self.parts_written += 1
             self.buffer = []
-            self.last_flush = time.monotonic()
             return final
         finally:
             self.write_s += time.perf_counter() - started

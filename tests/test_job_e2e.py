@@ -231,9 +231,11 @@ def test_sigterm_flushes_and_exits_then_resumes(tmp_path, tiny_models):
     data = tmp_path / "outputs" / "term" / "data"
     wait_for_parts(data, 1, proc)
     proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)  # as under srun: the step's SIGTERM and srun's forwarded copy
     log = proc.communicate(timeout=60)[0]
     assert proc.returncode == 128 + signal.SIGTERM, log
     assert "SIGTERM: finishing the rows in flight" in log and "rerun the same command to resume" in log
+    assert "stopping now" not in log  # a repeated SIGTERM within a second is the same request
     first = read_output(tmp_path / "outputs" / "term")
     assert 4 <= len(first) < len(PROMPTS)
     assert not list((tmp_path / "outputs" / "term" / ".tmp").iterdir())

@@ -139,14 +139,16 @@ def test_rows_waiting_longer_than_flush_every_s_make_the_sink_full(tmp_path):
     import time
 
     sink = ParquetSink(tmp_path, shard_index=0, shard_count=1, rows_per_file=100, keep_schema=KEEP, flush_every_s=0.2)
-    assert not sink.full  # nothing buffered: never full, however long ago the last part was
+    assert not sink.full  # nothing buffered: never full
     time.sleep(0.25)
-    assert not sink.full
     sink.add(result(0))
-    assert sink.full  # rows buffered and the last part (here: the start) is over 0.2 s ago
-    sink.flush()
+    assert not sink.full  # the clock starts with the oldest buffered row, not the last part
+    time.sleep(0.25)
     sink.add(result(1))
-    assert not sink.full  # the clock restarts at each part
+    assert sink.full  # row 0 has waited over 0.2 s
+    sink.flush()
+    sink.add(result(2))
+    assert not sink.full
     time.sleep(0.25)
     assert sink.full
     assert not ParquetSink(tmp_path, shard_index=0, shard_count=1, rows_per_file=100, keep_schema=KEEP).full

@@ -20,8 +20,9 @@ measured teacher-forced on the target's own greedy continuations of the prompts.
 With `--shape llama-3.2-3b` the target has Llama-3.2-3B's shapes (hidden 3072, 28 layers, 24 heads,
 8 KV heads, MLP 8192, vocab 128256, tied embeddings) and an 8-layer draft has ~1.2B parameters, the cost
 class of Llama-3.2-1B. The tokenizer is the demo pair's (4096 tokens); embedding rows past it are zero,
-so their logits are exactly 0 and never beat the real tokens' (the full-vocabulary LM head is still
-computed, so the cost is the real one). Prompts: the demo's held-out code prompts.
+so their logits are exactly 0 and never beat the real tokens' under greedy decoding (the
+full-vocabulary LM head is still computed, so the cost is the real one). Greedy only: with sampling
+the ~124k zero-logit tokens would swamp the 4096 real ones. Prompts: the demo's held-out code prompts.
 """
 
 from __future__ import annotations
