@@ -195,11 +195,9 @@ class SpecBatchGenerator:
         started = time.perf_counter()
         slots = [self.slots[r] for r in rows]
         lengths = [s.length for s in slots]
-        if self.adaptive:
-            k = self.adaptive.choose(rows, [self._draft_budget(s, self.k) for s in slots])
-        else:
-            k = self.k
-        budgets = [self._draft_budget(s, k) for s in slots]
+        most = [self._draft_budget(s, self.k) for s in slots]
+        k = self.adaptive.choose(rows, most) if self.adaptive else self.k
+        budgets = [min(k, b) for b in most]
         rows_t = torch.tensor(rows, device=self.device)
         lengths_t = torch.tensor(lengths, device=self.device)
 

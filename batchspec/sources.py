@@ -348,40 +348,27 @@ class RowSelector:
         return str(value), None
 
     def __iter__(self) -> Iterator[Row]:
-        if self.id_column is None:
-            yield from self._by_position()
-            return
-        seen: set[str] = set()
-        for position, values in self.source.rows(self.shard_index, self.shard_count, self.limit):
-            row_id, id_error = self.row_id(position, values)
-            if row_id in self.done:
-                self.skipped += 1
-                continue
-            if row_id in seen:
-                self.duplicates += 1
-                self.skipped += 1
-                continue
-            seen.add(row_id)
-            if isinstance(values, str):
-                yield Row(row_id, position, error=values)
-            else:
-                yield Row(row_id, position, values, id_error)
-
-    def _by_position(self) -> Iterator[Row]:
-        """Rows whose id is their position: no id can repeat, so there is no `seen` set to keep."""
-        done, last = self.done, -1
+        # Position ids cannot repeat, so only ids from id_column are remembered.
+        seen: set[str] | None = set() if self.id_column is not None else None
+        last = -1
         for position, values in self.source.rows(self.shard_index, self.shard_count, self.limit):
             if position <= last:
                 raise RuntimeError(f"source yielded position {position} after {last}; positions must increase")
             last = position
-            row_id = str(position)
-            if row_id in done:
+            row_id, id_error = self.row_id(position, values)
+            if row_id in self.done:
                 self.skipped += 1
                 continue
+            if seen is not None:
+                if row_id in seen:
+                    self.duplicates += 1
+                    self.skipped += 1
+                    continue
+                seen.add(row_id)
             if isinstance(values, str):
                 yield Row(row_id, position, error=values)
             else:
-                yield Row(row_id, position, values)
+                yield Row(row_id, position, values, id_error)
 
 
 # ---- prompts -----------------------------------------------------------------------------------

@@ -24,9 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
-from .sink import part_files
+from .sink import part_files, read_part
 from .types import FINISH_ERROR
 
 PART = re.compile(r"^shard-(\d+)-of-(\d+)-part-\d+\.parquet$")
@@ -47,7 +45,7 @@ def status(out_dir: Path) -> dict[str, Any]:
         m = PART.match(f.name)
         if m is None:
             continue
-        table = pq.read_table(f, columns=["id", "finish_reason", "error"])
+        table = read_part(f, ["id", "finish_reason", "error"])
         s = shard(int(m.group(1)), int(m.group(2)))
         s["parts"] += 1
         s["rows"] += table.num_rows
