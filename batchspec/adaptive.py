@@ -28,6 +28,17 @@ is never chosen is never re-measured, so every `revisit_every` rounds the contro
 neighbours of its choice (two rounds each, the first of which may not be timed); when it has settled
 on k = 0 that probe (k = 1) also refreshes acceptance.
 
+Lookup drafters (n-gram, prompt lookup) propose almost for free, and their proposals are bursty: a
+long match or nothing. For them (`lookup=True`) the generator proposes k_max first and passes what each
+row actually proposed as its budget, so the choice is a verify width over the drafts on the table: a
+row with no proposal adds one token whatever k is, and a row that proposed less than k was not
+refused anything. A match is right or wrong as a whole more often than token by token, so one
+per-draft alpha would undervalue long proposals; instead a row's a_i is the chance that its FIRST
+draft is accepted, and each later draft j is kept with the job-wide rate c_j at which a draft at
+position j was accepted given that j - 1 were:
+
+    E_i(n) = 1 + a_i (1 + c_2 + c_2 c_3 + ... + c_2 ... c_n)
+
 The choice never changes a greedy output (speculation is exact). It does change which noise a
 sampled token consumes, so with temperature > 0 the generator keeps k fixed unless told otherwise:
 seeded output must not depend on machine load.
@@ -61,10 +72,12 @@ class AdaptiveK:
     pooled_decay: float = 0.99  # per round, for the job-wide counts
     smoothing: float = 0.2  # weight of a new round time in the (k, b) average
     revisit_every: int = 48  # rounds between re-timings of the chosen k's neighbours
+    lookup: bool = False  # a lookup drafter: proposals seen before choosing, bursty acceptance, no catch-up
     costs: dict[int, dict[int, float]] = field(init=False, default_factory=dict)  # b -> k -> seconds
     samples: dict[tuple[int, int], int] = field(init=False, default_factory=dict)  # (b, k) -> rounds timed
     rows: dict[int, RowAcceptance] = field(init=False, default_factory=dict)  # slot -> counts
     pooled: RowAcceptance = field(init=False)
+    continued: list[RowAcceptance] = field(init=False)  # [j]: drafts at position j accepted / refused, given j-1 were
     _rounds: int = field(init=False, default=0)
     _probes: list[int] = field(init=False, default_factory=list)
     _last_k: int | None = field(init=False, default=None)
@@ -72,6 +85,7 @@ class AdaptiveK:
     def __post_init__(self):
         # A weak prior (one accepted draft, one rejection: a = 0.5) until the job has measured its own.
         self.pooled = RowAcceptance(accepted=1.0, rejections=1.0)
+        self.continued = [RowAcceptance(accepted=1.0, rejections=1.0) for _ in range(self.k_max + 1)]
 
     # ---- acceptance ------------------------------------------------------------------------------
 
@@ -84,6 +98,23 @@ class AdaptiveK:
         row = self.rows.get(slot) or RowAcceptance()
         w = self.prior_weight
         return (row.accepted + w * self.pooled_alpha) / (row.accepted + row.rejections + w)
+
+    def expected(self, alpha: float, n: int, run: list[float] | None = None) -> float:
+        """Expected tokens of a row with n drafts: geometric in alpha, or for a lookup drafter
+        1 + alpha * run[n] where run[n] = 1 + c_2 + c_2 c_3 + ... (see the module docstring)."""
+        if n <= 0:
+            return 1.0
+        if not self.lookup:
+            return expected_tokens(alpha, n)
+        return 1.0 + alpha * (run or self.run_lengths())[n]
+
+    def run_lengths(self) -> list[float]:
+        """[n] -> expected drafts kept once the first is: 0, 1, 1 + c_2, 1 + c_2 + c_2 c_3, ..."""
+        out, keep = [0.0, 1.0], 1.0
+        for c in self.continued[2:]:
+            keep *= c.accepted / (c.accepted + c.rejections)
+            out.append(out[-1] + keep)
+        return out
 
     def admit(self, slot: int) -> None:
         """A new request took `slot`: forget the previous one's history."""
@@ -112,23 +143,31 @@ class AdaptiveK:
         if seconds is None:
             return None
         alphas = alphas if alphas is not None else [self.alpha(s) for s in slots]
-        tokens = sum(expected_tokens(a, min(k, budget)) for a, budget in zip(alphas, budgets))
+        run = self.run_lengths() if self.lookup else None
+        tokens = sum(self.expected(a, min(k, budget), run) for a, budget in zip(alphas, budgets))
         return tokens / seconds
 
     def choose(self, slots: list[int], budgets: list[int]) -> int:
-        """The k for a round over `slots`, whose rows may draft at most budgets[i] tokens."""
+        """The k for a round over `slots`, whose rows may draft at most budgets[i] tokens.
+
+        For a lookup drafter the budgets are what each row actually proposed (see generator._round):
+        a k past the longest proposal would cost a wider verify pass for nothing, so it is never chosen.
+        """
         self._rounds += 1
+        limit = min(self.k_max, max(budgets, default=0))
+        if limit == 0:
+            return 0
         if self._probes:
-            return self._probes.pop(0)
+            return min(self._probes.pop(0), limit)
         alphas = [self.alpha(s) for s in slots]
-        rates = [self.predicted_rate(k, slots, budgets, alphas) for k in range(self.k_max + 1)]
+        rates = [self.predicted_rate(k, slots, budgets, alphas) for k in range(limit + 1)]
         unknown = [k for k, r in enumerate(rates) if r is None]
         if unknown:  # start of the job: time the extremes first, so a useless drafter is found out at once
-            return 0 if 0 in unknown else (self.k_max if self.k_max in unknown else unknown[0])
-        best = max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
+            return 0 if 0 in unknown else (limit if limit in unknown else unknown[0])
+        best = max(range(limit + 1), key=lambda k: (rates[k], -k))
         if self._rounds % self.revisit_every == 0:
             self._probes = [k for k in (best + 1, best - 1) if 0 <= k <= self.k_max for _ in range(2)]
-            return self._probes.pop(0)
+            return min(self._probes.pop(0), limit)
         return best
 
     def observe(self, k: int, seconds: float, slots: list[int], budgets: list[int], drafted: list[int],
@@ -139,7 +178,7 @@ class AdaptiveK:
         A row whose drafter proposed fewer drafts than allowed and had them all accepted (nothing more to
         say) counts as a rejection too: for throughput, a missing draft is a refused one.
         """
-        after_plain = k > 0 and self._last_k == 0
+        after_plain = not self.lookup and k > 0 and self._last_k == 0
         self._last_k = k
         if seconds > 0 and not after_plain:
             b = len(slots)
@@ -149,15 +188,22 @@ class AdaptiveK:
             table[k] = seconds if n <= 2 else (1 - self.smoothing) * old + self.smoothing * seconds
         if k == 0:
             return
-        pooled = self.pooled
-        pooled.accepted *= self.pooled_decay
-        pooled.rejections *= self.pooled_decay
+        for counts in (self.pooled, *self.continued):
+            counts.accepted *= self.pooled_decay
+            counts.rejections *= self.pooled_decay
         for slot, budget, n, m in zip(slots, budgets, drafted, accepted):
             if budget == 0:
                 continue  # no room to draft (end of the request): nothing learned
-            rejected = m < n or n < budget
+            if self.lookup:  # the row's count is its first draft; later positions go to the job-wide c_j
+                kept, rejected = min(m, 1), m == 0
+                for j in range(2, n + 1):
+                    if m >= j - 1:
+                        self.continued[j].accepted += m >= j
+                        self.continued[j].rejections += m < j
+            else:
+                kept, rejected = m, m < n or n < budget
             row = self.rows.setdefault(slot, RowAcceptance())
-            row.accepted = self.decay * row.accepted + m
+            row.accepted = self.decay * row.accepted + kept
             row.rejections = self.decay * row.rejections + rejected
-            pooled.accepted += m
-            pooled.rejections += rejected
+            self.pooled.accepted += kept
+            self.pooled.rejections += rejected

@@ -31,7 +31,7 @@ import torch
 from .api import build_generator
 from .calibrate import forward_ms, read_prompts, sync
 from .models import load_models
-from .types import Request
+from .types import Request, rounds_by_k_text
 
 DEMO = Path(__file__).parent / "assets" / "demo"
 
@@ -48,6 +48,7 @@ class Contender:
     acceptance: float | None = None
     tokens_per_forward: float | None = None
     timings: dict | None = None  # seconds per round phase, summed over repeats
+    rounds_by_k: list[int] | None = None  # rounds by drafts verified, summed over repeats
 
 
 @torch.inference_mode()
@@ -100,6 +101,8 @@ def run_batchspec(contender: Contender, models, prompts, args):
     outputs = [by_id[str(i)].completion_token_ids for i in range(len(prompts))]
     contender.acceptance = generator.stats.acceptance_rate
     contender.tokens_per_forward = generator.stats.tokens_per_forward
+    contender.rounds_by_k = [a + b for a, b in zip(contender.rounds_by_k or [0] * (contender.k + 1),
+                                                   generator.stats.rounds_by_k)]
     contender.timings = {name: (contender.timings or {}).get(name, 0.0) + t for name, t in generator.timings.items()}
     return generator.stats.completion_tokens / elapsed, outputs
 
@@ -248,8 +251,10 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
         if fixed and adaptive:
             best = max(fixed, key=lambda r: r["tokens_per_s"])
             adaptive_vs_best[drafter] = adaptive[0]["tokens_per_s"] / best["tokens_per_s"]
+            chose = next(c for c in field_ if c.kind == "batchspec" and c.drafter == drafter and c.adaptive)
             print(f"adaptive vs the best fixed k: {drafter} {adaptive_vs_best[drafter]:.2f} (best fixed: "
-                  f"{best['contender']}); adaptive vs none {adaptive[0]['vs_none']:.2f}")
+                  f"{best['contender']}); adaptive vs none {adaptive[0]['vs_none']:.2f}; rounds by k: "
+                  f"{rounds_by_k_text(chose.rounds_by_k)}")
     same = all(r["outputs_equal_to_none"] == len(prompts) for r in rows)
     print("greedy outputs: " + ("all identical to drafter none" if same else
           "DIFFER: " + ", ".join(f"{r['contender']} {r['num_prompts'] - r['outputs_equal_to_none']}" for r in rows

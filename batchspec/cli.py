@@ -36,6 +36,7 @@ from .iostats import TimedStream, io_summary
 from .job import Progress, pass_on_signal, resolve_progress_mode, run_job
 from .sink import RESULT_SCHEMA, ParquetSink, atomic_write_text, done_ids, part_files, shard_name, summarize
 from .sources import PromptBuilder, RowSelector, SourceError, open_source, shard_from_env, template_columns
+from .types import rounds_by_k_text
 
 log = logging.getLogger("batchspec")
 
@@ -350,6 +351,7 @@ def format_summary(summary: dict[str, Any], outcome) -> str:
         + (f" (k={drafter.get('k')})" if drafter.get("name") != "none" else ""),
         f"  acceptance rate           {num(summary['acceptance_rate'], '.3f')}",
         f"  acceptance by position    {by_position}",
+        f"  rounds by drafts checked  {rounds_by_k_text(summary.get('rounds_by_k', []))}",
         f"  tokens per target forward {num(summary['tokens_per_target_forward'])}",
         f"  shards finished           {len(summary['shards']['finished'])}/{summary['shards']['count']}",
     ]

@@ -38,9 +38,21 @@ class Draft:
     tokens: torch.Tensor  # [b, W] int64, padded with 0 past num_tokens; W sets the verify width W+1
     num_tokens: torch.Tensor  # [b] int64 on the device: how many of each row's tokens are proposals
     probs: torch.Tensor | None = None  # [b, K, V] q after the sampling transforms; None = one-hot q
+    host_num: list[int] | None = None  # num_tokens on the host, when the drafter has it without a device sync
+
+    def truncate(self, width: int) -> "Draft":
+        """The same proposals cut to at most `width` tokens per row (a lookup's first tokens do not depend
+        on how many were asked for)."""
+        host = None if self.host_num is None else [min(n, width) for n in self.host_num]
+        probs = None if self.probs is None else self.probs[:, :width]
+        return Draft(self.tokens[:, :width], self.num_tokens.clamp(max=width), probs, host)
 
 
 class Drafter(Protocol):
+    # True when proposing k_max tokens costs no more than proposing fewer and its first tokens do not depend
+    # on k (lookup drafters): the adaptive controller then proposes first and picks the verify width after.
+    free_proposals: bool
+
     def admit(self, slots: list[int], prompts: list[list[int]]) -> None: ...
     def propose(self, ctx: DraftContext) -> Draft: ...
     def commit(self, slots: list[int], emitted: list[list[int]], num_accepted: list[int]) -> None: ...
@@ -61,6 +73,8 @@ def _pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
 class NoDrafter:
     """Plain decoding on the same machinery: every round verifies just the pending token."""
 
+    free_proposals = False
+
     def __init__(self, device: torch.device):
         self.device = device
 
@@ -80,6 +94,8 @@ class NGramDrafter:
     For orders 4, 3, 2 (contexts of 3, 2, 1 tokens), longest context first, propose the most frequent
     continuation (ties: the most recently seen), append it to a tentative context, and chain.
     """
+
+    free_proposals = True
 
     def __init__(self, device: torch.device, max_order: int = 4, min_order: int = 2):
         if not 2 <= min_order <= max_order:
@@ -124,8 +140,9 @@ class NGramDrafter:
 
     def propose(self, ctx: DraftContext) -> Draft:
         drafts = [self._predict(slot, k) if k > 0 else [] for slot, k in zip(ctx.rows, ctx.k)]
-        num = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=self.device)
-        return Draft(tokens=_pad(drafts, self.device), num_tokens=num)
+        host_num = [len(d) for d in drafts]
+        num = torch.tensor(host_num, dtype=torch.long, device=self.device)
+        return Draft(tokens=_pad(drafts, self.device), num_tokens=num, host_num=host_num)
 
     def commit(self, slots, emitted, num_accepted):
         for slot, tokens in zip(slots, emitted):
@@ -135,6 +152,8 @@ class NGramDrafter:
 class PromptLookupDrafter:
     """Prompt lookup: find the most recent earlier occurrence of the trailing n-gram (n from max_n down
     to min_n) in the request's prompt + output and propose what followed it. Vectorized over rows."""
+
+    free_proposals = True
 
     def __init__(self, device: torch.device, max_n: int = 3, min_n: int = 1):
         if not 1 <= min_n <= max_n:
@@ -169,10 +188,12 @@ class PromptLookupDrafter:
         num = torch.where(start >= 0, torch.minimum(k, lengths - start), torch.zeros_like(k)).clamp(min=0)
         idx = (start.clamp(min=0)[:, None] + torch.arange(k_max, device=self.device)).clamp(max=seq.shape[1] - 1)
         tokens = seq.gather(1, idx) * (torch.arange(k_max, device=self.device)[None, :] < num[:, None])
+        host_num = None
         if self.device.type == "cpu":
             # Trim the verify width to the longest match; reading it is free on CPU (a sync on a GPU).
-            tokens = tokens[:, : int(num.max())]
-        return Draft(tokens=tokens, num_tokens=num)
+            host_num = num.tolist()
+            tokens = tokens[:, : max(host_num)]
+        return Draft(tokens=tokens, num_tokens=num, host_num=host_num)
 
 
 class ModelDrafter:
@@ -183,6 +204,8 @@ class ModelDrafter:
     admit), then one token per step. After the verdict a row's draft cache stays valid up to
     L + min(num_accepted, steps - 1): the last draft token was never fed, and rejected ones are stale.
     """
+
+    free_proposals = False  # every drafted token is a draft forward: choose k before proposing
 
     def __init__(
         self, model: PreTrainedModel, num_slots: int, max_len: int, max_position: int,

@@ -91,10 +91,10 @@ class SpecBatchGenerator:
             if sampling.repetition_penalty != 1.0 else None
         )
         self.slots: list[Slot | None] = [None] * batch_size
-        self.stats = RunStats(proposed_by_position=[0] * k, accepted_by_position=[0] * k)
+        self.stats = RunStats(proposed_by_position=[0] * k, accepted_by_position=[0] * k, rounds_by_k=[0] * (k + 1))
         self._admitting = True
         # With adaptive speculation k is the most drafts per round; each round's k is chosen from acceptance and cost.
-        self.adaptive = AdaptiveK(k) if adaptive and k > 0 else None
+        self.adaptive = AdaptiveK(k, lookup=drafter.free_proposals) if adaptive and k > 0 else None
         # Seconds spent per phase. On a GPU the split is only exact with profile=True, which adds a
         # device sync per phase; otherwise work queued in one phase is paid in the next sync.
         self.timings = dict.fromkeys(("admit", "draft", "verify", "accept", "bookkeeping"), 0.0)
@@ -196,12 +196,22 @@ class SpecBatchGenerator:
         slots = [self.slots[r] for r in rows]
         lengths = [s.length for s in slots]
         most = [self._draft_budget(s, self.k) for s in slots]
-        k = self.adaptive.choose(rows, most) if self.adaptive else self.k
-        budgets = [min(k, b) for b in most]
         rows_t = torch.tensor(rows, device=self.device)
         lengths_t = torch.tensor(lengths, device=self.device)
-
-        draft = self.drafter.propose(DraftContext(rows, lengths, budgets, self.tokens, self.presence, self.noise_keys))
+        context = DraftContext(rows, lengths, most, self.tokens, self.presence, self.noise_keys)
+        if self.adaptive and self.drafter.free_proposals:
+            # Lookup drafters: proposing is nearly free and bursty (a long match or nothing), so look at
+            # what each row proposes first and then choose the verify width from what is on the table.
+            draft = self.drafter.propose(context)
+            proposed = draft.host_num if draft.host_num is not None else most
+            k = self.adaptive.choose(rows, proposed)
+            budgets = [min(k, n) for n in proposed]  # a row that proposed less was not refused anything
+            draft = draft.truncate(k)
+        else:
+            k = self.adaptive.choose(rows, most) if self.adaptive else self.k
+            budgets = [min(k, b) for b in most]
+            context.k = budgets
+            draft = self.drafter.propose(context)
         mark = self._phase("draft", started)
         drafts, num_drafts = draft.tokens, draft.num_tokens
         width = 1 + drafts.shape[1]
@@ -234,6 +244,7 @@ class SpecBatchGenerator:
         mark = self._phase("accept", mark)
 
         self.stats.rounds += 1
+        self.stats.rounds_by_k[width - 1] += 1
         finished: list[Result] = []
         emitted_lists, accepted_list, new_lengths = [], [], []
         for row, slot, values in zip(rows, slots, host):

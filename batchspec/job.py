@@ -51,6 +51,7 @@ class StatsDelta:
         self.stats = stats
         self.proposed = list(stats.proposed_by_position)
         self.accepted = list(stats.accepted_by_position)
+        self.by_k = list(stats.rounds_by_k)
         self.rounds = stats.rounds
         self.time = time.perf_counter()
 
@@ -59,10 +60,12 @@ class StatsDelta:
         delta = {
             "proposed_by_position": [a - b for a, b in zip(s.proposed_by_position, self.proposed)],
             "accepted_by_position": [a - b for a, b in zip(s.accepted_by_position, self.accepted)],
+            "rounds_by_k": [a - b for a, b in zip(s.rounds_by_k, self.by_k)],
             "rounds": s.rounds - self.rounds,
             "wall_s": now - self.time,
         }
         self.proposed, self.accepted = list(s.proposed_by_position), list(s.accepted_by_position)
+        self.by_k = list(s.rounds_by_k)
         self.rounds, self.time = s.rounds, now
         return delta
 

@@ -217,6 +217,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     totals = dict.fromkeys(TOTAL_COLUMNS, 0)
     proposed: list[int] = []
     accepted: list[int] = []
+    by_k: list[int] = []
     wall = 0.0
     files = part_files(out_dir)
     for f in files:
@@ -228,7 +229,8 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         meta = json.loads((table.schema.metadata or {}).get(META_KEY, b"{}"))
         wall += float(meta.get("wall_s", 0.0))
         for mine, theirs in ((proposed, meta.get("proposed_by_position", [])),
-                             (accepted, meta.get("accepted_by_position", []))):
+                             (accepted, meta.get("accepted_by_position", [])),
+                             (by_k, meta.get("rounds_by_k", []))):
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, v in enumerate(theirs):
                 mine[i] += v
@@ -245,6 +247,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "tokens_per_s": completion / wall if wall else None,
         "acceptance_rate": totals["accepted_tokens"] / totals["draft_tokens"] if totals["draft_tokens"] else None,
         "acceptance_by_position": [a / p if p else None for a, p in zip(accepted, proposed)],
+        "rounds_by_k": by_k,  # verify passes by drafts checked (index 0: plain rounds): what adaptive chose
         "tokens_per_target_forward": completion / forwards if forwards else None,
         "mean_accepted_length": totals["accepted_tokens"] / forwards if forwards else None,
         "files": len(files),

@@ -77,6 +77,12 @@ RESULT_COLUMNS = (
 )
 
 
+def rounds_by_k_text(counts: list[int]) -> str:
+    """'k=0 12%  k=1 30% ...' over the rounds of a run: what adaptive speculation chose."""
+    total = sum(counts)
+    return "  ".join(f"k={k} {n / total:.0%}" for k, n in enumerate(counts) if n) if total else "-"
+
+
 @dataclass(slots=True)
 class RunStats:
     """Aggregates over every request a generator has run (errors excluded from token counts)."""
@@ -92,6 +98,7 @@ class RunStats:
     rejected_rounds: int = 0  # request-rounds that ended on a rejected draft
     proposed_by_position: list[int] = field(default_factory=list)  # drafts proposed at draft position i
     accepted_by_position: list[int] = field(default_factory=list)  # ... of which accepted
+    rounds_by_k: list[int] = field(default_factory=list)  # rounds whose verify pass checked k drafts (0 = plain)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -125,5 +132,5 @@ class RunStats:
             "accepted_tokens": self.accepted_tokens, "acceptance_rate": self.acceptance_rate,
             "tokens_per_forward": self.tokens_per_forward, "mean_accepted_length": self.mean_accepted_length,
             "rejected_rounds": self.rejected_rounds, "alpha": self.alpha,
-            "acceptance_by_position": self.acceptance_by_position,
+            "acceptance_by_position": self.acceptance_by_position, "rounds_by_k": list(self.rounds_by_k),
         }

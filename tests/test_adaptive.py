@@ -109,9 +109,68 @@ def test_budget_zero_rows_expect_one_token_whatever_k():
     controller = AdaptiveK(4)
     for k in reversed(range(5)):  # time every k at b = 2: k = 4 is cheapest per round
         controller.observe(k, 1.0 - 0.1 * k, [0, 1], [k, k], [k, k], [k, k])
-    # Both rows have room for no draft: every k predicts 2 tokens, so the cheapest round wins.
+    # Both rows have room for no draft: every k predicts 2 tokens, and no draft can be proposed, so
+    # the round is a plain one whatever its timings say.
     assert controller.predicted_rate(3, [0, 1], [0, 0]) == pytest.approx(2 / 0.7)
-    assert controller.choose([0, 1], [0, 0]) == 4
+    assert controller.choose([0, 1], [0, 0]) == 0
+    assert controller.choose([0, 1], [0, 2]) == 2  # never wider than the longest budget
+
+
+# ---- lookup drafters: proposals first, then the verify width ----------------------------------------
+
+# Per row and round a lookup drafter finds a match (probability `hit`) and proposes k_max tokens, or
+# proposes nothing. A match's first token is right with probability `first`, and each next one, while
+# all before were right, with probability `run`. first < run is the bursty case seen on real text: a
+# match is right or wrong as a whole, which one per-token alpha over all drafts misjudges.
+B1_CURVE = [1.0, 1.41, 1.48, 1.42, 1.38]  # batch 1 on 2 CPU cores (demo pair): any draft costs ~1.4x
+LOOKUP_CASES = [
+    # name, per-row (hit, first, run), cost curve: time of a round whose verify width is 1 + w
+    ("repetitive_b8", [(0.7, 0.95, 0.95)] * 8, CPU_CURVE),
+    ("rare_good_matches_b8", [(0.15, 0.9, 0.9)] * 8, CPU_CURVE),
+    ("frequent_wrong_matches_b8", [(0.9, 0.2, 0.2)] * 8, CPU_CURVE),
+    ("mixed_rows_b8", [(0.9, 0.95, 0.95), (0.0, 0.0, 0.0), (0.5, 0.3, 0.3), (0.2, 0.9, 0.9)] * 2, CPU_CURVE),
+    ("repetitive_b1", [(0.6, 0.9, 0.9)], CPU_CURVE),
+    ("wrong_matches_flat_b4", [(0.9, 0.3, 0.3)] * 4, FLAT_CURVE),
+    ("bursty_b1", [(0.5, 0.45, 0.9)], B1_CURVE),
+    ("bursty_b8", [(0.6, 0.4, 0.9)] * 8, CPU_CURVE),
+    ("bursty_useless_b1", [(0.5, 0.15, 0.9)], B1_CURVE),
+]
+
+
+def simulate_lookup(rows, curve, policy, *, rounds=3000, noise=0.2, seed=0):
+    """Tokens/s of `policy` (an AdaptiveK fed the proposals first, or a fixed cap k) over lookup rows."""
+    rng = random.Random(seed)
+    k_max = len(curve) - 1
+    slots = list(range(len(rows)))
+    tokens = seconds = 0.0
+    for _ in range(rounds):
+        proposed, right = [], []
+        for hit, first, run in rows:
+            n = k_max if rng.random() < hit else 0
+            m = 0
+            while m < n and rng.random() < (first if m == 0 else run):
+                m += 1
+            proposed.append(n)
+            right.append(m)
+        k = policy.choose(slots, proposed) if isinstance(policy, AdaptiveK) else policy
+        budgets = [min(k, n) for n in proposed]
+        width = max(budgets)  # the verify pass is as wide as the longest draft kept
+        accepted = [min(m, b) for m, b in zip(right, budgets)]
+        t = curve[width] * (1 + rng.uniform(-noise, noise))
+        if isinstance(policy, AdaptiveK):
+            policy.observe(width, t, slots, budgets, budgets, accepted)
+        tokens += sum(m + 1 for m in accepted)
+        seconds += t
+    return tokens / seconds
+
+
+@pytest.mark.parametrize("name,rows,curve", LOOKUP_CASES, ids=[c[0] for c in LOOKUP_CASES])
+def test_lookup_width_reaches_90_percent_of_the_best_fixed_k_and_never_loses_to_plain(name, rows, curve):
+    k_max = len(curve) - 1
+    achieved = simulate_lookup(rows, curve, AdaptiveK(k_max, lookup=True))
+    fixed = [simulate_lookup(rows, curve, k) for k in range(k_max + 1)]  # same seed: same proposals
+    assert achieved >= 0.9 * max(fixed), (name, achieved / max(fixed))
+    assert achieved >= 0.95 * fixed[0], (name, achieved / fixed[0])
 
 
 def test_cost_of_an_unseen_batch_size_borrows_the_nearest_curve():
@@ -131,3 +190,12 @@ def test_a_new_request_starts_from_the_pooled_acceptance():
     controller.admit(1)
     assert controller.alpha(1) == pytest.approx(controller.pooled_alpha)
     assert 0.4 < controller.pooled_alpha < 0.95
+
+
+def test_lookup_width_beats_every_fixed_k_when_matches_are_rare_but_good():
+    """Seeing the proposals first lets a round draft exactly when a row has a match: with rare, good
+    matches that beats every fixed k (each of which pays a wide verify pass for matches that fail or
+    a narrow one for matches that would have run on)."""
+    rows, curve = [(0.15, 0.9, 0.9)] * 8, CPU_CURVE
+    achieved = simulate_lookup(rows, curve, AdaptiveK(4, lookup=True))
+    assert achieved >= 1.0 * max(simulate_lookup(rows, curve, k) for k in range(5))

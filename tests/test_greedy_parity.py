@@ -87,9 +87,11 @@ def test_stop_string_cuts_completion(pair, drafter):
     assert results[index].finish_reason == "stop"
 
 
-def test_run_aggregates(llama_pair):
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed_k", "adaptive"])
+def test_run_aggregates(llama_pair, adaptive):
     models = batchspec.load_models(str(llama_pair.target))
-    generator = batchspec.build_generator(models, drafter="ngram", k=3, batch_size=4, max_new_tokens=MAX_NEW)
+    generator = batchspec.build_generator(models, drafter="ngram", k=3, batch_size=4, max_new_tokens=MAX_NEW,
+                                          adaptive=adaptive)
     results = list(generator.run(batchspec.Request(id=str(i), prompt=p) for i, p in enumerate(PROMPTS)))
     stats = generator.stats
     assert stats.requests == len(PROMPTS) and stats.errors == 0
@@ -98,6 +100,10 @@ def test_run_aggregates(llama_pair):
     assert stats.accepted_tokens == sum(r.accepted_tokens for r in results)
     assert sum(stats.proposed_by_position) == stats.draft_tokens
     assert sum(stats.accepted_by_position) == stats.accepted_tokens
+    assert stats.draft_tokens > 0 and stats.draft_tokens == sum(r.draft_tokens for r in results)
+    assert len(stats.rounds_by_k) == 4 and sum(stats.rounds_by_k) == stats.rounds
+    # a round that verified k drafts had a row proposing k: k-th position proposals >= rounds with k
+    assert all(stats.proposed_by_position[k - 1] >= sum(stats.rounds_by_k[k:]) for k in range(1, 4))
     # acceptance can only fall with draft position: accepting position i requires accepting i-1
     assert all(a >= b for a, b in zip(stats.accepted_by_position, stats.accepted_by_position[1:]))
     assert stats.tokens_per_forward == pytest.approx(stats.completion_tokens / stats.target_forwards)

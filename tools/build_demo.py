@@ -29,6 +29,7 @@ import argparse
 import ast
 import math
 import platform
+import random
 import shutil
 import statistics
 import sys
@@ -169,10 +170,26 @@ def eval_loss(model: LlamaForCausalLM, windows: torch.Tensor, batch: int = 8) ->
     return total / count
 
 
-def train(model: LlamaForCausalLM, stream: torch.Tensor, *, steps: int, batch: int, seq_len: int, lr: float,
-          seed: int, name: str, eval_windows: torch.Tensor, teacher: LlamaForCausalLM | None = None,
-          log_every: int = 25) -> float:
-    """AdamW on `<s>`-prefixed random windows; next-token CE, or KL to `teacher`'s distribution if given.
+def window_batches(stream: torch.Tensor, batch: int, seq_len: int):
+    """Sampler of `<s>`-prefixed random windows of `stream`: gen -> (input_ids [batch, seq_len], no mask)."""
+    return lambda gen: (random_windows(stream, gen, batch, seq_len, bos=0), None)
+
+
+def sequence_batches(sequences: list[list[int]], batch: int, pad: int):
+    """Sampler of whole sequences drawn at random, right-padded: gen -> (input_ids [batch, L], mask [batch, L])."""
+    def sample(gen: torch.Generator):
+        picks = [sequences[i] for i in torch.randint(len(sequences), (batch,), generator=gen).tolist()]
+        width = max(map(len, picks))
+        x = torch.tensor([s + [pad] * (width - len(s)) for s in picks])
+        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in picks])
+        return x, mask
+    return sample
+
+
+def train(model: LlamaForCausalLM, sample, *, steps: int, lr: float, seed: int, name: str,
+          eval_windows: torch.Tensor, teacher: LlamaForCausalLM | None = None, log_every: int = 25) -> float:
+    """AdamW on batches from `sample(gen) -> (input_ids, mask or None)`; next-token CE, or the KL to
+    `teacher`'s next-token distribution at every real position if a teacher is given.
 
     Returns the mean training loss of the last 10% of the steps.
     """
@@ -188,15 +205,15 @@ def train(model: LlamaForCausalLM, stream: torch.Tensor, *, steps: int, batch: i
         model.train()
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup=max(1, steps // 20))
-        x = random_windows(stream, gen, batch, seq_len, bos=0)
-        logits = model(input_ids=x).logits
+        x, mask = sample(gen)
+        logits = model(input_ids=x, attention_mask=mask).logits
         if teacher is None:
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
         else:
             with torch.no_grad():
-                target_logp = F.log_softmax(teacher(input_ids=x).logits, dim=-1)
-            loss = F.kl_div(F.log_softmax(logits, dim=-1).flatten(0, 1), target_logp.flatten(0, 1),
-                            log_target=True, reduction="batchmean")
+                target_logp = F.log_softmax(teacher(input_ids=x, attention_mask=mask).logits, dim=-1)
+            kl = F.kl_div(F.log_softmax(logits, dim=-1), target_logp, log_target=True, reduction="none").sum(-1)
+            loss = kl.mean() if mask is None else kl[mask.bool()].mean()  # [B, T] -> mean over real positions
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -240,6 +257,25 @@ def file_prompts(text: str, tokenizer, min_tokens: int, max_tokens: int, body_li
                 prompts.append(prompt)
                 break
     return prompts
+
+
+def train_continuations(root: Path, train: list[Path], tokenizer, target, draft, *, n: int, new_tokens: int,
+                        seed: int) -> list[list[int]]:
+    """`<s>` + prompt + the target's greedy continuation, for n prompts cut from the TRAIN files the same
+    way as the held-out prompts: the text the target writes when the benchmark runs, on which the
+    draft is then distilled (it learns where the target goes, not only where the corpus goes).
+
+    Generated with batchspec itself, drafting with the draft as it is so far: greedy output is exact.
+    """
+    import batchspec  # the tool drives the package it ships assets for
+
+    candidates = [p for rel in train for p in file_prompts(read_text(root, rel), tokenizer, 20, 150)]
+    rng = random.Random(seed)
+    rng.shuffle(candidates)
+    prompts = candidates[:n]
+    results = batchspec.generate(prompts, target=target, draft=draft, tokenizer=tokenizer, drafter="model", k=3,
+                                 batch_size=16, max_new_tokens=new_tokens, adaptive=False)
+    return [tokenizer(p)["input_ids"] + r.completion_token_ids for p, r in zip(prompts, results)]
 
 
 def build_prompts(root: Path, heldout: list[Path], tokenizer, n: int, min_tokens: int, max_tokens: int
@@ -325,7 +361,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "batchspec/assets/demo")
     p.add_argument("--steps", type=int, default=700, help="target training steps")
-    p.add_argument("--draft-steps", type=int, default=500, help="draft distillation steps")
+    p.add_argument("--draft-steps", type=int, default=500, help="draft distillation steps on corpus windows")
+    p.add_argument("--continuations", type=int, default=4000,
+                   help="train-file prompts the target continues greedily for the draft's second stage")
+    p.add_argument("--continuation-tokens", type=int, default=96, help="new tokens per continuation")
+    p.add_argument("--continuation-steps", type=int, default=1500,
+                   help="draft distillation steps on the target's continuations (0: skip the stage)")
+    p.add_argument("--continuation-batch", type=int, default=16)
+    p.add_argument("--continuation-lr", type=float, default=2e-3)
+    p.add_argument("--reuse-target", type=Path, default=None, metavar="DIR",
+                   help="load the tokenizer and target from DIR (an earlier build) instead of training them")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--lr", type=float, default=2e-3, help="target peak learning rate")
     p.add_argument("--draft-lr", type=float, default=3e-3, help="draft peak learning rate")
@@ -353,7 +398,13 @@ def main(argv=None) -> None:
           f"({sum(map(len, train_texts)) / 1e6:.2f} MB), {len(heldout_files)} held-out files "
           f"({sum(map(len, heldout_texts)) / 1e6:.2f} MB)", flush=True)
 
-    tokenizer = train_tokenizer(train_texts, args.vocab_size)
+    if args.reuse_target:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.reuse_target / "target")
+        for key in ("is_local", "local_files_only"):  # load-time options: save it as a fresh tokenizer would be
+            tokenizer.init_kwargs.pop(key, None)
+        reused = LlamaForCausalLM.from_pretrained(args.reuse_target / "target", dtype=torch.float32)
+    else:
+        tokenizer = train_tokenizer(train_texts, args.vocab_size)
     train_stream, heldout_stream = token_stream(tokenizer, train_texts), token_stream(tokenizer, heldout_texts)
     print(f"tokenizer: vocab {len(tokenizer)}; {len(train_stream)} train tokens, {len(heldout_stream)} held-out "
           f"tokens ({time.time() - t0:.0f}s)", flush=True)
@@ -364,17 +415,32 @@ def main(argv=None) -> None:
 
     vocab = len(tokenizer)
     (th, tl, tm), (dh, dl, dm) = (map(int, shape.split("x")) for shape in (args.target_shape, args.draft_shape))
-    target = new_model(llama_config(vocab, th, tl, tm, 4, 2, 1024), seed=args.seed)
+    target = reused if args.reuse_target else new_model(llama_config(vocab, th, tl, tm, 4, 2, 1024), seed=args.seed)
     draft = new_model(llama_config(vocab, dh, dl, dm, 4, 2, 1024), seed=args.seed + 1)
     print(f"target {n_params(target) / 1e6:.2f}M params, draft {n_params(draft) / 1e6:.2f}M params", flush=True)
 
     t_train = time.time()
-    target_train = train(target, train_stream, steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr,
-                         seed=args.seed + 10, name="target", eval_windows=monitor_windows)
+    windows = window_batches(train_stream, args.batch, args.seq_len)
+    if args.reuse_target:
+        target_train = None
+        target.eval()
+    else:
+        target_train = train(target, windows, steps=args.steps, lr=args.lr, seed=args.seed + 10, name="target",
+                             eval_windows=monitor_windows)
     t_draft = time.time()
-    draft_kl = train(draft, train_stream, steps=args.draft_steps, batch=args.batch, seq_len=args.seq_len, lr=args.draft_lr,
-                     seed=args.seed + 11, name="draft", eval_windows=monitor_windows, teacher=target)
-    train_minutes = (t_draft - t_train) / 60, (time.time() - t_draft) / 60
+    draft_kl = train(draft, windows, steps=args.draft_steps, lr=args.draft_lr, seed=args.seed + 11, name="draft",
+                     eval_windows=monitor_windows, teacher=target)
+    t_cont = time.time()
+    continuation_kl, generated = None, 0
+    if args.continuation_steps:
+        sequences = train_continuations(root, train_files, tokenizer, target, draft, n=args.continuations,
+                                        new_tokens=args.continuation_tokens, seed=args.seed + 12)
+        generated = sum(map(len, sequences))
+        print(f"continuations: {len(sequences)} sequences, {generated} tokens ({time.time() - t_cont:.0f}s)", flush=True)
+        continuation_kl = train(draft, sequence_batches(sequences, args.continuation_batch, tokenizer.pad_token_id),
+                                steps=args.continuation_steps, lr=args.continuation_lr, seed=args.seed + 13,
+                                name="draft on continuations", eval_windows=monitor_windows, teacher=target)
+    train_minutes = (t_draft - t_train) / 60, (t_cont - t_draft) / 60, (time.time() - t_cont) / 60
 
     prompts = build_prompts(root, heldout_files, tokenizer, args.n_prompts, min_tokens=20, max_tokens=150)
     print(f"prompts: {len(prompts)} from {len({p['source_file'] for p in prompts})} held-out files", flush=True)
@@ -394,7 +460,8 @@ def main(argv=None) -> None:
     draft = LlamaForCausalLM.from_pretrained(out / "draft", dtype=torch.float32).eval()
 
     m = {
-        "target_train_loss": target_train, "draft_train_kl": draft_kl,
+        "target_train_loss": target_train, "draft_train_kl": draft_kl, "continuation_kl": continuation_kl,
+        "continuation_tokens": generated,
         "target_train_eval": eval_loss(target, train_eval_windows), "draft_train_eval": eval_loss(draft, train_eval_windows),
         "target_heldout": eval_loss(target, heldout_windows), "draft_heldout": eval_loss(draft, heldout_windows),
     }
@@ -435,6 +502,21 @@ def write_readme(out: Path, args, argv, *, files, tokens, params, steps, train_m
                 f"max positions {c.max_position_embeddings}, tied embeddings")
 
     rows = "\n".join(f"| {name} | {b} | {k} | {ms:.2f} |" for (name, b, k), ms in timings.items())
+    final_losses = ", ".join(f"{what} {losses[key]:.3f}" for what, key in (
+        ("target", "target_train_loss"), ("draft KL to target on windows", "draft_train_kl"),
+        ("draft KL to target on its continuations", "continuation_kl")) if losses[key] is not None)
+    reuse_note = "" if args.reuse_target is None else (
+        "\nThe tokenizer and target were loaded from an earlier build (`--reuse-target`); the same command"
+        "\nwithout that option trains them first, with the settings above, and then runs every later stage.")
+    target_time = (f"{train_minutes[0]:.1f} min" if losses["target_train_loss"] is not None else
+                   f"this build loaded it from an earlier one with `--reuse-target {args.reuse_target}`")
+    continuation = "" if not args.continuation_steps else f"""
+  Then distilled on the target's own text: the target continued {args.continuations} prompts cut from
+  the train files (as the held-out prompts are cut) by {args.continuation_tokens} greedy tokens
+  ({losses['continuation_tokens']:,} tokens in all, prompts included), and the draft was trained on the KL to the target at
+  every position of those sequences: {args.continuation_steps} steps of {args.continuation_batch} sequences,
+  peak lr {args.continuation_lr:g} ({train_minutes[2]:.1f} min with the generation). This is where the draft learns
+  where the target goes when it writes, which is what speculation needs."""
     text = f"""# Offline demo pair: stdlib-Python code models
 
 Trained, tiny models for batchspec's offline demo and benchmark: no download, CPU-friendly.
@@ -454,9 +536,9 @@ Trained, tiny models for batchspec's offline demo and benchmark: no download, CP
   `<s>` (id 0, BOS, prepended by `tokenizer(text)`), `</s>` (id 1, EOS), `<pad>` (id 2).
 - **Target**: {shape(tc)}. Trained from scratch, next-token cross-entropy, AdamW (peak lr {args.lr:g},
   cosine), {steps[0]} steps of {args.batch} x {args.seq_len} tokens (`<s>` + a random window of the
-  train token stream), fp32 on 2 CPU threads ({train_minutes[0]:.1f} min).
+  train token stream), fp32 on 2 CPU threads ({target_time}).
 - **Draft**: {shape(dc)}. Distilled from the trained target: KL to the target's next-token
-  distribution on the same kind of windows, {steps[1]} steps of {args.batch} x {args.seq_len} tokens, peak lr {args.draft_lr:g} ({train_minutes[1]:.1f} min).
+  distribution on the same kind of windows, {steps[1]} steps of {args.batch} x {args.seq_len} tokens, peak lr {args.draft_lr:g} ({train_minutes[1]:.1f} min).{continuation}
 - **Prompts**: every def/class of the held-out files gives a candidate: decorators + header + its
   first (up to 3) body lines, dedented, ending at a line end without the newline, 20-150 tokens
   with `<s>`, and with at least two more lines in the block; {n_prompts} are picked evenly spread
@@ -470,7 +552,7 @@ Trained, tiny models for batchspec's offline demo and benchmark: no download, CP
 
 Fixed seeds (`--seed {args.seed}`), fp32, CPU, `torch.set_num_threads(2)`, `OMP_WAIT_POLICY=PASSIVE`;
 wall time {wall:.1f} min on a 2-core machine. The corpus is the running interpreter's standard
-library, so rebuilding on another Python version gives different (but equivalent) assets.
+library, so rebuilding on another Python version gives different (but equivalent) assets.{reuse_note}
 
 ## Measurements (held-out data)
 
@@ -481,8 +563,7 @@ library, so rebuilding on another Python version gives different (but equivalent
 
 Losses are mean next-token cross-entropy in nats per token (held-out: every `<s>`-prefixed
 {args.seq_len}-token window of the held-out files; train: 64 windows spread over the train files).
-Final training loss (mean of the last 10% of steps): target {losses['target_train_loss']:.3f},
-draft KL to target {losses['draft_train_kl']:.3f}.
+Final training loss (mean of the last 10% of steps): {final_losses}.
 
 **Greedy agreement**: the target generates 64 tokens greedily (`generate(do_sample=False)`) for
 {n_agree} held-out prompts; at {agreement.positions} positions the draft's greedy next token given
@@ -496,6 +577,15 @@ speculative decoding on those sequences gives {agreement.tokens_per_verify[2]:.2
 | model | batch | T | ms |
 |---|---|---|---|
 {rows}
+
+The benchmark (`python -m batchspec.bench`) measures everything side by side in one process; the
+times above come from this build's machine, possibly shared with other work.
+
+**Why this shape**: speculation pays only when a draft step is cheap next to a target step
+(c = t_draft / t_target) and a verify pass of k+1 tokens costs little more than a 1-token step. On
+2 CPU cores a forward is dominated by per-layer work that hardly grows with the tokens per row, so
+the target is deep and narrow ({tc.num_hidden_layers} layers of hidden {tc.hidden_size}) and the draft shallow
+({dc.num_hidden_layers} layers of hidden {dc.hidden_size}): one target step at batch 8 costs about ten draft steps.
 """
     (out / "README.md").write_text(text)
 
