@@ -58,15 +58,15 @@ def test_overflow_is_an_error_not_a_silent_write(model):
         forward(model, cache, torch.zeros(1, 4, dtype=torch.long), [0], [6], 8)
 
 
-def test_mask_is_bool_for_sdpa_and_additive_for_eager():
-    starts = torch.tensor([2, 0])
-    sdpa = causal_mask(starts, 2, 4, "sdpa", torch.float32)
-    assert sdpa.dtype == torch.bool and sdpa.shape == (2, 1, 2, 4)
-    assert sdpa[0, 0].tolist() == [[True, True, True, False], [True, True, True, True]]
-    assert sdpa[1, 0].tolist() == [[True, False, False, False], [True, True, False, False]]
-    eager = causal_mask(starts, 2, 4, "eager", torch.float32)
-    assert eager.dtype == torch.float32 and (eager == 0).equal(sdpa)
-    assert eager.min() == torch.finfo(torch.float32).min
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_mask_is_additive_in_the_model_dtype(dtype):
+    """Eager adds the mask to the scores (a bool mask would be silently wrong there); sdpa takes the same."""
+    mask = causal_mask(torch.tensor([2, 0]), 2, 4, dtype)
+    assert mask.dtype == dtype and mask.shape == (2, 1, 2, 4)
+    allowed = mask == 0
+    assert allowed[0, 0].tolist() == [[True, True, True, False], [True, True, True, True]]
+    assert allowed[1, 0].tolist() == [[True, False, False, False], [True, True, False, False]]
+    assert set(mask.unique().tolist()) == {0.0, torch.finfo(dtype).min}
 
 
 @torch.no_grad()
