@@ -24,7 +24,8 @@ number of active rows b. Two signals, two estimators:
 
 Predicting from these two instead of timing tokens per round directly matters at small batches,
 where the tokens a round emits swing between 1 and k+1 per row but its time hardly varies. A k that
-is never chosen is never re-measured, so every `revisit_every` rounds the controller re-times the
+is never chosen is never re-measured, so every `revisit_every` rounds (doubling, up to 8x, while the
+choice holds) the controller re-times the
 neighbours of its choice (two rounds each, the first of which may not be timed); when it has settled
 on k = 0 that probe (k = 1) also refreshes acceptance.
 
@@ -80,12 +81,16 @@ class AdaptiveK:
     continued: list[RowAcceptance] = field(init=False)  # [j]: drafts at position j accepted / refused, given j-1 were
     _rounds: int = field(init=False, default=0)
     _probes: list[int] = field(init=False, default_factory=list)
+    _next_probe: int = field(init=False, default=0)  # round of the next re-timing
+    _interval: int = field(init=False, default=0)  # rounds until the one after: doubles while the choice holds
+    _probed_best: int | None = field(init=False, default=None)  # the choice the last re-timing was made around
     _last_k: int | None = field(init=False, default=None)
 
     def __post_init__(self):
         # A weak prior (one accepted draft, one rejection: a = 0.5) until the job has measured its own.
         self.pooled = RowAcceptance(accepted=1.0, rejections=1.0)
         self.continued = [RowAcceptance(accepted=1.0, rejections=1.0) for _ in range(self.k_max + 1)]
+        self._next_probe = self.revisit_every
 
     # ---- acceptance ------------------------------------------------------------------------------
 
@@ -165,7 +170,12 @@ class AdaptiveK:
         if unknown:  # start of the job: time the extremes first, so a useless drafter is found out at once
             return 0 if 0 in unknown else (limit if limit in unknown else unknown[0])
         best = max(range(limit + 1), key=lambda k: (rates[k], -k))
-        if self._rounds % self.revisit_every == 0:
+        if self._rounds >= self._next_probe:
+            # Re-time the neighbours every revisit_every rounds; each time the choice survives its last
+            # re-timing the wait doubles (to 8x), so a settled job (a useless draft at k = 0) pays ~1%.
+            steady = best == self._probed_best
+            self._interval = min(2 * self._interval, 8 * self.revisit_every) if steady else self.revisit_every
+            self._next_probe, self._probed_best = self._rounds + self._interval, best
             self._probes = [k for k in (best + 1, best - 1) if 0 <= k <= self.k_max for _ in range(2)]
             return min(self._probes.pop(0), limit)
         return best

@@ -83,7 +83,9 @@ def test_reaches_90_percent_of_the_best_fixed_k(name, alphas, curve):
 def test_useless_draft_is_at_most_5_percent_slower_than_plain_decoding(alphas):
     achieved, chosen = simulate(alphas, CPU_CURVE, rounds=5000)
     assert achieved >= 0.95 * fixed_rate(alphas, CPU_CURVE, 0)
-    assert sum(k == 0 for k in chosen[100:]) / len(chosen[100:]) > 0.9
+    # Settled on k = 0, the re-timings back off (48, 96, ... 384 rounds apart): 0.7% of the rounds
+    # draft (4.3% at a fixed 48), which is what a useless draft costs the job.
+    assert sum(k > 0 for k in chosen[100:]) / len(chosen[100:]) < 0.02
 
 
 @pytest.mark.parametrize("alphas,drafting", [([0.6] * 8, True), ([0.0] * 8, False)], ids=["medium_draft", "useless_draft"])
