@@ -231,7 +231,8 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def admit(self, slots, prompts):
-        """Prefill the draft on prompt[:-1]; the last prompt token is fed in the first round."""
+        """Prefill the draft on prompt[:-1] (the generator passes prompt + first output token); the last
+        token is fed in the first round."""
         todo = [(s, p[:-1]) for s, p in zip(slots, prompts) if len(p) > 1]
         for slot, prompt in zip(slots, prompts):
             self.cache.lengths[slot] = len(prompt) - 1

@@ -1,7 +1,8 @@
 """SpecBatchGenerator: B fixed slots, each round draft -> verify -> accept -> per-row rollback -> refill.
 
 Per slot, with the sequence seq = prompt + output so far and L = len(seq):
-  - the target cache holds seq[:L-1]; the last token g = seq[L-1] is pending;
+  - admission prefills the whole prompt and takes the first output token from its last logits (as
+    generate does), so from then on the target cache holds seq[:L-1]; the last token g = seq[L-1] is pending;
   - a round feeds [g, d_1 .. d_n] at positions L-1 .. L-1+n (n <= k drafts, 0 allowed) and gets the
     target's distribution for positions L .. L+n in one forward over every active row;
   - acceptance keeps m drafts and one more token (recovered or bonus): L' = L + m + 1;
@@ -23,8 +24,8 @@ from .adaptive import AdaptiveK
 from .drafters import DraftContext, Drafter
 from .kv_cache import SlotKVCache, forward
 from .sampling import (
-    STREAM_ACCEPT, STREAM_RESAMPLE, SamplingParams, greedy_tokens, growing_presence, request_key, to_probs,
-    uniforms, verify_greedy, verify_sampling,
+    STREAM_ACCEPT, STREAM_RESAMPLE, SamplingParams, greedy_tokens, growing_presence, request_key, sample,
+    to_probs, uniforms, verify_greedy, verify_sampling,
 )
 from .types import FINISH_LENGTH, FINISH_STOP, Request, Result, RunStats
 
@@ -81,6 +82,7 @@ class SpecBatchGenerator:
         self.device = target.device
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=self.device)
+        self.eos_ids = set(self.eos.tolist())
         # Slack past max_seq_len: rows that draft fewer than the longest row write padding there.
         capacity = max_seq_len + k + 1
         self.cache = SlotKVCache.for_model(target, batch_size, capacity)
@@ -131,26 +133,57 @@ class SpecBatchGenerator:
         return ids
 
     @torch.inference_mode()
-    def _admit(self, new: list[tuple[int, Request, list[int]]]) -> None:
-        """Prefill prompt[:-1] of the new rows (the last prompt token is verified in the first round)."""
+    def _admit(self, new: list[tuple[int, Request, list[int]]]) -> list[Result]:
+        """Prefill the new rows' prompts and take each row's first token from the prefill's last logits,
+        as `generate` does (so a request costs no extra round for it). Returns the requests that this
+        first token already finished (EOS, max_new_tokens = 1, a stop string)."""
         now = time.perf_counter()
+        rows = [slot for slot, _, _ in new]
+        lengths = [len(ids) for _, _, ids in new]
         for slot, request, ids in new:
-            self.slots[slot] = Slot(request=request, prompt_ids=ids, length=len(ids), started=now)
+            # The prefill is the request's first target forward; it drafts nothing, so it accepts 0.
+            self.slots[slot] = Slot(request=request, prompt_ids=ids, length=len(ids), started=now,
+                                    accepted_per_round=[0])
             self.tokens[slot, : len(ids)] = torch.tensor(ids, device=self.device)
             self.noise_keys[slot] = request_key(self.sampling.seed, request.id)
             if self.adaptive:
                 self.adaptive.admit(slot)
-            self.cache.lengths[slot] = len(ids) - 1
+            self.cache.lengths[slot] = len(ids)
             if self.presence is not None:
                 self.presence[slot] = False
                 self.presence[slot, torch.tensor(ids, device=self.device)] = True
-        todo = [(slot, ids[:-1]) for slot, _, ids in new if len(ids) > 1]
-        if todo:
-            width = max(len(ids) for _, ids in todo)
-            input_ids = torch.tensor([ids + [0] * (width - len(ids)) for _, ids in todo], device=self.device)
-            forward(self.target, self.cache, input_ids, [s for s, _ in todo], [0] * len(todo),
-                    self.max_seq_len, logits_to_keep=1)
-        self.drafter.admit([slot for slot, _, _ in new], [ids for _, _, ids in new])
+        width = max(lengths)
+        input_ids = torch.tensor([ids + [0] * (width - len(ids)) for _, _, ids in new], device=self.device)
+        # Logits only at each row's last prompt position (rows are right-padded): the distinct positions
+        # for every row, then each row's own column. A 1-D logits_to_keep works in transformers 4.56+.
+        keep = sorted(set(n - 1 for n in lengths))
+        logits = forward(self.target, self.cache, input_ids, rows, [0] * len(rows), self.max_seq_len,
+                         logits_to_keep=torch.tensor(keep, device=self.device))  # [b, len(keep), V]
+        column = torch.tensor([keep.index(n - 1) for n in lengths], device=self.device)
+        last = logits[torch.arange(len(rows), device=self.device), column]  # [b, V]
+        rows_t, lengths_t = torch.tensor(rows, device=self.device), torch.tensor(lengths, device=self.device)
+        presence = self.presence[rows_t] if self.presence is not None else None
+        if self.sampling.greedy:
+            first = greedy_tokens(last, self.sampling, presence)
+        else:  # the same noise a verify pass would use to decide position len(prompt)
+            u = uniforms(self.noise_keys[rows_t], lengths_t[:, None], STREAM_RESAMPLE)[:, 0]
+            first = sample(to_probs(last, self.sampling, presence), u)
+        self.tokens[rows_t, lengths_t] = first
+        if self.presence is not None:
+            self.presence[rows_t, first] = True
+        finished, running = [], []
+        for (slot_index, _, ids), token in zip(new, first.tolist()):
+            slot = self.slots[slot_index]
+            slot.output.append(token)
+            slot.length += 1
+            reason = self._finish_reason(slot, token in self.eos_ids, 1)
+            if reason is not None:
+                finished.append(self._result(slot_index, slot, reason))
+            else:
+                running.append((slot_index, ids + [token]))
+        if running:  # the drafter sees prompt + first token; its last token is fed in the first round
+            self.drafter.admit([slot for slot, _ in running], [ids for _, ids in running])
+        return finished
 
     # ---- the loop --------------------------------------------------------------------------------
 
@@ -175,8 +208,9 @@ class SpecBatchGenerator:
                 new.append((free.pop(0), request, ids))
             if new:
                 mark = time.perf_counter()
-                self._admit(new)
+                done = self._admit(new)
                 self._phase("admit", mark)
+                yield from done
             active = [s for s, slot in enumerate(self.slots) if slot is not None]
             if not active:
                 if exhausted or not self._admitting:

@@ -112,7 +112,7 @@ def forward(
     rows: list[int],
     starts: list[int],
     max_position: int,
-    logits_to_keep: int = 0,
+    logits_to_keep: int | torch.Tensor = 0,
 ) -> torch.Tensor:
     """Run `model` on input_ids [b, T] for slots `rows`, writing at positions starts[b] + t.
 

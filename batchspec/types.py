@@ -32,8 +32,10 @@ class Result:
 
     `completion_token_ids` are the new tokens; they end with the EOS token when the request ended on
     EOS (as Hugging Face `generate` does). `completion` is their decoded text with special tokens
-    skipped, cut before a stop string when one matched. `target_forwards` counts the verify passes
-    this request took part in after its prefill; `accepted_per_round` has one entry per such pass.
+    skipped, cut before a stop string when one matched. `target_forwards` counts the target forwards
+    the tokens came from: the prefill, which emits the first token (as `generate` does), then every
+    verify pass the request took part in; `accepted_per_round` has one entry per forward (0 for the
+    prefill, which drafts nothing).
     """
 
     id: str

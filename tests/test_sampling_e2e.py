@@ -75,7 +75,9 @@ def test_first_two_tokens_follow_target_distribution(tiny_vocab_pair, drafter, p
     exact = exact_two_token_distribution(target, params)
     results = batchspec.generate(
         [PROMPT] * N, ids=[f"r{i}" for i in range(N)], target=str(target), draft=str(draft), drafter=drafter,
-        k=3, batch_size=64, max_new_tokens=2, temperature=params.temperature, top_k=params.top_k,
+        # The first token comes from the prefill; max_new_tokens=4 leaves room for 2 drafts when the second
+        # is decided, so the second is a speculative verdict (accept, or resample from the residual).
+        k=3, batch_size=64, max_new_tokens=4, temperature=params.temperature, top_k=params.top_k,
         repetition_penalty=params.repetition_penalty, seed=11,
     )
     observed: dict[tuple, int] = {}
