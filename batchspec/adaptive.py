@@ -206,10 +206,9 @@ class AdaptiveK:
                 continue  # no room to draft (end of the request): nothing learned
             if self.lookup:  # the row's count is its first draft; later positions go to the job-wide c_j
                 kept, rejected = min(m, 1), m == 0
-                for j in range(2, n + 1):
-                    if m >= j - 1:
-                        self.continued[j].accepted += m >= j
-                        self.continued[j].rejections += m < j
+                for j in range(2, min(n, m + 1) + 1):  # positions reached: all before them were kept
+                    self.continued[j].accepted += m >= j
+                    self.continued[j].rejections += m < j
             else:
                 kept, rejected = m, m < n or n < budget
             row = self.rows.setdefault(slot, RowAcceptance())

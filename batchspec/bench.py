@@ -246,15 +246,16 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
                                                   ("draft", "verify", "accept", "bookkeeping", "admit")))
     adaptive_vs_best = {}
     for drafter in args.drafters:
-        fixed = [r for r, c in zip(rows, field_) if c.kind == "batchspec" and c.drafter == drafter and not c.adaptive]
-        adaptive = [r for r, c in zip(rows, field_) if c.kind == "batchspec" and c.drafter == drafter and c.adaptive]
+        mine = [(r, c) for r, c in zip(rows, field_) if c.kind == "batchspec" and c.drafter == drafter]
+        fixed = [r for r, c in mine if not c.adaptive]
+        adaptive = [(r, c) for r, c in mine if c.adaptive]
         if fixed and adaptive:
             best = max(fixed, key=lambda r: r["tokens_per_s"])
-            adaptive_vs_best[drafter] = adaptive[0]["tokens_per_s"] / best["tokens_per_s"]
-            chose = next(c for c in field_ if c.kind == "batchspec" and c.drafter == drafter and c.adaptive)
+            row, contender = adaptive[0]
+            adaptive_vs_best[drafter] = row["tokens_per_s"] / best["tokens_per_s"]
             print(f"adaptive vs the best fixed k: {drafter} {adaptive_vs_best[drafter]:.2f} (best fixed: "
-                  f"{best['contender']}); adaptive vs none {adaptive[0]['vs_none']:.2f}; rounds by k: "
-                  f"{rounds_by_k_text(chose.rounds_by_k)}")
+                  f"{best['contender']}); adaptive vs none {row['vs_none']:.2f}; rounds by k: "
+                  f"{rounds_by_k_text(contender.rounds_by_k)}")
     same = all(r["outputs_equal_to_none"] == len(prompts) for r in rows)
     print("greedy outputs: " + ("all identical to drafter none" if same else
           "DIFFER: " + ", ".join(f"{r['contender']} {r['num_prompts'] - r['outputs_equal_to_none']}" for r in rows
@@ -280,7 +281,6 @@ def render(rows: list[dict]) -> str:
             f"{fmt(r['achieved_over_predicted'], '.2f')} | {r['outputs_equal_to_none']}/{r['num_prompts']} |"
         )
     return "\n".join(lines)
-
 
 
 def render_by_batch_size(reports: list[dict]) -> str:

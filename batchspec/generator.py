@@ -81,8 +81,8 @@ class SpecBatchGenerator:
         self.special_ids = set(tokenizer.all_special_ids)
         self.device = target.device
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
-        self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=self.device)
-        self.eos_ids = set(self.eos.tolist())
+        self.eos_ids = set(eos_token_ids)
+        self.eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=self.device)
         # Slack past max_seq_len: rows that draft fewer than the longest row write padding there.
         capacity = max_seq_len + k + 1
         self.cache = SlotKVCache.for_model(target, batch_size, capacity)
