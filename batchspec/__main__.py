@@ -7,7 +7,7 @@ import os
 # package's __init__ has not imported torch yet; otherwise set it in the environment.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .cli import main  # noqa: E402
+from .jobs.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

@@ -12,10 +12,10 @@ from typing import Iterable, Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .drafters import make_drafter
-from .generator import SpecBatchGenerator
+from .engine.drafters import make_drafter
+from .engine.generator import SpecBatchGenerator
+from .engine.sampling import SamplingParams
 from .models import Models, load_models
-from .sampling import SamplingParams
 from .types import Request, Result
 
 DEFAULT_MAX_SEQ_LEN = 2048

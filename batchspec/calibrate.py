@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from .api import build_generator
-from .kv_cache import SlotKVCache, forward
+from .engine.kv_cache import SlotKVCache, forward
 from .models import Models, load_models
 from .types import Request
 

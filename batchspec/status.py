@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .sink import part_files, read_part
+from .jobs.sink import part_files, read_part
 from .types import FINISH_ERROR
 
 PART = re.compile(r"^shard-(\d+)-of-(\d+)-part-\d+\.parquet$")

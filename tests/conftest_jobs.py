@@ -112,7 +112,7 @@ def read_output(out_dir: Path) -> list[dict]:
 def run_inprocess(workdir: Path, *args: str, monkeypatch) -> int:
     """`python -m batchspec ARGS` inside this process (cwd = workdir); returns the exit status.
     Output goes to the test's captured stdout / stderr."""
-    from batchspec import cli
+    from batchspec.jobs import cli
 
     monkeypatch.chdir(workdir)
     monkeypatch.setattr(sys, "argv", ["batchspec", *args])

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from batchspec.adaptive import AdaptiveK, expected_tokens
+from batchspec.engine.adaptive import AdaptiveK, expected_tokens
 
 # Round time relative to a 1-token step for k = 0..4: the CPU cost curve measured on the demo pair.
 CPU_CURVE = [1.0, 1.27, 1.43, 1.60, 1.77]

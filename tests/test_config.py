@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from batchspec.config import SHIPPED_JOBS_DIR
+from batchspec.jobs.config import SHIPPED_JOBS_DIR
 from conftest_jobs import one_thread, run_inprocess, tiny_job, tiny_models, write_job  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchspec.drafters import DraftContext, NGramDrafter, PromptLookupDrafter
+from batchspec.engine.drafters import DraftContext, NGramDrafter, PromptLookupDrafter
 
 
 def context(seqs: list[list[int]], k: list[int]) -> DraftContext:

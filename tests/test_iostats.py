@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchspec.iostats import TimedStream, io_summary
+from batchspec.jobs.iostats import TimedStream, io_summary
 
 
 def test_timed_stream_yields_everything_in_order_and_reads_ahead_boundedly():

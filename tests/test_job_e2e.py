@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchspec.config import ASSETS_DIR
+from batchspec.jobs.config import ASSETS_DIR
 from batchspec.types import RESULT_COLUMNS
 from conftest_jobs import (  # noqa: F401 (fixtures)
     WORDS, cli_env, one_thread, read_output, run_cli, run_inprocess, tiny_job, tiny_models, write_job,
@@ -154,7 +154,7 @@ def test_two_shards_union_equals_one_run(tmp_path, tiny_models, monkeypatch):
     assert not summary(tmp_path / "sharded")["shards"]["complete"]
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")  # shard 0 from a SLURM array's environment
     monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "2")
-    from batchspec import cli
+    from batchspec.jobs import cli
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["batchspec", *args, "output.dir=sharded"])
     cli.main()

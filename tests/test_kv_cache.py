@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from batchspec.kv_cache import SlotKVCache, causal_mask, forward
+from batchspec.engine.kv_cache import SlotKVCache, causal_mask, forward
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-from batchspec.sampling import (
+from batchspec.engine.sampling import (
     STREAM_ACCEPT, STREAM_DRAFT, SamplingParams, apply_repetition_penalty, growing_presence, request_key, sample,
     to_probs, uniforms, verify_greedy, verify_sampling,
 )

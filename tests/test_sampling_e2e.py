@@ -10,7 +10,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 import batchspec
-from batchspec.sampling import SamplingParams, to_probs
+from batchspec.engine.sampling import SamplingParams, to_probs
 from tiny import PROMPTS, save_model
 
 WORDS = ["<s>", "</s>", "<pad>", "a", "b", "c", "d", "e", "f", "g"]

@@ -9,7 +9,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from batchspec.sink import RESULT_SCHEMA, ParquetSink, done_ids, output_schema, part_files, summarize
+from batchspec.jobs.sink import RESULT_SCHEMA, ParquetSink, done_ids, output_schema, part_files, summarize
 from batchspec.types import RESULT_COLUMNS, Request, Result
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from batchspec.config import ASSETS_DIR
+from batchspec.jobs.config import ASSETS_DIR
 from batchspec.status import format_status
 from conftest_jobs import REPO, read_output
 from conftest_slurm import Slurm, log_times, slurm_cluster  # noqa: F401 (fixture)
@@ -222,7 +222,7 @@ def test_sigterm_abandons_rows_in_flight_after_the_grace_time(tmp_path, monkeypa
     import signal
     import threading
 
-    from batchspec import job as job_module
+    from batchspec.jobs import job as job_module
     from conftest_jobs import run_inprocess
 
     monkeypatch.setattr(job_module, "TERM_GRACE_S", 1e-6)  # no time for the rows in flight

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchspec.sources import (
+from batchspec.jobs.sources import (
     PromptBuilder, Row, RowSelector, SourceError, detect_format, open_source, shard_from_env, template_columns,
 )
 from conftest_jobs import build_tokenizer

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from batchspec import status
-from batchspec.config import ASSETS_DIR
+from batchspec.jobs.config import ASSETS_DIR
 from conftest_jobs import one_thread, run_inprocess  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),

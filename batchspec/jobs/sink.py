@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .types import FINISH_ERROR, RESULT_COLUMNS, Result
+from ..types import FINISH_ERROR, RESULT_COLUMNS, Result
 
 COLUMN_TYPES = {
     "id": pa.string(),

@@ -27,7 +27,7 @@ from .sampling import (
     STREAM_ACCEPT, STREAM_RESAMPLE, SamplingParams, greedy_tokens, growing_presence, request_key, sample,
     to_probs, uniforms, verify_greedy, verify_sampling,
 )
-from .types import FINISH_LENGTH, FINISH_STOP, Request, Result, RunStats
+from ..types import FINISH_LENGTH, FINISH_STOP, Request, Result, RunStats
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .sink import ParquetSink
-from .types import FINISH_ERROR, Request, RunStats
+from ..types import FINISH_ERROR, Request, RunStats
 
 log = logging.getLogger("batchspec")
 

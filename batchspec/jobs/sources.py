@@ -29,7 +29,7 @@ from typing import Any, Iterator, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .types import Request
+from ..types import Request
 
 CHUNK_ROWS = 1024
 INFER_ROWS = 1000  # rows sampled to infer column types where the input declares none (JSONL, streams)

@@ -20,10 +20,11 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+REPO_ROOT = PACKAGE_DIR.parent
 CONF_DIR = REPO_ROOT / "conf"
 SHIPPED_JOBS_DIR = REPO_ROOT / "jobs"
-ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+ASSETS_DIR = PACKAGE_DIR / "assets"
 
 
 class ConfigError(ValueError):

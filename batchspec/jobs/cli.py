@@ -36,7 +36,7 @@ from .iostats import TimedStream, io_summary
 from .job import Progress, pass_on_signal, resolve_progress_mode, run_job
 from .sink import RESULT_SCHEMA, ParquetSink, atomic_write_text, done_ids, part_files, shard_name, summarize
 from .sources import PromptBuilder, RowSelector, SourceError, open_source, shard_from_env, template_columns
-from .types import rounds_by_k_text
+from ..types import rounds_by_k_text
 
 log = logging.getLogger("batchspec")
 
@@ -223,7 +223,7 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
         finish(out_dir, index, count, composed, selector, outcome=None, load_s=0.0, generator=None)
         return 0
 
-    from .api import build_generator, load_models  # deferred: torch is only needed from here on
+    from ..api import build_generator, load_models  # deferred: torch is only needed from here on
 
     progress_mode = resolve_progress_mode(job.progress.mode.value, sys.stderr)
     if progress_mode != "bar":
