@@ -14,6 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .engine.drafters import make_drafter
 from .engine.generator import SpecBatchGenerator
+from .engine.runner import resolve_capture
 from .engine.sampling import SamplingParams
 from .models import Models, load_models
 from .types import Request, Result
@@ -49,13 +50,17 @@ def build_generator(
     max_seq_len: int | None = None,
     adaptive: bool | None = None,
     profile: bool = False,
+    compile: str | bool = "auto",
 ) -> SpecBatchGenerator:
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
     defaults to min(the model's position limit, 2048) and may not exceed the position limit.
 
     adaptive: choose each round's number of drafts (0..k) from per-row acceptance and the round cost measured as it runs (adaptive.py).
     None means on for greedy decoding, where it cannot change the output, and off when sampling,
-    where it would make seeded output depend on machine load."""
+    where it would make seeded output depend on machine load.
+
+    compile: capture the static-shape forwards (decode, verify, draft steps). auto = CUDA graphs on a GPU,
+    eager on CPU; on = CUDA graphs on a GPU, torch.compile (inductor) on CPU; off = eager everywhere."""
     limit = model_max_positions(models.target)
     if max_seq_len is None:
         max_seq_len = min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
@@ -66,15 +71,17 @@ def build_generator(
     if adaptive is None:
         adaptive = temperature == 0.0
     sampling = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed)
+    capture = resolve_capture(compile, models.target.device)
     target_vocab = models.target.get_output_embeddings().weight.shape[0]
     draft = make_drafter(
-        drafter, device=models.target.device, num_slots=batch_size, max_len=max_seq_len + k + 1,
+        drafter, device=models.target.device, num_slots=batch_size, capacity=max_seq_len + k + 1,
         max_position=max_seq_len, target_vocab_size=target_vocab, sampling=sampling, draft_model=models.draft,
+        capture=capture,
     )
     return SpecBatchGenerator(
         models.target, models.tokenizer, drafter=draft, sampling=sampling, batch_size=batch_size,
         max_seq_len=max_seq_len, max_new_tokens=max_new_tokens, eos_token_ids=models.eos_token_ids,
-        stop=stop, k=k, adaptive=adaptive, profile=profile,
+        stop=stop, k=k, adaptive=adaptive, profile=profile, capture=capture,
     )
 
 
@@ -100,6 +107,7 @@ def generate(
     device: str = "auto",
     max_seq_len: int | None = None,
     adaptive: bool | None = None,
+    compile: str | bool = "auto",
     trust_remote_code: bool = False,
 ) -> list[Result]:
     """Complete every prompt; Results come back in prompt order.
@@ -129,7 +137,7 @@ def generate(
     generator = build_generator(
         models, drafter=drafter, k=k, batch_size=batch_size, max_new_tokens=max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-        stop=stop, seed=seed, max_seq_len=max_seq_len, adaptive=adaptive,
+        stop=stop, seed=seed, max_seq_len=max_seq_len, adaptive=adaptive, compile=compile,
     )
     requests = [Request(id=i, prompt=p) for i, p in zip(ids, prompts)]
     by_id = {r.id: r for r in generator.run(requests)}

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from .api import build_generator
-from .engine.kv_cache import SlotKVCache, forward
+from .engine.runner import ModelRunner
 from .models import Models, load_models
 from .types import Request
 
@@ -37,22 +37,15 @@ def sync(device: torch.device) -> None:
 
 
 @torch.inference_mode()
-def forward_ms(model, batch_size: int, width: int, context: int, repeats: int = 5) -> float:
-    """Median ms of one forward of `width` tokens per row for `batch_size` rows with `context` cached."""
+def forward_ms(model, batch_size: int, width: int, context: int, repeats: int = 5, capture: str | None = None) -> float:
+    """Median ms of one forward of `width` tokens per row for `batch_size` rows with `context` cached
+    (a static step over every slot; captured first when `capture` says so, as the generator does)."""
     capacity = context + width + 1
-    cache = SlotKVCache.for_model(model, batch_size, capacity)
-    rows = list(range(batch_size))
-    forward(model, cache, torch.randint(3, 100, (batch_size, context), device=model.device), rows,
-            [0] * batch_size, capacity, logits_to_keep=1)
-    step = torch.randint(3, 100, (batch_size, width), device=model.device)
-    times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        sync(model.device)
-        t0 = time.perf_counter()
-        forward(model, cache, step, rows, [context] * batch_size, capacity)
-        sync(model.device)
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times[1:])
+    runner = ModelRunner(model, num_slots=batch_size, capacity=capacity, max_position=capacity, capture=capture,
+                         widths=[width], name="calibrate")
+    ids = torch.randint(3, 100, (batch_size, context), device=model.device)
+    runner.prefill(list(range(batch_size)), ids, [0] * batch_size, [context] * batch_size)
+    return 1000 * runner.time_step(width, context + width, repeats=repeats)
 
 
 def expected_tokens(alpha: float, k: int) -> float:

@@ -102,6 +102,23 @@ class RunStats:
     accepted_by_position: list[int] = field(default_factory=list)  # ... of which accepted
     rounds_by_k: list[int] = field(default_factory=list)  # rounds whose verify pass checked k drafts (0 = plain)
 
+    def add_round_row(self, drafted: int, accepted: int) -> None:
+        """One request's part in a round: it proposed `drafted` drafts and `accepted` of them were kept."""
+        for i in range(drafted):
+            self.proposed_by_position[i] += 1
+        for i in range(accepted):
+            self.accepted_by_position[i] += 1
+        self.rejected_rounds += accepted < drafted
+
+    def add_result(self, result: "Result") -> None:
+        """A finished request (not an error)."""
+        self.requests += 1
+        self.prompt_tokens += result.prompt_tokens
+        self.completion_tokens += result.completion_tokens
+        self.target_forwards += result.target_forwards
+        self.draft_tokens += result.draft_tokens
+        self.accepted_tokens += result.accepted_tokens
+
     @property
     def acceptance_rate(self) -> float | None:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None

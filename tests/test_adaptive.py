@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from batchspec.engine.adaptive import AdaptiveK, expected_tokens
+from batchspec.engine.adaptive import LOOKUP, AdaptiveK, expected_tokens
 
 # Round time relative to a 1-token step for k = 0..4: the CPU cost curve measured on the demo pair.
 CPU_CURVE = [1.0, 1.27, 1.43, 1.60, 1.77]
@@ -169,7 +169,7 @@ def simulate_lookup(rows, curve, policy, *, rounds=3000, noise=0.2, seed=0):
 @pytest.mark.parametrize("name,rows,curve", LOOKUP_CASES, ids=[c[0] for c in LOOKUP_CASES])
 def test_lookup_width_reaches_90_percent_of_the_best_fixed_k_and_never_loses_to_plain(name, rows, curve):
     k_max = len(curve) - 1
-    achieved = simulate_lookup(rows, curve, AdaptiveK(k_max, lookup=True))
+    achieved = simulate_lookup(rows, curve, AdaptiveK(k_max, policy=LOOKUP))
     fixed = [simulate_lookup(rows, curve, k) for k in range(k_max + 1)]  # same seed: same proposals
     assert achieved >= 0.9 * max(fixed), (name, achieved / max(fixed))
     assert achieved >= 0.95 * fixed[0], (name, achieved / fixed[0])
@@ -199,5 +199,5 @@ def test_lookup_width_beats_every_fixed_k_when_matches_are_rare_but_good():
     matches that beats every fixed k (each of which pays a wide verify pass for matches that fail or
     a narrow one for matches that would have run on)."""
     rows, curve = [(0.15, 0.9, 0.9)] * 8, CPU_CURVE
-    achieved = simulate_lookup(rows, curve, AdaptiveK(4, lookup=True))
+    achieved = simulate_lookup(rows, curve, AdaptiveK(4, policy=LOOKUP))
     assert achieved >= 1.0 * max(simulate_lookup(rows, curve, k) for k in range(5))

@@ -1,6 +1,8 @@
 """Greedy output with speculation equals Hugging Face `generate(do_sample=False)` on each prompt alone,
 token for token: every drafter x {Llama, Qwen2, GPT-2} x batch {1, 3, 8} x K {1, 4}, on 12 prompts of
-different lengths (slots refill mid-run) ending on EOS (two EOS ids) and on max_new_tokens."""
+different lengths (slots refill mid-run) ending on EOS (two EOS ids) and on max_new_tokens; with the
+eager engine (CPU default), the static shapes of the captured path (every slot in every round), and
+captured by torch.compile."""
 
 from __future__ import annotations
 
@@ -111,3 +113,23 @@ def test_run_aggregates(llama_pair, adaptive):
     # acceptance can only fall with draft position: accepting position i requires accepting i-1
     assert all(a >= b for a, b in zip(stats.accepted_by_position, stats.accepted_by_position[1:]))
     assert stats.tokens_per_forward == pytest.approx(stats.completion_tokens / stats.target_forwards)
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed_k", "adaptive"])
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_greedy_parity_with_static_shapes(pair, drafter, batch_size, adaptive):
+    """compile="static": every round runs every slot (idle ones as padding) at a verify width from a fixed
+    set over length buckets, positions and masks from the device lengths: the captured path, uncaptured."""
+    results = run(pair, drafter, batch_size, k=3, adaptive=adaptive, compile="static")
+    assert [r.completion_token_ids for r in results] == pair.reference
+    assert all(r.target_forwards == len(r.accepted_per_round) for r in results)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["model-random", "ngram"])
+def test_greedy_parity_captured_by_torch_compile(llama_pair, drafter):
+    """compile="on" on CPU: the target's verify steps and the draft's steps compiled (inductor), once per
+    shape, adaptive choosing among them."""
+    results = run(llama_pair, drafter, batch_size=3, k=2, adaptive=True, compile="on")
+    assert [r.completion_token_ids for r in results] == llama_pair.reference

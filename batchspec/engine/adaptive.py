@@ -30,7 +30,7 @@ neighbours of its choice (two rounds each, the first of which may not be timed);
 on k = 0 that probe (k = 1) also refreshes acceptance.
 
 Lookup drafters (n-gram, prompt lookup) propose almost for free, and their proposals are bursty: a
-long match or nothing. For them (`lookup=True`) the generator proposes k_max first and passes what each
+long match or nothing. For them (policy `propose_first`) the generator proposes k_max first and passes what each
 row actually proposed as its budget, so the choice is a verify width over the drafts on the table: a
 row with no proposal adds one token whatever k is, and a row that proposed less than k was not
 refused anything. A match is right or wrong as a whole more often than token by token, so one
@@ -40,6 +40,15 @@ position j was accepted given that j - 1 were:
 
     E_i(n) = 1 + a_i (1 + c_2 + c_2 c_3 + ... + c_2 ... c_n)
 
+Costs come from one of two models. Eager forwards (CPU) are timed as whole rounds (`RoundTimes`,
+above). Captured forwards (CUDA graphs) have steady device times that do not depend on how many
+slots are busy (every slot rides along), so `StepTable` times the captured steps themselves by
+replays, once per attended-length bucket, and adds the round's host overhead measured as the rest of
+each round's wall time; eager wall-clock on a GPU swings 2x between runs and cannot tell k apart.
+
+What the controller knows about a drafter is its DrafterPolicy (drafters.py): whether it proposes
+before the width is chosen, whether its acceptance is bursty, whether it catches up after plain rounds.
+
 The choice never changes a greedy output (speculation is exact). It does change which noise a
 sampled token consumes, so with temperature > 0 the generator keeps k fixed unless told otherwise:
 seeded output must not depend on machine load.
@@ -48,6 +57,11 @@ seeded output must not depend on machine load.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from .drafters import LOOKUP_POLICY as LOOKUP
+from .drafters import MODEL_POLICY as DRAFT_MODEL
+from .drafters import DrafterPolicy
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -63,19 +77,91 @@ class RowAcceptance:
     rejections: float = 0.0
 
 
+# ---- round cost --------------------------------------------------------------------------------------
+
+
+class CostModel(Protocol):
+    def cost(self, k: int, b: int) -> float | None: ...  # seconds of a round with k drafts over b rows
+    def observe(self, k: int, b: int, seconds: float) -> None: ...
+
+
+@dataclass
+class RoundTimes:
+    """Eager forwards: an exponential moving average of whole-round wall time per (k, b). A k not yet
+    measured at this b borrows the shape of the curve from the nearest batch size that measured it."""
+
+    smoothing: float = 0.2  # weight of a new round time in the (k, b) average
+    costs: dict[int, dict[int, float]] = field(default_factory=dict)  # b -> k -> seconds
+    samples: dict[tuple[int, int], int] = field(default_factory=dict)  # (b, k) -> rounds timed
+
+    def cost(self, k: int, b: int) -> float | None:
+        table = self.costs.get(b, {})
+        if k in table:
+            return table[k]
+        measured = [bb for bb, t in self.costs.items() if k in t]
+        if not measured:
+            return None
+        near = self.costs[min(measured, key=lambda bb: (abs(bb - b), bb))]
+        common = [j for j in table if j in near]
+        scale = table[common[0]] / near[common[0]] if common else 1.0
+        return near[k] * scale
+
+    def observe(self, k: int, b: int, seconds: float) -> None:
+        table = self.costs.setdefault(b, {})
+        n = self.samples[b, k] = self.samples.get((b, k), 0) + 1
+        # The first time of each (k, b) is replaced by the second: a cold first round must not steer
+        # hundreds of rounds.
+        table[k] = seconds if n <= 2 else (1 - self.smoothing) * table[k] + self.smoothing * seconds
+
+
+@dataclass
+class StepTable:
+    """Captured forwards: the device time of a round's captured steps for k = 0..k_max, measured by
+    timed replays once per attended-length bucket (`measure(bucket)`), plus the round's host overhead
+    (sampling, bookkeeping, the host sync) per k: the average of measured round time minus the table.
+    Every slot rides along in a captured step, so the number of busy rows b does not change the cost."""
+
+    measure: Callable[[int], list[float]]
+    smoothing: float = 0.1
+    tables: dict[int, list[float]] = field(default_factory=dict)  # bucket -> seconds for k = 0..k_max
+    overhead: dict[int, float] = field(default_factory=dict)  # k -> seconds beyond the table
+    bucket: int | None = None
+
+    def use_bucket(self, bucket: int) -> None:
+        """Rows grew (or shrank) into another attended-length bucket: time its steps the first time."""
+        if bucket not in self.tables:
+            self.tables[bucket] = list(self.measure(bucket))
+        self.bucket = bucket
+
+    def cost(self, k: int, b: int) -> float | None:
+        if self.bucket is None:
+            return None
+        known = list(self.overhead.values())
+        extra = self.overhead.get(k, sum(known) / len(known) if known else 0.0)
+        return self.tables[self.bucket][k] + extra
+
+    def observe(self, k: int, b: int, seconds: float) -> None:
+        if self.bucket is None:
+            return
+        residual = seconds - self.tables[self.bucket][k]
+        old = self.overhead.get(k)
+        self.overhead[k] = residual if old is None else (1 - self.smoothing) * old + self.smoothing * residual
+
+
+# ---- the controller ----------------------------------------------------------------------------------
+
+
 @dataclass
 class AdaptiveK:
     """Call choose(rows) before a round and observe(...) after it."""
 
     k_max: int
+    policy: DrafterPolicy = DRAFT_MODEL
+    costs: CostModel = field(default_factory=RoundTimes)
     decay: float = 0.9  # per informative round, for each row's counts (~10 rounds of memory)
     prior_weight: float = 2.0  # pseudo-observations of the job-wide acceptance in each row's estimate
     pooled_decay: float = 0.99  # per round, for the job-wide counts
-    smoothing: float = 0.2  # weight of a new round time in the (k, b) average
     revisit_every: int = 48  # rounds between re-timings of the chosen k's neighbours
-    lookup: bool = False  # a lookup drafter: proposals seen before choosing, bursty acceptance, no catch-up
-    costs: dict[int, dict[int, float]] = field(init=False, default_factory=dict)  # b -> k -> seconds
-    samples: dict[tuple[int, int], int] = field(init=False, default_factory=dict)  # (b, k) -> rounds timed
     rows: dict[int, RowAcceptance] = field(init=False, default_factory=dict)  # slot -> counts
     pooled: RowAcceptance = field(init=False)
     continued: list[RowAcceptance] = field(init=False)  # [j]: drafts at position j accepted / refused, given j-1 were
@@ -105,11 +191,11 @@ class AdaptiveK:
         return (row.accepted + w * self.pooled_alpha) / (row.accepted + row.rejections + w)
 
     def expected(self, alpha: float, n: int, run: list[float] | None = None) -> float:
-        """Expected tokens of a row with n drafts: geometric in alpha, or for a lookup drafter
+        """Expected tokens of a row with n drafts: geometric in alpha, or for a bursty drafter
         1 + alpha * run[n] where run[n] = 1 + c_2 + c_2 c_3 + ... (see the module docstring)."""
         if n <= 0:
             return 1.0
-        if not self.lookup:
+        if not self.policy.bursty:
             return expected_tokens(alpha, n)
         return 1.0 + alpha * (run or self.run_lengths())[n]
 
@@ -125,20 +211,9 @@ class AdaptiveK:
         """A new request took `slot`: forget the previous one's history."""
         self.rows[slot] = RowAcceptance()
 
-    # ---- cost ------------------------------------------------------------------------------------
-
     def cost(self, k: int, b: int) -> float | None:
         """Estimated seconds of a round with k drafts and b active rows, or None if nothing is known."""
-        table = self.costs.get(b, {})
-        if k in table:
-            return table[k]
-        measured = [bb for bb, t in self.costs.items() if k in t]
-        if not measured:
-            return None
-        near = self.costs[min(measured, key=lambda bb: (abs(bb - b), bb))]
-        common = [j for j in table if j in near]
-        scale = table[common[0]] / near[common[0]] if common else 1.0
-        return near[k] * scale
+        return self.costs.cost(k, b)
 
     # ---- the decision ----------------------------------------------------------------------------
 
@@ -148,15 +223,16 @@ class AdaptiveK:
         if seconds is None:
             return None
         alphas = alphas if alphas is not None else [self.alpha(s) for s in slots]
-        run = self.run_lengths() if self.lookup else None
+        run = self.run_lengths() if self.policy.bursty else None
         tokens = sum(self.expected(a, min(k, budget), run) for a, budget in zip(alphas, budgets))
-        return tokens / seconds
+        return tokens / max(seconds, 1e-9)
 
     def choose(self, slots: list[int], budgets: list[int]) -> int:
         """The k for a round over `slots`, whose rows may draft at most budgets[i] tokens.
 
-        For a lookup drafter the budgets are what each row actually proposed (see generator._round):
-        a k past the longest proposal would cost a wider verify pass for nothing, so it is never chosen.
+        For a drafter that proposes first the budgets are what each row actually proposed (see
+        generator._schedule): a k past the longest proposal would cost a wider verify pass for nothing,
+        so it is never chosen.
         """
         self._rounds += 1
         limit = min(self.k_max, max(budgets, default=0))
@@ -188,14 +264,11 @@ class AdaptiveK:
         A row whose drafter proposed fewer drafts than allowed and had them all accepted (nothing more to
         say) counts as a rejection too: for throughput, a missing draft is a refused one.
         """
-        after_plain = not self.lookup and k > 0 and self._last_k == 0
+        # A draft model first catches up on the tokens it skipped in plain rounds: not a cost of this k.
+        after_plain = self.policy.catches_up and k > 0 and self._last_k == 0
         self._last_k = k
         if seconds > 0 and not after_plain:
-            b = len(slots)
-            table = self.costs.setdefault(b, {})
-            n = self.samples[b, k] = self.samples.get((b, k), 0) + 1
-            old = table.get(k)
-            table[k] = seconds if n <= 2 else (1 - self.smoothing) * old + self.smoothing * seconds
+            self.costs.observe(k, len(slots), seconds)
         if k == 0:
             return
         for counts in (self.pooled, *self.continued):
@@ -204,7 +277,7 @@ class AdaptiveK:
         for slot, budget, n, m in zip(slots, budgets, drafted, accepted):
             if budget == 0:
                 continue  # no room to draft (end of the request): nothing learned
-            if self.lookup:  # the row's count is its first draft; later positions go to the job-wide c_j
+            if self.policy.bursty:  # the row's count is its first draft; later positions go to the job-wide c_j
                 kept, rejected = min(m, 1), m == 0
                 for j in range(2, min(n, m + 1) + 1):  # positions reached: all before them were kept
                     self.continued[j].accepted += m >= j

@@ -1,10 +1,12 @@
-"""Drafters: propose up to k tokens per active slot, then learn from what the target accepted.
+"""Drafters: propose up to k tokens per row, then learn from what the target accepted.
 
 Every drafter speaks the same three verbs (cf. transformers' CandidateGenerator, made batched):
-  admit(slots, prompts)            new requests now occupy these slots
+  admit(slots, sequences)          new requests now occupy these slots (sequence = prompt + first token)
   propose(ctx) -> Draft            up to ctx.k[i] tokens for row i; rows may propose 0
-  commit(slots, emitted, accepted) the tokens each row emitted this round, and how many drafts it kept
-A row that proposes nothing costs only its 1-token decode in the verify pass.
+  commit(slots, emitted, accepted) the tokens each running row emitted this round, and how many drafts it kept
+and declares a DrafterPolicy: what the adaptive controller needs to know about it, so that the
+controller never looks inside a drafter. A row that proposes nothing costs only its 1-token decode in
+the verify pass.
 """
 
 from __future__ import annotations
@@ -16,14 +18,43 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from .kv_cache import SlotKVCache, forward
+from .runner import ModelRunner
 from .sampling import STREAM_DRAFT, SamplingParams, greedy_tokens, sample, to_probs, uniforms
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterPolicy:
+    """What choosing each round's number of drafts needs to know about a drafter.
+
+    propose_first: proposing k_max tokens costs no more than proposing fewer and the first tokens do not
+        depend on k (lookups): propose, then choose the verify width from the proposals on the table.
+    bursty: proposals are right or wrong as a whole (a lookup's match) more often than token by token,
+        so acceptance is modelled as first-draft acceptance times job-wide continuation rates instead of
+        one geometric alpha.
+    draft_forwards: each drafted token costs one forward of a draft model.
+    catches_up: after rounds without drafting, the next drafted round first feeds the draft the tokens it
+        missed, a cost of the plain rounds before and not of that round's k.
+    """
+
+    propose_first: bool = False
+    bursty: bool = False
+    draft_forwards: bool = False
+    catches_up: bool = False
+
+
+LOOKUP_POLICY = DrafterPolicy(propose_first=True, bursty=True)
+MODEL_POLICY = DrafterPolicy(draft_forwards=True, catches_up=True)
 
 
 @dataclass(slots=True)
 class DraftContext:
-    """What a drafter may read in a round. rows/lengths/k are host lists of equal length b;
-    tokens [B, S] holds every slot's sequence (prompt + output) on the device, valid up to lengths."""
+    """What a drafter may read in a round.
+
+    rows/lengths/k are host lists of equal length b: the slots of this round (every slot, in order, when
+    `static`; then idle slots have k = 0), each row's sequence length L (prompt + output so far) and its
+    budget. rows_t [b] and lengths_t [b] are the same on the device. tokens [B, S] holds every slot's
+    sequence on the device, valid up to its length.
+    """
 
     rows: list[int]
     lengths: list[int]
@@ -31,13 +62,23 @@ class DraftContext:
     tokens: torch.Tensor
     presence: torch.Tensor | None  # [B, V] bool: tokens already in each slot's context (repetition penalty)
     noise_keys: torch.Tensor  # [B] int64
+    rows_t: torch.Tensor | None = None
+    lengths_t: torch.Tensor | None = None
+    static: bool = False
+
+    def __post_init__(self):
+        device = self.tokens.device
+        if self.rows_t is None:
+            self.rows_t = torch.tensor(self.rows, device=device)
+        if self.lengths_t is None:
+            self.lengths_t = torch.tensor(self.lengths, device=device)
 
 
 @dataclass(slots=True)
 class Draft:
     tokens: torch.Tensor  # [b, W] int64, padded with 0 past num_tokens; W sets the verify width W+1
     num_tokens: torch.Tensor  # [b] int64 on the device: how many of each row's tokens are proposals
-    probs: torch.Tensor | None = None  # [b, K, V] q after the sampling transforms; None = one-hot q
+    probs: torch.Tensor | None = None  # [b, W, V] q after the sampling transforms; None = one-hot q
     host_num: list[int] | None = None  # num_tokens on the host, when the drafter has it without a device sync
 
     def truncate(self, width: int) -> "Draft":
@@ -49,18 +90,17 @@ class Draft:
 
 
 class Drafter(Protocol):
-    # True when proposing k_max tokens costs no more than proposing fewer and its first tokens do not depend
-    # on k (lookup drafters): the adaptive controller then proposes first and picks the verify width after.
-    free_proposals: bool
+    policy: DrafterPolicy
 
-    def admit(self, slots: list[int], prompts: list[list[int]]) -> None: ...
+    def admit(self, slots: list[int], sequences: list[list[int]]) -> None: ...
     def propose(self, ctx: DraftContext) -> Draft: ...
     def commit(self, slots: list[int], emitted: list[list[int]], num_accepted: list[int]) -> None: ...
+    def draft_seconds(self, k: int, kv_len: int) -> float: ...  # device time of proposing k tokens (captured steps)
 
 
 def empty_draft(b: int, device: torch.device) -> Draft:
     return Draft(tokens=torch.zeros(b, 0, dtype=torch.long, device=device),
-                 num_tokens=torch.zeros(b, dtype=torch.long, device=device))
+                 num_tokens=torch.zeros(b, dtype=torch.long, device=device), host_num=[0] * b)
 
 
 def _pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
@@ -73,12 +113,12 @@ def _pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
 class NoDrafter:
     """Plain decoding on the same machinery: every round verifies just the pending token."""
 
-    free_proposals = False
+    policy = DrafterPolicy()
 
     def __init__(self, device: torch.device):
         self.device = device
 
-    def admit(self, slots, prompts):
+    def admit(self, slots, sequences):
         pass
 
     def propose(self, ctx: DraftContext) -> Draft:
@@ -86,6 +126,9 @@ class NoDrafter:
 
     def commit(self, slots, emitted, num_accepted):
         pass
+
+    def draft_seconds(self, k, kv_len):
+        return 0.0
 
 
 class NGramDrafter:
@@ -95,7 +138,7 @@ class NGramDrafter:
     continuation (ties: the most recently seen), append it to a tentative context, and chain.
     """
 
-    free_proposals = True
+    policy = LOOKUP_POLICY
 
     def __init__(self, device: torch.device, max_order: int = 4, min_order: int = 2):
         if not 2 <= min_order <= max_order:
@@ -104,11 +147,11 @@ class NGramDrafter:
         self.tables: dict[int, dict[tuple[int, ...], dict[int, list[int]]]] = {}
         self.history: dict[int, list[int]] = {}
 
-    def admit(self, slots, prompts):
-        for slot, prompt in zip(slots, prompts):
+    def admit(self, slots, sequences):
+        for slot, seq in zip(slots, sequences):
             self.tables[slot] = defaultdict(dict)
             self.history[slot] = []
-            self._learn(slot, prompt)
+            self._learn(slot, seq)
 
     def _learn(self, slot: int, tokens: list[int]) -> None:
         history, table = self.history[slot], self.tables[slot]
@@ -148,30 +191,36 @@ class NGramDrafter:
         for slot, tokens in zip(slots, emitted):
             self._learn(slot, tokens)
 
+    def draft_seconds(self, k, kv_len):
+        return 0.0  # host work, the same for every k: part of the round's overhead
+
 
 class PromptLookupDrafter:
     """Prompt lookup: find the most recent earlier occurrence of the trailing n-gram (n from max_n down
     to min_n) in the request's prompt + output and propose what followed it. Vectorized over rows."""
 
-    free_proposals = True
+    policy = LOOKUP_POLICY
 
     def __init__(self, device: torch.device, max_n: int = 3, min_n: int = 1):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"prompt lookup needs 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.device, self.max_n, self.min_n = device, max_n, min_n
 
-    def admit(self, slots, prompts):
+    def admit(self, slots, sequences):
         pass
 
     def commit(self, slots, emitted, num_accepted):
         pass
 
+    def draft_seconds(self, k, kv_len):
+        return 0.0  # one vectorized match whatever k is: part of the round's overhead
+
     def propose(self, ctx: DraftContext) -> Draft:
         b, k_max = len(ctx.rows), max(ctx.k, default=0)
         if k_max == 0:
             return empty_draft(b, self.device)
-        lengths = torch.tensor(ctx.lengths, device=self.device)
-        seq = ctx.tokens[torch.tensor(ctx.rows, device=self.device), : max(ctx.lengths)]  # [b, S]
+        lengths = ctx.lengths_t
+        seq = ctx.tokens[ctx.rows_t, : max(ctx.lengths)]  # [b, S]
         start = torch.full((b,), -1, dtype=torch.long, device=self.device)  # continuation start per row
         for n in range(self.max_n, self.min_n - 1, -1):
             if seq.shape[1] < n + 1:
@@ -197,26 +246,28 @@ class PromptLookupDrafter:
 
 
 class ModelDrafter:
-    """A small draft model with its own slot cache, run k times per round over all active rows.
+    """A small draft model, driven through its own ModelRunner, run k times per round over the rows.
 
-    The draft cache of slot s is valid for its first `cache.lengths[s]` tokens. A round first feeds the
-    tokens the draft has not seen (normally the last 1-2 emitted tokens; the prompt is prefilled at
-    admit), then one token per step. After the verdict a row's draft cache stays valid up to
-    L + min(num_accepted, steps - 1): the last draft token was never fed, and rejected ones are stale.
+    A round over rows of sequence length L feeds the draft [seq[L-2], seq[L-1]] at positions L-2, L-1 (a
+    fixed 2-token step, so it can be captured: rewriting L-2 when the draft already has it is harmless),
+    then one drafted token per step. So the draft cache only has to be valid up to L-2 when a round
+    starts, which holds after any drafted round: a verdict of m accepted drafts leaves it valid up to
+    L + min(m, steps-1), and the next round starts at L' - 2 = L + m - 1. After rounds without drafting
+    (adaptive k = 0) a row catches up on what it missed first, eagerly (`valid` tracks it on the host).
     """
 
-    free_proposals = False  # every drafted token is a draft forward: choose k before proposing
+    policy = MODEL_POLICY
 
-    def __init__(
-        self, model: PreTrainedModel, num_slots: int, max_len: int, max_position: int,
-        target_vocab_size: int, sampling: SamplingParams,
-    ):
-        self.model, self.sampling, self.max_position = model, sampling, max_position
-        self.device = model.device
-        self.cache = SlotKVCache.for_model(model, num_slots, max_len)
-        self.draft_vocab = model.get_output_embeddings().weight.shape[0]
+    def __init__(self, model: PreTrainedModel, *, num_slots: int, capacity: int, max_position: int,
+                 target_vocab_size: int, sampling: SamplingParams, capture: str | None = None):
+        self.runner = ModelRunner(model, num_slots=num_slots, capacity=capacity, max_position=max_position,
+                                  capture=capture, widths=(1, 2), name="draft")
+        self.sampling, self.device = sampling, model.device
+        self.draft_vocab = self.runner.vocab_size
         self.target_vocab = target_vocab_size
+        self.valid = [0] * num_slots  # per slot: leading draft-cache entries known to be right (host)
         self._round: tuple[list[int], list[int], int] | None = None  # rows, lengths, steps of the last propose
+        self._step_times: dict[int, tuple[float, float]] = {}  # bucket -> seconds of the 2-token, 1-token step
 
     def _align(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., V_draft] -> [..., V_target]: ids the target lacks are dropped, ids the draft
@@ -226,20 +277,30 @@ class ModelDrafter:
         pad = logits.new_full((*logits.shape[:-1], self.target_vocab - self.draft_vocab), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
-    def _feed(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids.clamp(max=self.draft_vocab - 1)  # a target-only id must not index the draft's embeddings
-
     @torch.inference_mode()
-    def admit(self, slots, prompts):
-        """Prefill the draft on prompt[:-1] (the generator passes prompt + first output token); the last
-        token is fed in the first round."""
-        todo = [(s, p[:-1]) for s, p in zip(slots, prompts) if len(p) > 1]
-        for slot, prompt in zip(slots, prompts):
-            self.cache.lengths[slot] = len(prompt) - 1
+    def admit(self, slots, sequences):
+        """Prefill the draft on sequence[:-1]; the last token is fed in the first round."""
+        todo = [(s, seq[:-1]) for s, seq in zip(slots, sequences) if len(seq) > 1]
         if todo:
-            rows = [s for s, _ in todo]
-            ids = _pad([p for _, p in todo], self.device)
-            forward(self.model, self.cache, self._feed(ids), rows, [0] * len(rows), self.max_position, logits_to_keep=1)
+            chunks = [c for _, c in todo]
+            self.runner.prefill([s for s, _ in todo], _pad(chunks, self.device), [0] * len(todo),
+                                [len(c) for c in chunks])
+        for slot, seq in zip(slots, sequences):
+            self.valid[slot] = len(seq) - 1
+
+    def _catch_up(self, ctx: DraftContext) -> None:
+        """Eagerly feed rows that missed tokens (rounds without drafting) up to position L-2."""
+        lagging = [(i, self.valid[row], n - 2) for i, (row, n, k) in enumerate(zip(ctx.rows, ctx.lengths, ctx.k))
+                   if k > 0 and self.valid[row] < n - 2]
+        if not lagging:
+            return
+        width = max(end - start for _, start, end in lagging)
+        index = torch.tensor([i for i, _, _ in lagging], device=self.device)
+        starts = torch.tensor([start for _, start, _ in lagging], device=self.device)
+        ids = ctx.tokens[ctx.rows_t[index][:, None], (starts[:, None] + torch.arange(width, device=self.device))
+                         .clamp(max=ctx.tokens.shape[1] - 1)]
+        self.runner.prefill([ctx.rows[i] for i, _, _ in lagging], ids, [s for _, s, _ in lagging],
+                            [end - start for _, start, end in lagging])
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> Draft:
@@ -247,18 +308,17 @@ class ModelDrafter:
         if steps == 0:
             self._round = None
             return empty_draft(b, self.device)
-        rows_t = torch.tensor(ctx.rows, device=self.device)
-        seen = [self.cache.lengths[s] for s in ctx.rows]
-        chunks = [list(range(d, length)) for d, length in zip(seen, ctx.lengths)]
-        idx = _pad(chunks, self.device)
-        ids = ctx.tokens[rows_t[:, None], idx]
-        logits = forward(self.model, self.cache, self._feed(ids), ctx.rows, seen, self.max_position)
-        last = torch.tensor([len(c) - 1 for c in chunks], device=self.device)
-        logits = logits[torch.arange(b, device=self.device), last]  # [b, V_draft]
-
-        presence = ctx.presence[rows_t].clone() if ctx.presence is not None else None
-        keys = ctx.noise_keys[rows_t]
-        lengths = torch.tensor(ctx.lengths, device=self.device)
+        self._catch_up(ctx)
+        runner, arange = self.runner, torch.arange(b, device=self.device)
+        rows = None if ctx.static else ctx.rows_t
+        where = slice(None) if ctx.static else ctx.rows_t
+        start = (ctx.lengths_t - 2).clamp(min=0)  # [b]; idle slots (length 1) ride along from 0
+        runner.commit(where, start)
+        feed = ctx.tokens[ctx.rows_t[:, None], start[:, None] + torch.arange(2, device=self.device)]
+        kv_len = max(ctx.lengths) + steps - 1
+        logits = runner.forward(feed, kv_len=kv_len, rows=rows, last_only=True)[:, -1]
+        presence = ctx.presence[ctx.rows_t].clone() if ctx.presence is not None else None
+        keys = ctx.noise_keys[ctx.rows_t]
         tokens, probs = [], []
         for i in range(steps):
             aligned = self._align(logits.float())
@@ -266,28 +326,40 @@ class ModelDrafter:
                 token = greedy_tokens(aligned, self.sampling, presence)
             else:
                 q = to_probs(aligned, self.sampling, presence)
-                token = sample(q, uniforms(keys, (lengths + i)[:, None], STREAM_DRAFT)[:, 0])
+                token = sample(q, uniforms(keys, (ctx.lengths_t + i)[:, None], STREAM_DRAFT)[:, 0])
                 probs.append(q)
             tokens.append(token)
             if presence is not None:
-                presence[torch.arange(b, device=self.device), token] = True
+                presence[arange, token] = True
             if i + 1 < steps:
-                starts = [length + i for length in ctx.lengths]
-                logits = forward(self.model, self.cache, self._feed(token[:, None]), ctx.rows, starts, self.max_position)[:, -1]
+                runner.commit(where, start + 2 + i)
+                logits = runner.forward(token[:, None], kv_len=kv_len, rows=rows)[:, -1]
         self._round = (list(ctx.rows), list(ctx.lengths), steps)
         return Draft(
             tokens=torch.stack(tokens, dim=1),
             num_tokens=torch.tensor(ctx.k, dtype=torch.long, device=self.device),
             probs=torch.stack(probs, dim=1) if probs else None,
+            host_num=list(ctx.k),
         )
+
+    def draft_seconds(self, k: int, kv_len: int) -> float:
+        """k drafted tokens: one 2-token step and k - 1 one-token steps (timed replays, per length bucket)."""
+        if k == 0:
+            return 0.0
+        bucket = self.runner.bucket(kv_len)
+        if bucket not in self._step_times:
+            self._step_times[bucket] = (self.runner.time_step(2, bucket, last_only=True),
+                                        self.runner.time_step(1, bucket))
+        first, step = self._step_times[bucket]
+        return first + (k - 1) * step
 
     def commit(self, slots, emitted, num_accepted):
         if self._round is None:
             return
         rows, lengths, steps = self._round
         by_slot = dict(zip(rows, lengths))
-        valid = [by_slot[s] + min(m, steps - 1) for s, m in zip(slots, num_accepted)]
-        self.cache.rollback(slots, valid)
+        for slot, m in zip(slots, num_accepted):
+            self.valid[slot] = by_slot[slot] + min(m, steps - 1)
         self._round = None
 
 
@@ -296,11 +368,12 @@ def make_drafter(
     *,
     device: torch.device,
     num_slots: int,
-    max_len: int,
+    capacity: int,
     max_position: int,
     target_vocab_size: int,
     sampling: SamplingParams,
     draft_model: PreTrainedModel | None = None,
+    capture: str | None = None,
 ) -> Drafter:
     if name == "none":
         return NoDrafter(device)
@@ -311,5 +384,6 @@ def make_drafter(
     if name == "model":
         if draft_model is None:
             raise ValueError("drafter 'model' needs a draft model (model.draft / draft=)")
-        return ModelDrafter(draft_model, num_slots, max_len, max_position, target_vocab_size, sampling)
+        return ModelDrafter(draft_model, num_slots=num_slots, capacity=capacity, max_position=max_position,
+                            target_vocab_size=target_vocab_size, sampling=sampling, capture=capture)
     raise ValueError(f"unknown drafter {name!r}: choose none, model, ngram or prompt_lookup")

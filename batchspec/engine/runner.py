@@ -1,0 +1,270 @@
+"""ModelRunner: one model, its slot KV cache, the per-slot lengths, and the forwards over them.
+
+Nothing else touches a model's cache. `lengths[s]` (on the device) is the number of valid cache
+entries of slot s and the single source of truth for where the next forward writes; callers commit
+a round's verdict by setting it (`commit`), which is also the rollback: O(1), no copy.
+
+Two kinds of forward:
+  - `prefill(rows, chunks, starts)`: eager, ragged (new prompts, a draft catching up); logits at each
+    row's last new token only;
+  - `forward(tokens)`: a static-shape step over every slot, T tokens per slot written at `lengths`,
+    attending over a fixed length bucket (64, 128, 256, ... up to the capacity). Idle slots ride along
+    as padding whose writes are never read. Positions and the mask are computed on the device from
+    `lengths`, so the step needs nothing from the host and can be captured: with `capture="cuda_graphs"`
+    each (T, bucket) is captured once, the first time it is needed, and replayed after (as
+    nano-vllm does); with `capture="inductor"` (CPU) it is compiled by torch.compile. A shape outside
+    the declared widths, or one whose capture failed, runs eagerly with one warning per shape.
+  - `forward(tokens, rows=...)`: the same step over some slots only, eagerly, attending over exactly
+    `kv_len` entries: the CPU path, where compute grows with the rows and idle rows would cost.
+
+The returned logits of a captured step live in a buffer that the next replay of that shape
+overwrites: read them before the next forward of the same shape.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from transformers import PreTrainedModel
+
+from .kv_cache import SlotKVCache, causal_mask
+
+log = logging.getLogger("batchspec")
+
+CAPTURE_MODES = (None, "static", "cuda_graphs", "inductor")
+SMALLEST_BUCKET = 64
+
+
+def kv_buckets(capacity: int) -> list[int]:
+    """Attended lengths a static step may use: powers of two from 64, then the capacity itself."""
+    out, size = [], SMALLEST_BUCKET
+    while size < capacity:
+        out.append(size)
+        size *= 2
+    return out + [capacity]
+
+
+def resolve_capture(compile: str | bool | None, device: torch.device) -> str | None:
+    """`compile` setting -> capture mode: auto = CUDA graphs on a GPU, nothing on CPU; on = CUDA graphs on
+    a GPU, torch.compile (inductor) on CPU; off = eager; static = the static shapes of the captured path,
+    run eagerly (to tell a capture problem from a shape problem)."""
+    if compile in (None, "auto"):
+        return "cuda_graphs" if device.type == "cuda" else None
+    if compile in (False, "off"):
+        return None
+    if compile in (True, "on"):
+        return "cuda_graphs" if device.type == "cuda" else "inductor"
+    if compile == "static":
+        return "static"
+    raise ValueError(f"compile={compile!r}: choose auto, on, off or static")
+
+
+@dataclass(slots=True)
+class _Captured:
+    graph: "torch.cuda.CUDAGraph | None"
+    inputs: torch.Tensor  # [B, T] the replay reads
+    logits: torch.Tensor  # [B, T', V] the replay writes
+
+
+class ModelRunner:
+    """Owns `model`'s slot cache (num_slots x capacity positions) and lengths [num_slots].
+
+    widths: the step widths T this model will use (verify widths for a target, 1 and 2 for a draft),
+    the shapes worth capturing. max_position clamps position ids so that padding never indexes past a
+    learned position table. name appears in logs ("target", "draft").
+    """
+
+    def __init__(self, model: PreTrainedModel, *, num_slots: int, capacity: int, max_position: int,
+                 capture: str | None = None, widths: Iterable[int] = (), name: str = "model"):
+        if capture not in CAPTURE_MODES:
+            raise ValueError(f"capture={capture!r}: choose one of {CAPTURE_MODES}")
+        if capture == "cuda_graphs" and model.device.type != "cuda":
+            raise ValueError("capture='cuda_graphs' needs a model on a CUDA device")
+        self.model, self.name, self.capture = model, name, capture
+        self.device = model.device
+        self.num_slots, self.capacity, self.max_position = num_slots, capacity, max_position
+        self.cache = SlotKVCache.for_model(model, num_slots, capacity)
+        self.lengths = torch.zeros(num_slots, dtype=torch.long, device=self.device)
+        self.widths = set(widths)
+        self.buckets = kv_buckets(capacity)
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.capture_s = 0.0  # seconds spent capturing or compiling, over the job
+        self.captured: dict[tuple[int, int, bool], _Captured] = {}
+        self._failed: set[tuple[int, int, bool]] = set()
+        self._warned: set[int] = set()
+        self._arange = torch.arange(max(self.widths | {2}) + 1, device=self.device)
+        self._pool = None
+        self._compiled = None
+        if capture == "inductor":
+            # One graph per (T, bucket, last_only): raise Dynamo's recompile limit to fit them all.
+            needed = 2 * (len(self.widths) + 1) * len(self.buckets) + 8
+            limit = getattr(torch._dynamo.config, "recompile_limit", None)
+            if limit is not None and limit < needed:
+                torch._dynamo.config.recompile_limit = needed
+            if torch._dynamo.config.cache_size_limit < needed:
+                torch._dynamo.config.cache_size_limit = needed
+            self._compiled = torch.compile(self._step, fullgraph=True, dynamic=False)
+
+    # ---- lengths ---------------------------------------------------------------------------------
+
+    def commit(self, rows: torch.Tensor | slice, lengths: torch.Tensor) -> None:
+        """Set the valid length of `rows` (a rollback when it is lower): device-side, no sync."""
+        self.lengths[rows] = lengths
+
+    def release(self, slot: int) -> None:
+        """A slot became idle: it rides along from position 0, far from the capacity."""
+        self.lengths[slot] = 0
+
+    # ---- eager, ragged ---------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, rows: list[int], ids: torch.Tensor, starts: list[int], lengths: list[int]) -> torch.Tensor:
+        """Write ids[i, :lengths[i]] ([b, W], right-padded) at positions starts[i].. of slot rows[i] and set
+        that slot's length to the end of it. Returns the logits after each row's last token, [b, V]."""
+        ends = [s + n for s, n in zip(starts, lengths)]
+        if max(ends) > self.capacity:
+            raise RuntimeError(f"{self.name} KV cache overflow: a row would write position {max(ends) - 1} "
+                               f">= {self.capacity}")
+        rows_t = torch.tensor(rows, device=self.device)
+        positions = torch.tensor(starts, device=self.device)[:, None] + torch.arange(ids.shape[1], device=self.device)
+        # Logits only at each row's last position: the distinct columns for every row, then each row's
+        # own. A 1-D logits_to_keep works in transformers 4.56+.
+        keep = sorted({n - 1 for n in lengths})
+        logits = self._call(ids, rows_t, positions, max(ends), torch.tensor(keep, device=self.device))
+        column = torch.tensor([keep.index(n - 1) for n in lengths], device=self.device)
+        self.lengths[rows_t] = torch.tensor(ends, device=self.device)
+        return logits[torch.arange(len(rows), device=self.device), column]
+
+    # ---- the static step -------------------------------------------------------------------------
+
+    def bucket(self, kv_len: int) -> int:
+        return next(b for b in self.buckets if b >= kv_len)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, *, kv_len: int, rows: torch.Tensor | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """tokens [B, T] (or [b, T] for `rows`), written at positions lengths[row] + t, -> logits
+        [B, T, V] ([.., 1, V] with last_only). Lengths are not changed: `commit` decides what stays.
+
+        kv_len: an upper bound, known on the host, of lengths[row] + T over the rows that matter.
+        """
+        if kv_len > self.capacity:
+            raise RuntimeError(f"{self.name} KV cache overflow: a row would write position {kv_len - 1} "
+                               f">= {self.capacity}")
+        if rows is not None:
+            positions = self.lengths[rows][:, None] + torch.arange(tokens.shape[1], device=self.device)
+            return self._call(tokens, rows, positions, kv_len, 1 if last_only else 0)
+        width = tokens.shape[1]
+        key = (width, self.bucket(kv_len) if self.capture else kv_len, last_only)
+        if self.capture in (None, "static"):
+            return self._step(tokens, key[1], last_only)
+        captured = self.captured.get(key)
+        if captured is None and key not in self._failed:
+            if width not in self.widths:
+                self._warn_eager(width, "it is not one of the captured widths")
+                self._failed.add(key)
+            else:
+                captured = self._capture(key)
+        if captured is None:
+            return self._step(tokens, key[1], last_only)
+        if captured.graph is None:  # inductor: the compiled step takes its inputs as they come
+            return self._compiled(tokens, key[1], last_only)
+        captured.inputs.copy_(tokens)
+        captured.graph.replay()
+        return captured.logits
+
+    def _step(self, tokens: torch.Tensor, kv_len: int, last_only: bool) -> torch.Tensor:
+        """Every slot, positions and mask from `lengths` on the device: the function that is captured."""
+        positions = self.lengths[:, None] + self._arange[: tokens.shape[1]]
+        return self._call(tokens, None, positions, kv_len, 1 if last_only else 0)
+
+    def _call(self, tokens, rows, positions, kv_len, logits_to_keep) -> torch.Tensor:
+        plan = self.cache.plan
+        plan.rows, plan.positions, plan.kv_len = rows, positions, kv_len
+        out = self.model(
+            input_ids=tokens.clamp(max=self.vocab_size - 1),  # a target-only id must not index a draft's embeddings
+            position_ids=positions.clamp(max=self.max_position - 1),
+            attention_mask=causal_mask(positions, kv_len, self.model.dtype),
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        return out.logits
+
+    # ---- capture ---------------------------------------------------------------------------------
+
+    def _capture(self, key: tuple[int, int, bool]) -> _Captured | None:
+        width, kv_len, last_only = key
+        started = time.perf_counter()
+        inputs = torch.zeros(self.num_slots, width, dtype=torch.long, device=self.device)
+        # Capturing runs the step (twice on a GPU: a warm-up, then the capture). It writes at positions
+        # lengths .. lengths+T-1 of every slot, past every valid entry, so it is harmless at any time.
+        try:
+            if self.capture == "inductor":
+                with torch.inference_mode():
+                    logits = self._compiled(inputs, kv_len, last_only)
+                captured = _Captured(None, inputs, logits)
+            else:
+                captured = self._capture_cuda_graph(inputs, kv_len, last_only)
+        except Exception as e:  # noqa: BLE001 - any failure means: run this shape eagerly, and say so
+            self._failed.add(key)
+            self._warn_eager(width, f"capturing it failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+            return None
+        seconds = time.perf_counter() - started
+        self.capture_s += seconds
+        self.captured[key] = captured
+        log.info("%s: captured the %d-token step over %d positions in %.2f s (%s)", self.name, width, kv_len,
+                 seconds, self.capture)
+        return captured
+
+    @torch.inference_mode()
+    def _capture_cuda_graph(self, inputs: torch.Tensor, kv_len: int, last_only: bool) -> _Captured:
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):  # warm-up off the capture: lazy inits, cuBLAS handles, autotuning
+            self._step(inputs, kv_len, last_only)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        # One memory pool for every graph of this runner: they never replay concurrently.
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = self._step(inputs, kv_len, last_only)
+        self._pool = graph.pool()
+        return _Captured(graph, inputs, logits)
+
+    def _warn_eager(self, width: int, why: str) -> None:
+        if width not in self._warned:
+            self._warned.add(width)
+            log.warning("%s: the %d-token step runs eagerly (%s); it will be slower than the captured ones",
+                        self.name, width, why)
+
+    # ---- measuring -------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def time_step(self, width: int, kv_len: int, *, last_only: bool = False, repeats: int = 5) -> float:
+        """Median seconds of the static step of `width` tokens attending over `kv_len` (replays, when
+        captured). It writes at the last `width` positions of the capacity, past every valid entry of
+        every slot (those are below max_seq_len), and restores the lengths."""
+        tokens = torch.zeros(self.num_slots, width, dtype=torch.long, device=self.device)
+        saved = self.lengths.clone()
+        self.lengths.fill_(self.capacity - width)
+        times = []
+        try:
+            for _ in range(repeats + 1):  # the first one warms up (and captures)
+                _sync(self.device)
+                started = time.perf_counter()
+                self.forward(tokens, kv_len=kv_len, last_only=last_only)
+                _sync(self.device)
+                times.append(time.perf_counter() - started)
+        finally:
+            self.lengths.copy_(saved)
+        times = sorted(times[1:])
+        return times[len(times) // 2]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

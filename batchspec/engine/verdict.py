@@ -1,0 +1,72 @@
+"""A verify pass's logits and the drafts -> the round's Verdict (device) -> its RoundOutcome (host).
+
+Per row, a round emits its accepted drafts and then one more token from the target (recovered at the
+first rejection, or bonus after the last draft; see sampling.py), cut after the first EOS among them.
+`Verdict.to_host` is the round's one host sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .drafters import Draft
+from .sampling import (
+    STREAM_ACCEPT, STREAM_RESAMPLE, SamplingParams, greedy_tokens, growing_presence, to_probs, uniforms,
+    verify_greedy, verify_sampling,
+)
+from .stops import StopRules
+
+
+@dataclass(slots=True)
+class RoundOutcome:
+    """A round's verdict on the host, one entry per row of the round."""
+
+    emitted: list[list[int]]  # the tokens each row emits (accepted drafts + one, cut after an EOS)
+    num_accepted: list[int]  # drafts the target agreed with (before any EOS cut)
+    num_drafts: list[int]  # drafts the row proposed
+    hit_eos: list[bool]  # the emitted tokens end with an EOS
+
+
+@dataclass(slots=True)
+class Verdict:
+    """A round's verdict on the device, [b] per row unless noted."""
+
+    tokens: torch.Tensor  # [b, T]: the target's token at each position; row i emits tokens[i, :num_emit[i]]
+    num_accepted: torch.Tensor
+    num_emit: torch.Tensor
+    hit_eos: torch.Tensor  # bool
+    num_drafts: torch.Tensor
+
+    def to_host(self) -> RoundOutcome:
+        """One device -> host copy for everything the host needs from the round."""
+        width = self.tokens.shape[1]
+        flags = torch.stack([self.num_emit, self.num_accepted, self.hit_eos.long(), self.num_drafts], dim=1)
+        rows = torch.cat([self.tokens, flags], dim=1).tolist()
+        return RoundOutcome(
+            emitted=[row[: row[width]] for row in rows],
+            num_accepted=[row[width + 1] for row in rows],
+            num_drafts=[row[width + 3] for row in rows],
+            hit_eos=[bool(row[width + 2]) for row in rows],
+        )
+
+
+def decide(logits: torch.Tensor, draft: Draft, *, sampling: SamplingParams, stops: StopRules,
+           lengths: torch.Tensor, presence: torch.Tensor | None, noise_keys: torch.Tensor) -> Verdict:
+    """logits [b, T, V]: the target after [pending token, d_1 .. d_{T-1}] of each row; lengths [b]: each
+    row's sequence length L, so position t of the pass decides sequence position L + t; presence [b, V]
+    (repetition penalty) and noise_keys [b] of the rows."""
+    drafts, num_drafts = draft.tokens, draft.num_tokens
+    width = logits.shape[1]
+    grown = growing_presence(presence, drafts, width) if presence is not None else None
+    if sampling.greedy:
+        tokens, num_accepted = verify_greedy(greedy_tokens(logits, sampling, grown), drafts, num_drafts)
+    else:
+        p = to_probs(logits, sampling, grown)
+        positions = lengths[:, None] + torch.arange(width, device=logits.device)  # position each token decides
+        u_accept = uniforms(noise_keys, positions[:, :-1], STREAM_ACCEPT)
+        u_resample = uniforms(noise_keys, positions, STREAM_RESAMPLE)
+        tokens, num_accepted = verify_sampling(p, drafts, num_drafts, draft.probs, u_accept, u_resample)
+    num_emit, hit_eos = stops.cut_at_eos(tokens, num_accepted)
+    return Verdict(tokens, num_accepted, num_emit, hit_eos, num_drafts)
