@@ -4,16 +4,23 @@
     python -m batchspec.bench --batch-size 1 --k 4 --repeats 5 --markdown bench.md --json bench.json
     python -m batchspec.bench --k 1,2,3,4 --drafters model     # a fixed-k sweep next to adaptive (k <= 4)
     python -m batchspec.bench --random-draft --drafters model  # a useless draft: adaptive should cost ~nothing
+    python -m batchspec.bench --device cuda --compile on,off   # captured (CUDA graphs) next to eager forwards
 
-Contenders run interleaved, `--repeats` times each, in one process; the table reports the median
-tokens/s, the ratio to HF batched `generate`, acceptance, tokens per target forward, and the speedup
-over drafter none predicted from the measured acceptance and cost curve:
+Every contender first runs once untimed (the warm-up: CUDA graph capture, torch.compile, HF's own
+compile with a static cache, allocator and kernel caches; its time is reported, not counted), then
+all run interleaved, `--repeats` times each (at least 3), in one process. A batchspec contender keeps
+its generator across repeats, as one long job would. The table reports the median tokens/s, the
+ratio to HF batched `generate`, acceptance, tokens per target forward, and the speedup over drafter
+none predicted from the measured acceptance and cost curve:
 
     predicted = tokens_per_forward * t_verify(1) / (t_verify(k+1) + k * t_draft(1))
 
 where t_verify(T) is one target forward of T tokens per row at this batch size and t_draft(1) one
-draft forward of 1 token (0 for the n-gram and prompt-lookup drafters). It also checks that every
-greedy output equals drafter none's, token for token, and says so.
+draft forward of 1 token (0 for the n-gram and prompt-lookup drafters), both captured as the first
+`--compile` mode says. It also checks that every greedy output equals drafter none's, token for
+token, and says so. HF `generate` runs left-padded batches, with its default dynamic cache and with
+`cache_implementation="static"` (which transformers compiles by itself on a GPU; every prompt is
+padded to the longest so that every batch has one shape and compiles once).
 """
 
 from __future__ import annotations
@@ -30,8 +37,9 @@ import torch
 
 from .api import build_generator
 from .calibrate import forward_ms, read_prompts, sync
+from .engine.runner import resolve_capture
 from .models import load_models
-from .types import Request, rounds_by_k_text
+from .types import Request, RunStats, rounds_by_k_text
 
 DEMO = Path(__file__).parent / "assets" / "demo"
 
@@ -39,10 +47,14 @@ DEMO = Path(__file__).parent / "assets" / "demo"
 @dataclass
 class Contender:
     name: str
-    kind: str  # hf_batched | hf_assisted | hf_prompt_lookup | batchspec
+    kind: str  # hf_batched | hf_static | hf_assisted | hf_prompt_lookup | batchspec
     drafter: str = "none"
     adaptive: bool = False
     k: int = 0  # drafts per round (the maximum, if adaptive)
+    compile: str = "auto"  # batchspec: how its static-shape forwards are captured
+    warmup_s: float | None = None  # the untimed first run (compile / capture included)
+    capture_s: float | None = None  # of which batchspec spent capturing its forwards
+    generator: object | None = None  # batchspec: built at the warm-up, reused by every repeat
     tokens_per_s: list[float] = field(default_factory=list)
     outputs: list[list[int]] | None = None
     acceptance: float | None = None
@@ -57,7 +69,13 @@ def run_hf(contender: Contender, models, prompts, args) -> tuple[float, list[lis
     tokenizer.padding_side = "left"
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else models.eos_token_ids[0]
     common = dict(do_sample=False, max_new_tokens=args.max_new_tokens, pad_token_id=pad)
-    batch = args.batch_size if contender.kind == "hf_batched" else 1
+    batch = args.batch_size if contender.kind in ("hf_batched", "hf_static") else 1
+    padding: dict = {"padding": True}
+    if contender.kind == "hf_static":
+        common["cache_implementation"] = "static"
+        # One shape for every batch: a new prompt length would re-initialise the static cache and recompile.
+        longest = max(len(tokenizer(p)["input_ids"]) for p in prompts)
+        padding = {"padding": "max_length", "max_length": longest}
     if contender.kind == "hf_assisted":
         gc = models.draft.generation_config  # HF reads the draft length from the assistant's config
         gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = contender.k, "constant", 0.0
@@ -68,7 +86,7 @@ def run_hf(contender: Contender, models, prompts, args) -> tuple[float, list[lis
     sync(target.device)
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch):
-        enc = tokenizer(prompts[i : i + batch], return_tensors="pt", padding=True).to(target.device)
+        enc = tokenizer(prompts[i : i + batch], return_tensors="pt", **padding).to(target.device)
         out = target.generate(**enc, **common)
         for row in out[:, enc["input_ids"].shape[1] :].tolist():
             row = strip_after_eos(row, models.eos_token_ids)
@@ -87,11 +105,16 @@ def strip_after_eos(row: list[int], eos: list[int]) -> list[int]:
 
 
 def run_batchspec(contender: Contender, models, prompts, args):
-    generator = build_generator(
-        models, drafter=contender.drafter, k=contender.k, batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, adaptive=contender.adaptive,
-        profile=True,
-    )
+    generator = contender.generator
+    if generator is None:  # the warm-up: forwards are captured once, here, as in a job
+        generator = contender.generator = build_generator(
+            models, drafter=contender.drafter, k=contender.k, batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, adaptive=contender.adaptive,
+            profile=args.profile, compile=contender.compile,
+        )
+    k = generator.k
+    generator.stats = RunStats(proposed_by_position=[0] * k, accepted_by_position=[0] * k, rounds_by_k=[0] * (k + 1))
+    generator.timings = dict.fromkeys(generator.timings, 0.0)
     sync(models.target.device)
     t0 = time.perf_counter()
     results = list(generator.run(Request(str(i), p) for i, p in enumerate(prompts)))
@@ -119,17 +142,22 @@ def randomize(model, seed: int) -> None:
 def contenders(args, has_draft: bool) -> list[Contender]:
     k_max = max(args.k)
     out = [Contender("hf generate (batched)", "hf_batched")]
+    if args.hf_static:
+        out.append(Contender("hf generate (static cache)", "hf_static"))
     if args.hf_batch1:
         if has_draft:
             out.append(Contender("hf assisted (batch 1)", "hf_assisted", k=k_max))
         out.append(Contender("hf prompt lookup (batch 1)", "hf_prompt_lookup", k=k_max))
-    out.append(Contender("batchspec none", "batchspec", "none"))
     drafters = [d for d in (["model"] if has_draft else []) + ["ngram", "prompt_lookup"] if d in args.drafters]
-    for drafter in drafters:
-        for k in args.k:
-            out.append(Contender(f"batchspec {drafter} k={k}", "batchspec", drafter, k=k))
-        if args.adaptive:
-            out.append(Contender(f"batchspec {drafter} adaptive k<={k_max}", "batchspec", drafter, adaptive=True, k=k_max))
+    for mode in args.compile:
+        tag = f" [{mode}]" if len(args.compile) > 1 else ""
+        out.append(Contender(f"batchspec none{tag}", "batchspec", "none", compile=mode))
+        for drafter in drafters:
+            for k in args.k:
+                out.append(Contender(f"batchspec {drafter} k={k}{tag}", "batchspec", drafter, k=k, compile=mode))
+            if args.adaptive:
+                out.append(Contender(f"batchspec {drafter} adaptive k<={k_max}{tag}", "batchspec", drafter,
+                                     adaptive=True, k=k_max, compile=mode))
     return out
 
 
@@ -137,7 +165,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=str(DEMO / "target"))
     parser.add_argument("--draft", default=str(DEMO / "draft"), help="'' for no draft model")
-    parser.add_argument("--prompts", default=str(DEMO / "prompts.parquet"), help="parquet or jsonl with a 'prompt' column")
+    parser.add_argument("--prompts", default=str(DEMO / "prompts.parquet"),
+                        help="any job source: Parquet file/folder/glob, saved or local HF dataset, JSONL")
+    parser.add_argument("--prompt-column", default="prompt")
+    parser.add_argument("--split", default="train", help="for Hugging Face datasets")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-seq-len", type=int, default=512)
@@ -145,9 +176,16 @@ def main(argv: list[str] | None = None) -> None:
                         "and ends with a table of tokens/s by batch size")
     parser.add_argument("--k", default="4", help="drafts per round; a list (e.g. 1,2,3,4) runs a fixed-k sweep, "
                         "and adaptive gets the largest as its maximum")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed, interleaved runs of each contender (>= 3)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--compile", default="auto", help="how batchspec captures its static-shape forwards: auto "
+                        "(CUDA graphs on a GPU, eager on CPU), on (CUDA graphs; torch.compile on CPU), off, static; "
+                        "a list (e.g. on,off) runs every batchspec contender in each mode")
+    parser.add_argument("--profile", action="store_true", help="sync the GPU after every round phase, so that the "
+                        "printed split of round time is exact (it slows the rounds down a little)")
+    parser.add_argument("--no-hf-static", dest="hf_static", action="store_false",
+                        help="skip HF generate with cache_implementation='static'")
     parser.add_argument("--no-hf-batch1", dest="hf_batch1", action="store_false", help="skip the batch-1 HF contenders")
     parser.add_argument("--no-adaptive", dest="adaptive", action="store_false", help="skip the adaptive-k contenders")
     parser.add_argument("--drafters", default="model,ngram,prompt_lookup",
@@ -164,6 +202,15 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--k: expected integers like 4 or 1,2,4, got {args.k!r}")
     if args.k[0] < 1:
         parser.error("--k must be at least 1")
+    if args.repeats < 3:
+        print(f"bench: warning: --repeats {args.repeats}: medians of fewer than 3 interleaved repeats are noise",
+              flush=True)
+    args.compile = [m.strip() for m in str(args.compile).split(",") if m.strip()]
+    for mode in args.compile:
+        try:
+            resolve_capture(mode, torch.device("cpu"))
+        except ValueError as e:
+            parser.error(f"--compile: {e}")
     try:
         args.batch_size = [int(b) for b in str(args.batch_size).split(",")]
     except ValueError:
@@ -173,6 +220,10 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(args.drafters) - {"model", "ngram", "prompt_lookup"}
     if unknown:
         parser.error(f"--drafters: unknown {sorted(unknown)}; choose from model, ngram, prompt_lookup")
+    try:
+        prompts = read_prompts(args.prompts, args.num_prompts, args.prompt_column, args.split)
+    except ValueError as e:  # SourceError included
+        parser.error(f"--prompts: {e}")
     models = load_models(args.target, args.draft or None, dtype=args.dtype, device=args.device)
     if args.random_draft:
         if models.draft is None:
@@ -181,7 +232,6 @@ def main(argv: list[str] | None = None) -> None:
     for model in (models.target, models.draft):
         if model is not None:
             model.generation_config.eos_token_id = models.eos_token_ids  # the same stops for every contender
-    prompts = read_prompts(args.prompts, args.num_prompts)
     reports = [bench_batch_size(args, models, prompts, b) for b in args.batch_size]
     if len(reports) > 1:
         summary = render_by_batch_size(reports)
@@ -200,7 +250,15 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
     runners = {"batchspec": run_batchspec}
     field_ = contenders(args, models.draft is not None)
     print(f"{len(prompts)} prompts, batch {args.batch_size}, k {args.k}, max_new_tokens {args.max_new_tokens}, "
-          f"{args.repeats} repeats, device {models.target.device}, dtype {models.target.dtype}", flush=True)
+          f"{args.repeats} repeats, device {models.target.device}, dtype {models.target.dtype}, "
+          f"compile {','.join(args.compile)}", flush=True)
+    for c in field_:  # the warm-up: every contender once, untimed
+        started = time.perf_counter()
+        _, c.outputs = runners.get(c.kind, run_hf)(c, models, prompts, args)
+        c.warmup_s = time.perf_counter() - started
+        c.capture_s = c.generator.capture_s if c.generator is not None else None
+        extra = f" (capturing {c.capture_s:.1f} s)" if c.capture_s else ""
+        print(f"  warm-up:  {c.name:32s} {c.warmup_s:8.1f} s{extra}", flush=True)
     for repeat in range(args.repeats):
         for c in field_:
             rate, outputs = runners.get(c.kind, run_hf)(c, models, prompts, args)
@@ -209,25 +267,33 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
             print(f"  repeat {repeat + 1}: {c.name:32s} {rate:8.1f} tok/s", flush=True)
 
     context = int(statistics.mean(len(models.tokenizer(p)["input_ids"]) for p in prompts) + args.max_new_tokens / 2)
-    t_verify1 = forward_ms(models.target, args.batch_size, 1, context)
-    t_verify = {k: forward_ms(models.target, args.batch_size, k + 1, context) for k in args.k}
-    t_draft = forward_ms(models.draft, args.batch_size, 1, context) if models.draft is not None else 0.0
+    capture = resolve_capture(args.compile[0], models.target.device)
+    t_verify1 = forward_ms(models.target, args.batch_size, 1, context, capture=capture)
+    t_verify = {k: forward_ms(models.target, args.batch_size, k + 1, context, capture=capture) for k in args.k}
+    t_draft = forward_ms(models.draft, args.batch_size, 1, context, capture=capture) if models.draft is not None else 0.0
     cost = {"context": context, "target_ms_1": t_verify1, "draft_ms_1": t_draft,
             **{f"target_ms_{k + 1}": t for k, t in t_verify.items()}}
 
     baseline = statistics.median(field_[0].tokens_per_s)
-    none = next(c for c in field_ if c.kind == "batchspec" and c.drafter == "none")
-    reference, none_rate = none.outputs, statistics.median(none.tokens_per_s)
+    hf_static = next((c for c in field_ if c.kind == "hf_static"), None)
+    nones = {c.compile: c for c in field_ if c.kind == "batchspec" and c.drafter == "none"}
+    first_none = nones[args.compile[0]]
+    reference = first_none.outputs
     rows = []
     for c in field_:
         rate = statistics.median(c.tokens_per_s)
+        none_rate = statistics.median(nones.get(c.compile, first_none).tokens_per_s)
         predicted = None
         if c.kind == "batchspec" and c.drafter != "none" and c.tokens_per_forward and not c.adaptive:
             draft_cost = c.k * t_draft if c.drafter == "model" else 0.0
             predicted = c.tokens_per_forward * t_verify1 / (t_verify[c.k] + draft_cost)
         mismatches = sum(a != b for a, b in zip(c.outputs, reference))
         rows.append({
-            "contender": c.name, "tokens_per_s": rate, "vs_hf_batched": rate / baseline,
+            "contender": c.name, "kind": c.kind, "drafter": c.drafter if c.kind == "batchspec" else None,
+            "k": c.k, "adaptive": c.adaptive, "compile": c.compile if c.kind == "batchspec" else None,
+            "tokens_per_s": rate, "repeats_tokens_per_s": list(c.tokens_per_s),
+            "warmup_s": c.warmup_s, "capture_s": c.capture_s, "vs_hf_batched": rate / baseline,
+            "vs_hf_static": rate / statistics.median(hf_static.tokens_per_s) if hf_static else None,
             "vs_none": rate / none_rate, "acceptance": c.acceptance, "tokens_per_forward": c.tokens_per_forward,
             "predicted_vs_none": predicted, "achieved_over_predicted": (rate / none_rate) / predicted if predicted else None,
             "outputs_equal_to_none": len(prompts) - mismatches, "num_prompts": len(prompts),
@@ -238,24 +304,28 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
     print(f"\ncost curve at batch {args.batch_size}, ~{context} tokens cached: target 1 token {t_verify1:.2f} ms, "
           + ", ".join(f"{k + 1} tokens {t:.2f} ms (x{t / t_verify1:.2f})" for k, t in t_verify.items())
           + f"; draft 1 token {t_draft:.2f} ms")
-    print("where batchspec's time goes (share of round time: draft / verify / accept / bookkeeping / admit):")
+    exact = models.target.device.type == "cpu" or args.profile
+    print("where batchspec's time goes (share of round time: draft / verify / accept / bookkeeping / admit)"
+          + ("" if exact else "; without --profile a GPU's work lands in the phase that syncs:"))
     for c in field_:
         if c.timings:
             total = sum(c.timings.values())
             print(f"  {c.name:32s} " + " / ".join(f"{c.timings[n] / total:.0%}" for n in
                                                   ("draft", "verify", "accept", "bookkeeping", "admit")))
     adaptive_vs_best = {}
-    for drafter in args.drafters:
-        mine = [(r, c) for r, c in zip(rows, field_) if c.kind == "batchspec" and c.drafter == drafter]
-        fixed = [r for r, c in mine if not c.adaptive]
-        adaptive = [(r, c) for r, c in mine if c.adaptive]
-        if fixed and adaptive:
-            best = max(fixed, key=lambda r: r["tokens_per_s"])
-            row, contender = adaptive[0]
-            adaptive_vs_best[drafter] = row["tokens_per_s"] / best["tokens_per_s"]
-            print(f"adaptive vs the best fixed k: {drafter} {adaptive_vs_best[drafter]:.2f} (best fixed: "
-                  f"{best['contender']}); adaptive vs none {row['vs_none']:.2f}; rounds by k: "
-                  f"{rounds_by_k_text(contender.rounds_by_k)}")
+    for mode in args.compile:
+        for drafter in args.drafters:
+            mine = [(r, c) for r, c in zip(rows, field_) if r["drafter"] == drafter and c.compile == mode]
+            fixed = [r for r, c in mine if not c.adaptive]
+            adaptive = [(r, c) for r, c in mine if c.adaptive]
+            if fixed and adaptive:
+                best = max(fixed, key=lambda r: r["tokens_per_s"])
+                row, contender = adaptive[0]
+                key = drafter if len(args.compile) == 1 else f"{drafter} [{mode}]"
+                adaptive_vs_best[key] = row["tokens_per_s"] / best["tokens_per_s"]
+                print(f"adaptive vs the best fixed k: {key} {adaptive_vs_best[key]:.2f} (best fixed: "
+                      f"{best['contender']}); adaptive vs none {row['vs_none']:.2f}; rounds by k: "
+                      f"{rounds_by_k_text(contender.rounds_by_k)}")
     same = all(r["outputs_equal_to_none"] == len(prompts) for r in rows)
     print("greedy outputs: " + ("all identical to drafter none" if same else
           "DIFFER: " + ", ".join(f"{r['contender']} {r['num_prompts'] - r['outputs_equal_to_none']}" for r in rows
@@ -272,38 +342,51 @@ def render(rows: list[dict]) -> str:
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
-    lines = ["| contender | tok/s | vs HF batched | vs none | acceptance | tokens/fwd | predicted vs none | achieved/predicted | = none |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| contender | tok/s | vs HF batched | vs HF static | vs none | acceptance | tokens/fwd | "
+             "predicted vs none | achieved/predicted | = none |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
-            f"| {r['contender']} | {r['tokens_per_s']:.1f} | {r['vs_hf_batched']:.2f} | {r['vs_none']:.2f} | "
-            f"{fmt(r['acceptance'], '.2f')} | {fmt(r['tokens_per_forward'], '.2f')} | {fmt(r['predicted_vs_none'], '.2f')} | "
-            f"{fmt(r['achieved_over_predicted'], '.2f')} | {r['outputs_equal_to_none']}/{r['num_prompts']} |"
+            f"| {r['contender']} | {r['tokens_per_s']:.1f} | {r['vs_hf_batched']:.2f} | {fmt(r['vs_hf_static'], '.2f')} | "
+            f"{r['vs_none']:.2f} | {fmt(r['acceptance'], '.2f')} | {fmt(r['tokens_per_forward'], '.2f')} | "
+            f"{fmt(r['predicted_vs_none'], '.2f')} | {fmt(r['achieved_over_predicted'], '.2f')} | "
+            f"{r['outputs_equal_to_none']}/{r['num_prompts']} |"
         )
     return "\n".join(lines)
 
 
 def render_by_batch_size(reports: list[dict]) -> str:
-    """One row per batch size: tokens/s of HF batched, drafter none, and each drafter's best fixed k and adaptive."""
-    drafters = sorted({c.split()[1] for r in reports for c in (row["contender"] for row in r["rows"])
-                       if c.startswith("batchspec ") and c.split()[1] != "none"})
-    head = ["batch", "HF batched tok/s", "none tok/s", "none vs HF"]
-    for d in drafters:
-        head += [f"{d} best fixed (k)", f"{d} adaptive", f"{d} best of both vs none", f"{d} best of both vs HF"]
+    """One row per batch size: tokens/s of HF generate (dynamic and static cache), drafter none, and each
+    drafter's best fixed k and adaptive, in every compile mode."""
+    batchspec_rows = [row for r in reports for row in r["rows"] if row["kind"] == "batchspec"]
+    modes = list(dict.fromkeys(row["compile"] for row in batchspec_rows))
+    drafters = list(dict.fromkeys(row["drafter"] for row in batchspec_rows if row["drafter"] != "none"))
+    has_static = any(row["kind"] == "hf_static" for r in reports for row in r["rows"])
+    head = ["batch", "HF batched tok/s"] + (["HF static tok/s"] if has_static else [])
+    for mode in modes:
+        tag = f" [{mode}]" if len(modes) > 1 else ""
+        head += [f"none{tag} tok/s", f"none{tag} vs HF" + (" static" if has_static else "")]
+        for d in drafters:
+            head += [f"{d}{tag} best fixed (k)", f"{d}{tag} adaptive", f"{d}{tag} best vs none"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in reports:
-        rows = {row["contender"]: row for row in r["rows"]}
-        hf, none = rows["hf generate (batched)"], rows["batchspec none"]
-        cells = [str(r["batch_size"]), f"{hf['tokens_per_s']:.0f}", f"{none['tokens_per_s']:.0f}",
-                 f"{none['vs_hf_batched']:.2f}"]
-        for d in drafters:
-            fixed = [row for name, row in rows.items() if name.startswith(f"batchspec {d} k=")]
-            adaptive = [row for name, row in rows.items() if name.startswith(f"batchspec {d} adaptive")]
-            best = max(fixed + adaptive, key=lambda row: row["tokens_per_s"]) if fixed + adaptive else None
-            top = max(fixed, key=lambda row: row["tokens_per_s"]) if fixed else None
-            cells += [f"{top['tokens_per_s']:.0f} ({top['contender'].split('k=')[1]})" if top else "-",
-                      f"{adaptive[0]['tokens_per_s']:.0f}" if adaptive else "-",
-                      f"{best['vs_none']:.2f}" if best else "-", f"{best['vs_hf_batched']:.2f}" if best else "-"]
+        by_kind = {row["kind"]: row for row in r["rows"] if row["kind"] != "batchspec"}
+        cells = [str(r["batch_size"]), f"{by_kind['hf_batched']['tokens_per_s']:.0f}"]
+        if has_static:
+            cells.append(f"{by_kind['hf_static']['tokens_per_s']:.0f}" if "hf_static" in by_kind else "-")
+        for mode in modes:
+            mine = [row for row in r["rows"] if row["kind"] == "batchspec" and row["compile"] == mode]
+            none = next(row for row in mine if row["drafter"] == "none")
+            versus = none["vs_hf_static"] if has_static else none["vs_hf_batched"]
+            cells += [f"{none['tokens_per_s']:.0f}", "-" if versus is None else f"{versus:.2f}"]
+            for d in drafters:
+                fixed = [row for row in mine if row["drafter"] == d and not row["adaptive"]]
+                adaptive = [row for row in mine if row["drafter"] == d and row["adaptive"]]
+                top = max(fixed, key=lambda row: row["tokens_per_s"]) if fixed else None
+                best = max(fixed + adaptive, key=lambda row: row["tokens_per_s"]) if fixed + adaptive else None
+                cells += [f"{top['tokens_per_s']:.0f} ({top['k']})" if top else "-",
+                          f"{adaptive[0]['tokens_per_s']:.0f}" if adaptive else "-",
+                          f"{best['vs_none']:.2f}" if best else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

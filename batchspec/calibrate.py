@@ -58,13 +58,22 @@ def predicted_speedup(alpha: float, k: int, target_ms: list[float], draft_ms: fl
     return expected_tokens(alpha, k) * target_ms[0] / (target_ms[k] + k * draft_ms)
 
 
-def read_prompts(path: str, limit: int) -> list[str]:
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
+def read_prompts(path: str, limit: int, column: str = "prompt", split: str = "train") -> list[str]:
+    """The first `limit` text prompts of `column` in any input a job can read: a Parquet file, folder or
+    glob, a saved or local Hugging Face dataset, a JSONL file. Rows without a text prompt are skipped."""
+    from .jobs.sources import open_source
 
-        return pq.read_table(path, columns=["prompt"]).column("prompt").to_pylist()[:limit]
-    with open(path) as f:
-        return [json.loads(line)["prompt"] for line in f if line.strip()][:limit]
+    source = open_source(path, "auto", split, {column: "--prompt-column"})
+    prompts = []
+    for _, values in source.rows(0, 1, None):
+        prompt = values.get(column) if isinstance(values, dict) else None
+        if isinstance(prompt, str) and prompt.strip():
+            prompts.append(prompt)
+            if len(prompts) == limit:
+                break
+    if not prompts:
+        raise ValueError(f"{path}: no text prompts in column {column!r}")
+    return prompts
 
 
 def measure_rate(models: Models, prompts: list[str], *, drafter: str, k: int, batch_size: int,
@@ -142,7 +151,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--target", default=str(DEMO / "target"))
     parser.add_argument("--draft", default=str(DEMO / "draft"))
     parser.add_argument("--drafter", default="model", choices=["model", "ngram", "prompt_lookup"])
-    parser.add_argument("--prompts", default=str(DEMO / "prompts.parquet"))
+    parser.add_argument("--prompts", default=str(DEMO / "prompts.parquet"),
+                        help="any job source: Parquet file/folder/glob, saved or local HF dataset, JSONL")
+    parser.add_argument("--prompt-column", default="prompt")
+    parser.add_argument("--split", default="train", help="for Hugging Face datasets")
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-seq-len", type=int, default=512)
@@ -153,9 +165,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--json", help="write the result as JSON here")
     args = parser.parse_args(argv)
+    try:
+        prompts = read_prompts(args.prompts, args.num_prompts, args.prompt_column, args.split)
+    except ValueError as e:  # SourceError included
+        parser.error(f"--prompts: {e}")
     models = load_models(args.target, args.draft if args.drafter == "model" else None, dtype=args.dtype, device=args.device)
     result = calibrate(
-        models, read_prompts(args.prompts, args.num_prompts), drafter=args.drafter, k_max=args.k_max,
+        models, prompts, drafter=args.drafter, k_max=args.k_max,
         batch_sizes=[int(b) for b in args.batch_sizes.split(",")], max_new_tokens=args.max_new_tokens,
         max_seq_len=args.max_seq_len, measure_batch_size=args.batch_size,
     )

@@ -104,7 +104,8 @@ def test_seeded_sampling_is_reproducible_across_batch_size_and_order(llama_pair,
                   max_new_tokens=16, temperature=0.9, top_p=0.95, seed=123)
     runs = [batchspec.generate(PROMPTS, ids=ids, batch_size=b, **common) for b in (1, 3, 8)]
     reversed_run = batchspec.generate(PROMPTS[::-1], ids=ids[::-1], batch_size=3, **common)[::-1]
-    outputs = [[r.completion_token_ids for r in run] for run in runs + [reversed_run]]
-    assert outputs[0] == outputs[1] == outputs[2] == outputs[3]
+    static_run = batchspec.generate(PROMPTS, ids=ids, batch_size=3, compile="static", **common)
+    outputs = [[r.completion_token_ids for r in run] for run in runs + [reversed_run, static_run]]
+    assert all(out == outputs[0] for out in outputs[1:])
     other_seed = batchspec.generate(PROMPTS, ids=ids, batch_size=3, **{**common, "seed": 124})
     assert [r.completion_token_ids for r in other_seed] != outputs[0]

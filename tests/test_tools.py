@@ -34,22 +34,49 @@ def prompt_file(tmp_path):
 def test_bench_runs_every_contender_and_checks_outputs(llama_pair, prompt_file, tmp_path, capsys):
     out = tmp_path / "bench.json"
     bench.main(["--target", str(llama_pair.target), "--draft", str(llama_pair.draft), "--prompts", prompt_file,
-                "--num-prompts", "6", "--max-new-tokens", "12", "--batch-size", "1,3", "--k", "1,2", "--repeats", "1",
+                "--num-prompts", "6", "--max-new-tokens", "12", "--batch-size", "1,3", "--k", "1,2", "--repeats", "1", "--compile", "auto,static",
                 "--json", str(out), "--markdown", str(tmp_path / "bench.md")])
     reports = json.loads(out.read_text())
     assert [r["batch_size"] for r in reports] == [1, 3]
     report = reports[-1]
     names = [row["contender"] for row in report["rows"]]
     assert names[0] == "hf generate (batched)" and "hf assisted (batch 1)" in names and "hf prompt lookup (batch 1)" in names
-    assert {"batchspec model k=1", "batchspec model k=2", "batchspec ngram adaptive k<=2",
-            "batchspec prompt_lookup k=2"} <= set(names)
+    assert names[1] == "hf generate (static cache)"
+    assert {"batchspec model k=1 [auto]", "batchspec model k=2 [static]", "batchspec ngram adaptive k<=2 [auto]",
+            "batchspec prompt_lookup k=2 [static]"} <= set(names)
+    assert all(row["warmup_s"] > 0 for row in report["rows"])  # every contender ran once untimed first
     assert set(report["cost_ms"]) >= {"target_ms_1", "target_ms_2", "target_ms_3", "draft_ms_1"}
     assert report["greedy_identical"], report["rows"]
     out = capsys.readouterr().out
     assert "all identical to drafter none" in out
-    assert "adaptive vs the best fixed k: model" in out
+    assert "adaptive vs the best fixed k: model [static]" in out and "warm-up:" in out
     table = (tmp_path / "bench.md").read_text()  # with several batch sizes: one row per batch size
-    assert table.startswith("| batch | HF batched tok/s | none tok/s |") and "\n| 3 | " in table
+    assert table.startswith("| batch | HF batched tok/s | HF static tok/s | none [auto] tok/s |") and "\n| 3 | " in table
+
+
+@pytest.mark.parametrize("kind", ["parquet_folder", "jsonl", "saved_hf_dataset"])
+def test_prompts_come_from_any_job_source(tmp_path, kind):
+    rows = [{"text": p} for p in PROMPTS[:5]] + [{"text": None}]
+    if kind == "parquet_folder":
+        (tmp_path / "in").mkdir()
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in" / "a.parquet")
+        path = tmp_path / "in"
+    elif kind == "jsonl":
+        path = tmp_path / "in.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        import datasets
+
+        path = tmp_path / "ds"
+        datasets.Dataset.from_list(rows).save_to_disk(str(path))
+    assert calibrate.read_prompts(str(path), 3, column="text") == PROMPTS[:3]
+    assert calibrate.read_prompts(str(path), 100, column="text") == PROMPTS[:5]  # the null prompt is skipped
+
+
+def test_bench_names_an_unreadable_prompt_source(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--prompts", str(tmp_path / "missing.parquet")])
+    assert "--prompts:" in capsys.readouterr().err
 
 
 @pytest.mark.slow

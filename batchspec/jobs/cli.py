@@ -257,7 +257,7 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
             models, drafter=job.drafter.name.value, k=job.drafter.k, batch_size=job.batch_size,
             max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
             min_p=s.min_p, repetition_penalty=s.repetition_penalty, stop=tuple(s.stop), seed=s.seed,
-            max_seq_len=job.max_seq_len, adaptive=job.drafter.adaptive,
+            max_seq_len=job.max_seq_len, adaptive=job.drafter.adaptive, compile=job.model.compile.value,
         )
     except ValueError as e:  # e.g. max_seq_len beyond the model's positions
         raise ConfigError(first_line(e)) from e
@@ -307,7 +307,7 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
                 "rows": outcome.rows, "rows_error": outcome.errors, "completion_tokens": outcome.completion_tokens,
                 "setup_s": round(load_s, 3), "wall_s": round(outcome.wall_s, 3),
                 "tokens_per_s": outcome.completion_tokens / outcome.wall_s if outcome.wall_s else None,
-                "generator": generator.stats.as_dict(), "io": io,
+                "generator": generator.stats.as_dict(), "io": io, "capture_s": round(generator.capture_s, 3),
                 "round_phases_s": {name: round(t, 3) for name, t in generator.timings.items()},
             }
         atomic_write_text(marker, json.dumps({

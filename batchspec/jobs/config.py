@@ -52,6 +52,13 @@ class Dtype(Enum):
     float16 = "float16"
 
 
+class Compile(Enum):
+    auto = "auto"  # CUDA graphs on a GPU, eager on CPU
+    on = "on"  # CUDA graphs on a GPU, torch.compile (inductor) on CPU
+    off = "off"  # eager forwards everywhere
+    static = "static"  # the captured path's static shapes, run eagerly (to tell a capture problem from a shape one)
+
+
 class ProgressMode(Enum):
     auto = "auto"  # a tqdm bar on a terminal, periodic log lines otherwise (SLURM, cron)
     bar = "bar"
@@ -66,6 +73,7 @@ class ModelConfig:
     dtype: Dtype = Dtype.auto
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     trust_remote_code: bool = False
+    compile: Compile = Compile.auto  # capture the decode / verify / draft steps (see batchspec/engine/runner.py)
 
 
 @dataclass
