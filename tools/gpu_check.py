@@ -1,0 +1,130 @@
+"""GPU checks for the captured engine, in one call on a GPU machine (torch + transformers + pyarrow only).
+
+    python tools/gpu_check.py --out $OUT/check                         # parity (fp32, demo pair)
+    python tools/gpu_check.py --out $OUT/check --pair /tmp/pair        # + step times of a synthetic pair (bf16)
+
+1. Parity, fp32: the shipped demo pair on held-out prompts, Hugging Face `generate` on each prompt
+   alone against batchspec with every drafter, batch 1 and 8, fixed k and adaptive, compile on (CUDA
+   graphs), static (the same shapes, eager) and off (eager, busy rows only). Every output must be
+   identical; the report counts mismatches per configuration and the capture time.
+2. Step times (with --pair, a `tools/synthetic_pair.py` pair in bf16): one static step of T = 1..5
+   tokens per slot for the target and T = 1, 2 for the draft, at several batch sizes, eager against
+   a CUDA-graph replay (median of timed runs), which is the cost table adaptive k uses on a GPU.
+
+Everything printed is also written to OUT/report.md and OUT/report.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import batchspec  # noqa: E402
+from batchspec.calibrate import read_prompts  # noqa: E402
+from batchspec.engine.runner import ModelRunner, resolve_capture  # noqa: E402
+
+DEMO = REPO / "batchspec" / "assets" / "demo"
+
+
+def hf_reference(models, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+    tokenizer, model = models.tokenizer, models.target
+    model.generation_config.eos_token_id = models.eos_token_ids
+    out = []
+    for prompt in prompts:
+        enc = tokenizer(prompt, return_tensors="pt").to(model.device)
+        with torch.inference_mode():
+            ids = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens)
+        out.append(ids[0, enc["input_ids"].shape[1]:].tolist())
+    return out
+
+
+def parity(lines: list[str], report: dict, num_prompts: int, max_new_tokens: int, device: str) -> None:
+    models = batchspec.load_models(str(DEMO / "target"), str(DEMO / "draft"), dtype="float32", device=device)
+    prompts = read_prompts(str(DEMO / "prompts.parquet"), num_prompts)
+    reference = hf_reference(models, prompts, max_new_tokens)
+    lines += ["## Parity, fp32, demo pair: outputs identical to HF generate on each prompt alone", "",
+              "| compile | drafter | batch | k | identical | capture s | wall s |", "|---|---|---:|---|---:|---:|---:|"]
+    report["parity"] = []
+    for compile in ("on", "static", "off"):
+        for drafter in ("none", "model", "ngram", "prompt_lookup"):
+            for batch_size, adaptive in ((8, False), (8, True), (1, False)):
+                if drafter == "none" and adaptive:
+                    continue
+                generator = batchspec.build_generator(models, drafter=drafter, k=4, batch_size=batch_size,
+                                                      max_new_tokens=max_new_tokens, adaptive=adaptive,
+                                                      compile=compile, max_seq_len=512)
+                started = time.perf_counter()
+                results = {r.id: r for r in generator.run(batchspec.Request(str(i), p) for i, p in enumerate(prompts))}
+                wall = time.perf_counter() - started
+                same = sum(results[str(i)].completion_token_ids == ref for i, ref in enumerate(reference))
+                row = dict(compile=compile, drafter=drafter, batch=batch_size, adaptive=adaptive, identical=same,
+                           prompts=len(prompts), capture_s=generator.capture_s, wall_s=wall)
+                report["parity"].append(row)
+                lines.append(f"| {compile} | {drafter} | {batch_size} | {'adaptive <= 4' if adaptive else '4'} | "
+                             f"{same}/{len(prompts)} | {generator.capture_s:.2f} | {wall:.1f} |")
+                print(lines[-1], flush=True)
+
+
+def step_times(lines: list[str], report: dict, pair: Path, batch_sizes: list[int], kv_len: int, device: str) -> None:
+    models = batchspec.load_models(str(pair / "target"), str(pair / "draft"), dtype="bfloat16", device=device)
+    captured = resolve_capture("on", torch.device(device))
+    lines += ["", f"## Step times, bf16, {pair}: ms per static step over every slot, {kv_len} positions attended", "",
+              "| model | batch | T | eager ms | captured ms | eager / captured |", "|---|---:|---:|---:|---:|---:|"]
+    report["steps"] = []
+    for name, model, widths in (("target", models.target, range(1, 6)), ("draft", models.draft, (1, 2))):
+        for b in batch_sizes:
+            runners = {mode: ModelRunner(model, num_slots=b, capacity=kv_len + 8, max_position=kv_len + 8,
+                                         capture=mode, widths=widths, name=f"{name} b{b}")
+                       for mode in ("static", captured)}
+            for T in widths:
+                eager = 1000 * runners["static"].time_step(T, kv_len, repeats=10)
+                graph = 1000 * runners[captured].time_step(T, kv_len, repeats=20)
+                report["steps"].append(dict(model=name, batch=b, T=T, eager_ms=eager, graph_ms=graph))
+                lines.append(f"| {name} | {b} | {T} | {eager:.2f} | {graph:.2f} | {eager / graph:.1f} |")
+                print(lines[-1], flush=True)
+            del runners
+            torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--pair", help="a tools/synthetic_pair.py output dir: also time its steps (bf16)")
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-sizes", default="1,8,32,64")
+    parser.add_argument("--kv-len", type=int, default=256)
+    parser.add_argument("--skip-parity", action="store_true")
+    parser.add_argument("--device", default="cuda", help="cpu runs the same checks with torch.compile for capture "
+                        "(a smoke test of this script; slow)")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA device: this script checks the GPU path (--device cpu for a smoke test)")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    lines = [f"# gpu_check: {name}, torch {torch.__version__}", ""]
+    report: dict = {"device": name, "torch": torch.__version__}
+    try:
+        if not args.skip_parity:
+            parity(lines, report, args.num_prompts, args.max_new_tokens, args.device)
+        if args.pair:
+            step_times(lines, report, Path(args.pair), [int(b) for b in args.batch_sizes.split(",")], args.kv_len,
+                       args.device)
+    finally:
+        (out / "report.md").write_text("\n".join(lines) + "\n")
+        (out / "report.json").write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
