@@ -26,6 +26,7 @@ def build_report(paths: list[Path], html_path: Path | None = None, *, cost: list
         try:
             from .plots import figures
             drawn = figures(outs)
+            missing = "" if drawn else "nothing to plot (no rows)"
         except ImportError as e:
             missing = f"matplotlib is not installed ({e}); pip install 'batchspec[report]'"
     else:

@@ -1,7 +1,7 @@
 """The report as one self-contained HTML page (inline CSS, images as data URIs) and a terminal summary.
 
-The figures of each output are rows of one table, so one job and a sweep read the same way: for a
-sweep the table is the side-by-side comparison (best value of a column in bold), and the plots
+The figures are one table with a column per output, so one job and a sweep read the same way: for a
+sweep it is the side-by-side comparison (the best value of a ranked row highlighted), and the plots
 overlay the outputs.
 """
 
@@ -73,6 +73,8 @@ def sampling(cfg: dict[str, Any]) -> str:
 
 def describe(cfg: dict[str, Any]) -> str:
     """The configuration in a line: drafting, sampling, batch size, length cap."""
+    if not cfg:
+        return "configuration unknown"
     parts = [drafting(cfg), sampling(cfg)]
     if cfg.get("batch_size") is not None:
         parts.append(f"batch {cfg['batch_size']}")

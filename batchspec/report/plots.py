@@ -43,8 +43,8 @@ def figures(outs: list[Output]) -> list[Plot]:
         if empty:  # e.g. drafting plots of drafter none: the tables say "–"
             return
         if ax.get_legend_handles_labels()[0]:  # below the axes, where it hides no data
-            fig.legend(loc="outside lower center", ncols=min(len(outs), 3), fontsize=8, title="configuration",
-                       title_fontsize=8, frameon=False)
+            fig.legend(loc="outside lower center", ncols=min(len(outs), 3), fontsize=9, title="configuration",
+                       title_fontsize=9, frameon=False)
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=100)
         plots.append(Plot(title, buffer.getvalue()))
@@ -62,7 +62,7 @@ def figures(outs: list[Output]) -> list[Plot]:
         y = np.arange(len(outs))[::-1]
         rates = [o.totals["tokens_per_s"] or 0.0 for o in outs]
         ax.barh(y, rates, color=colors)
-        ax.set_yticks(y, labels, fontsize=8)
+        ax.set_yticks(y, labels, fontsize=9)
         ax.grid(axis="x", alpha=0.3)
         for yi, o, rate in zip(y, outs, rates):
             tpf = o.totals["tokens_per_target_forward"]
