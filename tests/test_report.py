@@ -222,6 +222,7 @@ def test_parts_record_their_configuration(jobs):
         assert config["k_max"] == (3 if model else int(part.parts[-4].split("=")[1]))
         assert config["sampling"]["temperature"] == 0.0 and config["sampling"]["max_new_tokens"] == 12
         assert config["batch_size"] == 3 and config["max_seq_len"] >= 12 and config["job"] == ("rep" if model else "sw")
+        assert config["model"]["compile"] == "auto" and config["model"]["dtype"] == "float32"
 
 
 def test_sweep_folders_are_hive_partitions(jobs, tmp_path):

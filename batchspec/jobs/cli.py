@@ -209,7 +209,7 @@ def output_config(job: JobConfig, job_name: str, generator, index: int, count: i
         "job": job_name, "drafter": drafter.value, "k_max": generator.k, "adaptive": generator.adaptive is not None,
         "sampling": asdict(job.sampling), "batch_size": job.batch_size, "max_seq_len": generator.max_seq_len,
         "model": {"target": job.model.target, "draft": job.model.draft if drafter == DrafterName.model else None,
-                  "dtype": job.model.dtype.value},
+                  "dtype": job.model.dtype.value, "compile": job.model.compile.value},
         "shard": {"index": index, "count": count}, "batchspec": versions()["batchspec"],
     }
 
