@@ -170,8 +170,8 @@ def test_multirun_over_two_k_values(tmp_path, tiny_models, monkeypatch):
     write_job(tmp_path, "mr", tiny_job(tiny_models, {"path": "in.parquet", "prompt_column": "text"}))
     assert run_inprocess(tmp_path, "-m", "job=mr", "drafter=ngram", "drafter.k=1,3", monkeypatch=monkeypatch) == 0
     out = tmp_path / "outputs" / "mr"
-    made = sorted(p.name for p in out.iterdir() if (p / "data").is_dir())
-    assert made == ["drafter.k=1,drafter=ngram", "drafter.k=3,drafter=ngram"]
+    made = sorted(str(p.parent.relative_to(out)) for p in out.glob("**/data"))
+    assert made == ["drafter.k=1/drafter=ngram", "drafter.k=3/drafter=ngram"]  # hive partitions: key=value segments
     for name, k in zip(made, (1, 3)):
         s = summary(out / name)
         assert s["rows"] == 6 and s["config"]["drafter"]["k"] == k and len(s["acceptance_by_position"]) == k

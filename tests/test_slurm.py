@@ -167,7 +167,7 @@ def test_submitit_multirun_over_two_k_values_with_a_preempted_member(uninterrupt
     proc = subprocess.Popen([sys.executable, "-m", "batchspec", "-m", *DEMO, *launcher, "drafter.k=2,4"], cwd=tmp_path,
                             env=slurm_cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        name = "drafter.k={k},output.rows_per_file=6,sampling.max_new_tokens=32"
+        name = "drafter.k={k}/output.rows_per_file=6/sampling.max_new_tokens=32"  # key=value folders
         k2 = tmp_path / "outputs" / "demo" / name.format(k=2)
         deadline = time.monotonic() + 300
         while parts(k2) < 2:
@@ -205,8 +205,9 @@ def test_submitit_local_multirun(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "batchspec", "-m", *DEMO, "source.limit=8", "hydra/launcher=submitit_local",
                            "drafter.k=2,4"], cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    outs = sorted((tmp_path / "outputs" / "demo").iterdir())
-    assert [o.name.split(",")[0] for o in outs] == ["drafter.k=2", "drafter.k=4"]
+    demo = tmp_path / "outputs" / "demo"
+    outs = sorted(p.parent for p in demo.glob("**/data"))
+    assert [str(o.relative_to(demo)).split("/")[0] for o in outs] == ["drafter.k=2", "drafter.k=4"]
     texts = []
     for out in outs:
         rows = read_output(out)

@@ -19,14 +19,17 @@ import os
 import platform
 import sys
 import time
+from dataclasses import asdict
 from importlib import metadata
 from itertools import chain
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import quote
 
 import hydra
 import pyarrow as pa
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -34,7 +37,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .config import CONF_DIR, ConfigError, DrafterName, JobConfig, find_jobs, job_dirs, register_configs
 from .iostats import TimedStream, io_summary
 from .job import Progress, pass_on_signal, resolve_progress_mode, run_job
-from .sink import RESULT_SCHEMA, ParquetSink, atomic_write_text, done_ids, part_files, shard_name, summarize
+from .sink import CONFIG_KEY, RESULT_SCHEMA, ParquetSink, atomic_write_text, done_ids, part_files, shard_name, summarize
 from .sources import PromptBuilder, RowSelector, SourceError, open_source, shard_from_env, template_columns
 from ..types import rounds_by_k_text
 
@@ -61,7 +64,8 @@ def main() -> None:
 def hydra_main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     job_name = hc.runtime.choices.get("job")
-    subdir = hc.job.override_dirname if hc.mode == RunMode.MULTIRUN else ""
+    subdir = (sweep_subdir(hc.overrides.task, hc.job.config.override_dirname.exclude_keys)
+              if hc.mode == RunMode.MULTIRUN else "")
     try:
         job = to_job_config(cfg, job_name)
         out_dir = Path(job.output.dir) / subdir if subdir else Path(job.output.dir)
@@ -81,6 +85,17 @@ def hydra_main(cfg: DictConfig) -> None:
 
 
 # ---- config -> plain objects -------------------------------------------------------------------
+
+
+def sweep_subdir(overrides: list[str], exclude_keys: list[str]) -> str:
+    """A sweep member's folder below output.dir: one `key=value` path segment per override that names it
+    (its text as Hydra's override_dirname has it, sorted, the excluded keys of conf/config.yaml left out),
+    values percent-encoded (a `/` in a path is `%2F`), so that hive partitioning (pyarrow, duckdb) reads
+    the keys back as columns: `-m drafter=ngram drafter.k=2,4` -> `drafter.k=2/drafter=ngram/`."""
+    kept = [o for o in OverridesParser.create().parse_overrides(overrides) if o.key_or_group not in exclude_keys]
+    lines = sorted(o.input_line for o in kept if o.input_line)
+    return "/".join("=".join((key, quote(value, safe=""))) if sep else key
+                    for key, sep, value in (line.partition("=") for line in lines))
 
 
 def first_line(e: BaseException) -> str:
@@ -185,6 +200,20 @@ def write_fingerprint(out_dir: Path, current: dict[str, Any]) -> None:
     atomic_write_text(out_dir / "job.json", json.dumps({"fingerprint": current}, indent=2) + "\n")
 
 
+def output_config(job: JobConfig, job_name: str, generator, index: int, count: int) -> dict[str, Any]:
+    """The configuration that produced a part's rows, in every part file's Parquet metadata under
+    `batchspec.config` (docs/jobs.md), so the files alone say which drafter, k and sampling made them.
+    k_max, adaptive and max_seq_len are the generator's: what ran after defaults were resolved."""
+    drafter = job.drafter.name
+    return {
+        "job": job_name, "drafter": drafter.value, "k_max": generator.k, "adaptive": generator.adaptive is not None,
+        "sampling": asdict(job.sampling), "batch_size": job.batch_size, "max_seq_len": generator.max_seq_len,
+        "model": {"target": job.model.target, "draft": job.model.draft if drafter == DrafterName.model else None,
+                  "dtype": job.model.dtype.value, "compile": job.model.compile.value},
+        "shard": {"index": index, "count": count}, "batchspec": versions()["batchspec"],
+    }
+
+
 def versions() -> dict[str, str]:
     found = {"python": platform.python_version()}
     for name in LIBRARIES:
@@ -266,7 +295,8 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
              job.drafter.k, job.batch_size)
     sink = ParquetSink(out_dir, shard_index=index, shard_count=count, rows_per_file=job.output.rows_per_file,
                        flush_every_s=job.output.flush_every_s,
-                       keep_schema=pa_fields(source.schema, src.keep_columns), background=True)
+                       keep_schema=pa_fields(source.schema, src.keep_columns), background=True,
+                       file_metadata={CONFIG_KEY: json.dumps(output_config(job, job_name, generator, index, count))})
     write_fingerprint(out_dir, wanted)
     progress = Progress(progress_mode, total=remaining(selector), every_s=job.progress.every_s)
     requests = TimedStream(builder.request(row) for row in chain([first], rows))

@@ -14,7 +14,8 @@ or a resumed run never sees half a file, and data/ holds only Parquet, so
 `pyarrow.dataset.dataset(out/"data")`, `pandas.read_parquet(out/"data")` and
 `datasets.load_dataset("parquet", data_dir=out/"data")` read it as one table. Each part also carries,
 in its Parquet key-value metadata, the drafting statistics of the rounds since the previous part
-(draft position counts, wall time), so the summary covers resumed runs too.
+(draft position counts, wall time), so the summary covers resumed runs too, and under `batchspec.config`
+the configuration that produced its rows (drafter, k, adaptive, sampling: docs/jobs.md).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ COLUMN_TYPES = {
 RESULT_SCHEMA = pa.schema([(name, COLUMN_TYPES[name]) for name in RESULT_COLUMNS])  # Result fields, same order
 
 META_KEY = b"batchspec"
+CONFIG_KEY = b"batchspec.config"  # JSON: the configuration that produced a part's rows (cli.output_config)
 TOTAL_COLUMNS = ("prompt_tokens", "completion_tokens", "target_forwards", "draft_tokens", "accepted_tokens")
 
 
@@ -115,13 +117,14 @@ class ParquetSink:
 
     def __init__(self, out_dir: Path, *, shard_index: int, shard_count: int, rows_per_file: int,
                  keep_schema: pa.Schema | None = None, background: bool = False,
-                 flush_every_s: float | None = None):
+                 flush_every_s: float | None = None, file_metadata: dict[bytes, bytes | str] | None = None):
         if rows_per_file < 1:
             raise ValueError(f"output.rows_per_file={rows_per_file}: need at least 1")
         self.out_dir, self.rows_per_file = Path(out_dir), rows_per_file
         self.flush_every_s = flush_every_s
         self.oldest = 0.0  # time.monotonic() when the oldest buffered row arrived
         self.schema = output_schema(keep_schema)
+        self.file_metadata = dict(file_metadata or {})  # Parquet key-value metadata of every part
         self.prefix = shard_name(shard_index, shard_count)
         self.data_dir, self.tmp_dir = self.out_dir / "data", self.out_dir / ".tmp"
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +163,7 @@ class ParquetSink:
             return None
         started = time.perf_counter()
         try:
-            schema = self.schema.with_metadata({META_KEY: json.dumps(metadata or {})})
+            schema = self.schema.with_metadata({**self.file_metadata, META_KEY: json.dumps(metadata or {})})
             table = pa.Table.from_pylist([r.to_row() for r in self.buffer], schema=schema)
             name = f"{self.prefix}-part-{self.next_part:06d}.parquet"
             if self._writer is None:
