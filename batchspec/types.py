@@ -34,8 +34,9 @@ class Result:
     EOS (as Hugging Face `generate` does). `completion` is their decoded text with special tokens
     skipped, cut before a stop string when one matched. `target_forwards` counts the target forwards
     the tokens came from: the prefill, which emits the first token (as `generate` does), then every
-    verify pass the request took part in; `accepted_per_round` has one entry per forward (0 for the
-    prefill, which drafts nothing).
+    verify pass the request took part in; `accepted_per_round` and `drafts_per_round` have one entry per
+    forward (0 for the prefill, which drafts nothing): the drafts this request had checked in that
+    forward and how many of them were accepted.
     """
 
     id: str
@@ -52,6 +53,7 @@ class Result:
     acceptance_rate: float | None
     tokens_per_forward: float | None
     accepted_per_round: list[int]
+    drafts_per_round: list[int]
     latency_s: float
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -67,7 +69,7 @@ class Result:
         return cls(
             id=request.id, prompt=prompt, completion="", completion_token_ids=[], finish_reason=FINISH_ERROR,
             error=error, prompt_tokens=prompt_tokens, completion_tokens=0, target_forwards=0, draft_tokens=0,
-            accepted_tokens=0, acceptance_rate=None, tokens_per_forward=None, accepted_per_round=[],
+            accepted_tokens=0, acceptance_rate=None, tokens_per_forward=None, accepted_per_round=[], drafts_per_round=[],
             latency_s=0.0, extra=dict(request.extra),
         )
 
@@ -75,7 +77,7 @@ class Result:
 RESULT_COLUMNS = (
     "id", "prompt", "completion", "completion_token_ids", "finish_reason", "error", "prompt_tokens",
     "completion_tokens", "target_forwards", "draft_tokens", "accepted_tokens", "acceptance_rate",
-    "tokens_per_forward", "accepted_per_round", "latency_s",
+    "tokens_per_forward", "accepted_per_round", "drafts_per_round", "latency_s",
 )
 
 

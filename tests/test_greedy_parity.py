@@ -46,6 +46,8 @@ def test_greedy_parity(pair, drafter, batch_size, k):
         assert result.target_forwards == len(result.accepted_per_round) >= 1
         assert result.accepted_per_round[0] == 0
         assert sum(result.accepted_per_round) == result.accepted_tokens <= result.draft_tokens
+        assert len(result.drafts_per_round) == result.target_forwards and sum(result.drafts_per_round) == result.draft_tokens
+        assert all(a <= d <= k for a, d in zip(result.accepted_per_round, result.drafts_per_round))
     proposed = sum(r.draft_tokens for r in results)
     accepted = sum(r.accepted_tokens for r in results)
     if drafter == "none":

@@ -241,26 +241,34 @@ def test_sweep_folders_are_hive_partitions(jobs, tmp_path):
     assert row == {"id": "0", "drafter.k": 2, "model.draft": "/models/d1", "sampling.stop": "[a,b]"}
 
 
-def test_documented_drafts_per_round(jobs):
-    """docs/jobs.md's recipe for each round's drafts matches the rows' own draft counts (drafter model,
-    fixed k; rows that ended on length: no round cut by EOS)."""
-    text = (REPO / "docs" / "jobs.md").read_text()
-    code = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "def drafts_per_round" in b)
-    namespace: dict = {}
-    exec(code, namespace)
+def test_drafts_per_round_column_and_the_docs_snippet(jobs):
+    """Each row's drafts_per_round: one entry per target forward, summing to draft_tokens, bounding
+    accepted_per_round; drafter model with fixed k drafts min(k_max, room left) (rows that ended on
+    length: no round cut by EOS). docs/jobs.md's snippet runs on the output."""
     checked = capped = 0
     for part in sorted((jobs / "one" / "data").glob("*.parquet")):
         config = json.loads(pq.read_schema(part).metadata[CONFIG_KEY])
         for row in pq.read_table(part).to_pylist():
+            drafts, accepted = row["drafts_per_round"], row["accepted_per_round"]
+            if row["finish_reason"] == "error":
+                assert drafts == accepted == []
+                continue
+            assert len(drafts) == row["target_forwards"] and drafts[0] == 0
+            assert sum(drafts) == row["draft_tokens"] and all(a <= d for a, d in zip(accepted, drafts))
             if row["finish_reason"] != "length":
                 continue
-            drafts = namespace["drafts_per_round"](row, config)
-            assert sum(drafts) == row["draft_tokens"]
-            assert len(drafts) == row["target_forwards"] - 1
-            assert all(a <= d for a, d in zip(row["accepted_per_round"][1:], drafts))
-            capped += min(drafts) < config["k_max"]  # rounds near max_new_tokens draft less
+            emitted = 1  # the prefill emitted the first token
+            for d, a in zip(drafts[1:], accepted[1:]):
+                room = min(config["sampling"]["max_new_tokens"] - emitted,
+                           config["max_seq_len"] - row["prompt_tokens"] - emitted) - 1
+                assert d == max(0, min(config["k_max"], room))
+                capped += d < config["k_max"]
+                emitted += a + 1
             checked += 1
-    assert checked >= 3 and capped >= 1  # so a recipe without the cap fails
+    assert checked >= 3 and capped >= 1
+    text = (REPO / "docs" / "jobs.md").read_text()
+    code = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "drafts_per_round" in b)
+    exec(code.replace("outputs/demo/data", str(jobs / "one" / "data")), {})
 
 
 def chromium() -> str | None:

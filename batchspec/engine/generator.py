@@ -277,6 +277,7 @@ class SpecBatchGenerator:
             slot.length += len(new)
             slot.draft_tokens += n_drafts
             slot.accepted_per_round.append(kept)
+            slot.drafts_per_round.append(n_drafts)
             self.stats.add_round_row(n_drafts, kept)
             emitted.append(new)
             accepted.append(m)

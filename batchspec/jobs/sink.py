@@ -50,6 +50,7 @@ COLUMN_TYPES = {
     "acceptance_rate": pa.float64(),
     "tokens_per_forward": pa.float64(),
     "accepted_per_round": pa.list_(pa.int32()),
+    "drafts_per_round": pa.list_(pa.int32()),
     "latency_s": pa.float64(),
 }
 RESULT_SCHEMA = pa.schema([(name, COLUMN_TYPES[name]) for name in RESULT_COLUMNS])  # Result fields, same order
