@@ -51,13 +51,19 @@ def build_generator(
     adaptive: bool | None = None,
     profile: bool = False,
     compile: str | bool = "auto",
+    verify: str = "coupled",
 ) -> SpecBatchGenerator:
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
     defaults to min(the model's position limit, 2048) and may not exceed the position limit.
 
     adaptive: choose each round's number of drafts (0..k) from per-row acceptance and the round cost measured as it runs (adaptive.py).
-    None means on for greedy decoding, where it cannot change the output, and off when sampling,
-    where it would make seeded output depend on machine load.
+    None means on wherever it cannot change the output: greedy decoding and coupled sampling; off with
+    rejection sampling, where it would make seeded output depend on machine load.
+
+    verify: how sampled drafts are verified (engine/sampling.py). coupled (default): every token is the
+    target's own draw with noise keyed by (seed, request id, position), so the output does not depend on
+    the drafter, k, adaptive choices, batch or order; rejection: Leviathan's rejection sampling, the
+    highest acceptance for a draft model, but seeded output then changes with the drafter and k.
 
     compile: capture the static-shape forwards (decode, verify, draft steps). auto = CUDA graphs on a GPU,
     eager on CPU; on = CUDA graphs on a GPU, torch.compile (inductor) on CPU; off = eager everywhere."""
@@ -68,9 +74,9 @@ def build_generator(
         raise ValueError(f"max_seq_len={max_seq_len} exceeds the target's {limit} positions")
     if drafter == "none":
         k = 0
+    sampling = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed, verify)
     if adaptive is None:
-        adaptive = temperature == 0.0
-    sampling = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed)
+        adaptive = sampling.greedy or sampling.coupled
     capture = resolve_capture(compile, models.target.device)
     target_vocab = models.target.get_output_embeddings().weight.shape[0]
     draft = make_drafter(
@@ -108,14 +114,15 @@ def generate(
     max_seq_len: int | None = None,
     adaptive: bool | None = None,
     compile: str | bool = "auto",
+    verify: str = "coupled",
     trust_remote_code: bool = False,
 ) -> list[Result]:
     """Complete every prompt; Results come back in prompt order.
 
     A prompt is text (tokenized as `tokenizer(prompt)`, so the result equals the new tokens of
     `model.generate(**tokenizer(prompt, return_tensors="pt"))` under greedy decoding) or a list of
-    token ids. `ids` name the requests (default: the prompt's position as a string); with sampling,
-    a request's output depends only on (seed, id, prompt). A prompt that cannot run comes back with
+    token ids. `ids` name the requests (default: the prompt's position as a string); with sampling
+    (coupled verification, the default), a request's output depends only on (seed, id, prompt). A prompt that cannot run comes back with
     finish_reason "error" and an `error` message instead of raising.
     """
     if ids is not None and len(ids) != len(prompts):
@@ -137,7 +144,7 @@ def generate(
     generator = build_generator(
         models, drafter=drafter, k=k, batch_size=batch_size, max_new_tokens=max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-        stop=stop, seed=seed, max_seq_len=max_seq_len, adaptive=adaptive, compile=compile,
+        stop=stop, seed=seed, max_seq_len=max_seq_len, adaptive=adaptive, compile=compile, verify=verify,
     )
     requests = [Request(id=i, prompt=p) for i, p in zip(ids, prompts)]
     by_id = {r.id: r for r in generator.run(requests)}

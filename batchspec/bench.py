@@ -52,6 +52,7 @@ class Contender:
     adaptive: bool = False
     k: int = 0  # drafts per round (the maximum, if adaptive)
     compile: str = "auto"  # batchspec: how its static-shape forwards are captured
+    verify: str = "coupled"  # batchspec with sampling: coupled or rejection
     warmup_s: float | None = None  # the untimed first run (compile / capture included)
     capture_s: float | None = None  # of which batchspec spent capturing its forwards
     generator: object | None = None  # batchspec: built at the warm-up, reused by every repeat
@@ -69,6 +70,8 @@ def run_hf(contender: Contender, models, prompts, args) -> tuple[float, list[lis
     tokenizer.padding_side = "left"
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else models.eos_token_ids[0]
     common = dict(do_sample=False, max_new_tokens=args.max_new_tokens, pad_token_id=pad)
+    if args.temperature > 0:
+        common.update(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     batch = args.batch_size if contender.kind in ("hf_batched", "hf_static") else 1
     padding: dict = {"padding": True}
     if contender.kind == "hf_static":
@@ -110,11 +113,13 @@ def run_batchspec(contender: Contender, models, prompts, args):
         generator = contender.generator = build_generator(
             models, drafter=contender.drafter, k=contender.k, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, adaptive=contender.adaptive,
-            profile=args.profile, compile=contender.compile,
+            profile=args.profile, compile=contender.compile, temperature=args.temperature, top_p=args.top_p,
+            top_k=args.top_k, seed=args.seed, verify=contender.verify,
         )
     k = generator.k
     generator.stats = RunStats(proposed_by_position=[0] * k, accepted_by_position=[0] * k, rounds_by_k=[0] * (k + 1))
     generator.timings = dict.fromkeys(generator.timings, 0.0)
+    generator.noise_s = 0.0
     sync(models.target.device)
     t0 = time.perf_counter()
     results = list(generator.run(Request(str(i), p) for i, p in enumerate(prompts)))
@@ -126,7 +131,8 @@ def run_batchspec(contender: Contender, models, prompts, args):
     contender.tokens_per_forward = generator.stats.tokens_per_forward
     contender.rounds_by_k = [a + b for a, b in zip(contender.rounds_by_k or [0] * (contender.k + 1),
                                                    generator.stats.rounds_by_k)]
-    contender.timings = {name: (contender.timings or {}).get(name, 0.0) + t for name, t in generator.timings.items()}
+    contender.timings = {name: (contender.timings or {}).get(name, 0.0) + t
+                         for name, t in {**generator.timings, "noise": generator.noise_s}.items()}
     return generator.stats.completion_tokens / elapsed, outputs
 
 
@@ -149,16 +155,28 @@ def contenders(args, has_draft: bool) -> list[Contender]:
             out.append(Contender("hf assisted (batch 1)", "hf_assisted", k=k_max))
         out.append(Contender("hf prompt lookup (batch 1)", "hf_prompt_lookup", k=k_max))
     drafters = [d for d in (["model"] if has_draft else []) + ["ngram", "prompt_lookup"] if d in args.drafters]
-    for mode in args.compile:
-        tag = f" [{mode}]" if len(args.compile) > 1 else ""
-        out.append(Contender(f"batchspec none{tag}", "batchspec", "none", compile=mode))
+    for mode, verify in variants(args):
+        tag = variant_tag(args, mode, verify)
+        out.append(Contender(f"batchspec none{tag}", "batchspec", "none", compile=mode, verify=verify))
         for drafter in drafters:
             for k in args.k:
-                out.append(Contender(f"batchspec {drafter} k={k}{tag}", "batchspec", drafter, k=k, compile=mode))
+                out.append(Contender(f"batchspec {drafter} k={k}{tag}", "batchspec", drafter, k=k, compile=mode,
+                                     verify=verify))
             if args.adaptive:
                 out.append(Contender(f"batchspec {drafter} adaptive k<={k_max}{tag}", "batchspec", drafter,
-                                     adaptive=True, k=k_max, compile=mode))
+                                     adaptive=True, k=k_max, compile=mode, verify=verify))
     return out
+
+
+def variants(args) -> list[tuple[str, str]]:
+    """(compile mode, verify mode) pairs every batchspec contender runs in; verify only matters when sampling."""
+    verifies = args.verify if args.temperature > 0 else ["coupled"]
+    return [(mode, verify) for mode in args.compile for verify in verifies]
+
+
+def variant_tag(args, mode: str, verify: str) -> str:
+    parts = ([mode] if len(args.compile) > 1 else []) + ([verify] if len(variants(args)) > len(args.compile) else [])
+    return f" [{', '.join(parts)}]" if parts else ""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,6 +200,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile", default="auto", help="how batchspec captures its static-shape forwards: auto "
                         "(CUDA graphs on a GPU, eager on CPU), on (CUDA graphs; torch.compile on CPU), off, static; "
                         "a list (e.g. on,off) runs every batchspec contender in each mode")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples, seeded")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verify", default="coupled", help="with sampling: coupled, rejection, or both "
+                        "(coupled,rejection) side by side")
     parser.add_argument("--profile", action="store_true", help="sync the GPU after every round phase, so that the "
                         "printed split of round time is exact (it slows the rounds down a little)")
     parser.add_argument("--no-hf-static", dest="hf_static", action="store_false",
@@ -206,6 +230,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"bench: warning: --repeats {args.repeats}: medians of fewer than 3 interleaved repeats are noise",
               flush=True)
     args.compile = [m.strip() for m in str(args.compile).split(",") if m.strip()]
+    args.verify = [m.strip() for m in str(args.verify).split(",") if m.strip()]
+    if not set(args.verify) <= {"coupled", "rejection"}:
+        parser.error(f"--verify: choose coupled, rejection or both, got {args.verify}")
     for mode in args.compile:
         try:
             resolve_capture(mode, torch.device("cpu"))
@@ -276,13 +303,13 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
 
     baseline = statistics.median(field_[0].tokens_per_s)
     hf_static = next((c for c in field_ if c.kind == "hf_static"), None)
-    nones = {c.compile: c for c in field_ if c.kind == "batchspec" and c.drafter == "none"}
-    first_none = nones[args.compile[0]]
-    reference = first_none.outputs
+    nones = {(c.compile, c.verify): c for c in field_ if c.kind == "batchspec" and c.drafter == "none"}
+    first_none = nones[variants(args)[0]]
+    reference = first_none.outputs  # greedy, or coupled sampling: what every contender of those must emit
     rows = []
     for c in field_:
         rate = statistics.median(c.tokens_per_s)
-        none_rate = statistics.median(nones.get(c.compile, first_none).tokens_per_s)
+        none_rate = statistics.median(nones.get((c.compile, c.verify), first_none).tokens_per_s)
         predicted = None
         if c.kind == "batchspec" and c.drafter != "none" and c.tokens_per_forward and not c.adaptive:
             draft_cost = c.k * t_draft if c.drafter == "model" else 0.0
@@ -291,6 +318,7 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
         rows.append({
             "contender": c.name, "kind": c.kind, "drafter": c.drafter if c.kind == "batchspec" else None,
             "k": c.k, "adaptive": c.adaptive, "compile": c.compile if c.kind == "batchspec" else None,
+            "verify": c.verify if c.kind == "batchspec" and args.temperature > 0 else None,
             "tokens_per_s": rate, "repeats_tokens_per_s": list(c.tokens_per_s),
             "warmup_s": c.warmup_s, "capture_s": c.capture_s, "vs_hf_batched": rate / baseline,
             "vs_hf_static": rate / statistics.median(hf_static.tokens_per_s) if hf_static else None,
@@ -309,26 +337,32 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
           + ("" if exact else "; without --profile a GPU's work lands in the phase that syncs:"))
     for c in field_:
         if c.timings:
-            total = sum(c.timings.values())
+            total = sum(t for name, t in c.timings.items() if name != "noise")
+            noise = f"  (coupled noise {c.timings['noise'] / total:.1%})" if c.timings.get("noise") else ""
             print(f"  {c.name:32s} " + " / ".join(f"{c.timings[n] / total:.0%}" for n in
-                                                  ("draft", "verify", "accept", "bookkeeping", "admit")))
+                                                  ("draft", "verify", "accept", "bookkeeping", "admit")) + noise)
     adaptive_vs_best = {}
-    for mode in args.compile:
+    for mode, verify in variants(args):
         for drafter in args.drafters:
-            mine = [(r, c) for r, c in zip(rows, field_) if r["drafter"] == drafter and c.compile == mode]
+            mine = [(r, c) for r, c in zip(rows, field_)
+                    if r["drafter"] == drafter and c.compile == mode and c.verify == verify]
             fixed = [r for r, c in mine if not c.adaptive]
             adaptive = [(r, c) for r, c in mine if c.adaptive]
             if fixed and adaptive:
                 best = max(fixed, key=lambda r: r["tokens_per_s"])
                 row, contender = adaptive[0]
-                key = drafter if len(args.compile) == 1 else f"{drafter} [{mode}]"
+                key = drafter + variant_tag(args, mode, verify)
                 adaptive_vs_best[key] = row["tokens_per_s"] / best["tokens_per_s"]
                 print(f"adaptive vs the best fixed k: {key} {adaptive_vs_best[key]:.2f} (best fixed: "
                       f"{best['contender']}); adaptive vs none {row['vs_none']:.2f}; rounds by k: "
                       f"{rounds_by_k_text(contender.rounds_by_k)}")
-    same = all(r["outputs_equal_to_none"] == len(prompts) for r in rows)
-    print("greedy outputs: " + ("all identical to drafter none" if same else
-          "DIFFER: " + ", ".join(f"{r['contender']} {r['num_prompts'] - r['outputs_equal_to_none']}" for r in rows
+    # Greedy and coupled sampling emit the target's own tokens whatever drafted them: those rows must
+    # match drafter none's outputs (HF's sampled outputs and rejection sampling's differ by design).
+    bound = rows if args.temperature == 0 else [r for r in rows if r["verify"] == "coupled"]
+    same = all(r["outputs_equal_to_none"] == len(prompts) for r in bound)
+    what = "greedy outputs" if args.temperature == 0 else "coupled sampled outputs (seed %d)" % args.seed
+    print(f"{what}: " + ("all identical to drafter none" if same else
+          "DIFFER: " + ", ".join(f"{r['contender']} {r['num_prompts'] - r['outputs_equal_to_none']}" for r in bound
                                  if r["outputs_equal_to_none"] != len(prompts))))
     return {"args": vars(args), "batch_size": batch_size, "cost_ms": cost, "rows": rows, "greedy_identical": same,
             "adaptive_vs_best_fixed": adaptive_vs_best, "table": table,

@@ -19,7 +19,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .runner import ModelRunner
-from .sampling import STREAM_DRAFT, SamplingParams, greedy_tokens, sample, to_probs, uniforms
+from .sampling import STREAM_DRAFT, SamplingParams, coupled_tokens, sample, to_probs, uniforms
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +65,7 @@ class DraftContext:
     rows_t: torch.Tensor | None = None
     lengths_t: torch.Tensor | None = None
     static: bool = False
+    gumbel: torch.Tensor | None = None  # [b, >= k, V]: coupled sampling's noise of positions L .. (sampling.py)
 
     def __post_init__(self):
         device = self.tokens.device
@@ -248,6 +249,10 @@ class PromptLookupDrafter:
 class ModelDrafter:
     """A small draft model, driven through its own ModelRunner, run k times per round over the rows.
 
+    It proposes greedily (its argmax) under greedy decoding, argmax(its scores + the round's Gumbel noise)
+    under coupled sampling (the same noise the target's tokens are drawn with, so a draft that knows the
+    target's distribution guesses its token), and a draw from q under rejection sampling.
+
     A round over rows of sequence length L feeds the draft [seq[L-2], seq[L-1]] at positions L-2, L-1 (a
     fixed 2-token step, so it can be captured: rewriting L-2 when the draft already has it is harmless),
     then one drafted token per step. So the draft cache only has to be valid up to L-2 when a round
@@ -320,10 +325,12 @@ class ModelDrafter:
         presence = ctx.presence[ctx.rows_t].clone() if ctx.presence is not None else None
         keys = ctx.noise_keys[ctx.rows_t]
         tokens, probs = [], []
+        coupled = self.sampling.greedy or self.sampling.coupled
         for i in range(steps):
             aligned = self._align(logits.float())
-            if self.sampling.greedy:
-                token = greedy_tokens(aligned, self.sampling, presence)
+            if coupled:  # argmax(q's scores + the target's noise for this position): the target's guess
+                token = coupled_tokens(aligned, self.sampling, presence,
+                                       ctx.gumbel[:, i] if ctx.gumbel is not None else None)
             else:
                 q = to_probs(aligned, self.sampling, presence)
                 token = sample(q, uniforms(keys, (ctx.lengths_t + i)[:, None], STREAM_DRAFT)[:, 0])

@@ -26,7 +26,7 @@ from ..types import Request, Result, RunStats
 from .adaptive import AdaptiveK, RoundTimes, StepTable
 from .drafters import Draft, DraftContext, Drafter
 from .runner import ModelRunner
-from .sampling import STREAM_RESAMPLE, SamplingParams, greedy_tokens, sample, to_probs, uniforms
+from .sampling import STREAM_RESAMPLE, SamplingParams, coupled_tokens, gumbel_noise, sample, to_probs, uniforms
 from .slots import SlotTable, prompt_ids
 from .stops import StopRules
 from .verdict import RoundOutcome, decide
@@ -43,6 +43,7 @@ class RoundPlan:
     busy: list[int]  # indices into rows of the running requests
     budgets: list[int]  # drafts each row may propose this round (0 for idle slots)
     k: int  # the round's number of drafts: the verify width is k + 1
+    gumbel: torch.Tensor | None = None  # [b, k + 1, V]: coupled sampling's noise of positions L .. L + k
 
     @property
     def busy_slots(self) -> list[int]:
@@ -102,6 +103,11 @@ class SpecBatchGenerator:
         # device sync per phase; otherwise work queued in one phase is paid in the next sync.
         self.timings = dict.fromkeys(("admit", "draft", "verify", "accept", "bookkeeping"), 0.0)
         self._sync_phases = profile and self.device.type == "cuda"
+        # Coupled sampling's noise is ~20 elementwise passes over [b, k+1, V]; captured runs fuse them into
+        # one kernel (a shape's first call compiles it), eager runs keep them as they are.
+        self._gumbel = (torch.compile(gumbel_noise, dynamic=False) if capture in ("cuda_graphs", "inductor")
+                        else gumbel_noise)
+        self.noise_s = 0.0  # seconds making coupled sampling's noise (inside the admit and draft phases)
 
     @property
     def capture_s(self) -> float:
@@ -182,8 +188,9 @@ class SpecBatchGenerator:
         last = self.runner.prefill(rows, ids, [0] * len(rows), lengths)  # [b, V]
         rows_t, lengths_t = torch.tensor(rows, device=self.device), torch.tensor(lengths, device=self.device)
         presence = self.slots.presence[rows_t] if self.slots.presence is not None else None
-        if self.sampling.greedy:
-            first = greedy_tokens(last, self.sampling, presence)
+        if self.sampling.greedy or self.sampling.coupled:  # the noise any pass would use for position len(prompt)
+            noise = self._noise(rows_t, lengths_t, 1)[:, 0] if self.sampling.coupled else None
+            first = coupled_tokens(last, self.sampling, presence, noise)
         else:  # the same noise a verify pass would use to decide position len(prompt)
             u = uniforms(self.slots.noise_keys[rows_t], lengths_t[:, None], STREAM_RESAMPLE)[:, 0]
             first = sample(to_probs(last, self.sampling, presence), u)
@@ -231,8 +238,12 @@ class SpecBatchGenerator:
             k = self.adaptive.choose([rows[i] for i in busy], [most[i] for i in busy]) if self.adaptive else self.k
             budgets = [min(k, b) for b in most]
             ctx.k = budgets
+            ctx.gumbel = self._noise(rows_t, lengths_t, 1 + max(budgets)) if self.sampling.coupled else None
             draft = self.drafter.propose(ctx)
-        plan = RoundPlan(rows, rows_t, lengths, lengths_t, busy, budgets, draft.tokens.shape[1])
+        width = draft.tokens.shape[1]
+        plan = RoundPlan(rows, rows_t, lengths, lengths_t, busy, budgets, width, ctx.gumbel)
+        if self.sampling.coupled and plan.gumbel is None:  # the drafter proposed before the width was chosen
+            plan.gumbel = self._noise(rows_t, lengths_t, width + 1)
         return plan, draft
 
     def _verify(self, plan: RoundPlan, draft: Draft) -> torch.Tensor:
@@ -247,7 +258,7 @@ class SpecBatchGenerator:
         rows_t, lengths_t = plan.rows_t, plan.lengths_t
         presence = self.slots.presence[rows_t] if self.slots.presence is not None else None
         verdict = decide(logits, draft, sampling=self.sampling, stops=self.stops, lengths=lengths_t,
-                         presence=presence, noise_keys=self.slots.noise_keys[rows_t])
+                         presence=presence, noise_keys=self.slots.noise_keys[rows_t], gumbel=plan.gumbel)
         width = verdict.tokens.shape[1]
         index = torch.arange(width, device=self.device)[None, :]
         self.slots.tokens[rows_t[:, None], lengths_t[:, None] + index] = verdict.tokens  # past num_emit: stale
@@ -298,11 +309,20 @@ class SpecBatchGenerator:
         self.stats.add_result(result)
         return result
 
-    def _phase(self, name: str, since: float) -> float:
+    def _noise(self, rows_t: torch.Tensor, lengths_t: torch.Tensor, width: int) -> torch.Tensor:
+        """Coupled sampling's Gumbel noise for positions L .. L + width - 1 of each row: [b, width, V]."""
+        started = self._phase(None, 0.0)
+        positions = lengths_t[:, None] + torch.arange(width, device=self.device)
+        noise = self._gumbel(self.slots.noise_keys[rows_t], positions, self.runner.vocab_size)
+        self.noise_s += self._phase(None, 0.0) - started
+        return noise
+
+    def _phase(self, name: str | None, since: float) -> float:
         if self._sync_phases:
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
-        self.timings[name] += now - since
+        if name is not None:
+            self.timings[name] += now - since
         return now
 
     def _step_seconds(self, kv_len: int) -> list[float]:

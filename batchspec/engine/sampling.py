@@ -1,4 +1,16 @@
-"""Pure functions: logits -> probabilities, reproducible noise, and the two acceptance rules.
+"""Pure functions: logits -> probabilities, reproducible noise, and the acceptance rules.
+
+Two ways to verify sampled drafts (`SamplingParams.verify`):
+  - coupled (the default): the target's token at sequence position t is argmax_x(s_t(x) + G_t(x)), where
+    s_t are its logits after every transform (temperature, top-k, top-p, min-p, repetition penalty) and
+    G_t(x) i.i.d. Gumbel noise that is a pure function of (seed, request id, t, x): an exact draw from
+    p_t = softmax(s_t) (the Gumbel-max trick), and exactly what plain decoding with that seed emits. A
+    draft model proposes argmax(its own s_t + the same G_t); a draft is accepted iff it equals the
+    target's token, so verification only decides how many of the target's own tokens a round emits:
+    the text depends on (seed, id, prompt) alone, whatever drafted it, with whatever k, batch or order;
+  - rejection (Leviathan et al. 2023): accept with probability min(1, p(x)/q(x)), resample from the
+    residual; the highest acceptance a draft model can get (sum of min(p, q)), but the randomness it
+    consumes depends on the drafts, so the text changes with the drafter and k.
 
 Vocabulary of the acceptance step (as in vLLM's rejection sampler):
   - accepted tokens: the leading drafts the target agrees with (greedy: equal to its argmax;
@@ -24,7 +36,8 @@ from transformers.generation.logits_process import (
 )
 
 # Noise streams: each decision at a token position draws from its own stream, so they are independent.
-STREAM_DRAFT, STREAM_ACCEPT, STREAM_RESAMPLE = 1, 2, 3
+STREAM_DRAFT, STREAM_ACCEPT, STREAM_RESAMPLE, STREAM_GUMBEL = 1, 2, 3, 4
+VERIFY_MODES = ("coupled", "rejection")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +51,11 @@ class SamplingParams:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     seed: int = 0
+    verify: str = "coupled"  # how sampled drafts are verified: coupled | rejection (module docstring)
 
     def __post_init__(self):
         checks = {
+            "verify": self.verify in VERIFY_MODES,
             "temperature": self.temperature >= 0,
             "top_k": self.top_k >= 0,
             "top_p": 0 < self.top_p <= 1,
@@ -54,6 +69,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def coupled(self) -> bool:
+        """Sampled tokens are argmax(s + G): drafts are checked by equality, as under greedy decoding."""
+        return not self.greedy and self.verify == "coupled"
 
 
 def apply_repetition_penalty(logits: torch.Tensor, presence: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -88,6 +108,24 @@ def to_probs(logits: torch.Tensor, params: SamplingParams, presence: torch.Tenso
         logits = apply_repetition_penalty(logits, presence, params.repetition_penalty)
     logits = warp(logits.reshape(-1, shape[-1]), params)
     return torch.softmax(logits, dim=-1).reshape(shape)
+
+
+def scores(logits: torch.Tensor, params: SamplingParams, presence: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [..., V] -> s [..., V] (float32) with softmax(s) = to_probs(logits): filtered tokens -inf."""
+    shape = logits.shape
+    logits = logits.float()
+    if presence is not None and params.repetition_penalty != 1.0:
+        logits = apply_repetition_penalty(logits, presence, params.repetition_penalty)
+    return warp(logits.reshape(-1, shape[-1]), params).reshape(shape)
+
+
+def coupled_tokens(logits: torch.Tensor, params: SamplingParams, presence: torch.Tensor | None,
+                   gumbel: torch.Tensor | None) -> torch.Tensor:
+    """logits [..., V], gumbel [..., V] (noise for the positions these logits decide) -> tokens [...]:
+    argmax(s + G), an exact draw from p = softmax(s) (Gumbel-max); the plain argmax when greedy."""
+    if params.greedy:
+        return greedy_tokens(logits, params, presence)
+    return (scores(logits, params, presence) + gumbel).argmax(dim=-1)
 
 
 def greedy_tokens(logits: torch.Tensor, params: SamplingParams, presence: torch.Tensor | None = None) -> torch.Tensor:
@@ -148,10 +186,53 @@ def uniforms(keys: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.
     Depends only on (key, position, stream) — never on batch size, slot or neighbours — which is
     what makes seeded sampling reproducible across batch sizes, orderings and resumes.
     """
+    return _shift_right(uniforms_bits(keys, positions, stream), 11).double() * (1.0 / (1 << 53))
+
+
+def _hash32(h: torch.Tensor) -> torch.Tensor:
+    """lowbias32 (C. Wellons), a 32-bit integer hash, on int32 tensors (wrap-around multiplication,
+    logical shifts by masking): one cheap elementwise pass per step, over a whole [b, T, V] block."""
+    h = h ^ ((h >> 16) & 0xFFFF)
+    h = h * 0x7FEB352D
+    h = h ^ ((h >> 15) & 0x1FFFF)
+    h = h * -0x7B935975  # 0x846CA68B as a signed 32-bit constant
+    return h ^ ((h >> 16) & 0xFFFF)
+
+
+def _to_int32(x: torch.Tensor) -> torch.Tensor:
+    """The low 32 bits of int64 values, as int32 (two's complement)."""
+    low = x & 0xFFFFFFFF
+    return torch.where(low >= 1 << 31, low - (1 << 32), low).to(torch.int32)
+
+
+def gumbel_noise(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Counter-based Gumbel(0, 1) noise: keys [b] int64, positions [b, T] -> float32 [b, T, vocab].
+
+    G[i, t, x] depends only on (keys[i], positions[i, t], x): a 64-bit mix of (key, position, stream) per
+    position, then a 32-bit hash per token id keyed by those 64 bits, all elementwise on the device (no
+    host sync, no loop over rows), so a token's noise never depends on the batch, the slot, k or the
+    width of the pass. G = -log(E), E = -log(u) with u = (h + 1/2) / 2^32 strictly inside (0, 1); E is
+    computed from u below 1/2 and from 1 - u above it, so float32 keeps every one of the 32 bits.
+    """
+    bits = uniforms_bits(keys, positions, STREAM_GUMBEL)[..., None]  # [b, T, 1] int64
+    low, high = _to_int32(bits), _to_int32(_shift_right(bits, 32))
+    ids = torch.arange(vocab, device=keys.device, dtype=torch.int32)
+    # Distinct token ids give distinct hash inputs within a position (the multiplier is odd).
+    h = _hash32((low + ids * -0x61C88647) ^ high)  # 0x9E3779B9 as a signed 32-bit constant
+    # u = (h_unsigned + 1/2) / 2^32 = c + (1 if h < 0 else 0), c = h_signed / 2^32 + 2^-33 in (-1/2, 1/2).
+    # -log(u) is -log(c) below 1/2 and -log1p(c) above; each element takes one term, the other is 0
+    # (never a log of a negative number: that alone made the pass 10x slower on CPU).
+    c = h.float() * 2.0 ** -32 + 2.0 ** -33
+    negative = h < 0
+    exponential = torch.log(c.masked_fill(negative, 1.0)).add_(torch.log1p(c.masked_fill_(~negative, 0.0)))
+    return exponential.neg_().log_().neg_()
+
+
+def uniforms_bits(keys: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.Tensor:
+    """The 64 random bits behind `uniforms`, as int64 [b, ...]."""
     keys = keys.reshape(-1, *([1] * (positions.dim() - 1)))
     z = _mix64(keys + _signed(stream * _GOLDEN))
-    z = _mix64(z + positions * _GOLDEN)
-    return _shift_right(z, 11).double() * (1.0 / (1 << 53))
+    return _mix64(z + positions * _GOLDEN)
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

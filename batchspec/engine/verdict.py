@@ -13,7 +13,7 @@ import torch
 
 from .drafters import Draft
 from .sampling import (
-    STREAM_ACCEPT, STREAM_RESAMPLE, SamplingParams, greedy_tokens, growing_presence, to_probs, uniforms,
+    STREAM_ACCEPT, STREAM_RESAMPLE, SamplingParams, coupled_tokens, growing_presence, to_probs, uniforms,
     verify_greedy, verify_sampling,
 )
 from .stops import StopRules
@@ -53,15 +53,22 @@ class Verdict:
 
 
 def decide(logits: torch.Tensor, draft: Draft, *, sampling: SamplingParams, stops: StopRules,
-           lengths: torch.Tensor, presence: torch.Tensor | None, noise_keys: torch.Tensor) -> Verdict:
+           lengths: torch.Tensor, presence: torch.Tensor | None, noise_keys: torch.Tensor,
+           gumbel: torch.Tensor | None = None) -> Verdict:
     """logits [b, T, V]: the target after [pending token, d_1 .. d_{T-1}] of each row; lengths [b]: each
     row's sequence length L, so position t of the pass decides sequence position L + t; presence [b, V]
-    (repetition penalty) and noise_keys [b] of the rows."""
+    (repetition penalty) and noise_keys [b] of the rows; gumbel [b, >= T, V] the coupled noise of
+    positions L .. (coupled sampling only).
+
+    Greedy and coupled sampling decide alike: the target's own token at every position (its argmax, or
+    argmax(s + G)), and a draft is accepted iff it equals that token."""
     drafts, num_drafts = draft.tokens, draft.num_tokens
     width = logits.shape[1]
     grown = growing_presence(presence, drafts, width) if presence is not None else None
-    if sampling.greedy:
-        tokens, num_accepted = verify_greedy(greedy_tokens(logits, sampling, grown), drafts, num_drafts)
+    if sampling.greedy or sampling.coupled:
+        noise = gumbel[:, :width] if gumbel is not None else None
+        target = coupled_tokens(logits, sampling, grown, noise)
+        tokens, num_accepted = verify_greedy(target, drafts, num_drafts)
     else:
         p = to_probs(logits, sampling, grown)
         positions = lengths[:, None] + torch.arange(width, device=logits.device)  # position each token decides

@@ -207,7 +207,8 @@ def output_config(job: JobConfig, job_name: str, generator, index: int, count: i
     drafter = job.drafter.name
     return {
         "job": job_name, "drafter": drafter.value, "k_max": generator.k, "adaptive": generator.adaptive is not None,
-        "sampling": asdict(job.sampling), "batch_size": job.batch_size, "max_seq_len": generator.max_seq_len,
+        "sampling": {key: getattr(value, "value", value) for key, value in asdict(job.sampling).items()},
+        "batch_size": job.batch_size, "max_seq_len": generator.max_seq_len,
         "model": {"target": job.model.target, "draft": job.model.draft if drafter == DrafterName.model else None,
                   "dtype": job.model.dtype.value, "compile": job.model.compile.value},
         "shard": {"index": index, "count": count}, "batchspec": versions()["batchspec"],
@@ -286,6 +287,7 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
             models, drafter=job.drafter.name.value, k=job.drafter.k, batch_size=job.batch_size,
             max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
             min_p=s.min_p, repetition_penalty=s.repetition_penalty, stop=tuple(s.stop), seed=s.seed,
+            verify=s.verify.value,
             max_seq_len=job.max_seq_len, adaptive=job.drafter.adaptive, compile=job.model.compile.value,
         )
     except ValueError as e:  # e.g. max_seq_len beyond the model's positions

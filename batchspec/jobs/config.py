@@ -52,6 +52,11 @@ class Dtype(Enum):
     float16 = "float16"
 
 
+class Verify(Enum):
+    coupled = "coupled"  # each token is the target's own seeded draw: output independent of drafter and k
+    rejection = "rejection"  # Leviathan's rejection sampling: best acceptance, output changes with drafter and k
+
+
 class Compile(Enum):
     auto = "auto"  # CUDA graphs on a GPU, eager on CPU
     on = "on"  # CUDA graphs on a GPU, torch.compile (inductor) on CPU
@@ -93,6 +98,7 @@ class SamplingConfig:
     max_new_tokens: int = 128
     stop: List[str] = field(default_factory=list)
     seed: int = 0
+    verify: Verify = Verify.coupled  # how sampled drafts are verified (README: Sampling)
 
 
 @dataclass
