@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from .runner import ModelRunner
+from .runner import ModelRunner, to_device
 from .sampling import STREAM_DRAFT, SamplingParams, coupled_tokens, sample, to_probs, uniforms
 
 
@@ -70,9 +70,9 @@ class DraftContext:
     def __post_init__(self):
         device = self.tokens.device
         if self.rows_t is None:
-            self.rows_t = torch.tensor(self.rows, device=device)
+            self.rows_t = to_device(self.rows, device)
         if self.lengths_t is None:
-            self.lengths_t = torch.tensor(self.lengths, device=device)
+            self.lengths_t = to_device(self.lengths, device)
 
 
 @dataclass(slots=True)
@@ -106,9 +106,7 @@ def empty_draft(b: int, device: torch.device) -> Draft:
 
 def _pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
     width = max((len(r) for r in rows), default=0)
-    return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=device).reshape(
-        len(rows), width
-    )
+    return to_device([r + [0] * (width - len(r)) for r in rows], device).reshape(len(rows), width)
 
 
 class NoDrafter:
@@ -185,7 +183,7 @@ class NGramDrafter:
     def propose(self, ctx: DraftContext) -> Draft:
         drafts = [self._predict(slot, k) if k > 0 else [] for slot, k in zip(ctx.rows, ctx.k)]
         host_num = [len(d) for d in drafts]
-        num = torch.tensor(host_num, dtype=torch.long, device=self.device)
+        num = to_device(host_num, self.device)
         return Draft(tokens=_pad(drafts, self.device), num_tokens=num, host_num=host_num)
 
     def commit(self, slots, emitted, num_accepted):
@@ -234,7 +232,7 @@ class PromptLookupDrafter:
             match = (windows == tail[:, None, :]).all(-1) & (where + n < lengths[:, None]) & (lengths[:, None] > n)
             last = torch.where(match, where, -1).max(dim=1).values
             start = torch.where((start < 0) & (last >= 0), last + n, start)
-        k = torch.tensor(ctx.k, device=self.device)
+        k = to_device(ctx.k, self.device)
         num = torch.where(start >= 0, torch.minimum(k, lengths - start), torch.zeros_like(k)).clamp(min=0)
         idx = (start.clamp(min=0)[:, None] + torch.arange(k_max, device=self.device)).clamp(max=seq.shape[1] - 1)
         tokens = seq.gather(1, idx) * (torch.arange(k_max, device=self.device)[None, :] < num[:, None])
@@ -300,8 +298,8 @@ class ModelDrafter:
         if not lagging:
             return
         width = max(end - start for _, start, end in lagging)
-        index = torch.tensor([i for i, _, _ in lagging], device=self.device)
-        starts = torch.tensor([start for _, start, _ in lagging], device=self.device)
+        index = to_device([i for i, _, _ in lagging], self.device)
+        starts = to_device([start for _, start, _ in lagging], self.device)
         ids = ctx.tokens[ctx.rows_t[index][:, None], (starts[:, None] + torch.arange(width, device=self.device))
                          .clamp(max=ctx.tokens.shape[1] - 1)]
         self.runner.prefill([ctx.rows[i] for i, _, _ in lagging], ids, [s for _, s, _ in lagging],
@@ -344,7 +342,7 @@ class ModelDrafter:
         self._round = (list(ctx.rows), list(ctx.lengths), steps)
         return Draft(
             tokens=torch.stack(tokens, dim=1),
-            num_tokens=torch.tensor(ctx.k, dtype=torch.long, device=self.device),
+            num_tokens=to_device(ctx.k, self.device),
             probs=torch.stack(probs, dim=1) if probs else None,
             host_num=list(ctx.k),
         )

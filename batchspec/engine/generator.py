@@ -25,7 +25,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..types import Request, Result, RunStats
 from .adaptive import AdaptiveK, RoundTimes, StepTable
 from .drafters import Draft, DraftContext, Drafter
-from .runner import ModelRunner
+from .runner import ModelRunner, to_device
 from .sampling import STREAM_RESAMPLE, SamplingParams, coupled_tokens, gumbel_noise, sample, to_probs, uniforms
 from .slots import SlotTable, prompt_ids
 from .stops import StopRules
@@ -184,9 +184,9 @@ class SpecBatchGenerator:
             for slot in rows:
                 self.adaptive.admit(slot)
         width = max(lengths)
-        ids = torch.tensor([ids + [0] * (width - len(ids)) for _, _, ids in new], device=self.device)
+        ids = to_device([ids + [0] * (width - len(ids)) for _, _, ids in new], self.device)
         last = self.runner.prefill(rows, ids, [0] * len(rows), lengths)  # [b, V]
-        rows_t, lengths_t = torch.tensor(rows, device=self.device), torch.tensor(lengths, device=self.device)
+        rows_t, lengths_t = to_device(rows, self.device), to_device(lengths, self.device)
         presence = self.slots.presence[rows_t] if self.slots.presence is not None else None
         if self.sampling.greedy or self.sampling.coupled:  # the noise any pass would use for position len(prompt)
             noise = self._noise(rows_t, lengths_t, 1)[:, 0] if self.sampling.coupled else None
@@ -220,7 +220,7 @@ class SpecBatchGenerator:
         lengths = [r.length if r is not None else 1 for r in records]
         most = [r.budget(self.k, self.max_new_tokens, self.max_seq_len) if r is not None else 0 for r in records]
         busy = [i for i, r in enumerate(records) if r is not None]
-        rows_t = self._all_rows if self.static else torch.tensor(rows, device=self.device)
+        rows_t = self._all_rows if self.static else to_device(rows, self.device)
         lengths_t = self.runner.lengths[rows_t] + 1  # the cache holds seq[:L-1]
         ctx = DraftContext(rows, lengths, most, self.slots.tokens, self.slots.presence, self.slots.noise_keys,
                            rows_t=rows_t, lengths_t=lengths_t, static=self.static)

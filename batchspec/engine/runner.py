@@ -39,6 +39,16 @@ CAPTURE_MODES = (None, "static", "cuda_graphs", "inductor")
 SMALLEST_BUCKET = 64
 
 
+def to_device(values: list, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A host list as a tensor on `device` without a host sync: on a GPU a plain `torch.tensor(..., device=)`
+    copies from pageable memory and then waits for the stream (every queued kernel); a pinned buffer
+    copied with non_blocking=True is queued like a kernel instead (the caching host allocator keeps the
+    buffer until the copy is done)."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
 def kv_buckets(capacity: int) -> list[int]:
     """Attended lengths a static step may use: powers of two from 64, then the capacity itself."""
     out, size = [], SMALLEST_BUCKET
@@ -129,14 +139,14 @@ class ModelRunner:
         if max(ends) > self.capacity:
             raise RuntimeError(f"{self.name} KV cache overflow: a row would write position {max(ends) - 1} "
                                f">= {self.capacity}")
-        rows_t = torch.tensor(rows, device=self.device)
-        positions = torch.tensor(starts, device=self.device)[:, None] + torch.arange(ids.shape[1], device=self.device)
+        rows_t = to_device(rows, self.device)
+        positions = to_device(starts, self.device)[:, None] + torch.arange(ids.shape[1], device=self.device)
         # Logits only at each row's last position: the distinct columns for every row, then each row's
         # own. A 1-D logits_to_keep works in transformers 4.56+.
         keep = sorted({n - 1 for n in lengths})
-        logits = self._call(ids, rows_t, positions, max(ends), torch.tensor(keep, device=self.device))
-        column = torch.tensor([keep.index(n - 1) for n in lengths], device=self.device)
-        self.lengths[rows_t] = torch.tensor(ends, device=self.device)
+        logits = self._call(ids, rows_t, positions, max(ends), to_device(keep, self.device))
+        column = to_device([keep.index(n - 1) for n in lengths], self.device)
+        self.lengths[rows_t] = to_device(ends, self.device)
         return logits[torch.arange(len(rows), device=self.device), column]
 
     # ---- the static step -------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..types import Request, Result
+from .runner import to_device
 from .sampling import request_key
 
 
@@ -115,7 +116,7 @@ class SlotTable:
             # The prefill is the request's first target forward; it drafts nothing, so it accepts 0.
             self.records[slot] = Slot(request=request, prompt_ids=ids, length=len(ids), started=now,
                                       accepted_per_round=[0], drafts_per_round=[0])
-            ids_t = torch.tensor(ids, device=self.device)
+            ids_t = to_device(ids, self.device)
             self.tokens[slot, : len(ids)] = ids_t
             self.noise_keys[slot] = request_key(self.seed, request.id)
             self.busy[slot] = True
