@@ -118,9 +118,9 @@ def generate(
     A prompt is text (tokenized as `tokenizer(prompt)`, so the result equals the new tokens of
     `model.generate(**tokenizer(prompt, return_tensors="pt"))` under greedy decoding) or a list of
     token ids. `ids` name the requests (default: the prompt's position as a string); with sampling,
-    a request's output depends only on (seed, id, prompt). A prompt that cannot run comes back with
-    finish_reason "error" and an `error` message instead of raising (so does one that is not valid
-    Unicode text, e.g. a lone surrogate, or whose id is not).
+    for a fixed drafter and k (adaptive off), a request's output depends only on (seed, id, prompt).
+    A prompt that cannot run comes back with finish_reason "error" and an `error` message instead of
+    raising (so does one that is not valid Unicode text, e.g. a lone surrogate, or whose id is not).
     """
     for name, value in (("prompts", prompts), ("ids", ids)):
         if isinstance(value, (str, bytes)):  # a str is a sequence too: one request per character

@@ -6,7 +6,8 @@
 
 The composed config is checked against the schema (config.py) by Hydra, then turned into a plain
 JobConfig; from there on every module gets plain arguments. Exit status: 0 on success (row errors
-are counted in summary.json), 1 for Hydra's config composition errors, 2 with one line on stderr for
+are counted in summary.json), 1 when the config does not compose (an unknown key, with or without
+'+', is caught here before Hydra sees it: cmdline.py), 2 with one line on stderr for
 a config that cannot run, an unreadable input, a missing column or an unloadable model, 128+N when
 signal N stopped the run (rerun to resume).
 """
