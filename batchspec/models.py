@@ -8,12 +8,12 @@ say); the generator handles differing logit widths, so only the tokenizers are c
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .paths import missing_local_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that honour an explicit 4D per-row mask
@@ -52,22 +52,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype not in DTYPES:
         raise ModelLoadError(f"model.dtype={dtype!r} is not one of auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
-
-
-def missing_local_path(name_or_path: str) -> str | None:
-    """Why `name_or_path` is a local path that does not exist, or None (it exists, or reads as a hub id).
-
-    A hub id is `name` or `org/name`; anything else (absolute, ./ or ../ or ~, two or more slashes, or
-    an `org/name` whose `org` is a folder here) is meant as a path. Saying so at once beats
-    transformers' answer: ~30 s of hub retries, then a network error or "Repo id must be in the form"."""
-    path = Path(name_or_path).expanduser()
-    first = name_or_path.split("/", 1)[0]
-    looks_local = (name_or_path.startswith(("/", "./", "../", "~")) or name_or_path in (".", "..")
-                   or name_or_path.count("/") >= 2 or ("/" in name_or_path and Path(first).is_dir())
-                   or os.sep != "/" and os.sep in name_or_path)
-    if not looks_local or path.exists():
-        return None
-    return f"no such local directory {name_or_path!r} (resolved to {path.resolve()})"
 
 
 def load_model(

@@ -15,7 +15,7 @@ import pytest
 
 from batchspec import status
 from batchspec.jobs.sink import ParquetSink, part_files
-from batchspec.jobs.sources import RowSelector, SourceError, open_source
+from batchspec.jobs.sources import PromptBuilder, Row, RowSelector, SourceError, open_source
 from batchspec.types import Request, Result
 from conftest_jobs import one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job  # noqa: F401
 
@@ -238,6 +238,14 @@ def test_a_needed_column_missing_from_one_file_names_the_file(tmp_path, lacking)
         open_source(str(folder), "auto", "train", {"text": "source.prompt_column"})
     assert str(e.value) == (f"source.prompt_column: column 'text' is missing from {folder}/{lacking}.parquet of "
                             f"{folder}; every file must have the columns the job reads")
+
+
+def test_a_jsonl_object_without_the_prompt_key_says_so(tmp_path):
+    (tmp_path / "in.jsonl").write_text('{"text": "hello", "id": 1}\n{"id": 2}\n{"text": null, "id": 3}\n')
+    source = open_source(str(tmp_path / "in.jsonl"), "auto", "train", {"text": "source.prompt_column"})
+    builder = PromptBuilder(prompt_column="text", template=None, chat=False)
+    assert [builder.request(Row(str(p), p, values)).error for p, values in source.rows(0, 1, None)] == [
+        None, "source.prompt_column 'text' is missing from this row", "source.prompt_column 'text' is null"]
 
 
 # ---- 5. made-up ids never collide with real ones -------------------------------------------------

@@ -261,8 +261,8 @@ def test_ctrl_c_while_the_model_loads_is_one_line(workdir, tiny_models):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err, err
-    assert err.strip().splitlines()[-1] == ("batchspec: error: interrupted (SIGINT) before generating; rows already "
-                                           "in the output dir are kept, rerun the same command to resume")
+    assert err.strip().splitlines()[-1] == ("batchspec: error: interrupted (SIGINT); the rows already in the output "
+                                           "dir are kept: rerun the same command to resume")
 
 
 class FakeGenerator:

@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import platform
+import signal
 import sys
 import time
 from importlib import metadata
@@ -42,6 +43,7 @@ from .locks import ShardLock
 from .sink import (RESULT_SCHEMA, ParquetSink, atomic_write_text, check_output_dir, done_ids, foreign_files,
                    part_files, read_json, shard_name, shard_rows, summarize)
 from .sources import PromptBuilder, RowSelector, SourceError, open_source, shard_from_env, template_columns
+from ..paths import missing_local_path
 from ..types import rounds_by_k_text
 
 log = logging.getLogger("batchspec")
@@ -70,8 +72,8 @@ def main() -> None:
         hydra_main()
     except KeyboardInterrupt:
         # Ctrl-C outside the job loop (which handles it itself): while starting or loading the models.
-        fail("interrupted (SIGINT) before generating; rows already in the output dir are kept, "
-             "rerun the same command to resume", code=128 + 2)
+        fail("interrupted (SIGINT); the rows already in the output dir are kept: rerun the same command to resume",
+             code=128 + signal.SIGINT)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -382,8 +384,6 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
 
 def check_model_paths(job: JobConfig) -> None:
     """A model path that looks local and does not exist fails here, at once (not after the hub retries)."""
-    from ..models import ModelLoadError, missing_local_path
-
     draft = job.model.draft if job.drafter.name == DrafterName.model else None
     for key, name in (("model.target", job.model.target), ("model.draft", draft)):
         problem = missing_local_path(name) if name else None
@@ -449,7 +449,7 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
         "config": composed, "versions": versions(),
     })
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    print_stdout(format_summary(summary, outcome))
+    print(format_summary(summary, outcome), flush=True)
     errors = summary["rows_error"]
     log.info("done: %d rows in %s (%d ok, %d errors%s); summary: %s", summary["rows"], out_dir / "data",
              summary["rows_ok"], errors, f", e.g. {next(iter(summary['errors']))!r}" if errors else "",
@@ -463,14 +463,6 @@ def readable_json(path: Path) -> bool:
         return True
     except OSError:
         return False
-
-
-def print_stdout(text: str) -> None:
-    """Print to stdout; a reader that has gone (`| head`) is not an error: the work is done and written."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
 
 
 def format_summary(summary: dict[str, Any], outcome) -> str:
