@@ -41,7 +41,7 @@ class ShardLock:
         self.dir = Path(out_dir) / ".locks"
         self.shard_path = self.dir / f"{shard_name(index, count)}.lock"
         self.count_path = self.dir / f"count-{count:05d}.lock"
-        self.count = count
+        self.index, self.count = index, count
         self.fds: list[int] = []
 
     def __enter__(self) -> "ShardLock":
@@ -65,8 +65,8 @@ class ShardLock:
         fd = self._open(self.shard_path)
         if not self._lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB):
             holder = self.shard_path.read_text(errors="replace").strip() or "another process"
-            raise ConfigError(f"{self.shard_path.parent.parent} shard {self.shard_path.stem} is being written by "
-                              f"another run ({holder}); a second writer would duplicate its rows, so this run stops")
+            raise ConfigError(f"{self.dir.parent}: shard {self.index} of {self.count} is being written by another "
+                              f"run ({holder}); a second writer would duplicate its rows, so this run stops")
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
                  .encode())
