@@ -7,7 +7,6 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
-import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,7 +14,8 @@ import pytest
 
 from batchspec import status
 from batchspec.jobs.sink import ParquetSink, part_files
-from batchspec.jobs.sources import PromptBuilder, Row, RowSelector, SourceError, open_source
+from batchspec.jobs.prompts import PromptBuilder
+from batchspec.jobs.sources import Row, RowSelector, SourceError, open_source
 from batchspec.types import Request, Result
 from conftest_jobs import one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job  # noqa: F401
 

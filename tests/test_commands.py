@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import textwrap
 import time
 from pathlib import Path
 
@@ -198,7 +197,7 @@ def test_resume_message_counts_this_shards_rows(workdir, monkeypatch, capsys):
 def test_summary_says_what_the_drafter_did(args, shown, workdir, monkeypatch, capsys):
     assert run_inprocess(workdir, "job=tiny", "source.limit=2", *args, monkeypatch=monkeypatch) == 0
     out = capsys.readouterr().out
-    assert f"models loaded in " in out and f"({shown})" in out
+    assert "models loaded in " in out and f"({shown})" in out
     name = shown.removeprefix("drafter ").removesuffix(", batch 3")
     assert f"  drafter                   {name}\n" in out
 

@@ -107,7 +107,7 @@ def test_positional_ids_refuse_an_input_whose_rows_moved(tmp_path, tiny_models, 
     capsys.readouterr()
     assert run_inprocess(tmp_path, "job=pos", monkeypatch=monkeypatch) == 2
     message = one_line_error(capsys)
-    assert message.startswith(f"the input changed since the rows in outputs/pos were made: 'in/b.parquet' (rows 3, ")
+    assert message.startswith("the input changed since the rows in outputs/pos were made: 'in/b.parquet' (rows 3, ")
     assert "is now 'in/a.parquet' (rows 2, " in message and "set source.id_column" in message
     assert sorted(ids(out)) == ["0", "1", "2"]
 

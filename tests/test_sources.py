@@ -9,9 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchspec.jobs.sources import (
-    PromptBuilder, Row, RowSelector, SourceError, detect_format, open_source, shard_from_env, template_columns,
-)
+from batchspec.jobs.prompts import PromptBuilder, template_columns
+from batchspec.jobs.sources import Row, RowSelector, SourceError, detect_format, open_source, shard_from_env
 from conftest_jobs import build_tokenizer
 
 N = 25

@@ -42,7 +42,8 @@ from .job import Progress, pass_on_signal, resolve_progress_mode, run_job
 from .locks import ShardLock
 from .sink import (RESULT_SCHEMA, ParquetSink, atomic_write_text, check_output_dir, done_ids, foreign_files,
                    part_files, read_json, shard_name, shard_rows, summarize)
-from .sources import PromptBuilder, RowSelector, SourceError, open_source, shard_from_env, template_columns
+from .prompts import PromptBuilder, template_columns
+from .sources import RowSelector, SourceError, open_source, shard_from_env
 from ..paths import missing_local_path
 from ..types import rounds_by_k_text
 
