@@ -7,7 +7,10 @@ import os
 # package's __init__ has not imported torch yet; otherwise set it in the environment.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .jobs.cli import main  # noqa: E402
+try:
+    from .jobs.cli import main  # noqa: E402
+except KeyboardInterrupt:  # Ctrl-C while the command is still importing: nothing has started
+    raise SystemExit(130)
 
 if __name__ == "__main__":
     main()

@@ -17,6 +17,7 @@ from .engine.generator import SpecBatchGenerator
 from .engine.runner import resolve_capture
 from .engine.sampling import SamplingParams
 from .models import Models, load_models
+from .textcheck import text_problem
 from .types import Request, Result
 
 DEFAULT_MAX_SEQ_LEN = 2048
@@ -91,6 +92,16 @@ def build_generator(
     )
 
 
+def checked_request(request_id: str, prompt: str | list[int]) -> Request:
+    """The Request, or an error Request for text that is not valid Unicode (a lone surrogate would
+    otherwise crash the tokenizer, or the noise key built from the id)."""
+    for what, value in (("id", request_id), ("prompt", prompt)):
+        problem = text_problem(value)
+        if problem:
+            return Request(id=request_id, prompt=None, error=f"{what} {problem}")
+    return Request(id=request_id, prompt=prompt)
+
+
 def generate(
     prompts: Sequence[str | list[int]],
     *,
@@ -122,9 +133,14 @@ def generate(
     A prompt is text (tokenized as `tokenizer(prompt)`, so the result equals the new tokens of
     `model.generate(**tokenizer(prompt, return_tensors="pt"))` under greedy decoding) or a list of
     token ids. `ids` name the requests (default: the prompt's position as a string); with sampling
-    (coupled verification, the default), a request's output depends only on (seed, id, prompt). A prompt that cannot run comes back with
-    finish_reason "error" and an `error` message instead of raising.
+    (coupled verification, the default), a request's output depends only on (seed, id, prompt), whatever
+    the drafter, k or adaptive choices; with verify="rejection" only for a fixed drafter and k.
+    A prompt that cannot run comes back with finish_reason "error" and an `error` message instead of
+    raising (so does one that is not valid Unicode text, e.g. a lone surrogate, or whose id is not).
     """
+    for name, value in (("prompts", prompts), ("ids", ids)):
+        if isinstance(value, (str, bytes)):  # a str is a sequence too: one request per character
+            raise TypeError(f"{name} must be a list, got a {type(value).__name__}; for one prompt pass [{name[:-1]}]")
     if ids is not None and len(ids) != len(prompts):
         raise ValueError(f"ids has {len(ids)} entries but prompts has {len(prompts)}")
     ids = [str(i) for i in (ids if ids is not None else range(len(prompts)))]
@@ -136,9 +152,10 @@ def generate(
         target, draft if drafter == "model" else None, tokenizer=tokenizer, dtype=dtype, device=device,
         trust_remote_code=trust_remote_code,
     )
+    requests = [checked_request(i, p) for i, p in zip(ids, prompts)]
     if max_seq_len is None:
-        longest = max((len(p) if isinstance(p, list) else len(models.tokenizer(p)["input_ids"])
-                       for p in prompts if isinstance(p, (str, list))), default=1)
+        longest = max((len(r.prompt) if isinstance(r.prompt, list) else len(models.tokenizer(r.prompt)["input_ids"])
+                       for r in requests if isinstance(r.prompt, (str, list))), default=1)
         limit = model_max_positions(models.target)
         max_seq_len = max(2, longest + max_new_tokens if limit is None else min(limit, longest + max_new_tokens))
     generator = build_generator(
@@ -146,6 +163,5 @@ def generate(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
         stop=stop, seed=seed, max_seq_len=max_seq_len, adaptive=adaptive, compile=compile, verify=verify,
     )
-    requests = [Request(id=i, prompt=p) for i, p in zip(ids, prompts)]
     by_id = {r.id: r for r in generator.run(requests)}
     return [by_id[i] for i in ids]

@@ -3,11 +3,13 @@
 Reads only the output dir: each shard's part files (`data/shard-I-of-N-part-*.parquet`, the `id` and
 `finish_reason` columns) and finish markers (`shards/shard-I-of-N.json`, written when shard I has gone
 through all its rows). Prints one line per shard (finished or not, rows, errors, parts, its last run)
-and the total, checks that no id is in two part files, and exits
+and the total, checks that no id is in two part files, lists the problems it found (files in data/
+that are not part files, unreadable parts or markers, ids in more than one part file) and input files
+the shards skipped as unreadable, and exits
 
-    0  complete: every shard 0..N-1 of some shard count N has finished, and no id is duplicated
+    0  complete: every shard 0..N-1 of some shard count N has finished, and no problem was found
     1  incomplete: a shard is missing, still running, stopped or cancelled (resubmit to resume),
-       or an id is duplicated
+       or a problem was found
     2  not an output dir (no data/ and no shards/)
 
 Run it after an array (by hand, or as a job that depends on the array: docs/slurm.md). It never
@@ -18,17 +20,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .jobs.sink import part_files, read_part
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .jobs.sink import PART_NAME, first_line, foreign_files, part_files, part_problem, read_json
 from .types import FINISH_ERROR
 
-PART = re.compile(r"^shard-(\d+)-of-(\d+)-part-\d+\.parquet$")
 MARKER = re.compile(r"^shard-(\d+)-of-(\d+)\.json$")
+
+
+def read_checked_part(path: Path) -> pa.Table:
+    """The id, finish_reason and error columns of a part; ValueError if the file is not a part."""
+    with pq.ParquetFile(path) as f:
+        problem = part_problem(f.schema_arrow)
+        if problem:
+            raise ValueError(f"named like a part file but is not one: {problem}")
+        return f.read(columns=["id", "finish_reason", "error"], use_threads=False)
 
 
 def status(out_dir: Path) -> dict[str, Any]:
@@ -40,25 +54,43 @@ def status(out_dir: Path) -> dict[str, Any]:
                                                    "errors": 0, "parts": 0, "finished_at": None, "last_run": None})
 
     ids: Counter = Counter()
+    first_file: dict[str, str] = {}  # id -> the part file it was first seen in
+    duplicate_files: set[tuple[str, str]] = set()
     messages: Counter = Counter()
+    problems: list[str] = []
     for f in part_files(out_dir):
-        m = PART.match(f.name)
-        if m is None:
+        try:
+            table = read_checked_part(f)
+        except (OSError, ValueError, pa.ArrowException) as e:
+            problems.append(f"unreadable part file {f.name}: {first_line(e)}")
             continue
-        table = read_part(f, ["id", "finish_reason", "error"])
+        m = PART_NAME.match(f.name)
         s = shard(int(m.group(1)), int(m.group(2)))
         s["parts"] += 1
         s["rows"] += table.num_rows
         reasons = table.column("finish_reason").to_pylist()
         s["errors"] += reasons.count(FINISH_ERROR)
         messages.update(e for e in table.column("error").to_pylist() if e is not None)
-        ids.update(table.column("id").to_pylist())
+        for row_id in table.column("id").to_pylist():
+            ids[row_id] += 1
+            if first_file.setdefault(row_id, f.name) != f.name:
+                duplicate_files.add((first_file[row_id], f.name))
+    skipped: list[dict[str, Any]] = []
     for f in sorted((out_dir / "shards").glob("shard-*.json")):
         if (m := MARKER.match(f.name)) is None:
             continue
-        marker = json.loads(f.read_text())
         s = shard(int(m.group(1)), int(m.group(2)))
+        try:
+            marker = read_json(f)
+        except OSError as e:
+            problems.append(f"unreadable finish marker: {e}")
+            continue
         s.update(finished=True, finished_at=marker.get("finished_at"), last_run=marker.get("last_run"))
+        skipped += [x for x in marker.get("skipped_files") or [] if x not in skipped]
+    foreign = [p.name for p in foreign_files(out_dir)]
+    if foreign:
+        problems.append(f"{len(foreign)} file(s) in data/ that are not part files (readers of data/ include them; "
+                        f"move them out): {', '.join(foreign[:5])}")
 
     counts = sorted({count for count, _ in shards})
     for count in counts:  # a shard of an N-shard run that has written nothing yet is missing, not absent
@@ -66,16 +98,23 @@ def status(out_dir: Path) -> dict[str, Any]:
             shard(index, count)
     complete_counts = [n for n in counts if all(shards[(n, i)]["finished"] for i in range(n))]
     duplicates = sorted(i for i, n in ids.items() if n > 1)
+    if duplicates:
+        pairs = ", ".join(f"{a} and {b}" for a, b in sorted(duplicate_files)[:3])
+        problems.append(f"DUPLICATE ids in more than one part file: {len(duplicates)} (e.g. {duplicates[:5]}; in {pairs})")
     in_flight = sorted(p.name for p in (out_dir / ".tmp").glob("*")) if (out_dir / ".tmp").is_dir() else []
     return {
         "output_dir": str(out_dir),
-        "complete": bool(complete_counts) and not duplicates,
+        "complete": bool(complete_counts) and not problems,
         "shard_counts": counts,
         "shards": [shards[key] for key in sorted(shards)],
         "rows": sum(ids.values()),
         "distinct_ids": len(ids),
         "duplicate_ids": duplicates[:20],
         "duplicate_id_count": len(duplicates),
+        "duplicate_files": sorted({name for pair in duplicate_files for name in pair}),
+        "foreign_files": foreign,
+        "skipped_files": skipped,  # unreadable input files the shards skipped (source.skip_unreadable)
+        "problems": problems,
         "rows_error": sum(s["errors"] for s in shards.values()),
         "errors": dict(messages.most_common(5)),
         "tmp_files": in_flight,  # parts being written now, or left by a killed run (never read)
@@ -101,9 +140,10 @@ def format_status(report: dict[str, Any]) -> str:
         state = "finished" if s["finished"] else "missing"
         lines.append(f"  {s['shard']:>3} of {s['count']:<3} {state:<9} {s['rows']:>7} {s['errors']:>7} "
                      f"{s['parts']:>6}  {note}")
-    if report["duplicate_id_count"]:
-        lines.append(f"  DUPLICATE ids in more than one part file: {report['duplicate_id_count']} "
-                     f"(e.g. {report['duplicate_ids'][:5]})")
+    for problem in report["problems"]:
+        lines.append(f"  PROBLEM: {problem}")
+    for skipped in report["skipped_files"]:
+        lines.append(f"  skipped unreadable input (source.skip_unreadable): {skipped['file']}: {skipped['reason']}")
     for message, n in report["errors"].items():
         lines.append(f"  error x{n}: {message}")
     if report["tmp_files"]:
@@ -121,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"batchspec.status: error: {out} is not a batchspec output dir (no data/ or shards/)", file=sys.stderr)
         return 2
     report = status(out)
-    print(json.dumps(report, indent=2) if args.json else format_status(report), flush=True)
+    try:
+        print(json.dumps(report, indent=2) if args.json else format_status(report), flush=True)
+    except BrokenPipeError:  # `... --json | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
     return 0 if report["complete"] else 1
 
 

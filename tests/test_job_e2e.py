@@ -131,14 +131,14 @@ def test_jsonl_with_chat_messages_and_bad_lines(tmp_path, tiny_models, monkeypat
                                                     "id_column": "id", "keep_columns": ["meta"]}))
     assert run_inprocess(tmp_path, "job=jl", "drafter=prompt_lookup", monkeypatch=monkeypatch) == 0
     rows = by_id(read_output(tmp_path / "outputs" / "jl"))
-    assert sorted(rows) == sorted([f"c{i}" for i in range(6)] + ["bad-list", "bad-role", "bad-type", "row-9",
+    assert sorted(rows) == sorted([f"c{i}" for i in range(6)] + ["bad-list", "bad-role", "bad-type", "\x00row-9",
                                                                  "bad-meta"])
     assert all(rows[f"c{i}"]["error"] is None and rows[f"c{i}"]["meta"] == i for i in range(6))
     assert rows["c2"]["prompt"] == f"<s> <|user|> {PROMPTS[2]} <|assistant|>"
     assert rows["bad-list"]["error"] is None
     assert rows["bad-role"]["error"] == "chat message 0 has no string 'role'"
     assert rows["bad-type"]["error"] == "chat messages must be a non-empty list, got int"
-    assert rows["row-9"]["error"].startswith("line 10 is not valid JSON")
+    assert rows["\x00row-9"]["error"].startswith("line 10 is not valid JSON")
     assert rows["bad-meta"]["error"] == "keep column 'meta': 'nine' is not of the column's type int64"
     assert rows["bad-meta"]["meta"] is None
     assert summary(tmp_path / "outputs" / "jl")["rows_error"] == 4

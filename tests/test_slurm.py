@@ -137,7 +137,7 @@ def test_cancelled_task_then_resubmitted_array_computes_only_missing_rows(uninte
     code, status = report(out, slurm_cluster, tmp_path)
     assert code == 1 and not status["complete"]
     assert [s["finished"] for s in status["shards"]] == [False, True, True]
-    had = status["rows"]
+    had, had_0 = status["rows"], status["shards"][0]["rows"]  # all shards' rows; shard 0's
     assert had < ROWS and status["duplicate_id_count"] == 0
     finished_before = markers(out)
 
@@ -149,7 +149,8 @@ def test_cancelled_task_then_resubmitted_array_computes_only_missing_rows(uninte
     marker = markers(out)
     assert {k: marker[k] for k in finished_before} == finished_before
     assert marker["shard-00000-of-00003.json"]["last_run"]["rows"] == ROWS - had  # only the missing rows
-    assert f"({had} already done)" in (tmp_path / "again-0.out").read_text()
+    assert f"({had_0} already done; {had - had_0} rows of other shards in the dir)" in (
+        tmp_path / "again-0.out").read_text()
     rows = read_output(out)
     assert_exactly_once(rows)
     assert rows == uninterrupted[2]

@@ -54,6 +54,16 @@ EXCLUDED_DIRS = {
 }
 MIN_FILE_BYTES, MAX_FILE_BYTES = 1_000, 48_000  # skip stubs and the few huge modules (~4 MB in all)
 HELDOUT_EVERY = 10  # every 10th file of the sorted list is held out
+# The demo tokenizer's chat template (so chat jobs run offline, jobs/demo_chat.yaml): the models only
+# know Python, so a conversation is written as Python comments and the answer opens "# assistant:".
+CHAT_TEMPLATE = """{{- bos_token -}}
+{%- for message in messages -%}
+# {{ message['role'] }}: {{ message['content'] | replace('\\n', '\\n# ') }}
+{% endfor -%}
+{%- if add_generation_prompt -%}
+# assistant:
+{% endif -%}
+"""
 
 
 # ----------------------------------------------------------------------------------------------- corpus
@@ -451,6 +461,7 @@ def main(argv=None) -> None:
         if (out / name).exists():
             shutil.rmtree(out / name)
     out.mkdir(parents=True, exist_ok=True)
+    tokenizer.chat_template = CHAT_TEMPLATE  # saved as chat_template.jinja
     for name, model in (("target", target), ("draft", draft)):
         model.save_pretrained(out / name)
         tokenizer.save_pretrained(out / name)
@@ -526,6 +537,7 @@ Trained, tiny models for batchspec's offline demo and benchmark: no download, CP
 | `target/` | target model ({params[0] / 1e6:.2f}M params, fp32 safetensors) + tokenizer |
 | `draft/` | draft model ({params[1] / 1e6:.2f}M params, fp32 safetensors) + the same tokenizer |
 | `prompts.parquet` | {n_prompts} held-out prompts: columns `id` (`heldout-0000`...), `prompt`, `source_file` |
+| `chat.jsonl` | eight conversations (`id`, `messages`, `topic`) for `jobs/demo_chat.yaml`; written by hand, kept across rebuilds |
 
 - **Corpus**: the pure-Python modules of the CPython {platform.python_version()} standard library
   (sorted; tests, idlelib, lib2to3, tkinter, distutils, encodings, pydoc_data and similar left out;
@@ -534,6 +546,8 @@ Trained, tiny models for batchspec's offline demo and benchmark: no download, CP
   Held-out files are never trained on and are the only source of the prompts.
 - **Tokenizer**: byte-level BPE trained on the train files, vocab {tc.vocab_size};
   `<s>` (id 0, BOS, prepended by `tokenizer(text)`), `</s>` (id 1, EOS), `<pad>` (id 2).
+  Its chat template (`chat_template.jinja`) writes a conversation as Python comments
+  (`# user: ...`) and opens the answer with `# assistant:`, so chat jobs run offline.
 - **Target**: {shape(tc)}. Trained from scratch, next-token cross-entropy, AdamW (peak lr {args.lr:g},
   cosine), {steps[0]} steps of {args.batch} x {args.seq_len} tokens (`<s>` + a random window of the
   train token stream), fp32 on 2 CPU threads ({target_time}).

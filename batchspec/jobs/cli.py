@@ -6,7 +6,8 @@
 
 The composed config is checked against the schema (config.py) by Hydra, then turned into a plain
 JobConfig; from there on every module gets plain arguments. Exit status: 0 on success (row errors
-are counted in summary.json), 1 for Hydra's config composition errors, 2 with one line on stderr for
+are counted in summary.json), 1 when the config does not compose (an unknown key, with or without
+'+', is caught here before Hydra sees it: cmdline.py), 2 with one line on stderr for
 a config that cannot run, an unreadable input, a missing column or an unloadable model, 128+N when
 signal N stopped the run (rerun to resume).
 """
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
+import signal
 import sys
 import time
 from dataclasses import asdict
@@ -30,19 +33,26 @@ import hydra
 import pyarrow as pa
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from .cmdline import split_argv, unknown_key
 from .config import CONF_DIR, ConfigError, DrafterName, JobConfig, find_jobs, job_dirs, register_configs
 from .iostats import TimedStream, io_summary
 from .job import Progress, pass_on_signal, resolve_progress_mode, run_job
-from .sink import CONFIG_KEY, RESULT_SCHEMA, ParquetSink, atomic_write_text, done_ids, part_files, shard_name, summarize
-from .sources import PromptBuilder, RowSelector, SourceError, open_source, shard_from_env, template_columns
+from .locks import ShardLock
+from .sink import (CONFIG_KEY, RESULT_SCHEMA, ParquetSink, atomic_write_text, check_output_dir, done_ids,
+                   foreign_files, part_files, read_json, shard_name, shard_rows, summarize)
+from .prompts import PromptBuilder, template_columns
+from .sources import RowSelector, SourceError, open_source, shard_from_env
+from ..paths import missing_local_path
 from ..types import rounds_by_k_text
 
 log = logging.getLogger("batchspec")
 
+EXIT_CONFIG_ERROR = 1  # as Hydra exits when the config does not compose
 EXIT_SETUP_ERROR = 2
 # Keys whose values decide what the output rows contain: a resumed run must agree on them.
 FINGERPRINT_KEYS = ("drafter", "model.target", "model.draft", "model.dtype", "sampling", "source.path",
@@ -52,12 +62,22 @@ LIBRARIES = ("batchspec", "torch", "transformers", "tokenizers", "datasets", "py
 
 
 def main() -> None:
-    """Register the schema and the job files, then hand over to Hydra."""
+    """Register the schema and the job files, check the overrides' keys, then hand over to Hydra."""
     try:
-        register_configs(find_jobs(job_dirs(Path.cwd())))
-    except (ConfigError, OmegaConfBaseException, OSError) as e:
-        fail(f"cannot register the job files: {first_line(e)}")
-    hydra_main()
+        try:
+            register_configs(find_jobs(job_dirs(Path.cwd())))
+        except (ConfigError, OmegaConfBaseException, OSError) as e:
+            fail(f"cannot register the job files: {first_line(e)}")
+        flags, overrides = split_argv(sys.argv[1:])
+        sys.argv[1:] = flags + overrides  # flags may follow the overrides: job=demo -m drafter.k=2,4
+        problem = unknown_key(overrides)
+        if problem:
+            fail(problem, code=EXIT_CONFIG_ERROR)
+        hydra_main()
+    except KeyboardInterrupt:
+        # Ctrl-C outside the job loop (which handles it itself): while starting or loading the models.
+        fail("interrupted (SIGINT); the rows already in the output dir are kept: rerun the same command to resume",
+             code=128 + signal.SIGINT)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -84,6 +104,27 @@ def hydra_main(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
+class OutputDirCheck(Callback):
+    """Hydra creates its log folder inside output.dir before any batchspec code runs, so a read-only
+    output.dir (or a file in its place) ended in Hydra's traceback and exit 1. This callback
+    (conf/config.yaml: hydra.callbacks) checks the dir first and fails in one line, exit 2."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.runtime.choices.get("job") is None and OmegaConf.is_interpolation(config.output, "dir"):
+            return  # no job selected: to_job_config says so
+        HydraConfig.instance().set_config(config)  # output.dir may name the job: ${hydra:runtime.choices.job}
+        out = Path(str(OmegaConf.select(config, "output.dir")))
+        if out.exists() and not out.is_dir():
+            fail(f"output.dir {out} is a file, not a folder")
+        probe = out / f".batchspec-probe-{os.getpid()}"
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            fail(f"output.dir {out} is not writable: {e.strerror or e}" + (f" ({e.filename})" if e.filename else ""))
+
+
 # ---- config -> plain objects -------------------------------------------------------------------
 
 
@@ -103,9 +144,9 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def fail(message: str) -> None:
+def fail(message: str, code: int = EXIT_SETUP_ERROR) -> None:
     print(f"batchspec: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_SETUP_ERROR)
+    sys.exit(code)
 
 
 def to_job_config(cfg: DictConfig, job_name: str | None) -> JobConfig:
@@ -125,6 +166,12 @@ def to_job_config(cfg: DictConfig, job_name: str | None) -> JobConfig:
 def validate(job: JobConfig) -> None:
     """Raise ConfigError naming the key for values the schema's types cannot rule out."""
     s, src = job.sampling, job.source
+    # inf passes every comparison below (temperature=inf samples uniformly at random): floats must be finite.
+    floats = {"temperature": s.temperature, "top_p": s.top_p, "min_p": s.min_p,
+              "repetition_penalty": s.repetition_penalty}
+    for name, value in floats.items():
+        if not math.isfinite(value):
+            raise ConfigError(f"sampling.{name}={value}: need a finite number")
     checks = [
         (job.batch_size >= 1, f"batch_size={job.batch_size}: need >= 1"),
         (job.max_seq_len is None or job.max_seq_len >= 2, f"max_seq_len={job.max_seq_len}: need >= 2"),
@@ -150,6 +197,9 @@ def validate(job: JobConfig) -> None:
     clash = [c for c in src.keep_columns if c in RESULT_SCHEMA.names]
     if clash:
         raise ConfigError(f"source.keep_columns: {clash[0]!r} is also an output column; rename it in the input")
+    twice = [c for i, c in enumerate(src.keep_columns) if c in src.keep_columns[:i]]
+    if twice:  # Parquet would write two columns of one name, which readers refuse to open
+        raise ConfigError(f"source.keep_columns lists {twice[0]!r} twice")
 
 
 def needed_columns(job: JobConfig) -> dict[str, str]:
@@ -182,22 +232,43 @@ def fingerprint(composed: Mapping[str, Any], drafter: DrafterName) -> dict[str, 
     return values
 
 
-def check_fingerprint(out_dir: Path, current: dict[str, Any]) -> None:
-    """Refuse to resume into an output dir whose rows were made under a config that changes them."""
+def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"sampling": {"seed": 1}} -> {"sampling.seed": 1}: a refusal names the leaf key that changed."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def check_fingerprint(out_dir: Path, current: dict[str, Any], *, source=None,
+                      layout: list[dict[str, Any]] | None = None) -> None:
+    """Refuse to resume into an output dir whose rows were made under a config that changes them, or,
+    with positional ids (`source` and its `layout` given), from an input whose rows have moved since."""
     path = out_dir / "job.json"
     if not path.exists() or not part_files(out_dir):
         return
-    stored = json.loads(path.read_text()).get("fingerprint", {})
-    for key in FINGERPRINT_KEYS:
-        if stored.get(key) != current.get(key):
+    job = read_json(path, "it records the config the rows were made with; delete it to resume anyway")
+    stored, now = flatten(job.get("fingerprint", {})), flatten(current)
+    for key in list(now) + [k for k in stored if k not in now]:
+        if stored.get(key) != now.get(key):
             raise ConfigError(
                 f"output.dir {out_dir} holds rows made with a different {key} ({stored.get(key)!r}, now "
-                f"{current.get(key)!r}): choose another output.dir, or delete {path} to add to it anyway"
+                f"{now.get(key)!r}): choose another output.dir, or delete {path} to add to it anyway"
             )
+    change = source.layout_change(job["input"], layout) if source is not None and job.get("input") else None
+    if change:
+        raise ConfigError(
+            f"the input changed since the rows in {out_dir} were made: {change}; with positional ids (no "
+            "source.id_column) rows would be matched to other rows' outputs: restore the input, or set "
+            "source.id_column, or choose another output.dir"
+        )
 
 
-def write_fingerprint(out_dir: Path, current: dict[str, Any]) -> None:
-    atomic_write_text(out_dir / "job.json", json.dumps({"fingerprint": current}, indent=2) + "\n")
+def write_fingerprint(out_dir: Path, current: dict[str, Any], layout: list[dict[str, Any]] | None = None) -> None:
+    atomic_write_text(out_dir / "job.json", json.dumps({"fingerprint": current, "input": layout}, indent=2) + "\n")
 
 
 def output_config(job: JobConfig, job_name: str, generator, index: int, count: int) -> dict[str, Any]:
@@ -230,16 +301,38 @@ def versions() -> dict[str, str]:
 
 def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: str,
         environ: Mapping[str, str]) -> int:
-    """Run (or resume) one shard of a job into out_dir; returns the exit status."""
-    started = time.perf_counter()
+    """Run (or resume) one shard of a job into out_dir; returns the exit status.
+
+    The shard's lock is held for the whole run, so a second run of the same shard into the same dir (a
+    double-submitted array task, a cron job overlapping itself) is refused before it reads anything."""
     index, count = shard_from_env(job.shard.index, job.shard.count, environ)
-    src = job.source
-    source = open_source(src.path, src.format.value, src.split, needed_columns(job))
     out_dir.mkdir(parents=True, exist_ok=True)
+    with ShardLock(out_dir, index, count):
+        return run_shard(job, out_dir=out_dir, composed=composed, job_name=job_name, index=index, count=count)
+
+
+def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: str, index: int,
+              count: int) -> int:
+    """run() with the shard's lock held."""
+    started = time.perf_counter()
+    src = job.source
+    check_model_paths(job)
+    for stop in job.sampling.stop:
+        if "\\n" in stop or "\\t" in stop:  # Hydra keeps a backslash and an n: the user likely meant a newline
+            log.warning("sampling.stop %r holds a backslash, not a newline or tab; for a newline on the command "
+                        "line write $'sampling.stop=[\"\\n\\n\"]' (bash), or stop: [\"\\n\\n\"] in a job file", stop)
+    source = open_source(src.path, src.format.value, src.split, needed_columns(job),
+                         skip_unreadable=src.skip_unreadable)
+    check_output_dir(out_dir)  # before any work: a read-only dir, data/ on another filesystem
     wanted = fingerprint(composed, job.drafter.name)
-    check_fingerprint(out_dir, wanted)
+    layout = source.layout() if src.id_column is None else None  # positional ids: rows must not move
+    check_fingerprint(out_dir, wanted, source=source if src.id_column is None else None, layout=layout)
+    strays = foreign_files(out_dir)
+    if strays:
+        log.warning("%s holds %d file(s) that are not this job's part files (e.g. %s): resume ignores them, "
+                    "but readers of data/ do not; move them out", out_dir / "data", len(strays), strays[0].name)
     scan_started = time.perf_counter()
-    done = done_ids(out_dir)
+    done, own_done = done_ids(out_dir), shard_rows(out_dir, index, count)
     scan_s = time.perf_counter() - scan_started
     selector = RowSelector(source, id_column=src.id_column, shard_index=index, shard_count=count,
                            limit=src.limit, done=done)
@@ -249,6 +342,8 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
     peek_s = time.perf_counter() - peek_started
     label = f"shard {index}/{count}" if count > 1 else "job"
     if first is None:
+        if selector.read_error:
+            raise SourceError(selector.read_error)
         log.info("nothing to do: every row of %s %s is already in %s", job_name, label, out_dir / "data")
         finish(out_dir, index, count, composed, selector, outcome=None, load_s=0.0, generator=None)
         return 0
@@ -265,10 +360,10 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
         import torch
 
         torch.set_num_threads(job.threads)
-    # Done rows are skipped lazily while reading, so count them from the output, not the selector.
-    # With several shards sharing the directory, only a single-shard count is exact up front.
-    to_do = "?" if selector.total is None or count > 1 else max(selector.total - len(done), 0)
-    log.info("%s %s: %s rows to do (%d already done) -> %s", job_name, label, to_do, len(done), out_dir)
+    # Done rows are skipped lazily while reading, so count this shard's from its part files.
+    to_do = "an unknown number of" if selector.total is None else max(selector.total - own_done, 0)
+    others = f"; {len(done) - own_done} rows of other shards in the dir" if len(done) > own_done else ""
+    log.info("%s %s: %s rows to do (%d already done%s) -> %s", job_name, label, to_do, own_done, others, out_dir)
     try:
         models = load_models(
             job.model.target, job.model.draft if job.drafter.name == DrafterName.model else None,
@@ -279,7 +374,7 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
     builder = PromptBuilder(
         prompt_column=src.prompt_column, template=src.template, chat=src.chat, tokenizer=models.tokenizer,
         keep_columns=src.keep_columns, keep_schema=pa_fields(source.schema, src.keep_columns),
-        check_types=not source.typed,
+        check_columns=source.check_columns,
     )
     s = job.sampling
     try:
@@ -293,13 +388,13 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
     except ValueError as e:  # e.g. max_seq_len beyond the model's positions
         raise ConfigError(first_line(e)) from e
     load_s = time.perf_counter() - started
-    log.info("models loaded in %.1f s (drafter %s, k=%d, batch %d)", load_s, job.drafter.name.value,
-             job.drafter.k, job.batch_size)
+    log.info("models loaded in %.1f s (drafter %s, batch %d)", load_s,
+             drafter_text(composed.get("drafter", {}), composed.get("sampling") or {}), job.batch_size)
     sink = ParquetSink(out_dir, shard_index=index, shard_count=count, rows_per_file=job.output.rows_per_file,
                        flush_every_s=job.output.flush_every_s,
                        keep_schema=pa_fields(source.schema, src.keep_columns), background=True,
                        file_metadata={CONFIG_KEY: json.dumps(output_config(job, job_name, generator, index, count))})
-    write_fingerprint(out_dir, wanted)
+    write_fingerprint(out_dir, wanted, layout)
     progress = Progress(progress_mode, total=remaining(selector), every_s=job.progress.every_s)
     requests = TimedStream(builder.request(row) for row in chain([first], rows))
     try:
@@ -314,8 +409,31 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
         log.warning("stopped by signal %d: %d rows written this run (%d errors); rerun the same command to resume",
                     outcome.interrupted_by, outcome.rows, outcome.errors)
         return 128 + outcome.interrupted_by
+    if selector.read_error:  # the rows read before the error ran and are written; the shard is not finished
+        raise SourceError(f"{selector.read_error} ({outcome.rows} rows before it written this run)")
     finish(out_dir, index, count, composed, selector, outcome=outcome, load_s=load_s, generator=generator, io=io)
     return 0
+
+
+def check_model_paths(job: JobConfig) -> None:
+    """A model path that looks local and does not exist fails here, at once (not after the hub retries)."""
+    draft = job.model.draft if job.drafter.name == DrafterName.model else None
+    for key, name in (("model.target", job.model.target), ("model.draft", draft)):
+        problem = missing_local_path(name) if name else None
+        if problem:
+            raise ConfigError(f"{key}: {problem}")
+
+
+def drafter_text(drafter: Mapping[str, Any], sampling: Mapping[str, Any]) -> str:
+    """'none', 'model (k=4)' or 'ngram (adaptive, k <= 4)': adaptive null means on where it cannot change
+    the output (greedy decoding and coupled sampling), off with rejection sampling."""
+    name = drafter.get("name")
+    if name == DrafterName.none.value:
+        return str(name)
+    adaptive = drafter.get("adaptive")
+    if adaptive is None:
+        adaptive = sampling.get("temperature", 0.0) == 0.0 or sampling.get("verify", "coupled") == "coupled"
+    return f"{name} (adaptive, k <= {drafter.get('k')})" if adaptive else f"{name} (k={drafter.get('k')})"
 
 
 def pa_fields(schema: pa.Schema, names: list[str]) -> pa.Schema:
@@ -332,7 +450,7 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
     shards_dir = out_dir / "shards"
     shards_dir.mkdir(exist_ok=True)
     marker = shards_dir / f"{shard_name(index, count)}.json"
-    if outcome is not None or not marker.exists():
+    if outcome is not None or not readable_json(marker):
         this_run = None
         if outcome is not None:
             this_run = {
@@ -344,17 +462,24 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
             }
         atomic_write_text(marker, json.dumps({
             "shard": index, "count": count, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "duplicate_ids_skipped": selector.duplicates, "last_run": this_run,
+            "duplicate_ids_skipped": selector.duplicates, "skipped_files": selector.source.skipped,
+            "last_run": this_run,
         }, indent=2) + "\n")
-    finished = sorted(
-        m["shard"] for m in (json.loads(p.read_text()) for p in shards_dir.glob("shard-*.json"))
-        if m.get("count") == count
-    )
+    finished, skipped = [], []
+    for path in sorted(shards_dir.glob("shard-*.json")):
+        try:
+            m = read_json(path)
+        except OSError as e:  # another shard's marker, damaged by hand: that shard counts as unfinished
+            log.warning("%s", e)
+            continue
+        if m.get("count") == count:
+            finished.append(m.get("shard"))
+            skipped += [f for f in m.get("skipped_files") or [] if f not in skipped]
     summary = summarize(out_dir)
     summary.update({
         "output_dir": str(out_dir), "data": str(out_dir / "data"),
-        "shards": {"count": count, "finished": finished, "complete": len(finished) == count},
-        "duplicate_ids_skipped": selector.duplicates, "io": io,
+        "shards": {"count": count, "finished": sorted(finished), "complete": len(finished) == count},
+        "duplicate_ids_skipped": selector.duplicates, "skipped_files": skipped, "io": io,
         "config": composed, "versions": versions(),
     })
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -366,12 +491,20 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
     return summary
 
 
+def readable_json(path: Path) -> bool:
+    try:
+        read_json(path)
+        return True
+    except OSError:
+        return False
+
+
 def format_summary(summary: dict[str, Any], outcome) -> str:
     """The human-readable block printed at the end of a run."""
     def num(x, fmt=".2f"):
         return "-" if x is None else format(x, fmt)
 
-    drafter = summary["config"].get("drafter", {})
+    config = summary["config"]
     by_position = " ".join(num(a) for a in summary["acceptance_by_position"]) or "-"
     lines = [
         f"batchspec summary: {summary['output_dir']}",
@@ -379,14 +512,16 @@ def format_summary(summary: dict[str, Any], outcome) -> str:
         + (f"; this run {outcome.rows}" if outcome is not None else "; nothing to do"),
         f"  tokens                    {summary['completion_tokens']} generated, {summary['prompt_tokens']} prompt",
         f"  generation time           {num(summary['wall_s'], '.1f')} s, {num(summary['tokens_per_s'], '.1f')} tokens/s",
-        f"  drafter                   {drafter.get('name')}"
-        + (f" (k={drafter.get('k')})" if drafter.get("name") != "none" else ""),
+        f"  drafter                   "
+        f"{drafter_text(config.get('drafter', {}), config.get('sampling') or {})}",
         f"  acceptance rate           {num(summary['acceptance_rate'], '.3f')}",
         f"  acceptance by position    {by_position}",
         f"  rounds by drafts checked  {rounds_by_k_text(summary.get('rounds_by_k', []))}",
         f"  tokens per target forward {num(summary['tokens_per_target_forward'])}",
         f"  shards finished           {len(summary['shards']['finished'])}/{summary['shards']['count']}",
     ]
+    if summary.get("skipped_files"):
+        lines.append(f"  unreadable input skipped  {', '.join(f['file'] for f in summary['skipped_files'])}")
     io = summary.get("io")
     if io:
         lines.append(f"  IO this run               read {io['read_s']:.2f} s, write {io['write_s']:.2f} s, "

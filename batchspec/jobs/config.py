@@ -11,19 +11,30 @@ option NAME of the `job` group, in Hydra's `_global_` package (a job file sets a
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = PACKAGE_DIR.parent
-CONF_DIR = REPO_ROOT / "conf"
-SHIPPED_JOBS_DIR = REPO_ROOT / "jobs"
+
+
+def shipped_dir(name: str) -> Path:
+    """conf/ or jobs/: at the top of a source checkout (also behind an editable install), and inside the
+    package as _conf/ or _jobs/ once installed from a wheel or `pip install .` (pyproject.toml maps them)."""
+    installed = PACKAGE_DIR / f"_{name}"
+    return installed if installed.is_dir() else REPO_ROOT / name
+
+
+CONF_DIR = shipped_dir("conf")
+SHIPPED_JOBS_DIR = shipped_dir("jobs")
 ASSETS_DIR = PACKAGE_DIR / "assets"
 
 
@@ -112,6 +123,9 @@ class SourceConfig:
     chat: bool = False  # render the prompt with the tokenizer's chat template
     keep_columns: List[str] = field(default_factory=list)  # copied into the output rows
     limit: Optional[int] = None  # only the first `limit` rows of the input (before sharding)
+    # Skip input files that cannot be read (a corrupt Parquet file or page, a truncated .gz) instead of
+    # stopping there; skipped files are listed in summary.json, the shard marker and batchspec.status.
+    skip_unreadable: bool = False
 
 
 @dataclass
@@ -180,4 +194,23 @@ def register_configs(jobs: dict[str, Path]) -> None:
             node = OmegaConf.load(path)
         except Exception as e:  # yaml.YAMLError and friends
             raise ConfigError(f"{path}: {str(e).strip().splitlines()[0]}") from e
+        yaml_words_as_choices(node, JobConfig)
         cs.store(group="job", name=name, node=node, package="_global_")
+
+
+def yaml_words_as_choices(node: Any, schema: type) -> None:
+    """YAML 1.1 reads an unquoted off / on / no / yes as a boolean, so `progress.mode: off` in a job file
+    arrives as False: give an enum field whose choices include off / on the choice the user wrote."""
+    if not isinstance(node, DictConfig):
+        return
+    hints = typing.get_type_hints(schema)
+    for key in list(node.keys()):
+        kind = hints.get(str(key))
+        if kind is None or OmegaConf.is_interpolation(node, key):
+            continue
+        if dataclasses.is_dataclass(kind):
+            yaml_words_as_choices(node[key], kind)
+        elif isinstance(kind, type) and issubclass(kind, Enum) and isinstance(node[key], bool):
+            word = {False: "off", True: "on"}[node[key]]
+            if word in kind.__members__:
+                node[key] = word

@@ -5,8 +5,9 @@
 run_job pulls requests lazily through the generator (which admits them as slots free up), writes a
 part file every `rows_per_file` results, and flushes the rest at the end. SIGTERM, SIGUSR2 (SLURM's
 pre-emption warning) and SIGINT make it stop admitting requests, finish the ones in flight, flush
-and return `interrupted`; a second signal stops at once, flushing only the complete rows. After a
-SIGTERM the rows in flight get TERM_GRACE_S to finish, then it stops at once too. Rows not written are
+and return `interrupted`; a second signal stops at once, flushing only the complete rows (a SIGTERM
+within 1 s of a SIGTERM is the same one: srun delivers it twice). After a SIGTERM the rows in flight
+get TERM_GRACE_S to finish, then it stops at once too. Rows not written are
 simply redone by the next run (resume = rerun the same command).
 """
 

@@ -20,6 +20,8 @@ the configuration that produced its rows (drafter, k, adaptive, sampling: docs/j
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
@@ -57,6 +59,9 @@ RESULT_SCHEMA = pa.schema([(name, COLUMN_TYPES[name]) for name in RESULT_COLUMNS
 
 META_KEY = b"batchspec"
 CONFIG_KEY = b"batchspec.config"  # JSON: the configuration that produced a part's rows (cli.output_config)
+# The job's own part files. Anything else in data/ (a backup copy, a file dropped there by hand) is
+# "foreign": resume and the summary never read it, batchspec.status reports it.
+PART_NAME = re.compile(r"^shard-(\d+)-of-(\d+)-part-(\d+)\.parquet$")
 TOTAL_COLUMNS = ("prompt_tokens", "completion_tokens", "target_forwards", "draft_tokens", "accepted_tokens")
 
 
@@ -75,7 +80,33 @@ def shard_name(index: int, count: int) -> str:
 
 
 def part_files(out_dir: Path) -> list[Path]:
-    return sorted((out_dir / "data").glob("*.parquet"))
+    """The job's part files in data/ (named shard-I-of-N-part-P.parquet), sorted."""
+    return sorted(f for f in (out_dir / "data").glob("shard-*.parquet") if PART_NAME.match(f.name))
+
+
+def foreign_files(out_dir: Path) -> list[Path]:
+    """Entries of data/ that are not part files. Names starting with . or _ are left out: Parquet
+    readers (pyarrow, pandas, datasets) skip them too."""
+    data = out_dir / "data"
+    if not data.is_dir():
+        return []
+    return sorted(f for f in data.iterdir() if not PART_NAME.match(f.name) and not f.name.startswith((".", "_")))
+
+
+def part_problem(schema: pa.Schema) -> str | None:
+    """Why a file named like a part is not one of this runner's parts (a column missing or of another type)."""
+    for field in RESULT_SCHEMA:
+        if field.name not in schema.names:
+            return f"it has no {field.name!r} column"
+        if schema.field(field.name).type != field.type:
+            return f"its {field.name!r} column is {schema.field(field.name).type}, not {field.type}"
+    return None
+
+
+def shard_rows(out_dir: Path, index: int, count: int) -> int:
+    """Rows in the part files of shard `index` of `count` (from the footers)."""
+    prefix = shard_name(index, count) + "-part-"
+    return sum(pq.read_metadata(f).num_rows for f in part_files(out_dir) if f.name.startswith(prefix))
 
 
 def read_part(path: Path, columns: list[str]) -> pa.Table:
@@ -87,14 +118,84 @@ def read_part(path: Path, columns: list[str]) -> pa.Table:
 
 
 def done_ids(out_dir: Path) -> set[str]:
-    """Ids of every row in the finished part files of any shard (only the id column is read)."""
+    """Ids of every row in the finished part files of any shard (only the id column is read). A part
+    that cannot be read, or a file named like one that is not one, raises OSError naming it."""
     ids: set[str] = set()
     for f in part_files(out_dir):
         try:
-            ids.update(read_part(f, ["id"]).column("id").to_pylist())
+            with pq.ParquetFile(f) as pf:
+                problem = part_problem(pf.schema_arrow)
+                if problem is None:
+                    ids.update(pf.read(columns=["id"], use_threads=False).column("id").to_pylist())
         except (OSError, pa.ArrowException) as e:
-            raise OSError(f"cannot read output part {f}: {e}; move it away and rerun to redo its rows") from e
+            raise OSError(f"cannot read output part {f}: {first_line(e)}; move it away and rerun to redo its rows") from e
+        if problem:
+            raise OSError(f"{f} is not a batchspec part file ({problem}); move it out of {f.parent} and rerun")
     return ids
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def read_json(path: Path, hint: str = "") -> dict[str, Any]:
+    """The JSON object in `path` (job.json, a shard marker); OSError naming the file if it is not one."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise OSError(f"{path} is not valid JSON ({e})" + (f"; {hint}" if hint else "")) from None
+    if not isinstance(value, dict):
+        raise OSError(f"{path} does not hold a JSON object" + (f"; {hint}" if hint else ""))
+    return value
+
+
+def check_output_dir(out_dir: Path) -> None:
+    """Create data/ and .tmp/ and move a probe file from .tmp/ into data/, as every part will be moved:
+    a read-only dir, a full disk or a data/ on another filesystem (rename fails across filesystems)
+    fail here, in one line, before any work instead of at the first part."""
+    data, tmp = out_dir / "data", out_dir / ".tmp"
+    probe = tmp / f".probe-{os.getpid()}"
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"batchspec write probe\n")
+        os.replace(probe, data / probe.name)
+        (data / probe.name).unlink()
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
+        if e.errno == errno.EXDEV:
+            raise OSError(f"output.dir {out_dir}: data/ and .tmp/ are on different filesystems, so parts cannot "
+                          "be moved into data/ atomically; make data/ a plain folder of output.dir") from e
+        raise OSError(f"output.dir {out_dir} is not writable: {e.strerror or e}"
+                      + (f" ({e.filename})" if e.filename else "")) from e
+
+
+def rows_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """The rows as a table of `schema`. A value that cannot be stored (text that is not valid Unicode, a
+    value of another type that got this far) is nulled and its row marked as an error naming the
+    column, so one bad row never costs the part it is in, nor the job."""
+    try:
+        return pa.Table.from_pylist(rows, schema=schema)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return pa.Table.from_pylist([storable_row(row, schema) for row in rows], schema=schema)
+
+
+def storable_row(row: dict[str, Any], schema: pa.Schema) -> dict[str, Any]:
+    bad: dict[str, str] = {}
+    for field in schema:
+        try:
+            pa.array([row.get(field.name)], type=field.type)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+            bad[field.name] = first_line(e)
+    if not bad:
+        return row
+    fixed = {**row, **dict.fromkeys(bad)}
+    name, why = next(iter(bad.items()))
+    fixed["finish_reason"] = FINISH_ERROR
+    fixed["error"] = f"column {name!r} of this row could not be written ({why}); written as null"
+    return fixed
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -165,7 +266,7 @@ class ParquetSink:
         started = time.perf_counter()
         try:
             schema = self.schema.with_metadata({**self.file_metadata, META_KEY: json.dumps(metadata or {})})
-            table = pa.Table.from_pylist([r.to_row() for r in self.buffer], schema=schema)
+            table = rows_table([r.to_row() for r in self.buffer], schema)
             name = f"{self.prefix}-part-{self.next_part:06d}.parquet"
             if self._writer is None:
                 final = self._write(table, name)

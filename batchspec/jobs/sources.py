@@ -2,7 +2,7 @@
 
     source = open_source("data/*.parquet", "auto", "train", needed={"text": "source.prompt_column"})
     rows = RowSelector(source, id_column=None, shard_index=0, shard_count=1, limit=None, done=set())
-    requests = (builder.request(row) for row in rows)
+    requests = (builder.request(row) for row in rows)      # builder: prompts.PromptBuilder
 
 A source reads only the needed columns, in chunks of CHUNK_ROWS. Every row has a global position
 (its index in the input, counted from 0 over all files) which is its id unless `id_column` is set.
@@ -10,18 +10,24 @@ Sharding is round-robin on that position: shard i of n takes the rows with posit
 the split depends only on the input and the union of all shards is every row exactly once.
 `limit` keeps the first `limit` positions of the input, before sharding.
 
-Anything wrong with a single row (null or non-string prompt, a template field missing in that row,
-malformed chat messages, a JSONL line that is not JSON) becomes that row's error; only problems
-with the input as a whole (unreadable path, missing column) raise SourceError.
+Anything wrong with a single row (a JSONL line that is not JSON, a value that is not valid UTF-8, an
+id that cannot be one; and in prompts.py null or non-string prompts, template fields missing in that
+row, malformed chat messages, text that is not valid Unicode) becomes that row's error; problems with the input as a whole (unreadable path, missing column) raise SourceError.
+A file that becomes unreadable part-way (a corrupt Parquet page, a truncated .gz) raises SourceError
+when the reader reaches it, so the rows before it are still run and written; with
+`skip_unreadable` it is skipped instead and listed in `Source.skipped`.
 """
 
 from __future__ import annotations
 
+import codecs
 import glob
 import gzip
-import io
+import hashlib
 import json
+import logging
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -29,15 +35,44 @@ from typing import Any, Iterator, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..types import Request
+from ..textcheck import text_problem
+
+log = logging.getLogger("batchspec")
 
 CHUNK_ROWS = 1024
 INFER_ROWS = 1000  # rows sampled to infer column types where the input declares none (JSONL, streams)
 FORMATS = ("parquet", "hf", "jsonl")
+# Ids the runner makes up (for a row whose id is null, missing or not text) start with NUL; an input
+# id that starts with NUL is refused the same way, so a made-up id never equals a real one.
+GENERATED_ID_PREFIX = "\x00"
+SKIP_HINT = "set source.skip_unreadable=true to skip unreadable files"
 
 
 class SourceError(ValueError):
     """The input as a whole cannot be read as configured; the message is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class BadValue:
+    """A value the input holds but that cannot be read (invalid UTF-8 in a Parquet string); `reason`
+    completes "column 'x' ...", e.g. "is not valid UTF-8 (byte 0xff at offset 3)"."""
+
+    reason: str
+
+
+class _Absent:
+    """The value of a column that a JSONL object does not have (null is a value; absent is not)."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = _Absent()
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def shard_from_env(index: int | None, count: int | None, environ: Mapping[str, str]) -> tuple[int, int]:
@@ -74,16 +109,18 @@ def detect_format(path: str) -> str:
     return "hf"
 
 
-def open_source(path: str, fmt: str, split: str, needed: Mapping[str, str]) -> "Source":
-    """Open `path` and check that every needed column exists.
+def open_source(path: str, fmt: str, split: str, needed: Mapping[str, str], *,
+                skip_unreadable: bool = False) -> "Source":
+    """Open `path` and check that every needed column exists (in every file of a Parquet input).
 
     `needed` maps each column to the config key that asks for it, for the error message.
+    `skip_unreadable`: skip files that cannot be read (listed in `source.skipped`) instead of stopping.
     """
     fmt = detect_format(path) if fmt == "auto" else fmt
     if fmt == "parquet":
-        source: Source = ParquetSource(path, list(needed))
+        source: Source = ParquetSource(path, list(needed), skip_unreadable=skip_unreadable)
     elif fmt == "jsonl":
-        source = JsonlSource(path, list(needed))
+        source = JsonlSource(path, list(needed), skip_unreadable=skip_unreadable)
     elif fmt == "hf":
         source = HFSource(path, split, list(needed))
     else:
@@ -93,31 +130,90 @@ def open_source(path: str, fmt: str, split: str, needed: Mapping[str, str]) -> "
             raise SourceError(
                 f"{key}: column {column!r} is not in {path}; available columns: {', '.join(source.available)}"
             )
+        lacking = source.files_without(column)
+        if lacking:
+            others = f" and {len(lacking) - 1} other file(s)" if len(lacking) > 1 else ""
+            raise SourceError(f"{key}: column {column!r} is missing from {lacking[0]}{others} of {path}; "
+                              "every file must have the columns the job reads")
     return source
 
 
 class Source:
     """A readable input. `available`: its column names; `schema`: Arrow types of the needed columns;
     `num_rows`: row count when known without a full read; `typed`: whether `schema` is declared by the
-    input (Parquet, a saved dataset) rather than inferred from its first rows (JSONL, a stream)."""
+    input (Parquet, a saved dataset) rather than inferred from its first rows; `check_columns`: needed columns whose values
+    may not fit `schema` (types inferred from the first rows, or differing between files), so a keep
+    column value is checked per row; `skipped`: unreadable files skipped so far (skip_unreadable)."""
 
     available: list[str]
     schema: pa.Schema
     num_rows: int | None
     typed: bool
+    check_columns: frozenset[str] = frozenset()
+    skipped: list[dict[str, Any]]
 
     def rows(self, index: int, count: int, limit: int | None) -> Iterator[tuple[int, dict[str, Any] | str]]:
         """(position, values of the needed columns) for the rows of this shard, in input order; a row
         that cannot be read at all comes as (position, error message)."""
         raise NotImplementedError
 
+    def files_without(self, column: str) -> list[str]:
+        """Files of the input that lack `column` although others have it."""
+        return []
+
+    def layout(self) -> list[dict[str, Any]] | None:
+        """What fixes the positions of the input's rows (files, row counts, content digests), stored with
+        the output so that a resume with positional ids can tell that the input changed; None if unknown."""
+        return None
+
+    def layout_change(self, stored: list[dict[str, Any]], current: list[dict[str, Any]] | None) -> str | None:
+        """How the input changed since `stored` (an earlier layout(); `current` is this one) in a way that
+        moves rows to other positions, or None. Entries added at the end (rows after the old ones) are fine."""
+        if current is None:
+            return None
+        for i, old in enumerate(stored):
+            if i >= len(current):
+                return f"{describe(old)} is gone"
+            if current[i] != old:
+                return f"{describe(old)} is now {describe(current[i])}"
+        return None
+
+
+def describe(entry: dict[str, Any]) -> str:
+    name = entry.get("file") or entry.get("dataset")
+    details = ", ".join(f"{k} {v}" for k, v in entry.items() if k not in ("file", "dataset"))
+    return f"{name!r} ({details})"
+
+
+def _value(column, i: int) -> Any:
+    try:
+        return column[i].as_py()
+    except UnicodeDecodeError as e:
+        return BadValue(f"is not valid UTF-8 (byte 0x{e.object[e.start]:02x} at offset {e.start})")
+
+
+def _pylist(table: pa.Table | pa.RecordBatch) -> list[dict[str, Any]]:
+    """Rows as dicts; a string value that is not valid UTF-8 becomes a BadValue (that row's error)
+    instead of failing the whole chunk."""
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError:
+        columns = []
+        for name in table.column_names:
+            column = table.column(name)
+            try:
+                columns.append(column.to_pylist())
+            except UnicodeDecodeError:
+                columns.append([_value(column, i) for i in range(len(column))])
+        return [dict(zip(table.column_names, values)) for values in zip(*columns)]
+
 
 def _take(table: pa.Table | pa.RecordBatch, start: int, index: int, count: int, limit: int | None):
     """The rows of one chunk (starting at global position `start`) that belong to the shard."""
     if count == 1 and (limit is None or start + table.num_rows <= limit):
-        return range(table.num_rows), table.to_pylist()  # the whole chunk: no index, no copy
+        return range(table.num_rows), _pylist(table)  # the whole chunk: no index, no copy
     picks = [i for i in range(table.num_rows) if in_shard(start + i, index, count, limit)]
-    return picks, (table.take(pa.array(picks, pa.int64())).to_pylist() if picks else [])
+    return picks, (_pylist(table.take(pa.array(picks, pa.int64()))) if picks else [])
 
 
 def parquet_files(path: str) -> list[str]:
@@ -138,99 +234,209 @@ def parquet_files(path: str) -> list[str]:
     return files
 
 
+def footer_digest(path: str) -> str:
+    """A digest of a Parquet file's footer (schema, row groups, their sizes and statistics): changes
+    when the file's content does, and costs one small read."""
+    with open(path, "rb") as f:
+        f.seek(-8, os.SEEK_END)
+        size = int.from_bytes(f.read(4), "little")
+        f.seek(-8 - size, os.SEEK_END)
+        return hashlib.sha256(f.read(size)).hexdigest()[:32]
+
+
 class ParquetSource(Source):
-    """Parquet files read in record batches, only the needed columns (row counts from the footers)."""
+    """Parquet files read in record batches, only the needed columns (row counts from the footers).
+
+    Every footer is read up front: row counts (so positions of a file's rows do not depend on how
+    much of the files before it could be read), the columns of each file and their types. A needed
+    column whose type differs between files gets the types' common promotion (int32 + int64 -> int64)
+    or else the first file's type, and is checked per row. A file whose footer cannot be read is
+    reported (or skipped) when the reader gets to it.
+    """
 
     typed = True
 
-    def __init__(self, path: str, columns: list[str]):
-        self.path, self.columns = path, columns
+    def __init__(self, path: str, columns: list[str], skip_unreadable: bool = False):
+        self.path, self.columns, self.skip_unreadable = path, columns, skip_unreadable
         self.files = parquet_files(path)
-        try:
-            first = pq.ParquetFile(self.files[0])
-            self.num_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in self.files)
-        except (OSError, pa.ArrowException) as e:
-            raise SourceError(f"cannot read Parquet input {path!r}: {one_line(e)}") from e
-        file_schema = first.schema_arrow
-        self.available = file_schema.names
-        self.schema = pa.schema([file_schema.field(c) for c in columns if c in self.available])
+        self.skipped = []
+        self.file_rows: dict[str, int] = {}
+        self.file_schemas: dict[str, pa.Schema] = {}
+        self.unreadable: dict[str, str] = {}  # file -> why its footer cannot be read
+        for f in self.files:
+            try:
+                with pq.ParquetFile(f) as pf:
+                    self.file_rows[f] = pf.metadata.num_rows
+                    self.file_schemas[f] = pf.schema_arrow
+            except (OSError, pa.ArrowException) as e:
+                self.unreadable[f] = one_line(e)
+        if not self.file_schemas:
+            first = self.files[0]
+            raise SourceError(f"cannot read Parquet file {first}: {self.unreadable[first]}")
+        schemas = list(self.file_schemas.values())
+        self.available = list(dict.fromkeys(name for schema in schemas for name in schema.names))
+        self.num_rows = None if self.unreadable and not skip_unreadable else sum(self.file_rows.values())
+        fields, mixed = [], set()
+        for c in columns:
+            types = list(dict.fromkeys(s.field(c).type for s in schemas if c in s.names))
+            if not types:
+                continue
+            if len(types) > 1:
+                mixed.add(c)
+                try:
+                    unified = pa.unify_schemas([pa.schema([(c, t)]) for t in types], promote_options="permissive")
+                    types = [unified.field(c).type]
+                except (pa.ArrowException, TypeError) as e:
+                    log.warning("column %r has types %s in the files of %s (%s): values that do not fit %s "
+                                "make their row an error", c, ", ".join(map(str, types)), path, one_line(e), types[0])
+            fields.append(pa.field(c, types[0]))
+        self.schema = pa.schema(fields)
+        self.check_columns = frozenset(mixed)
+
+    def files_without(self, column: str) -> list[str]:
+        return [f for f, schema in self.file_schemas.items() if column not in schema.names]
+
+    def layout(self) -> list[dict[str, Any]]:
+        return [{"file": f, "unreadable": True} if f in self.unreadable
+                else {"file": f, "rows": self.file_rows[f], "footer": footer_digest(f)} for f in self.files]
+
+    def _unreadable(self, f: str, reason: str, read: int, rows: int | None) -> None:
+        where = f" after {read} of its {rows} rows" if read else ""
+        if not self.skip_unreadable:
+            raise SourceError(f"cannot read Parquet file {f}{where}: {reason}; {SKIP_HINT}")
+        log.warning("skipping unreadable Parquet file %s%s (source.skip_unreadable): %s", f, where, reason)
+        self.skipped.append({"file": f, "reason": reason, "rows_read": read, "rows": rows})
 
     def rows(self, index, count, limit):
         start = 0
         for f in self.files:
             if limit is not None and start >= limit:
                 return
+            if f in self.unreadable:
+                self._unreadable(f, self.unreadable[f], 0, None)
+                continue  # its row count is unknown: later files follow the rows that could be counted
+            read = 0
             try:
-                batches = pq.ParquetFile(f).iter_batches(batch_size=CHUNK_ROWS, columns=self.columns)
-                for batch in batches:
-                    if limit is not None and start >= limit:
-                        return
-                    picks, values = _take(batch, start, index, count, limit)
-                    yield from zip((start + i for i in picks), values)
-                    start += batch.num_rows
+                with pq.ParquetFile(f) as pf:
+                    for batch in pf.iter_batches(batch_size=CHUNK_ROWS, columns=self.columns):
+                        if limit is not None and start + read >= limit:
+                            return
+                        picks, values = _take(batch, start + read, index, count, limit)
+                        yield from zip((start + read + i for i in picks), values)
+                        read += batch.num_rows
             except (OSError, pa.ArrowException) as e:
-                raise SourceError(f"cannot read Parquet file {f}: {one_line(e)}") from e
+                self._unreadable(f, one_line(e), read, self.file_rows[f])
+            start += self.file_rows[f]  # from the footer: later files keep their positions
 
 
-def _open_text(path: str) -> io.TextIOBase:
-    if path.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
+READ_ERRORS = (OSError, EOFError, zlib.error)  # gzip raises EOFError on a truncated file, zlib.error on bad data
+
+
+def _lines(path: str) -> Iterator[bytes]:
+    """The lines of a file as bytes (.gz decompressed), without a UTF-8 byte order mark."""
+    with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
+        first = True
+        for line in f:
+            if first:
+                line, first = line.removeprefix(codecs.BOM_UTF8), False
+            yield line
+
+
+def _parse(line: bytes) -> Any:
+    """One JSONL line; bytes that are not UTF-8 become lone surrogates (surrogateescape), which the
+    value checks then report as that row's error, so the rest of the row (its id) is still read."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        text = line.decode("utf-8", "surrogateescape")
+    return json.loads(text)
+
+
+def infer_type(values: list[Any]) -> pa.DataType:
+    """The Arrow type all `values` share, else the first convertible value's type; string if none
+    (null, absent and invalid-text values are left out; ints beyond int64 do not decide it)."""
+    values = [v for v in values if v is not None and v is not ABSENT and text_problem(v) is None]
+    for candidate in [values] + [[v] for v in values]:
+        try:
+            return pa.array(candidate).type if candidate else pa.string()
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            continue
+    return pa.string()
 
 
 def infer_schema(sample: list[dict[str, Any]], columns: list[str]) -> pa.Schema:
-    """Arrow types of `columns` from sample rows: the type all sampled values share, else the first
-    non-null value's type; a column with only nulls is a string."""
-    fields = []
-    for c in columns:
-        values = [r.get(c) for r in sample if r.get(c) is not None]
-        t = pa.string()
-        for candidate in (values, values[:1]):
-            try:
-                t = pa.array(candidate).type if candidate else pa.string()
-                break
-            except (pa.ArrowException, TypeError, ValueError):
-                continue
-        fields.append(pa.field(c, t))
-    return pa.schema(fields)
+    """Arrow types of `columns` from sample rows (see infer_type); a column with only nulls is a string."""
+    return pa.schema([pa.field(c, infer_type([r.get(c) for r in sample])) for c in columns])
 
 
 class JsonlSource(Source):
-    """One JSON object per line (blank lines skipped; .gz read transparently). Column names and
-    types come from the first INFER_ROWS objects; a line that is not a JSON object is that row's error."""
+    """One JSON object per line (blank lines skipped; .gz read transparently; a UTF-8 BOM ignored).
+    Column names and types come from the first INFER_ROWS objects; a line that is not a JSON object
+    is that row's error, a value that is not valid UTF-8 that value's. A file that ends early (a
+    truncated .gz) is read up to the break, then reported (or skipped with skip_unreadable)."""
 
     typed = False
 
-    def __init__(self, path: str, columns: list[str]):
-        self.path, self.columns = path, columns
+    def __init__(self, path: str, columns: list[str], skip_unreadable: bool = False):
+        self.path, self.columns, self.skip_unreadable = path, columns, skip_unreadable
+        self.skipped = []
         if not os.path.isfile(path):
             raise SourceError(f"source.path={path!r} does not exist or is not a file")
         sample: list[dict] = []
+        self.num_rows = 0
+        lines = 0
         try:
-            with _open_text(path) as f:
-                self.num_rows = 0
-                for line in f:
-                    if not line.strip():
+            for line in _lines(path):
+                lines += 1
+                if not line.strip():
+                    continue
+                self.num_rows += 1
+                if len(sample) < INFER_ROWS:
+                    try:
+                        obj = _parse(line)
+                    except json.JSONDecodeError:
                         continue
-                    self.num_rows += 1
-                    if len(sample) < INFER_ROWS:
-                        try:
-                            obj = json.loads(line)
-                        except json.JSONDecodeError:
-                            continue
-                        if isinstance(obj, dict):
-                            sample.append(obj)
-        except (OSError, UnicodeDecodeError) as e:
-            raise SourceError(f"cannot read JSONL input {path!r}: {one_line(e)}") from e
+                    if isinstance(obj, dict):
+                        sample.append(obj)
+        except READ_ERRORS as e:
+            if not lines:  # nothing readable at all: the input as a whole is unreadable
+                raise SourceError(f"cannot read JSONL input {path!r}: {one_line(e)}") from e
+            # Read up to the break now; rows() reports it (or skips the rest) once the rows before it are run.
         if self.num_rows and not sample:
             raise SourceError(f"cannot read JSONL input {path!r}: none of its first lines is a JSON object")
         self.available = list(dict.fromkeys(k for row in sample for k in row))
         self.schema = infer_schema(sample, [c for c in columns if c in self.available])
+        self.check_columns = frozenset(columns)
+
+    def layout(self) -> list[dict[str, Any]]:
+        size = os.path.getsize(self.path)
+        return [{"file": self.path, "rows": self.num_rows, "bytes": size, "sha256": self._digest(size)}]
+
+    def layout_change(self, stored: list[dict[str, Any]], current: list[dict[str, Any]] | None) -> str | None:
+        # Lines appended at the end keep every earlier row's position: only the old bytes must be unchanged.
+        old, new = (stored or [None])[0], (current or [None])[0]
+        if old is None or new is None or "bytes" not in old:
+            return None
+        if new["bytes"] < old["bytes"]:
+            return f"{self.path!r} is shorter ({new['bytes']} bytes, was {old['bytes']})"
+        digest = new["sha256"] if new["bytes"] == old["bytes"] else self._digest(old["bytes"])
+        if digest != old["sha256"]:
+            return f"the first {old['bytes']} bytes of {self.path!r} changed"
+        return None
+
+    def _digest(self, nbytes: int) -> str:
+        h, left = hashlib.sha256(), nbytes
+        with open(self.path, "rb") as f:
+            while left > 0 and (chunk := f.read(min(left, 1 << 20))):
+                h.update(chunk)
+                left -= len(chunk)
+        return h.hexdigest()[:32]
 
     def rows(self, index, count, limit):
         position = -1
-        with _open_text(self.path) as f:
-            for number, line in enumerate(f, start=1):
+        number = 0
+        try:
+            for number, line in enumerate(_lines(self.path), start=1):
                 if not line.strip():
                     continue
                 position += 1
@@ -239,14 +445,20 @@ class JsonlSource(Source):
                 if not in_shard(position, index, count, limit):
                     continue
                 try:
-                    obj = json.loads(line)
+                    obj = _parse(line)
                 except json.JSONDecodeError as e:
                     yield position, f"line {number} is not valid JSON: {e}"
                     continue
                 if not isinstance(obj, dict):
                     yield position, f"line {number} is a JSON {type(obj).__name__}, not an object"
                     continue
-                yield position, {c: obj.get(c) for c in self.columns}
+                yield position, {c: obj.get(c, ABSENT) for c in self.columns}
+        except READ_ERRORS as e:
+            where = f"{self.path} after line {number}"
+            if not self.skip_unreadable:
+                raise SourceError(f"cannot read JSONL file {where}: {one_line(e)}; {SKIP_HINT}") from e
+            log.warning("skipping the rest of %s (source.skip_unreadable): %s", where, one_line(e))
+            self.skipped.append({"file": self.path, "reason": one_line(e), "rows_read": position + 1, "rows": None})
 
 
 class HFSource(Source):
@@ -256,7 +468,8 @@ class HFSource(Source):
     def __init__(self, path: str, split: str, columns: list[str]):
         import datasets  # deferred: importing datasets costs a second
 
-        self.path, self.columns = path, columns
+        self.path, self.split, self.columns = path, split, columns
+        self.skipped = []
         p = Path(path)
         try:
             if (p / "dataset_dict.json").exists() or (p / "state.json").exists():
@@ -284,6 +497,17 @@ class HFSource(Source):
             names = data.column_names or list(dict.fromkeys(k for row in sample for k in row))
             self.available = list(names)
             self.schema = infer_schema(sample, [c for c in columns if c in self.available])
+            self.check_columns = frozenset(columns)
+
+    def layout(self) -> list[dict[str, Any]] | None:
+        if self.typed:  # a saved dataset: its fingerprint changes with its content
+            return [{"dataset": self.path, "split": self.split, "rows": self.num_rows,
+                     "fingerprint": getattr(self.data, "_fingerprint", None)}]
+        if os.path.isdir(self.path):  # local files streamed by load_dataset: names and sizes
+            return [{"file": str(f.relative_to(self.path)), "bytes": f.stat().st_size}
+                    for f in sorted(Path(self.path).rglob("*")) if f.is_file()
+                    and not any(part.startswith(".") for part in f.relative_to(self.path).parts)]
+        return None  # a dataset from the hub cache: nothing cheap to compare
 
     def rows(self, index, count, limit):
         data = self.data.select_columns(self.columns)
@@ -295,11 +519,15 @@ class HFSource(Source):
                 picks, values = _take(chunk, start, index, count, limit)
                 yield from zip((start + i for i in picks), values)
             return
-        for position, row in enumerate(data):
-            if limit is not None and position >= limit:
-                return
-            if in_shard(position, index, count, limit):
-                yield position, row
+        position = -1
+        try:
+            for position, row in enumerate(data):
+                if limit is not None and position >= limit:
+                    return
+                if in_shard(position, index, count, limit):
+                    yield position, row
+        except Exception as e:  # a stream cannot skip ahead past a bad file, so this always stops the run
+            raise SourceError(f"cannot read {self.path} after row {position}: {one_line(e)}") from e
 
 
 # ---- which rows to run -------------------------------------------------------------------------
@@ -322,9 +550,14 @@ class RowSelector:
     Only ids from `id_column` can repeat, so only they are remembered (memory grows with the rows read).
     Position ids cannot: a source yields strictly increasing positions (checked), and distinct
     positions have distinct decimal strings, so a fresh run over any input length keeps no per-row state.
+    A row whose id_column value is null, absent, not valid text or starts with NUL gets the id
+    GENERATED_ID_PREFIX + "row-<position>" and an error naming the row: no real id starts with NUL, so
+    a made-up id never takes a real one's place.
 
     `total` is the shard's row count when the input knows its length; `skipped` grows as done rows
-    go by, so `total - skipped` is what is left of this run.
+    go by, so `total - skipped` is what is left of this run. When the input stops being readable
+    part-way (SourceError), iteration ends and `read_error` holds the message: the rows already
+    yielded are still run and written, and the caller reports the error afterwards.
     """
 
     def __init__(self, source: Source, *, id_column: str | None, shard_index: int, shard_count: int,
@@ -334,24 +567,45 @@ class RowSelector:
         self.done = done
         self.skipped = 0
         self.duplicates = 0
+        self.read_error: str | None = None
         n = source.num_rows if limit is None or source.num_rows is None else min(limit, source.num_rows)
         self.total = None if n is None else len(range(shard_index, n, shard_count))
 
     def row_id(self, position: int, values: dict[str, Any] | str) -> tuple[str, str | None]:
         if self.id_column is None:
             return str(position), None
+        generated = f"{GENERATED_ID_PREFIX}row-{position}"
         if isinstance(values, str):
-            return f"row-{position}", None
+            return generated, None
         value = values.get(self.id_column)
+        name = f"source.id_column {self.id_column!r}"
         if value is None:
-            return f"row-{position}", f"source.id_column {self.id_column!r} is null in row {position}"
-        return str(value), None
+            return generated, f"{name} is null in row {position}"
+        if value is ABSENT:
+            return generated, f"{name} is missing in row {position}"
+        if isinstance(value, BadValue):
+            return generated, f"{name} {value.reason} in row {position}"
+        text = value if isinstance(value, str) else str(value)
+        problem = text_problem(text)
+        if problem:
+            return generated, f"{name} {problem} in row {position}"
+        if text.startswith(GENERATED_ID_PREFIX):
+            return generated, f"{name} starts with NUL (U+0000), which marks made-up ids, in row {position}"
+        return text, None
 
     def __iter__(self) -> Iterator[Row]:
         # Position ids cannot repeat, so only ids from id_column are remembered.
         seen: set[str] | None = set() if self.id_column is not None else None
         last = -1
-        for position, values in self.source.rows(self.shard_index, self.shard_count, self.limit):
+        rows = self.source.rows(self.shard_index, self.shard_count, self.limit)
+        while True:
+            try:
+                position, values = next(rows)
+            except StopIteration:
+                return
+            except SourceError as e:
+                self.read_error = str(e)
+                return
             if position <= last:
                 raise RuntimeError(f"source yielded position {position} after {last}; positions must increase")
             last = position
@@ -369,136 +623,3 @@ class RowSelector:
                 yield Row(row_id, position, error=values)
             else:
                 yield Row(row_id, position, values, id_error)
-
-
-# ---- prompts -----------------------------------------------------------------------------------
-
-
-def one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def _sandbox():
-    from jinja2 import StrictUndefined
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    return ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False)
-
-
-def template_columns(template: str) -> list[str]:
-    """The row fields a template reads (raises SourceError on a syntax error)."""
-    from jinja2 import TemplateSyntaxError, meta
-
-    try:
-        return sorted(meta.find_undeclared_variables(_sandbox().parse(template)))
-    except TemplateSyntaxError as e:
-        raise SourceError(f"source.template: {e.message} (line {e.lineno})") from e
-
-
-def check_messages(messages: Any) -> str | None:
-    """Why `messages` is not a chat (a list of {"role": str, "content": str | list}), or None."""
-    if not isinstance(messages, (list, tuple)) or not messages:
-        return f"chat messages must be a non-empty list, got {type(messages).__name__}"
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping):
-            return f"chat message {i} is a {type(m).__name__}, not a {{role, content}} object"
-        if not isinstance(m.get("role"), str):
-            return f"chat message {i} has no string 'role'"
-        if not isinstance(m.get("content"), (str, list)):
-            return f"chat message {i} has no string 'content'"
-    return None
-
-
-class PromptBuilder:
-    """Turns a Row into a Request: the prompt from `prompt_column`, or a sandboxed Jinja2 `template`
-    over the row's columns (a null or missing field is an error for that row); with `chat`, the text
-    (as one user message) or the column's message list goes through the tokenizer's chat template
-    with add_generation_prompt=True and the Request carries token ids. `keep_columns` go to `extra`;
-    `check_types` (for inputs with inferred types) makes a keep value of another type that row's error.
-    """
-
-    def __init__(self, *, prompt_column: str | None, template: str | None, chat: bool, tokenizer=None,
-                 keep_columns: list[str] = (), keep_schema: pa.Schema | None = None, check_types: bool = False):
-        if template is None and prompt_column is None:
-            raise SourceError("set source.prompt_column or source.template")
-        if chat and tokenizer is None:
-            raise SourceError("source.chat=true needs a tokenizer")
-        if chat and not getattr(tokenizer, "chat_template", None):
-            raise SourceError("source.chat=true but the target's tokenizer has no chat template")
-        self.prompt_column, self.chat, self.tokenizer = prompt_column, chat, tokenizer
-        self.template = _sandbox().from_string(template) if template is not None else None
-        self.keep_columns = list(keep_columns)
-        self.keep_types = {f.name: f.type for f in keep_schema} if keep_schema is not None else {}
-        self.check_types = check_types
-
-    def request(self, row: Row) -> Request:
-        extra = {c: row.values.get(c) for c in self.keep_columns}
-        error = row.error or self._check_keep(extra)
-        if error:
-            return Request(id=row.id, prompt=None, error=error, extra=extra)
-        try:
-            prompt = self.prompt(row.values)
-        except PromptError as e:
-            return Request(id=row.id, prompt=None, error=str(e), extra=extra)
-        return Request(id=row.id, prompt=prompt, extra=extra)
-
-    def _check_keep(self, extra: dict[str, Any]) -> str | None:
-        """For inferred types: a value that does not fit its column is dropped (null) and makes the row an error."""
-        if not self.check_types:
-            return None
-        error = None
-        for name, value in extra.items():
-            try:
-                pa.array([value], type=self.keep_types[name])
-            except (pa.ArrowException, TypeError, ValueError):
-                extra[name] = None
-                error = error or f"keep column {name!r}: {value!r} is not of the column's type {self.keep_types[name]}"
-        return error
-
-    def prompt(self, values: dict[str, Any]) -> str | list[int]:
-        if self.template is not None:
-            text = self._render(values)
-            return self._chat([{"role": "user", "content": text}]) if self.chat else text
-        value = values.get(self.prompt_column)
-        name = f"source.prompt_column {self.prompt_column!r}"
-        if value is None:
-            raise PromptError(f"{name} is null")
-        if self.chat:
-            return self._chat([{"role": "user", "content": value}] if isinstance(value, str) else value)
-        if isinstance(value, str):
-            return value
-        if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-            return value  # pre-tokenized
-        raise PromptError(f"{name} holds a {type(value).__name__}, not a string")
-
-    def _render(self, values: dict[str, Any]) -> str:
-        from jinja2 import TemplateError, UndefinedError
-
-        context = {k: v for k, v in values.items() if v is not None}  # null fields count as missing
-        try:
-            return self.template.render(context)
-        except UndefinedError as e:
-            raise PromptError(f"source.template: {e.message} (null or missing in this row)") from e
-        except TemplateError as e:
-            raise PromptError(f"source.template: {one_line(e)}") from e
-        except Exception as e:  # an error inside an expression, e.g. {{ a + b }} on a str and an int
-            raise PromptError(f"source.template: {type(e).__name__}: {one_line(e)}") from e
-
-    def _chat(self, messages: Any) -> list[int]:
-        problem = check_messages(messages)
-        if problem:
-            raise PromptError(problem)
-        try:
-            ids = self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages], add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        except Exception as e:  # chat templates raise their own errors (e.g. roles must alternate)
-            raise PromptError(f"chat template: {one_line(e)}") from e
-        if isinstance(ids, Mapping):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
-
-
-class PromptError(ValueError):
-    """This row's prompt cannot be built."""

@@ -1,0 +1,23 @@
+"""Model paths: tell a local path that does not exist from a hub id, without importing torch (the
+job runner checks its model paths before it reads the input, and a finished job's rerun loads nothing)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def missing_local_path(name_or_path: str) -> str | None:
+    """Why `name_or_path` is a local path that does not exist, or None (it exists, or reads as a hub id).
+
+    A hub id is `name` or `org/name`; anything else (absolute, ./ or ../ or ~, two or more slashes, or
+    an `org/name` whose `org` is a folder here) is meant as a path. Saying so at once beats
+    transformers' answer: ~30 s of hub retries, then a network error or "Repo id must be in the form"."""
+    path = Path(name_or_path).expanduser()
+    first = name_or_path.split("/", 1)[0]
+    looks_local = (name_or_path.startswith(("/", "./", "../", "~")) or name_or_path in (".", "..")
+                   or name_or_path.count("/") >= 2 or ("/" in name_or_path and Path(first).is_dir())
+                   or os.sep != "/" and os.sep in name_or_path)
+    if not looks_local or path.exists():
+        return None
+    return f"no such local directory {name_or_path!r} (resolved to {path.resolve()})"
