@@ -8,7 +8,8 @@ of the shipped job files, then, per command:
   itself (so quoting such as $'...' means what it means in a shell) and run in this process: a sweep
   (-m) really runs, on 2 rows of 2 tokens; anything else runs with `--cfg job`, which parses the
   command line and composes and prints the config without running the job;
-- `python -m batchspec.status DIR`: run on an output dir made by the demo job (2 rows);
+- `python -m batchspec.status DIR` and `python -m batchspec.report DIR ...`: run on output dirs made by
+  the demo job (2 rows) where the docs name them;
 - `python -m batchspec.bench / calibrate / bench_io FLAGS`: every flag must be one the command's
   --help lists (their runs take minutes: tests/test_tools.py runs bench and calibrate on tiny models);
 - anything else is skipped by a rule in SKIP with its reason, or fails as unclassified, so a new
@@ -39,7 +40,7 @@ SKIP = [  # (pattern searched in the command, reason)
     (r"^(sudo |sbatch |srun |scancel |squeue |export SLURM_CONF|array=\$\(sbatch)",
      "needs a SLURM cluster or root: tests/test_slurm.py (marker slurm) runs these against a real cluster"),
     (r"hydra/launcher=submitit_", "Hydra's submitit launcher: tests/test_slurm.py (marker slurm)"),
-    (r"--device cuda|tools/synthetic_pair\.py", "needs a GPU"),
+    (r"--device cuda|tools/synthetic_pair\.py|tools/gpu_check\.py", "needs a GPU"),
     (r"-m pytest", "the test suite itself (CI runs exactly this: .ci/run)"),
     (r"pip install", "installs packages from the package index (CI does it: .ci/run)"),
     (r"-m venv ", "creates a virtual environment (CI does it: .ci/run)"),
@@ -120,6 +121,14 @@ def test_documented_command(where, command, workdir, monkeypatch, capsys):
         assert run_inprocess(workdir, "job=demo", *TINY, monkeypatch=monkeypatch) == 0
         monkeypatch.chdir(workdir)
         assert status.main(args) == 0, capsys.readouterr()
+    elif module == "batchspec.report":
+        from batchspec.report.main import main as report
+
+        for path in (a for a in args if not a.startswith("-")):
+            if not (workdir / path).exists():
+                assert run_inprocess(workdir, "job=demo", *TINY, f"output.dir={path}", monkeypatch=monkeypatch) == 0
+        monkeypatch.chdir(workdir)
+        assert report(args) == 0, capsys.readouterr()
     elif module in ("batchspec.bench", "batchspec.calibrate", "batchspec.bench_io"):
         help_text = command_help(module, capsys)
         for flag in (a.strip("[]") for a in args if a.strip("[]").startswith("--")):
@@ -131,8 +140,8 @@ def test_documented_command(where, command, workdir, monkeypatch, capsys):
 def run_job_command(args: list[str], workdir: Path, monkeypatch, capsys) -> None:
     if "-m" in args or "--multirun" in args:  # a sweep: really run it, on 2 rows of 2 tokens
         assert run_inprocess(workdir, *args, *TINY, monkeypatch=monkeypatch) == 0, capsys.readouterr().err
-        made = list(workdir.glob("outputs/*/*/summary.json"))
-        assert len(made) >= 2, made
+        made = [p for p in workdir.glob("outputs/**/summary.json") if len(p.relative_to(workdir).parts) > 3]
+        assert len(made) >= 2, made  # one output dir per sweep member, in key=value folders below output.dir
         return
     extra = [] if "--cfg" in args else ["--cfg", "job"]
     assert run_inprocess(workdir, *args, *extra, monkeypatch=monkeypatch) == 0, capsys.readouterr().err
@@ -174,21 +183,30 @@ PYTHON_BLOCKS = python_blocks()
 
 @pytest.mark.parametrize("where, lines", PYTHON_BLOCKS, ids=[w for w, _ in PYTHON_BLOCKS])
 def test_documented_python(where, lines, workdir, monkeypatch):
+    """A block runs as written, in a directory where the output dirs it reads exist (the demo job on 2
+    rows; a sweep over drafter.k where it reads one). One-line blocks of imports may name optional
+    packages: those lines that can run do."""
     text = "\n".join(lines)
     if any(p in text for p in PLACEHOLDERS):
         pytest.skip("shows placeholder model paths and objects (the API is tested in tests/test_sampling_e2e.py "
                     "and tests/test_greedy_parity.py)")
     assert run_inprocess(workdir, "job=demo", *TINY, monkeypatch=monkeypatch) == 0
-    ran, missing = 0, []
-    for line in lines:
-        module = re.match(r"import (\w+)", line).group(1)
-        if importlib.util.find_spec(module) is None:
-            missing.append(module)
-            continue
-        namespace: dict = {}
-        exec(compile(line, where, "exec"), namespace)
-        ran += 1
-    assert ran >= 3, f"ran {ran} lines; not installed: {missing}"
+    if "outputs/demo-k" in text:
+        assert run_inprocess(workdir, "-m", "job=demo", "drafter.k=2,4", "output.dir=outputs/demo-k", *TINY,
+                             monkeypatch=monkeypatch) == 0
+    monkeypatch.chdir(workdir)
+    if all(re.match(r"import \w+", line) for line in lines if line.strip()):
+        ran, missing = 0, []
+        for line in (line for line in lines if line.strip()):
+            module = re.match(r"import (\w+)", line).group(1)
+            if importlib.util.find_spec(module) is None:
+                missing.append(module)
+                continue
+            exec(compile(line, where, "exec"), {})
+            ran += 1
+        assert ran >= 3, f"ran {ran} lines; not installed: {missing}"
+        return
+    exec(compile(text, where, "exec"), {})
 
 
 def test_a_sweep_with_the_flag_after_the_overrides(tmp_path, monkeypatch):
@@ -196,6 +214,6 @@ def test_a_sweep_with_the_flag_after_the_overrides(tmp_path, monkeypatch):
     unrecognized arguments): one output dir per value."""
     assert run_inprocess(tmp_path, "job=demo", "-m", "drafter.k=2,4", "output.dir=sweep", *TINY,
                          monkeypatch=monkeypatch) == 0
-    made = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/summary.json"))
-    assert made == ["drafter.k=2,sampling.max_new_tokens=2,source.limit=2",
-                    "drafter.k=4,sampling.max_new_tokens=2,source.limit=2"]
+    made = sorted(str(p.parent.relative_to(tmp_path / "sweep")) for p in (tmp_path / "sweep").rglob("summary.json"))
+    assert made == ["drafter.k=2/sampling.max_new_tokens=2/source.limit=2",
+                    "drafter.k=4/sampling.max_new_tokens=2/source.limit=2"]
