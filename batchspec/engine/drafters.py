@@ -65,6 +65,7 @@ class DraftContext:
     rows_t: torch.Tensor | None = None
     lengths_t: torch.Tensor | None = None
     static: bool = False
+    span: slice | None = None  # rows as a slice when they are consecutive slots (eager forwards read views)
     gumbel: torch.Tensor | None = None  # [b, >= k, V]: coupled sampling's noise of positions L .. (sampling.py)
 
     def __post_init__(self):
@@ -252,8 +253,8 @@ class ModelDrafter:
     target's distribution guesses its token), and a draw from q under rejection sampling.
 
     A round over rows of sequence length L feeds the draft [seq[L-2], seq[L-1]] at positions L-2, L-1 (a
-    fixed 2-token step, so it can be captured: rewriting L-2 when the draft already has it is harmless),
-    then one drafted token per step. So the draft cache only has to be valid up to L-2 when a round
+    fixed 2-token step, so it can be captured: rewriting L-2 when the draft already has it is harmless;
+    eager rounds feed only seq[L-1] when every row already has L-2), then one drafted token per step. So the draft cache only has to be valid up to L-2 when a round
     starts, which holds after any drafted round: a verdict of m accepted drafts leaves it valid up to
     L + min(m, steps-1), and the next round starts at L' - 2 = L + m - 1. After rounds without drafting
     (adaptive k = 0) a row catches up on what it missed first, eagerly (`valid` tracks it on the host).
@@ -313,11 +314,14 @@ class ModelDrafter:
             return empty_draft(b, self.device)
         self._catch_up(ctx)
         runner, arange = self.runner, torch.arange(b, device=self.device)
-        rows = None if ctx.static else ctx.rows_t
-        where = slice(None) if ctx.static else ctx.rows_t
-        start = (ctx.lengths_t - 2).clamp(min=0)  # [b]; idle slots (length 1) ride along from 0
+        rows = None if ctx.static else (ctx.span or ctx.rows_t)
+        where = slice(None) if ctx.static else (ctx.span or ctx.rows_t)
+        # Captured steps always feed the last 2 tokens; eager ones feed only 1 when every row has the
+        # one before (after a round that rejected a draft): on CPU a step's cost grows with its tokens.
+        width = 2 if ctx.static or any(self.valid[r] < n - 1 for r, n in zip(ctx.rows, ctx.lengths)) else 1
+        start = (ctx.lengths_t - width).clamp(min=0)  # [b]; idle slots (length 1) ride along from 0
         runner.commit(where, start)
-        feed = ctx.tokens[ctx.rows_t[:, None], start[:, None] + torch.arange(2, device=self.device)]
+        feed = ctx.tokens[ctx.rows_t[:, None], start[:, None] + torch.arange(width, device=self.device)]
         kv_len = max(ctx.lengths) + steps - 1
         logits = runner.forward(feed, kv_len=kv_len, rows=rows, last_only=True)[:, -1]
         presence = ctx.presence[ctx.rows_t].clone() if ctx.presence is not None else None
@@ -337,7 +341,7 @@ class ModelDrafter:
             if presence is not None:
                 presence[arange, token] = True
             if i + 1 < steps:
-                runner.commit(where, start + 2 + i)
+                runner.commit(where, start + width + i)
                 logits = runner.forward(token[:, None], kv_len=kv_len, rows=rows)[:, -1]
         self._round = (list(ctx.rows), list(ctx.lengths), steps)
         return Draft(

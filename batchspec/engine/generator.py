@@ -43,6 +43,7 @@ class RoundPlan:
     busy: list[int]  # indices into rows of the running requests
     budgets: list[int]  # drafts each row may propose this round (0 for idle slots)
     k: int  # the round's number of drafts: the verify width is k + 1
+    span: slice | None = None  # rows as a slice when they are consecutive slots
     gumbel: torch.Tensor | None = None  # [b, k + 1, V]: coupled sampling's noise of positions L .. L + k
 
     @property
@@ -222,8 +223,9 @@ class SpecBatchGenerator:
         busy = [i for i, r in enumerate(records) if r is not None]
         rows_t = self._all_rows if self.static else to_device(rows, self.device)
         lengths_t = self.runner.lengths[rows_t] + 1  # the cache holds seq[:L-1]
+        span = slice(rows[0], rows[-1] + 1) if rows and rows[-1] - rows[0] == len(rows) - 1 else None
         ctx = DraftContext(rows, lengths, most, self.slots.tokens, self.slots.presence, self.slots.noise_keys,
-                           rows_t=rows_t, lengths_t=lengths_t, static=self.static)
+                           rows_t=rows_t, lengths_t=lengths_t, static=self.static, span=span)
         if self.adaptive and self.static:
             self.costs.use_bucket(self.runner.bucket(max(lengths) + self.k))
         if self.adaptive and self.drafter.policy.propose_first:
@@ -241,7 +243,7 @@ class SpecBatchGenerator:
             ctx.gumbel = self._noise(rows_t, lengths_t, 1 + max(budgets)) if self.sampling.coupled else None
             draft = self.drafter.propose(ctx)
         width = draft.tokens.shape[1]
-        plan = RoundPlan(rows, rows_t, lengths, lengths_t, busy, budgets, width, ctx.gumbel)
+        plan = RoundPlan(rows, rows_t, lengths, lengths_t, busy, budgets, width, span, ctx.gumbel)
         if self.sampling.coupled and plan.gumbel is None:  # the drafter proposed before the width was chosen
             plan.gumbel = self._noise(rows_t, lengths_t, width + 1)
         return plan, draft
@@ -251,7 +253,7 @@ class SpecBatchGenerator:
         pending = self.slots.tokens[plan.rows_t, plan.lengths_t - 1]
         input_ids = torch.cat([pending[:, None], draft.tokens], dim=1)
         kv_len = max(plan.lengths[i] for i in plan.busy) + plan.k
-        return self.runner.forward(input_ids, kv_len=kv_len, rows=None if self.static else plan.rows_t)
+        return self.runner.forward(input_ids, kv_len=kv_len, rows=None if self.static else (plan.span or plan.rows_t))
 
     def _accept(self, plan: RoundPlan, draft: Draft, logits: torch.Tensor) -> RoundOutcome:
         """Decide on the device, commit the target's cache lengths and the sequences, then the one sync."""

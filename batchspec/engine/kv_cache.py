@@ -26,11 +26,13 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 class WritePlan:
     """Where the next forward writes and what it attends over, set by the runner before each forward.
 
-    rows [b] are slot indices, or None for every slot in order (static shapes: the attended keys are
-    then a view, no gather); positions [b, T] are the positions the T new tokens take; kv_len is how
-    many cache entries each row attends over (a Python int: a shape, fixed per captured graph)."""
+    rows [b] are slot indices, or None for every slot in order; span, when set, is the same rows as a
+    slice of consecutive slots (the attended keys are then a view, no gather: eager rounds over a full
+    batch); positions [b, T] are the positions the T new tokens take; kv_len is how many cache entries
+    each row attends over (a Python int: a shape, fixed per captured graph)."""
 
     rows: torch.Tensor | None = None
+    span: slice | None = None
     positions: torch.Tensor | None = None
     kv_len: int = 0
 
@@ -64,6 +66,8 @@ class SlotLayer(CacheLayerMixin):
         self.values[rows, :, plan.positions] = value_states.transpose(1, 2)
         if plan.rows is None:
             return self.keys[:, :, : plan.kv_len], self.values[:, :, : plan.kv_len]
+        if plan.span is not None:
+            return self.keys[plan.span, :, : plan.kv_len], self.values[plan.span, :, : plan.kv_len]
         return self.keys[plan.rows, :, : plan.kv_len], self.values[plan.rows, :, : plan.kv_len]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -84,6 +88,12 @@ class SlotKVCache(Cache):
         self.plan = WritePlan()
         super().__init__(layers=[SlotLayer(self.plan, num_slots, max_len) for _ in range(num_layers)])
         self.num_slots, self.max_len = num_slots, max_len
+
+    def all_rows(self, device: torch.device) -> torch.Tensor:
+        """[0, 1, ..., num_slots - 1] on `device`, made once."""
+        if getattr(self, "_all_rows", None) is None:
+            self._all_rows = torch.arange(self.num_slots, device=device)
+        return self._all_rows
 
     @classmethod
     def for_model(cls, model: PreTrainedModel, num_slots: int, max_len: int) -> "SlotKVCache":

@@ -155,19 +155,23 @@ class ModelRunner:
         return next(b for b in self.buckets if b >= kv_len)
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, *, kv_len: int, rows: torch.Tensor | None = None,
+    def forward(self, tokens: torch.Tensor, *, kv_len: int, rows: torch.Tensor | slice | None = None,
                 last_only: bool = False) -> torch.Tensor:
         """tokens [B, T] (or [b, T] for `rows`), written at positions lengths[row] + t, -> logits
         [B, T, V] ([.., 1, V] with last_only). Lengths are not changed: `commit` decides what stays.
 
+        rows: None for the static step over every slot; else the slots to run eagerly, as an index
+        tensor [b] or, when they are consecutive, a slice (their keys are then read as a view).
         kv_len: an upper bound, known on the host, of lengths[row] + T over the rows that matter.
         """
         if kv_len > self.capacity:
             raise RuntimeError(f"{self.name} KV cache overflow: a row would write position {kv_len - 1} "
                                f">= {self.capacity}")
         if rows is not None:
-            positions = self.lengths[rows][:, None] + torch.arange(tokens.shape[1], device=self.device)
-            return self._call(tokens, rows, positions, kv_len, 1 if last_only else 0)
+            span = rows if isinstance(rows, slice) else None
+            index = self.cache.all_rows(self.device)[span] if span is not None else rows
+            positions = self.lengths[index][:, None] + torch.arange(tokens.shape[1], device=self.device)
+            return self._call(tokens, index, positions, kv_len, 1 if last_only else 0, span)
         width = tokens.shape[1]
         key = (width, self.bucket(kv_len) if self.capture else kv_len, last_only)
         if self.capture in (None, "static"):
@@ -192,9 +196,9 @@ class ModelRunner:
         positions = self.lengths[:, None] + self._arange[: tokens.shape[1]]
         return self._call(tokens, None, positions, kv_len, 1 if last_only else 0)
 
-    def _call(self, tokens, rows, positions, kv_len, logits_to_keep) -> torch.Tensor:
+    def _call(self, tokens, rows, positions, kv_len, logits_to_keep, span: slice | None = None) -> torch.Tensor:
         plan = self.cache.plan
-        plan.rows, plan.positions, plan.kv_len = rows, positions, kv_len
+        plan.rows, plan.span, plan.positions, plan.kv_len = rows, span, positions, kv_len
         out = self.model(
             input_ids=tokens.clamp(max=self.vocab_size - 1),  # a target-only id must not index a draft's embeddings
             position_ids=positions.clamp(max=self.max_position - 1),
