@@ -163,4 +163,4 @@ def test_inductor_capture_matches_eager(model):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
         for r in (eager, compiled):
             r.commit(slice(None), r.lengths + 1)
-    assert list(compiled.captured) == [(1, 20, False)] and compiled.capture_s > 0
+    assert list(compiled.captured) == [(1, 20, False, False)] and compiled.capture_s > 0

@@ -32,6 +32,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .kv_cache import SlotKVCache, causal_mask
+from .tree import TreeShape, tree_mask, tree_shape
 
 log = logging.getLogger("batchspec")
 
@@ -78,6 +79,8 @@ class _Captured:
     graph: "torch.cuda.CUDAGraph | None"
     inputs: torch.Tensor  # [B, T] the replay reads
     logits: torch.Tensor  # [B, T', V] the replay writes
+    depth: torch.Tensor | None = None  # [B, T] for a tree step: read by the replay too
+    ancestors: torch.Tensor | None = None  # [B, T, T]
 
 
 class ModelRunner:
@@ -140,11 +143,10 @@ class ModelRunner:
             raise RuntimeError(f"{self.name} KV cache overflow: a row would write position {max(ends) - 1} "
                                f">= {self.capacity}")
         rows_t = to_device(rows, self.device)
-        positions = to_device(starts, self.device)[:, None] + torch.arange(ids.shape[1], device=self.device)
         # Logits only at each row's last position: the distinct columns for every row, then each row's
         # own. A 1-D logits_to_keep works in transformers 4.56+.
         keep = sorted({n - 1 for n in lengths})
-        logits = self._call(ids, rows_t, positions, max(ends), to_device(keep, self.device))
+        logits = self._call(ids, to_device(starts, self.device), max(ends), to_device(keep, self.device), rows=rows_t)
         column = to_device([keep.index(n - 1) for n in lengths], self.device)
         self.lengths[rows_t] = to_device(ends, self.device)
         return logits[torch.arange(len(rows), device=self.device), column]
@@ -156,26 +158,29 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, *, kv_len: int, rows: torch.Tensor | slice | None = None,
-                last_only: bool = False) -> torch.Tensor:
-        """tokens [B, T] (or [b, T] for `rows`), written at positions lengths[row] + t, -> logits
+                last_only: bool = False, tree: TreeShape | None = None) -> torch.Tensor:
+        """tokens [B, T] (or [b, T] for `rows`), written at cache indices lengths[row] + t, -> logits
         [B, T, V] ([.., 1, V] with last_only). Lengths are not changed: `commit` decides what stays.
 
         rows: None for the static step over every slot; else the slots to run eagerly, as an index
         tensor [b] or, when they are consecutive, a slice (their keys are then read as a view).
         kv_len: an upper bound, known on the host, of lengths[row] + T over the rows that matter.
+        tree: the tokens are a tree per row (tree.py): position ids lengths + depth, and each query sees
+        the prefix and its own ancestors; None is a chain (causal).
         """
         if kv_len > self.capacity:
             raise RuntimeError(f"{self.name} KV cache overflow: a row would write position {kv_len - 1} "
                                f">= {self.capacity}")
+        depth, ancestors = (tree.depth, tree.ancestors) if tree is not None else (None, None)
         if rows is not None:
             span = rows if isinstance(rows, slice) else None
             index = self.cache.all_rows(self.device)[span] if span is not None else rows
-            positions = self.lengths[index][:, None] + torch.arange(tokens.shape[1], device=self.device)
-            return self._call(tokens, index, positions, kv_len, 1 if last_only else 0, span)
+            return self._call(tokens, self.lengths[index], kv_len, 1 if last_only else 0, depth, ancestors,
+                              index, span)
         width = tokens.shape[1]
-        key = (width, self.bucket(kv_len) if self.capture else kv_len, last_only)
+        key = (width, self.bucket(kv_len) if self.capture else kv_len, last_only, tree is not None)
         if self.capture in (None, "static"):
-            return self._step(tokens, key[1], last_only)
+            return self._step(tokens, key[1], last_only, depth, ancestors)
         captured = self.captured.get(key)
         if captured is None and key not in self._failed:
             if width not in self.widths:
@@ -184,46 +189,75 @@ class ModelRunner:
             else:
                 captured = self._capture(key)
         if captured is None:
-            return self._step(tokens, key[1], last_only)
+            return self._step(tokens, key[1], last_only, depth, ancestors)
         if captured.graph is None:  # inductor: the compiled step takes its inputs as they come
-            return self._compiled(tokens, key[1], last_only)
+            return self._compiled(tokens, key[1], last_only, depth, ancestors)
         captured.inputs.copy_(tokens)
+        if tree is not None:
+            captured.depth.copy_(depth)
+            captured.ancestors.copy_(ancestors)
         captured.graph.replay()
         return captured.logits
 
-    def _step(self, tokens: torch.Tensor, kv_len: int, last_only: bool) -> torch.Tensor:
+    def _step(self, tokens: torch.Tensor, kv_len: int, last_only: bool, depth: torch.Tensor | None = None,
+              ancestors: torch.Tensor | None = None) -> torch.Tensor:
         """Every slot, positions and mask from `lengths` on the device: the function that is captured."""
-        positions = self.lengths[:, None] + self._arange[: tokens.shape[1]]
-        return self._call(tokens, None, positions, kv_len, 1 if last_only else 0)
+        return self._call(tokens, self.lengths, kv_len, 1 if last_only else 0, depth, ancestors)
 
-    def _call(self, tokens, rows, positions, kv_len, logits_to_keep, span: slice | None = None) -> torch.Tensor:
+    def _call(self, tokens, starts, kv_len, logits_to_keep, depth=None, ancestors=None, rows=None,
+              span: slice | None = None) -> torch.Tensor:
+        """One forward writing tokens [b, T] at cache indices starts [b] + t: causal, or a tree."""
         plan = self.cache.plan
-        plan.rows, plan.span, plan.positions, plan.kv_len = rows, span, positions, kv_len
+        width = tokens.shape[1]
+        index = starts[:, None] + self._arange[:width] if width <= len(self._arange) else \
+            starts[:, None] + torch.arange(width, device=self.device)
+        plan.rows, plan.span, plan.positions, plan.kv_len = rows, span, index, kv_len
+        if depth is None:
+            positions, mask = index, causal_mask(index, kv_len, self.model.dtype)
+        else:
+            positions, mask = starts[:, None] + depth, tree_mask(starts, ancestors, kv_len, self.model.dtype)
         out = self.model(
             input_ids=tokens.clamp(max=self.vocab_size - 1),  # a target-only id must not index a draft's embeddings
             position_ids=positions.clamp(max=self.max_position - 1),
-            attention_mask=causal_mask(positions, kv_len, self.model.dtype),
+            attention_mask=mask,
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
         )
         return out.logits
 
+    @torch.inference_mode()
+    def compact(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Move cache entries of every layer: slot rows[i]'s index src[i, j] to dst[i, j] (all read before
+        any is written), for a tree's accepted path. rows [b], src/dst [b, A]."""
+        for layer in self.cache.layers:
+            if not layer.is_initialized:
+                return
+            index = rows[:, None]
+            keys, values = layer.keys[index, :, src], layer.values[index, :, src]  # [b, A, H, D]
+            layer.keys[index, :, dst] = keys
+            layer.values[index, :, dst] = values
+
     # ---- capture ---------------------------------------------------------------------------------
 
-    def _capture(self, key: tuple[int, int, bool]) -> _Captured | None:
-        width, kv_len, last_only = key
+    def _capture(self, key: tuple[int, int, bool, bool]) -> _Captured | None:
+        width, kv_len, last_only, is_tree = key
         started = time.perf_counter()
         inputs = torch.zeros(self.num_slots, width, dtype=torch.long, device=self.device)
+        depth = ancestors = None
+        if is_tree:  # captured with a chain; replays read whatever tree is copied in
+            depth = self._arange[:width].expand(self.num_slots, width).contiguous()
+            ancestors = torch.ones(width, width, dtype=torch.bool, device=self.device).tril().expand(
+                self.num_slots, width, width).contiguous()
         # Capturing runs the step (twice on a GPU: a warm-up, then the capture). It writes at positions
         # lengths .. lengths+T-1 of every slot, past every valid entry, so it is harmless at any time.
         try:
             if self.capture == "inductor":
                 with torch.inference_mode():
-                    logits = self._compiled(inputs, kv_len, last_only)
-                captured = _Captured(None, inputs, logits)
+                    logits = self._compiled(inputs, kv_len, last_only, depth, ancestors)
+                captured = _Captured(None, inputs, logits, depth, ancestors)
             else:
-                captured = self._capture_cuda_graph(inputs, kv_len, last_only)
+                captured = self._capture_cuda_graph(inputs, kv_len, last_only, depth, ancestors)
         except Exception as e:  # noqa: BLE001 - any failure means: run this shape eagerly, and say so
             self._failed.add(key)
             self._warn_eager(width, f"capturing it failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
@@ -231,23 +265,23 @@ class ModelRunner:
         seconds = time.perf_counter() - started
         self.capture_s += seconds
         self.captured[key] = captured
-        log.info("%s: captured the %d-token step over %d positions in %.2f s (%s)", self.name, width, kv_len,
-                 seconds, self.capture)
+        log.info("%s: captured the %d-token %s step over %d positions in %.2f s (%s)", self.name, width,
+                 "tree" if is_tree else "chain", kv_len, seconds, self.capture)
         return captured
 
     @torch.inference_mode()
-    def _capture_cuda_graph(self, inputs: torch.Tensor, kv_len: int, last_only: bool) -> _Captured:
+    def _capture_cuda_graph(self, inputs: torch.Tensor, kv_len: int, last_only: bool, depth, ancestors) -> _Captured:
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):  # warm-up off the capture: lazy inits, cuBLAS handles, autotuning
-            self._step(inputs, kv_len, last_only)
+            self._step(inputs, kv_len, last_only, depth, ancestors)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         # One memory pool for every graph of this runner: they never replay concurrently.
         with torch.cuda.graph(graph, pool=self._pool):
-            logits = self._step(inputs, kv_len, last_only)
+            logits = self._step(inputs, kv_len, last_only, depth, ancestors)
         self._pool = graph.pool()
-        return _Captured(graph, inputs, logits)
+        return _Captured(graph, inputs, logits, depth, ancestors)
 
     def _warn_eager(self, width: int, why: str) -> None:
         if width not in self._warned:
@@ -258,11 +292,16 @@ class ModelRunner:
     # ---- measuring -------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def time_step(self, width: int, kv_len: int, *, last_only: bool = False, repeats: int = 5) -> float:
+    def time_step(self, width: int, kv_len: int, *, last_only: bool = False, repeats: int = 5,
+                  tree: bool = False) -> float:
         """Median seconds of the static step of `width` tokens attending over `kv_len` (replays, when
         captured). It writes at the last `width` positions of the capacity, past every valid entry of
         every slot (those are below max_seq_len), and restores the lengths."""
         tokens = torch.zeros(self.num_slots, width, dtype=torch.long, device=self.device)
+        shape = None
+        if tree:  # a chain written as a tree: the same shape and work as any tree of this width
+            parents = torch.arange(width - 1, device=self.device).expand(self.num_slots, width - 1) - 1
+            shape = tree_shape(parents, torch.ones_like(parents, dtype=torch.bool))
         saved = self.lengths.clone()
         self.lengths.fill_(self.capacity - width)
         times = []
@@ -270,7 +309,7 @@ class ModelRunner:
             for _ in range(repeats + 1):  # the first one warms up (and captures)
                 _sync(self.device)
                 started = time.perf_counter()
-                self.forward(tokens, kv_len=kv_len, last_only=last_only)
+                self.forward(tokens, kv_len=kv_len, last_only=last_only, tree=shape)
                 _sync(self.device)
                 times.append(time.perf_counter() - started)
         finally:
