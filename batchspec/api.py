@@ -16,6 +16,7 @@ from .engine.drafters import make_drafter
 from .engine.generator import SpecBatchGenerator
 from .engine.runner import resolve_capture
 from .engine.sampling import SamplingParams
+from .engine.tree import TreeSpec
 from .models import Models, load_models
 from .textcheck import text_problem
 from .types import Request, Result
@@ -53,6 +54,7 @@ def build_generator(
     profile: bool = False,
     compile: str | bool = "auto",
     verify: str = "coupled",
+    tree: str | None = None,
 ) -> SpecBatchGenerator:
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
     defaults to min(the model's position limit, 2048) and may not exceed the position limit.
@@ -67,7 +69,11 @@ def build_generator(
     highest acceptance for a draft model, but seeded output then changes with the drafter and k.
 
     compile: capture the static-shape forwards (decode, verify, draft steps). auto = CUDA graphs on a GPU,
-    eager on CPU; on = CUDA graphs on a GPU, torch.compile (inductor) on CPU; off = eager everywhere."""
+    eager on CPU; on = CUDA graphs on a GPU, torch.compile (inductor) on CPU; off = eager everywhere.
+
+    tree: tree drafts (engine/tree.py), "BxD" or "BxD:N" (branching x depth, optional node budget), or
+    several comma-separated: with adaptive off every round drafts the first; with adaptive each round
+    chooses between plain decoding, chains of up to k drafts and these trees."""
     limit = model_max_positions(models.target)
     if max_seq_len is None:
         max_seq_len = min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
@@ -79,16 +85,21 @@ def build_generator(
     if adaptive is None:
         adaptive = sampling.greedy or sampling.coupled
     capture = resolve_capture(compile, models.target.device)
+    trees = tuple(TreeSpec.parse(t) for t in str(tree).split(",") if t.strip()) if tree else ()
+    if trees and drafter == "none":
+        raise ValueError("tree drafts need a drafter (model, ngram or prompt_lookup)")
+    # Scratch room past max_seq_len: a chain's k drafts, or a tree's nodes (and a draft model's window).
+    slack = max([k] + [t.branching * t.depth + (t.depth - 1) * t.branching ** 2 for t in trees])
     target_vocab = models.target.get_output_embeddings().weight.shape[0]
     draft = make_drafter(
-        drafter, device=models.target.device, num_slots=batch_size, capacity=max_seq_len + k + 1,
+        drafter, device=models.target.device, num_slots=batch_size, capacity=max_seq_len + slack + 3,
         max_position=max_seq_len, target_vocab_size=target_vocab, sampling=sampling, draft_model=models.draft,
-        capture=capture,
+        capture=capture, trees=trees,
     )
     return SpecBatchGenerator(
         models.target, models.tokenizer, drafter=draft, sampling=sampling, batch_size=batch_size,
         max_seq_len=max_seq_len, max_new_tokens=max_new_tokens, eos_token_ids=models.eos_token_ids,
-        stop=stop, k=k, adaptive=adaptive, profile=profile, capture=capture,
+        stop=stop, k=k, adaptive=adaptive, profile=profile, capture=capture, trees=trees,
     )
 
 
@@ -126,6 +137,7 @@ def generate(
     adaptive: bool | None = None,
     compile: str | bool = "auto",
     verify: str = "coupled",
+    tree: str | None = None,
     trust_remote_code: bool = False,
 ) -> list[Result]:
     """Complete every prompt; Results come back in prompt order.
@@ -162,6 +174,7 @@ def generate(
         models, drafter=drafter, k=k, batch_size=batch_size, max_new_tokens=max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
         stop=stop, seed=seed, max_seq_len=max_seq_len, adaptive=adaptive, compile=compile, verify=verify,
+        tree=tree,
     )
     by_id = {r.id: r for r in generator.run(requests)}
     return [by_id[i] for i in ids]

@@ -103,6 +103,7 @@ class RunStats:
     proposed_by_position: list[int] = field(default_factory=list)  # drafts proposed at draft position i
     accepted_by_position: list[int] = field(default_factory=list)  # ... of which accepted
     rounds_by_k: list[int] = field(default_factory=list)  # rounds whose verify pass checked k drafts (0 = plain)
+    rounds_by_tree: dict[str, int] = field(default_factory=dict)  # tree rounds by tree shape ("BxD[:N]")
 
     def add_round_row(self, drafted: int, accepted: int) -> None:
         """One request's part in a round: it proposed `drafted` drafts and `accepted` of them were kept."""
@@ -154,4 +155,5 @@ class RunStats:
             "tokens_per_forward": self.tokens_per_forward, "mean_accepted_length": self.mean_accepted_length,
             "rejected_rounds": self.rejected_rounds, "alpha": self.alpha,
             "acceptance_by_position": self.acceptance_by_position, "rounds_by_k": list(self.rounds_by_k),
+            "rounds_by_tree": dict(self.rounds_by_tree),
         }

@@ -127,7 +127,8 @@ CONFIGS = [
 ]
 
 
-def generate(pair, drafter: str, k: int, batch_size: int, adaptive, reverse: bool, compile: str = "auto", **kw):
+def generate(pair, drafter: str, k: int, batch_size: int, adaptive, reverse: bool, compile: str = "auto",
+             tree: str | None = None, **kw):
     ids = [f"q{i}" for i in range(len(PROMPTS))]
     prompts = list(PROMPTS)
     if reverse:
@@ -136,7 +137,7 @@ def generate(pair, drafter: str, k: int, batch_size: int, adaptive, reverse: boo
     results = batchspec.generate(
         prompts, ids=ids, target=str(pair.target), draft=str(draft) if draft else None,
         drafter="model" if draft else drafter, k=k, batch_size=batch_size, adaptive=adaptive, max_new_tokens=20,
-        compile=compile, **{**SAMPLING, **kw},
+        compile=compile, tree=tree, **{**SAMPLING, **kw},
     )
     return dict(zip(ids, results))
 
@@ -152,6 +153,20 @@ def test_seeded_output_ignores_drafter_k_adaptive_batch_and_order(pair):
             assert sum(r.accepted_tokens for r in got.values()) == sum(r.draft_tokens for r in got.values()) > 0
     other_seed = generate(pair, "none", 0, 1, False, False, seed=32)
     assert [r.completion_token_ids for r in other_seed.values()] != [r.completion_token_ids for r in plain.values()]
+
+
+TREES = [("model-identical", 3, "2x3"), ("model-random", 8, "3x2:5"), ("ngram", 1, "2x3"), ("prompt_lookup", 3, "3x3")]
+
+
+@pytest.mark.parametrize("drafter,batch_size,tree", TREES, ids=[f"{d}-{t}" for d, _, t in TREES])
+def test_seeded_output_with_trees_is_plain_decodings(llama_pair, drafter, batch_size, tree):
+    """Coupled sampling with tree drafts: the child equal to the target's own draw is followed, so the
+    text is still plain decoding's for the seed."""
+    plain = generate(llama_pair, "none", 0, 1, False, False)
+    got = generate(llama_pair, drafter, 4, batch_size, False, False, tree=tree)
+    assert {i: r.completion_token_ids for i, r in got.items()} == {i: r.completion_token_ids for i, r in plain.items()}
+    if drafter == "model-identical":
+        assert sum(r.accepted_tokens for r in got.values()) > len(PROMPTS) * 3
 
 
 def test_rejection_mode_depends_on_the_drafts(llama_pair):

@@ -135,3 +135,24 @@ def test_greedy_parity_captured_by_torch_compile(llama_pair, drafter):
     shape, adaptive choosing among them."""
     results = run(llama_pair, drafter, batch_size=3, k=2, adaptive=True, compile="on")
     assert [r.completion_token_ids for r in results] == llama_pair.reference
+
+
+# drafter, batch size, tree ("branching x depth[:nodes]"), compile
+TREE_CASES = [(d, b, t, "auto") for d in DRAFTERS[1:] for b, t in ((1, "2x3"), (3, "3x2"), (8, "2x4:6"))]
+TREE_CASES += [("model-identical", 3, "2x3", "static"), ("prompt_lookup", 8, "3x3", "static")]
+
+
+@pytest.mark.parametrize("drafter,batch_size,tree,compile", TREE_CASES,
+                         ids=[f"{d}-b{b}-{t}-{c}" for d, b, t, c in TREE_CASES])
+def test_greedy_parity_with_trees(pair, drafter, batch_size, tree, compile):
+    """Tree drafts (engine/tree.py): every drafter, several shapes and node budgets; one verify forward
+    per round for every row's tree, the accepted path compacted into place."""
+    results = run(pair, drafter, batch_size, k=4, tree=tree, compile=compile)
+    assert [r.completion_token_ids for r in results] == pair.reference
+    for r in results:
+        assert r.target_forwards == len(r.accepted_per_round) == len(r.drafts_per_round)
+        assert all(a <= d for a, d in zip(r.accepted_per_round, r.drafts_per_round))
+    if drafter == "model-identical" and ":" not in tree:  # the target drafting for itself: as deep as the tree
+        depth = int(tree.split("x")[1])
+        rounds = [a for r in results for a in r.accepted_per_round[1:]]
+        assert sum(a == depth for a in rounds) / len(rounds) > 0.6

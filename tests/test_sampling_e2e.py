@@ -65,13 +65,15 @@ def exact_two_token_distribution(target, params: SamplingParams) -> dict[tuple, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("verify", ["coupled", "rejection"])
+@pytest.mark.parametrize("verify,tree", [("coupled", None), ("rejection", None), ("coupled", "2x2"),
+                                         ("rejection", "2x2")], ids=["coupled", "rejection", "coupled-tree",
+                                                                    "rejection-tree"])
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 @pytest.mark.parametrize(
     "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=6, repetition_penalty=1.3)],
     ids=["plain", "transforms"],
 )
-def test_first_two_tokens_follow_target_distribution(tiny_vocab_pair, drafter, params, verify):
+def test_first_two_tokens_follow_target_distribution(tiny_vocab_pair, drafter, params, verify, tree):
     """N requests of the same prompt, each its own id (its own noise): the joint distribution of the first
     two tokens (the first from the prefill, the second a speculative verdict) against the exact one, by
     chi-square at alpha = 0.001, for both ways of verifying sampled drafts."""
@@ -82,7 +84,7 @@ def test_first_two_tokens_follow_target_distribution(tiny_vocab_pair, drafter, p
         # The first token comes from the prefill; max_new_tokens=4 leaves room for 2 drafts when the second
         # is decided, so the second is a speculative verdict (accept, or resample from the residual).
         k=3, batch_size=64, max_new_tokens=4, temperature=params.temperature, top_k=params.top_k,
-        repetition_penalty=params.repetition_penalty, seed=11, verify=verify, adaptive=False,
+        repetition_penalty=params.repetition_penalty, seed=11, verify=verify, adaptive=False, tree=tree,
     )
     observed: dict[tuple, int] = {}
     for r in results:

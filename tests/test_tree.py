@@ -137,7 +137,8 @@ def two_level(iid: bool, seed: int = 0):
     if iid:
         top = torch.multinomial(Q_ROOT.expand(N, V), 3, replacement=True, generator=g)
         low = torch.multinomial(Q_CHILD.expand(N, V), 2, replacement=True, generator=g)
-        q = torch.cat([Q_ROOT.expand(N, 3, V), Q_CHILD.expand(N, 2, V)], dim=1)
+        # what the children of each verify position were drawn from: the root's, then c0's (position 1)
+        q = torch.cat([Q_ROOT.expand(N, 1, V), Q_CHILD.expand(N, 5, V)], dim=1)
     else:
         top, low = torch.tensor([5, 4, 3]).expand(N, 3), torch.tensor([0, 2]).expand(N, 2)
         q = None

@@ -29,7 +29,8 @@ from .runner import ModelRunner, to_device
 from .sampling import STREAM_RESAMPLE, SamplingParams, coupled_tokens, gumbel_noise, sample, to_probs, uniforms
 from .slots import SlotTable, prompt_ids
 from .stops import StopRules
-from .verdict import RoundOutcome, decide
+from .tree import TreeShape, TreeSpec, compaction, tree_shape
+from .verdict import RoundOutcome, decide, decide_tree
 
 
 @dataclass(slots=True)
@@ -45,6 +46,7 @@ class RoundPlan:
     k: int  # the round's number of drafts: the verify width is k + 1
     span: slice | None = None  # rows as a slice when they are consecutive slots
     gumbel: torch.Tensor | None = None  # [b, k + 1, V]: coupled sampling's noise of positions L .. L + k
+    tree: TreeShape | None = None  # a tree round: its geometry (k is then its node slots)
 
     @property
     def busy_slots(self) -> list[int]:
@@ -56,8 +58,10 @@ class SpecBatchGenerator:
 
     Args are plain values: the target model and tokenizer, a Drafter (see drafters.py), the sampling
     params, the slot count, max_seq_len (prompt + completion tokens per slot), max_new_tokens, the EOS
-    ids, stop strings, k (the most drafts per row per round), adaptive (choose each round's k), and
-    capture (None, "cuda_graphs" or "inductor": how the static-shape steps are captured; see runner.py).
+    ids, stop strings, k (the most drafts per row per round), adaptive (choose each round's k), capture
+    (None, "static", "cuda_graphs" or "inductor": how the static-shape steps are captured; see
+    runner.py), and trees (TreeSpecs of tree rounds; see tree.py): without adaptive every round drafts
+    the first tree, with adaptive each round chooses between plain decoding, chains and the trees.
     """
 
     def __init__(
@@ -76,6 +80,7 @@ class SpecBatchGenerator:
         adaptive: bool = False,
         profile: bool = False,
         capture: str | None = None,
+        trees: tuple[TreeSpec, ...] = (),
     ):
         if batch_size < 1 or k < 0 or max_new_tokens < 1 or max_seq_len < 2:
             raise ValueError(
@@ -85,16 +90,23 @@ class SpecBatchGenerator:
         self.tokenizer, self.drafter, self.sampling = tokenizer, drafter, sampling
         self.batch_size, self.max_seq_len, self.max_new_tokens, self.k = batch_size, max_seq_len, max_new_tokens, k
         self.device = target.device
-        # Slack past max_seq_len: rows that draft fewer than the longest row write padding there.
-        capacity = max_seq_len + k + 1
+        if trees and not drafter.policy.trees:
+            raise ValueError("this drafter proposes no trees")
+        self.trees = tuple(trees)
+        self.tree_slots = [drafter.tree_slots(spec) for spec in self.trees]  # node slots N of each tree
+        # Slack past max_seq_len: rows that draft fewer than the longest row write padding there, and a
+        # tree's nodes take scratch entries past its root.
+        capacity = max_seq_len + max([k, *self.tree_slots]) + 1
         self.runner = ModelRunner(target, num_slots=batch_size, capacity=capacity, max_position=max_seq_len,
-                                  capture=capture, widths=range(1, k + 2), name="target")
+                                  capture=capture, widths={*range(1, k + 2), *(n + 1 for n in self.tree_slots)},
+                                  name="target")
         self.static = capture is not None
         self.slots = SlotTable(batch_size, capacity, self.runner.vocab_size, self.device, seed=sampling.seed,
                                track_presence=sampling.repetition_penalty != 1.0)
         self.stops = StopRules(tokenizer, eos_token_ids=eos_token_ids, stop=stop, max_new_tokens=max_new_tokens,
                                max_seq_len=max_seq_len, device=self.device)
-        self.stats = RunStats(proposed_by_position=[0] * k, accepted_by_position=[0] * k, rounds_by_k=[0] * (k + 1))
+        self.stats = RunStats(proposed_by_position=[0] * max([k, *self.tree_slots]),
+                              accepted_by_position=[0] * max([k, *self.tree_slots]), rounds_by_k=[0] * (k + 1))
         self._all_rows = torch.arange(batch_size, device=self.device)
         self._admitting = True
         # With adaptive speculation k is the most drafts per round; each round's k is chosen from acceptance and cost.
@@ -228,6 +240,8 @@ class SpecBatchGenerator:
                            rows_t=rows_t, lengths_t=lengths_t, static=self.static, span=span)
         if self.adaptive and self.static:
             self.costs.use_bucket(self.runner.bucket(max(lengths) + self.k))
+        if self.trees and not self.adaptive:  # every round drafts the first tree
+            return self._schedule_tree(rows, rows_t, lengths, lengths_t, busy, most, span, ctx, self.trees[0])
         if self.adaptive and self.drafter.policy.propose_first:
             # Lookup drafters: proposing is nearly free and bursty (a long match or nothing), so look at
             # what each row proposes first and then choose the verify width from what is on the table.
@@ -248,19 +262,40 @@ class SpecBatchGenerator:
             plan.gumbel = self._noise(rows_t, lengths_t, width + 1)
         return plan, draft
 
+    def _schedule_tree(self, rows, rows_t, lengths, lengths_t, busy, most, span, ctx: DraftContext,
+                       spec: TreeSpec) -> tuple[RoundPlan, Draft]:
+        """A tree round: each row's tree is as deep as its budget allows (most[i] drafts)."""
+        ctx.k = most
+        if self.sampling.coupled:
+            ctx.gumbel = self._noise(rows_t, lengths_t, spec.depth + 1)
+        draft = self.drafter.propose_tree(ctx, spec)
+        shape = tree_shape(draft.parents, draft.valid)
+        plan = RoundPlan(rows, rows_t, lengths, lengths_t, busy, most, draft.tokens.shape[1], span, ctx.gumbel, shape)
+        return plan, draft
+
     def _verify(self, plan: RoundPlan, draft: Draft) -> torch.Tensor:
         """One target forward over [pending token, drafts] of every row -> logits [b, k+1, V]."""
         pending = self.slots.tokens[plan.rows_t, plan.lengths_t - 1]
         input_ids = torch.cat([pending[:, None], draft.tokens], dim=1)
         kv_len = max(plan.lengths[i] for i in plan.busy) + plan.k
-        return self.runner.forward(input_ids, kv_len=kv_len, rows=None if self.static else (plan.span or plan.rows_t))
+        return self.runner.forward(input_ids, kv_len=kv_len, rows=None if self.static else (plan.span or plan.rows_t),
+                                   tree=plan.tree)
 
     def _accept(self, plan: RoundPlan, draft: Draft, logits: torch.Tensor) -> RoundOutcome:
         """Decide on the device, commit the target's cache lengths and the sequences, then the one sync."""
         rows_t, lengths_t = plan.rows_t, plan.lengths_t
         presence = self.slots.presence[rows_t] if self.slots.presence is not None else None
-        verdict = decide(logits, draft, sampling=self.sampling, stops=self.stops, lengths=lengths_t,
-                         presence=presence, noise_keys=self.slots.noise_keys[rows_t], gumbel=plan.gumbel)
+        if plan.tree is None:
+            verdict = decide(logits, draft, sampling=self.sampling, stops=self.stops, lengths=lengths_t,
+                             presence=presence, noise_keys=self.slots.noise_keys[rows_t], gumbel=plan.gumbel)
+        else:
+            verdict = decide_tree(logits, draft, plan.tree, sampling=self.sampling, stops=self.stops,
+                                  lengths=lengths_t, presence=presence, noise_keys=self.slots.noise_keys[rows_t],
+                                  gumbel=plan.gumbel)
+            # The accepted path's keys and values go to the positions they stand for (tree.py).
+            src, dst = compaction(lengths_t - 1, verdict.path, verdict.num_accepted)
+            self.runner.compact(rows_t, src, dst)
+        self._path = verdict.path
         width = verdict.tokens.shape[1]
         index = torch.arange(width, device=self.device)[None, :]
         self.slots.tokens[rows_t[:, None], lengths_t[:, None] + index] = verdict.tokens  # past num_emit: stale
@@ -276,7 +311,11 @@ class SpecBatchGenerator:
     def _commit(self, plan: RoundPlan, outcome: RoundOutcome) -> list[Result]:
         """Host bookkeeping: outputs, per-request and run statistics, stops, the drafter's commit."""
         self.stats.rounds += 1
-        self.stats.rounds_by_k[plan.k] += 1
+        if plan.tree is None:
+            self.stats.rounds_by_k[plan.k] += 1
+        else:
+            key = str(self.trees[0])
+            self.stats.rounds_by_tree[key] = self.stats.rounds_by_tree.get(key, 0) + 1
         finished: list[Result] = []
         emitted, accepted = [], []
         for i in plan.busy:
@@ -297,7 +336,10 @@ class SpecBatchGenerator:
             reason = self.stops.finish_reason(slot, outcome.hit_eos[i], len(new))
             if reason is not None:
                 finished.append(self._finish(row, reason))
-        self.drafter.commit(plan.busy_slots, emitted, accepted)
+        if plan.tree is None:
+            self.drafter.commit(plan.busy_slots, emitted, accepted)
+        else:
+            self.drafter.commit(plan.busy_slots, emitted, accepted, path=self._path)
         return finished
 
     # ---- finishing -------------------------------------------------------------------------------

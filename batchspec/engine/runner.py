@@ -172,13 +172,14 @@ class ModelRunner:
             raise RuntimeError(f"{self.name} KV cache overflow: a row would write position {kv_len - 1} "
                                f">= {self.capacity}")
         depth, ancestors = (tree.depth, tree.ancestors) if tree is not None else (None, None)
+        window = ancestors.shape[2] if ancestors is not None else 0  # a tree's scratch window (0: a chain)
         if rows is not None:
             span = rows if isinstance(rows, slice) else None
             index = self.cache.all_rows(self.device)[span] if span is not None else rows
             return self._call(tokens, self.lengths[index], kv_len, 1 if last_only else 0, depth, ancestors,
                               index, span)
         width = tokens.shape[1]
-        key = (width, self.bucket(kv_len) if self.capture else kv_len, last_only, tree is not None)
+        key = (width, self.bucket(kv_len) if self.capture else kv_len, last_only, window)
         if self.capture in (None, "static"):
             return self._step(tokens, key[1], last_only, depth, ancestors)
         captured = self.captured.get(key)
@@ -209,8 +210,10 @@ class ModelRunner:
         """One forward writing tokens [b, T] at cache indices starts [b] + t: causal, or a tree."""
         plan = self.cache.plan
         width = tokens.shape[1]
-        index = starts[:, None] + self._arange[:width] if width <= len(self._arange) else \
-            starts[:, None] + torch.arange(width, device=self.device)
+        # A tree forward may extend a window written by earlier forwards: it writes the window's last T.
+        offset = 0 if ancestors is None else ancestors.shape[2] - width
+        index = starts[:, None] + offset + (self._arange[:width] if width <= len(self._arange) else
+                                            torch.arange(width, device=self.device))
         plan.rows, plan.span, plan.positions, plan.kv_len = rows, span, index, kv_len
         if depth is None:
             positions, mask = index, causal_mask(index, kv_len, self.model.dtype)
@@ -240,15 +243,15 @@ class ModelRunner:
 
     # ---- capture ---------------------------------------------------------------------------------
 
-    def _capture(self, key: tuple[int, int, bool, bool]) -> _Captured | None:
-        width, kv_len, last_only, is_tree = key
+    def _capture(self, key: tuple[int, int, bool, int]) -> _Captured | None:
+        width, kv_len, last_only, window = key
         started = time.perf_counter()
         inputs = torch.zeros(self.num_slots, width, dtype=torch.long, device=self.device)
         depth = ancestors = None
-        if is_tree:  # captured with a chain; replays read whatever tree is copied in
+        if window:  # captured with a chain; replays read whatever tree is copied in
             depth = self._arange[:width].expand(self.num_slots, width).contiguous()
-            ancestors = torch.ones(width, width, dtype=torch.bool, device=self.device).tril().expand(
-                self.num_slots, width, width).contiguous()
+            ancestors = torch.ones(width, window, dtype=torch.bool, device=self.device).tril(window - width).expand(
+                self.num_slots, width, window).contiguous()
         # Capturing runs the step (twice on a GPU: a warm-up, then the capture). It writes at positions
         # lengths .. lengths+T-1 of every slot, past every valid entry, so it is harmless at any time.
         try:
@@ -266,7 +269,7 @@ class ModelRunner:
         self.capture_s += seconds
         self.captured[key] = captured
         log.info("%s: captured the %d-token %s step over %d positions in %.2f s (%s)", self.name, width,
-                 "tree" if is_tree else "chain", kv_len, seconds, self.capture)
+                 f"tree (window {window})" if window else "chain", kv_len, seconds, self.capture)
         return captured
 
     @torch.inference_mode()

@@ -111,11 +111,14 @@ def to_probs(logits: torch.Tensor, params: SamplingParams, presence: torch.Tenso
 
 
 def scores(logits: torch.Tensor, params: SamplingParams, presence: torch.Tensor | None = None) -> torch.Tensor:
-    """logits [..., V] -> s [..., V] (float32) with softmax(s) = to_probs(logits): filtered tokens -inf."""
+    """logits [..., V] -> s [..., V] (float32) with softmax(s) = to_probs(logits): filtered tokens -inf.
+    Greedy decoding has no sampling transforms: s is the logits after the repetition penalty."""
     shape = logits.shape
     logits = logits.float()
     if presence is not None and params.repetition_penalty != 1.0:
         logits = apply_repetition_penalty(logits, presence, params.repetition_penalty)
+    if params.greedy:
+        return logits
     return warp(logits.reshape(-1, shape[-1]), params).reshape(shape)
 
 

@@ -26,11 +26,37 @@ matches) the emitted tokens follow p exactly.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
 
 from .sampling import sample
+
+
+@dataclass(frozen=True, slots=True)
+class TreeSpec:
+    """The shape of the trees a drafter proposes: `branching` children per expanded node (a draft model:
+    its top-b, or b draws; lookups: b candidate continuations), `depth` levels, and with `nodes` the
+    best that many nodes kept (EAGLE-2's reranking; greedy and coupled sampling only). Written "BxD" or
+    "BxD:N", e.g. "2x3" or "3x4:12"."""
+
+    branching: int
+    depth: int
+    nodes: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "TreeSpec":
+        m = re.fullmatch(r"\s*(\d+)x(\d+)(?::(\d+))?\s*", str(text))
+        if not m:
+            raise ValueError(f"tree {text!r}: write BxD or BxD:N (branching x depth, optional node budget), e.g. 2x3")
+        spec = cls(int(m.group(1)), int(m.group(2)), int(m.group(3)) if m.group(3) else None)
+        if spec.branching < 1 or spec.depth < 1 or (spec.nodes is not None and spec.nodes < 1):
+            raise ValueError(f"tree {text!r}: branching, depth and nodes must be at least 1")
+        return spec
+
+    def __str__(self) -> str:
+        return f"{self.branching}x{self.depth}" + (f":{self.nodes}" if self.nodes else "")
 
 
 @dataclass(slots=True)
@@ -80,12 +106,12 @@ def chain_parents(b: int, k: int, device: torch.device) -> torch.Tensor:
 
 def tree_mask(lengths: torch.Tensor, ancestors: torch.Tensor, kv_len: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive mask [b, 1, T, kv_len]: query t of row b sees cache index j < lengths[b] (the prefix) and
-    the scratch entry lengths[b] + u of every u in ancestors[b, t]. lengths [b] = entries cached before
-    the root, which is written at index lengths[b]."""
-    t = ancestors.shape[1]
+    the scratch entry lengths[b] + u of every u in ancestors[b, t] ([b, T, W]: a window of W >= T
+    entries, the last T of which this forward writes; earlier ones were written by earlier forwards)."""
+    t, w = ancestors.shape[1], ancestors.shape[2]
     rel = torch.arange(kv_len, device=lengths.device)[None, :] - lengths[:, None]  # [b, kv]
-    inside = (rel >= 0) & (rel < t)
-    window = ancestors.gather(2, rel.clamp(0, t - 1)[:, None, :].expand(-1, t, -1))  # [b, T, kv]
+    inside = (rel >= 0) & (rel < w)
+    window = ancestors.gather(2, rel.clamp(0, w - 1)[:, None, :].expand(-1, t, -1))  # [b, T, kv]
     allowed = (rel < 0)[:, None, :] | (inside[:, None, :] & window)
     return torch.zeros(allowed.shape, dtype=dtype, device=lengths.device).masked_fill_(
         ~allowed, torch.finfo(dtype).min)[:, None]
@@ -127,12 +153,12 @@ def follow(target: torch.Tensor, drafts: torch.Tensor, shape: TreeShape) -> Tree
     return TreeVerdict(chain, num_accepted, target.gather(1, chain))
 
 
-def follow_rejection(p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None, shape: TreeShape,
+def follow_rejection(p: torch.Tensor, drafts: torch.Tensor, q_at: torch.Tensor | None, shape: TreeShape,
                      u_accept: torch.Tensor, u_final: torch.Tensor, max_children: int | None = None) -> TreeVerdict:
     """Multi-draft rejection sampling over the tree (the seed's iterative speculative sampling).
 
-    p [b, T, V]: the target's distribution after each verify position; drafts [b, N]; q [b, N, V]: the
-    distribution each node was drawn from (None: one-hot, deterministic children); u_accept [b, N] a
+    p [b, T, V]: the target's distribution after each verify position; drafts [b, N]; q_at [b, T, V]: the
+    distribution the children of each position were drawn from (None: one-hot, deterministic children); u_accept [b, N] a
     uniform per node, u_final [b, N + 1] one per depth for the emitted draw. Children are tried in rank
     order; a fixed order is exact for i.i.d. or deterministic children.
     """
@@ -152,7 +178,7 @@ def follow_rejection(p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | No
             has = is_child.any(1) & alive & ~moved
             c = is_child.int().argmax(1)  # the child's node index (garbage where not `has`)
             x = drafts[rows, c]
-            q_c = q[rows, c] if q is not None else torch.nn.functional.one_hot(x, residual.shape[1]).to(residual)
+            q_c = q_at[rows, cur] if q_at is not None else torch.nn.functional.one_hot(x, residual.shape[1]).to(residual)
             mass = residual.sum(-1).clamp_min(1e-30)
             accept = has & (u_accept[rows, c] * q_c[rows, x] < residual[rows, x] / mass)
             cur = torch.where(accept, c + 1, cur)
@@ -191,3 +217,37 @@ def compaction(lengths: torch.Tensor, chain_t: torch.Tensor, num_accepted: torch
     src = lengths[:, None] + torch.where(on_path, chain_t[:, 1:], d)
     dst = lengths[:, None] + d
     return src, dst
+
+
+def prefix_tree(sequences: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """M candidate continuations per row -> their prefix tree (shared prefixes merged), static shapes.
+
+    sequences [b, M, D] tokens, valid [b, M, D] (a continuation may be shorter: valid is a prefix of each
+    row). Node (m, d) sits at index d * M + m (depth-major, so parents come first) and is kept iff valid
+    and no earlier m' has the same prefix up to d. Returns tokens [b, M*D], parents [b, M*D] (-1: a child
+    of the root), valid [b, M*D]."""
+    b, m, depth = sequences.shape
+    device = sequences.device
+    same = (sequences[:, :, None, :] == sequences[:, None, :, :]) & valid[:, :, None, :] & valid[:, None, :, :]
+    same_prefix = same.int().cumprod(dim=3).bool()  # [b, M, M', D]: equal up to and including d
+    canonical = same_prefix.int().argmax(dim=2)  # [b, M, D]: the first m' sharing the prefix
+    keep = valid & (canonical == torch.arange(m, device=device)[None, :, None])
+    index = torch.arange(depth, device=device)[None, None, :] * m + canonical  # node index of (m, d)'s canonical
+    parents = torch.cat([torch.full((b, m, 1), -1, dtype=torch.long, device=device), index[:, :, :-1]], dim=2)
+    flat = lambda x: x.transpose(1, 2).reshape(b, m * depth)  # noqa: E731 - (m, d) -> d * M + m
+    return flat(sequences), flat(parents), flat(keep)
+
+
+def prune(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, scores: torch.Tensor,
+          budget: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keep each row's `budget` best nodes by score, as a tree of budget slots (EAGLE-2's reranking).
+    Scores must fall strictly along every path (a node below its parent), so the kept set is closed
+    under ancestors; kept nodes keep their (topological) order. tokens/parents/valid/scores [b, N]."""
+    b, n = tokens.shape
+    ranked = torch.where(valid, scores, float("-inf"))
+    chosen = ranked.topk(budget, dim=1).indices.sort(dim=1).values  # [b, budget] in node order
+    new_index = torch.full((b, n + 1), -1, dtype=torch.long, device=tokens.device)  # old index + 1 -> new
+    new_index.scatter_(1, chosen + 1, torch.arange(budget, device=tokens.device).expand(b, budget))
+    new_parents = new_index.gather(1, parents.gather(1, chosen) + 1)
+    kept = valid.gather(1, chosen) & ((new_parents >= 0) | (parents.gather(1, chosen) < 0))
+    return tokens.gather(1, chosen), new_parents, kept

@@ -17,6 +17,9 @@ from .sampling import (
     verify_greedy, verify_sampling,
 )
 from .stops import StopRules
+from .tree import TreeShape, follow, follow_rejection, node_noise
+
+STREAM_TREE_ACCEPT = 5  # the uniforms that decide a tree's nodes under rejection sampling
 
 
 @dataclass(slots=True)
@@ -38,6 +41,7 @@ class Verdict:
     num_emit: torch.Tensor
     hit_eos: torch.Tensor  # bool
     num_drafts: torch.Tensor
+    path: torch.Tensor | None = None  # [b, T] a tree round's accepted path (verify positions from the root)
 
     def to_host(self) -> RoundOutcome:
         """One device -> host copy for everything the host needs from the round."""
@@ -77,3 +81,39 @@ def decide(logits: torch.Tensor, draft: Draft, *, sampling: SamplingParams, stop
         tokens, num_accepted = verify_sampling(p, drafts, num_drafts, draft.probs, u_accept, u_resample)
     num_emit, hit_eos = stops.cut_at_eos(tokens, num_accepted)
     return Verdict(tokens, num_accepted, num_emit, hit_eos, num_drafts)
+
+
+def tree_presence(base: torch.Tensor, drafts: torch.Tensor, shape: TreeShape) -> torch.Tensor:
+    """The repetition penalty's context at each verify position of a tree: base [b, V] | the tokens of
+    the position's ancestors (itself included, the root excluded: it is in base) -> [b, T, V] bool."""
+    b, vocab = base.shape
+    onehot = torch.zeros(b, drafts.shape[1], vocab, dtype=torch.float32, device=base.device)
+    onehot.scatter_(2, drafts[:, :, None].clamp(0, vocab - 1), 1.0)
+    along = torch.bmm(shape.ancestors[:, :, 1:].float(), onehot)  # [b, T, V]
+    return base[:, None, :] | (along > 0)
+
+
+def decide_tree(logits: torch.Tensor, draft: Draft, shape: TreeShape, *, sampling: SamplingParams,
+                stops: StopRules, lengths: torch.Tensor, presence: torch.Tensor | None, noise_keys: torch.Tensor,
+                gumbel: torch.Tensor | None = None) -> Verdict:
+    """decide() for a tree round: logits [b, N + 1, V] after the root and every node (tree.py).
+    Greedy and coupled sampling follow the child equal to the target's own token (coupled: with the
+    noise of the position each query decides, L + its depth); rejection sampling runs the multi-draft
+    verification with the children's q (drawn children) or one-hot q (deterministic children)."""
+    drafts = draft.tokens
+    grown = tree_presence(presence, drafts, shape) if presence is not None else None
+    if sampling.greedy or sampling.coupled:
+        noise = node_noise(gumbel, shape.depth) if gumbel is not None else None
+        verdict = follow(coupled_tokens(logits, sampling, grown, noise), drafts, shape)
+    else:
+        p = to_probs(logits, sampling, grown)
+        # One uniform per node: (its position, its rank among siblings) is unique on any path; cousins
+        # may share one, but a round never decides two nodes of one depth.
+        counter = (lengths[:, None] + shape.depth[:, 1:] - 1) * 1024 + shape.rank
+        u_accept = uniforms(noise_keys, counter, STREAM_TREE_ACCEPT)
+        u_final = uniforms(noise_keys, lengths[:, None] + torch.arange(drafts.shape[1] + 1, device=logits.device),
+                           STREAM_RESAMPLE)
+        verdict = follow_rejection(p, drafts, draft.q_at, shape, u_accept, u_final,
+                                   max_children=draft.branching or None)
+    num_emit, hit_eos = stops.cut_at_eos(verdict.tokens, verdict.num_accepted)
+    return Verdict(verdict.tokens, verdict.num_accepted, num_emit, hit_eos, draft.num_tokens, verdict.chain_t)
