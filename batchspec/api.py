@@ -71,8 +71,7 @@ def build_generator(
     compile: capture the static-shape forwards (decode, verify, draft steps). auto = CUDA graphs on a GPU,
     eager on CPU; on = CUDA graphs on a GPU, torch.compile (inductor) on CPU; off = eager everywhere.
 
-    tree: tree drafts (engine/tree.py), "BxD" or "BxD:N" (branching x depth, optional node budget), or
-    several comma-separated: with adaptive off every round drafts the first; with adaptive each round
+    tree: tree drafts (engine/tree.py), "BxD" (branching x depth), or several comma-separated: with adaptive off every round drafts the first; with adaptive each round
     chooses between plain decoding, chains of up to k drafts and these trees."""
     limit = model_max_positions(models.target)
     if max_seq_len is None:
@@ -88,8 +87,8 @@ def build_generator(
     trees = tuple(TreeSpec.parse(t) for t in str(tree).split(",") if t.strip()) if tree else ()
     if trees and drafter == "none":
         raise ValueError("tree drafts need a drafter (model, ngram or prompt_lookup)")
-    # Scratch room past max_seq_len: a chain's k drafts, or a tree's nodes (and a draft model's window).
-    slack = max([k] + [t.branching * t.depth + (t.depth - 1) * t.branching ** 2 for t in trees])
+    # Scratch room past max_seq_len: a chain's k drafts, or a tree's nodes.
+    slack = max([k] + [t.nodes for t in trees])
     target_vocab = models.target.get_output_embeddings().weight.shape[0]
     draft = make_drafter(
         drafter, device=models.target.device, num_slots=batch_size, capacity=max_seq_len + slack + 3,

@@ -155,7 +155,7 @@ def test_seeded_output_ignores_drafter_k_adaptive_batch_and_order(pair):
     assert [r.completion_token_ids for r in other_seed.values()] != [r.completion_token_ids for r in plain.values()]
 
 
-TREES = [("model-identical", 3, "2x3"), ("model-random", 8, "3x2:5"), ("ngram", 1, "2x3"), ("prompt_lookup", 3, "3x3")]
+TREES = [("model-identical", 3, "2x3"), ("model-random", 8, "3x2"), ("ngram", 1, "2x3"), ("prompt_lookup", 3, "3x3")]
 
 
 @pytest.mark.parametrize("drafter,batch_size,tree", TREES, ids=[f"{d}-{t}" for d, _, t in TREES])

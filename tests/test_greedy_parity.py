@@ -138,7 +138,7 @@ def test_greedy_parity_captured_by_torch_compile(llama_pair, drafter):
 
 
 # drafter, batch size, tree ("branching x depth[:nodes]"), compile
-TREE_CASES = [(d, b, t, "auto") for d in DRAFTERS[1:] for b, t in ((1, "2x3"), (3, "3x2"), (8, "2x4:6"))]
+TREE_CASES = [(d, b, t, "auto") for d in DRAFTERS[1:] for b, t in ((1, "2x3"), (3, "3x2"), (8, "2x4"))]
 TREE_CASES += [("model-identical", 3, "2x3", "static"), ("prompt_lookup", 8, "3x3", "static")]
 
 
@@ -152,7 +152,7 @@ def test_greedy_parity_with_trees(pair, drafter, batch_size, tree, compile):
     for r in results:
         assert r.target_forwards == len(r.accepted_per_round) == len(r.drafts_per_round)
         assert all(a <= d for a, d in zip(r.accepted_per_round, r.drafts_per_round))
-    if drafter == "model-identical" and ":" not in tree:  # the target drafting for itself: as deep as the tree
+    if drafter == "model-identical":  # the target drafting for itself: every round as deep as the tree
         depth = int(tree.split("x")[1])
         rounds = [a for r in results for a in r.accepted_per_round[1:]]
         assert sum(a == depth for a in rounds) / len(rounds) > 0.6

@@ -295,7 +295,6 @@ class SpecBatchGenerator:
             # The accepted path's keys and values go to the positions they stand for (tree.py).
             src, dst = compaction(lengths_t - 1, verdict.path, verdict.num_accepted)
             self.runner.compact(rows_t, src, dst)
-        self._path = verdict.path
         width = verdict.tokens.shape[1]
         index = torch.arange(width, device=self.device)[None, :]
         self.slots.tokens[rows_t[:, None], lengths_t[:, None] + index] = verdict.tokens  # past num_emit: stale
@@ -339,7 +338,7 @@ class SpecBatchGenerator:
         if plan.tree is None:
             self.drafter.commit(plan.busy_slots, emitted, accepted)
         else:
-            self.drafter.commit(plan.busy_slots, emitted, accepted, path=self._path)
+            self.drafter.commit(plan.busy_slots, emitted, accepted, path=[outcome.last_node[i] for i in plan.busy])
         return finished
 
     # ---- finishing -------------------------------------------------------------------------------

@@ -36,27 +36,30 @@ from .sampling import sample
 
 @dataclass(frozen=True, slots=True)
 class TreeSpec:
-    """The shape of the trees a drafter proposes: `branching` children per expanded node (a draft model:
-    its top-b, or b draws; lookups: b candidate continuations), `depth` levels, and with `nodes` the
-    best that many nodes kept (EAGLE-2's reranking; greedy and coupled sampling only). Written "BxD" or
-    "BxD:N", e.g. "2x3" or "3x4:12"."""
+    """The shape of the trees a drafter proposes, written "BxD" (e.g. "2x4"): `depth` levels of
+    `branching` nodes each. A draft model drafts its chain of `depth` tokens (the spine) and puts its
+    next `branching - 1` guesses beside each spine token as leaves; lookups follow `branching` earlier
+    matches `depth` tokens deep (their prefix tree). Either way at most branching x depth nodes."""
 
     branching: int
     depth: int
-    nodes: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> "TreeSpec":
-        m = re.fullmatch(r"\s*(\d+)x(\d+)(?::(\d+))?\s*", str(text))
+        m = re.fullmatch(r"\s*(\d+)x(\d+)\s*", str(text))
         if not m:
-            raise ValueError(f"tree {text!r}: write BxD or BxD:N (branching x depth, optional node budget), e.g. 2x3")
-        spec = cls(int(m.group(1)), int(m.group(2)), int(m.group(3)) if m.group(3) else None)
-        if spec.branching < 1 or spec.depth < 1 or (spec.nodes is not None and spec.nodes < 1):
-            raise ValueError(f"tree {text!r}: branching, depth and nodes must be at least 1")
+            raise ValueError(f"tree {text!r}: write BxD (branching x depth), e.g. 2x4")
+        spec = cls(int(m.group(1)), int(m.group(2)))
+        if spec.branching < 1 or spec.depth < 1:
+            raise ValueError(f"tree {text!r}: branching and depth must be at least 1")
         return spec
 
+    @property
+    def nodes(self) -> int:
+        return self.branching * self.depth
+
     def __str__(self) -> str:
-        return f"{self.branching}x{self.depth}" + (f":{self.nodes}" if self.nodes else "")
+        return f"{self.branching}x{self.depth}"
 
 
 @dataclass(slots=True)
@@ -236,18 +239,3 @@ def prefix_tree(sequences: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Ten
     parents = torch.cat([torch.full((b, m, 1), -1, dtype=torch.long, device=device), index[:, :, :-1]], dim=2)
     flat = lambda x: x.transpose(1, 2).reshape(b, m * depth)  # noqa: E731 - (m, d) -> d * M + m
     return flat(sequences), flat(parents), flat(keep)
-
-
-def prune(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, scores: torch.Tensor,
-          budget: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Keep each row's `budget` best nodes by score, as a tree of budget slots (EAGLE-2's reranking).
-    Scores must fall strictly along every path (a node below its parent), so the kept set is closed
-    under ancestors; kept nodes keep their (topological) order. tokens/parents/valid/scores [b, N]."""
-    b, n = tokens.shape
-    ranked = torch.where(valid, scores, float("-inf"))
-    chosen = ranked.topk(budget, dim=1).indices.sort(dim=1).values  # [b, budget] in node order
-    new_index = torch.full((b, n + 1), -1, dtype=torch.long, device=tokens.device)  # old index + 1 -> new
-    new_index.scatter_(1, chosen + 1, torch.arange(budget, device=tokens.device).expand(b, budget))
-    new_parents = new_index.gather(1, parents.gather(1, chosen) + 1)
-    kept = valid.gather(1, chosen) & ((new_parents >= 0) | (parents.gather(1, chosen) < 0))
-    return tokens.gather(1, chosen), new_parents, kept

@@ -30,6 +30,7 @@ class RoundOutcome:
     num_accepted: list[int]  # drafts the target agreed with (before any EOS cut)
     num_drafts: list[int]  # drafts the row proposed
     hit_eos: list[bool]  # the emitted tokens end with an EOS
+    last_node: list[int] | None = None  # a tree round: the verify position of each row's deepest accepted node
 
 
 @dataclass(slots=True)
@@ -46,13 +47,16 @@ class Verdict:
     def to_host(self) -> RoundOutcome:
         """One device -> host copy for everything the host needs from the round."""
         width = self.tokens.shape[1]
-        flags = torch.stack([self.num_emit, self.num_accepted, self.hit_eos.long(), self.num_drafts], dim=1)
-        rows = torch.cat([self.tokens, flags], dim=1).tolist()
+        flags = [self.num_emit, self.num_accepted, self.hit_eos.long(), self.num_drafts]
+        if self.path is not None:
+            flags.append(self.path.gather(1, self.num_accepted[:, None])[:, 0])
+        rows = torch.cat([self.tokens, torch.stack(flags, dim=1)], dim=1).tolist()
         return RoundOutcome(
             emitted=[row[: row[width]] for row in rows],
             num_accepted=[row[width + 1] for row in rows],
             num_drafts=[row[width + 3] for row in rows],
             hit_eos=[bool(row[width + 2]) for row in rows],
+            last_node=[row[width + 4] for row in rows] if self.path is not None else None,
         )
 
 

@@ -8,9 +8,7 @@ from transformers import PreTrainedModel
 from .base import MODEL_POLICY, Draft, DraftContext, _pad, empty_draft
 from ..runner import ModelRunner, to_device
 from ..sampling import STREAM_DRAFT, SamplingParams, coupled_tokens, sample, scores, to_probs, uniforms
-from ..tree import TreeShape, TreeSpec, compaction, prune
-
-STREAM_TREE_DRAFT = 64  # + child slot: the draws of a tree's i.i.d. children (rejection sampling)
+from ..tree import TreeSpec
 
 
 class ModelDrafter:
@@ -33,10 +31,10 @@ class ModelDrafter:
     def __init__(self, model: PreTrainedModel, *, num_slots: int, capacity: int, max_position: int,
                  target_vocab_size: int, sampling: SamplingParams, capture: str | None = None,
                  trees: tuple[TreeSpec, ...] = ()):
-        # Widths worth capturing: the first step (1 or 2 tokens), one drafted token, a tree level.
-        widths = {1, 2} | {spec.branching for spec in trees}
+        # Widths worth capturing: the first step (1 or 2 tokens) and one drafted token (trees too: their
+        # spine is drafted like a chain).
         self.runner = ModelRunner(model, num_slots=num_slots, capacity=capacity, max_position=max_position,
-                                  capture=capture, widths=widths, name="draft")
+                                  capture=capture, widths=(1, 2), name="draft")
         self.sampling, self.device = sampling, model.device
         self.draft_vocab = self.runner.vocab_size
         self.target_vocab = target_vocab_size
@@ -131,106 +129,62 @@ class ModelDrafter:
     # ---- trees -------------------------------------------------------------------------------------
 
     def tree_slots(self, spec: TreeSpec) -> int:
-        full = spec.branching + (spec.depth - 1) * spec.branching ** 2
-        reranked = spec.nodes is not None and (self.sampling.greedy or self.sampling.coupled)
-        return min(full, spec.nodes) if reranked else full
-
-    def _children(self, logits: torch.Tensor, k: int, noise: torch.Tensor | None, keys: torch.Tensor,
-                  positions: torch.Tensor, presence: torch.Tensor | None):
-        """logits [b, F, V] of F nodes -> each node's k children: tokens [b, F, k], log q [b, F, k], and
-        q [b, F, V] (the distribution rejection sampling's children are drawn from). Greedy: the top k;
-        coupled: the top k of the scores plus the position's noise (the first is the coupled guess);
-        rejection: k i.i.d. draws from q (counter noise per child slot)."""
-        b, f, vocab = logits.shape
-        s = scores(self._align(logits.float()), self.sampling,
-                   presence[:, None].expand(b, f, -1) if presence is not None else None)
-        logq = torch.log_softmax(s, dim=-1)
-        if self.sampling.greedy or self.sampling.coupled:
-            ranked = s if noise is None else s + noise[:, None, :]
-            kids = ranked.topk(k, dim=-1).indices
-        else:
-            q = logq.exp().reshape(b * f, -1)
-            u = torch.stack([uniforms(keys, positions[:, None], STREAM_TREE_DRAFT + c)[:, 0]
-                             for c in range(f * k)], dim=1).reshape(b, f, k)
-            kids = sample(q.repeat_interleave(k, dim=0), u.reshape(b * f * k)).reshape(b, f, k)
-        return kids, logq.gather(2, kids), logq.exp()
+        return spec.branching * spec.depth
 
     @torch.inference_mode()
     def propose_tree(self, ctx: DraftContext, spec: TreeSpec) -> Draft:
-        """An EAGLE-2-style tree: the root's `branching` best children, then at every further depth the
-        `branching` most probable nodes of the last level (by the product of draft probabilities along
-        their path) each get `branching` children; with `nodes`, only the best that many are kept.
-        Every depth after the first is one draft forward of `branching` tokens per row in tree attention
-        over the nodes fed before (a scratch window in the draft's cache)."""
-        b, k, depth = len(ctx.rows), spec.branching, spec.depth
-        full = k + (depth - 1) * k * k
-        kv_len = max(ctx.lengths) + 2 + full
-        logits, rows, where, _, _ = self._first_step(ctx, kv_len)
-        self.runner.commit(where, ctx.lengths_t)  # the root is cached: the tree's window starts after it
+        """A spine with side branches: the chain this drafter would propose (`depth` tokens, its best guess
+        at each step), and at every depth `branching - 1` alternatives beside the spine token, as leaves:
+        its next best guesses (greedy: by q; coupled: by q's scores plus the position's noise), or under
+        rejection sampling further i.i.d. draws from q (the spine token is one of the draws). A miss on
+        the spine can then still hit on a branch. The alternatives come from the logits the chain
+        computes anyway: the draft's cost is a chain's, only the verify pass is wider."""
+        b, width_b, depth = len(ctx.rows), spec.branching, spec.depth
+        steps = max(min(k, depth) for k in ctx.k) if ctx.k else 0
+        if steps == 0:
+            self._round = None
+            empty = torch.zeros(b, width_b * depth, dtype=torch.long, device=self.device)
+            return Draft(tokens=empty, num_tokens=empty[:, 0], parents=empty - 1, valid=empty.bool(), depth=depth,
+                         branching=width_b, spec=spec)
+        kv_len = max(ctx.lengths) + steps - 1
+        logits, rows, where, start, width = self._first_step(ctx, kv_len)
         presence = ctx.presence[ctx.rows_t] if ctx.presence is not None else None
         keys = ctx.noise_keys[ctx.rows_t]
-        noise = ctx.gumbel  # [b, depth + 1, V] or None
-        budget = to_device(ctx.k, self.device).clamp(max=depth)  # [b]: how deep each row may go
         rejection = not (self.sampling.greedy or self.sampling.coupled)
-        kids, logq, q = self._children(logits[:, None], k, noise[:, 0] if noise is not None else None, keys,
-                                       ctx.lengths_t, presence)
-        tokens, parents, score, depths = [kids[:, 0]], [torch.full((b, k), -1, device=self.device)], [logq[:, 0]], [1] * k
-        q_at = [(0, q[:, 0])] if rejection else []
-        frontier = torch.arange(k, device=self.device).expand(b, k)  # tree indices of the last level's kept nodes
-        frontier_tok, frontier_score = kids[:, 0], logq[:, 0]
-        frontier_window = torch.full((b, k), -1, dtype=torch.long, device=self.device)  # their parents' window slots
-        node_window = torch.full((b, full), -1, dtype=torch.long, device=self.device)
-        window = torch.zeros(b, 0, 0, dtype=torch.bool, device=self.device)  # ancestors among fed nodes
-        rows_b = torch.arange(b, device=self.device)[:, None]
-        for d in range(2, depth + 1):
-            fed = window.shape[1]
-            parent_rows = (window[rows_b, frontier_window.clamp(min=0)] & (frontier_window >= 0)[:, :, None]
-                           if fed else window.new_zeros(b, k, 0))  # a node sees its parent's ancestors and itself
-            grown = torch.zeros(b, fed + k, fed + k, dtype=torch.bool, device=self.device)
-            grown[:, :fed, :fed] = window
-            grown[:, fed:, :fed] = parent_rows
-            grown[:, fed:, fed:] = torch.eye(k, dtype=torch.bool, device=self.device)
-            window = grown
-            node_window.scatter_(1, frontier, fed + torch.arange(k, device=self.device).expand(b, k))
-            shape = TreeShape(depth=torch.full((b, k), d - 2, dtype=torch.long, device=self.device),
-                              ancestors=window[:, fed:], parent_t=None, rank=None, valid=None)
-            step_logits = self.runner.forward(frontier_tok, kv_len=kv_len, rows=rows, tree=shape)  # [b, k, V]
-            kids, logq, q = self._children(step_logits, k, noise[:, d - 1] if noise is not None else None, keys,
-                                           ctx.lengths_t + d - 1, presence)
-            base = sum(t.shape[1] for t in tokens)
-            if rejection:
-                q_at += [(None, (frontier, q))]
-            tokens.append(kids.reshape(b, k * k))
-            parents.append(frontier[:, :, None].expand(b, k, k).reshape(b, k * k))
-            level_score = (frontier_score[:, :, None] + logq).reshape(b, k * k)
-            score.append(level_score)
-            depths += [d] * (k * k)
-            if d < depth:
-                best = level_score.topk(k, dim=1).indices  # [b, k] within this level
-                frontier_window = node_window.gather(1, frontier.gather(1, best // k))
-                frontier = base + best
-                frontier_tok = tokens[-1].gather(1, best)
-                frontier_score = level_score.gather(1, best)
-        tokens_t, parents_t = torch.cat(tokens, 1), torch.cat(parents, 1)
-        depth_t = torch.tensor(depths, device=self.device)
-        valid = depth_t[None, :] <= budget[:, None]
-        # Scores fall strictly along a path (log q <= 0, less a hair per level), so a reranked set of
-        # nodes is closed under ancestors.
-        score_t = torch.cat(score, 1) - 1e-4 * depth_t[None, :]
-        slots = self.tree_slots(spec)
-        q_full = None
-        if rejection:
-            q_full = torch.zeros(b, full + 1, q.shape[-1], device=self.device)
-            q_full[:, 0] = q_at[0][1]
-            for _, (nodes, q_nodes) in q_at[1:]:
-                q_full.scatter_(1, (nodes + 1)[:, :, None].expand(-1, -1, q_full.shape[2]), q_nodes)
-        elif slots < full:
-            chosen = torch.where(valid, score_t, float("-inf")).topk(slots, dim=1).indices.sort(dim=1).values
-            node_window = node_window.gather(1, chosen)
-            tokens_t, parents_t, valid = prune(tokens_t, parents_t, valid, score_t, slots)
-        self._round = ("tree", list(ctx.rows), list(ctx.lengths), ctx.rows_t, ctx.lengths_t, node_window)
-        return Draft(tokens=tokens_t * valid, num_tokens=valid.sum(1), parents=parents_t, valid=valid,
-                     q_at=q_full, depth=depth, branching=k, spec=spec)
+        levels, q_spine = [], []
+        for i in range(depth):
+            if i < steps:
+                s = scores(self._align(logits.float()), self.sampling, presence)
+                if rejection:
+                    q = torch.softmax(s, dim=-1)
+                    u = torch.stack([uniforms(keys, (ctx.lengths_t + i)[:, None], STREAM_DRAFT + 64 * c)[:, 0]
+                                     for c in range(width_b)], dim=1)  # c = 0 is the chain's own draw
+                    level = sample(q.repeat_interleave(width_b, dim=0), u.reshape(-1)).reshape(b, width_b)
+                    q_spine.append(q)
+                else:
+                    noise = ctx.gumbel[:, i] if ctx.gumbel is not None else None
+                    level = (s if noise is None else s + noise).topk(width_b, dim=-1).indices  # [b, B]: spine first
+            else:
+                level = torch.zeros(b, width_b, dtype=torch.long, device=self.device)
+            levels.append(level)
+            if i + 1 < steps:
+                self.runner.commit(where, start + width + i)
+                logits = self.runner.forward(level[:, :1], kv_len=kv_len, rows=rows)[:, -1]
+        tokens = torch.stack(levels, dim=1).reshape(b, depth * width_b)  # node (d, r) at d * B + r
+        node_depth = torch.arange(depth, device=self.device).repeat_interleave(width_b)
+        spine_above = torch.where(node_depth > 0, (node_depth - 1) * width_b, -1)  # the spine node one level up
+        parents = spine_above.expand(b, -1).contiguous()
+        budget = to_device(ctx.k, self.device).clamp(max=depth)
+        valid = node_depth[None, :] < budget[:, None]
+        q_at = None
+        if rejection:  # position 0 (the root) and every spine node hold the q their children were drawn from
+            q_at = torch.zeros(b, depth * width_b + 1, q_spine[0].shape[-1], device=self.device)
+            q_at[:, 0] = q_spine[0]
+            for d, q in enumerate(q_spine[1:], start=1):
+                q_at[:, (d - 1) * width_b + 1] = q
+        self._round = ("tree", list(ctx.rows), list(ctx.lengths), steps, width_b)
+        return Draft(tokens=tokens * valid, num_tokens=valid.sum(1), parents=parents, valid=valid, q_at=q_at,
+                     depth=depth, branching=width_b, spec=spec)
 
     def draft_seconds(self, k: int, kv_len: int) -> float:
         """k drafted tokens: one 2-token step and k - 1 one-token steps (timed replays, per length bucket)."""
@@ -243,27 +197,20 @@ class ModelDrafter:
         first, step = self._step_times[bucket]
         return first + (k - 1) * step
 
-    def commit(self, slots, emitted, num_accepted, path: torch.Tensor | None = None):
-        """After the verdict. A chain round leaves the draft valid up to L + min(m, steps - 1). A tree
-        round moves the accepted path's entries (path [b, N + 1]: the verify positions from the root, of
-        every row of the round) from their scratch slots to their positions, up to depth m - 1 (the
-        deepest accepted node may be a leaf that was never fed): valid up to L + m - 1."""
+    def commit(self, slots, emitted, num_accepted, path: list[int] | None = None):
+        """After the verdict: the draft stays valid up to L + min(m, steps - 1) (the last drafted token was
+        never fed, rejected ones are stale). In a tree round only the spine was fed: a path that ends on a
+        side branch at depth m (path: the verify position of each row's deepest accepted node) kept m - 1
+        spine tokens."""
         if self._round is None:
             return
         if self._round[0] == "tree":
-            _, rows, lengths, rows_t, lengths_t, node_window = self._round
+            _, rows, lengths, steps, branching = self._round
             self._round = None
-            depth = path.shape[1] - 1
-            accepted = (path[:, 1:] != path[:, :-1]).sum(1)
-            fed = node_window.gather(1, (path[:, 1:] - 1).clamp(min=0))  # [b, depth]: the path's window slots
-            d = torch.arange(1, depth + 1, device=self.device)[None, :]
-            on_path = (d < accepted[:, None]) & (fed >= 0)
-            src = torch.where(on_path, lengths_t[:, None] + fed, lengths_t[:, None] - 1 + d)
-            dst = lengths_t[:, None] - 1 + d
-            self.runner.compact(rows_t, src, dst)
             by_slot = dict(zip(rows, lengths))
-            for slot, m in zip(slots, num_accepted):
-                self.valid[slot] = by_slot[slot] + max(m - 1, 0)
+            for slot, m, last in zip(slots, num_accepted, path):
+                spine = m - 1 if m > 0 and (last - 1) % branching != 0 else m
+                self.valid[slot] = by_slot[slot] + min(spine, steps - 1)
             return
         rows, lengths, steps = self._round
         by_slot = dict(zip(rows, lengths))
