@@ -201,3 +201,45 @@ def test_lookup_width_beats_every_fixed_k_when_matches_are_rare_but_good():
     rows, curve = [(0.15, 0.9, 0.9)] * 8, CPU_CURVE
     achieved = simulate_lookup(rows, curve, AdaptiveK(4, policy=LOOKUP))
     assert achieved >= 1.0 * max(simulate_lookup(rows, curve, k) for k in range(5))
+
+
+# ---- trees: further shapes beside the chains ---------------------------------------------------------
+
+
+def simulate_with_tree(alpha, curve, tree_cost, tree_bonus, *, rounds=3000, rows=8, seed=0):
+    """Rows accept chain drafts with probability alpha each; a tree of depth 4 (shape 5) emits what a
+    chain of 4 emits plus, when the chain missed, one more token with probability tree_bonus (a side
+    branch hit). Returns (tokens/s, share of tree rounds)."""
+    rng = random.Random(seed)
+    controller = AdaptiveK(4, tree_depths=(4,))
+    slots = list(range(rows))
+    tokens = seconds = 0.0
+    trees = 0
+    for _ in range(rounds):
+        shape = controller.choose(slots, [4] * rows)
+        depth = 4 if shape == 5 else shape
+        accepted = []
+        for _ in slots:
+            m = 0
+            while m < depth and rng.random() < alpha:
+                m += 1
+            if shape == 5 and m < depth and rng.random() < tree_bonus:
+                m += 1
+            accepted.append(m)
+        t = (tree_cost if shape == 5 else curve[shape]) * (1 + rng.uniform(-0.2, 0.2))
+        controller.observe(shape, t, slots, [4] * rows, [depth] * rows, accepted)
+        tokens += sum(m + 1 for m in accepted)
+        seconds += t
+        trees += shape == 5
+    return tokens / seconds, trees / rounds
+
+
+def test_a_tree_that_pays_is_chosen_and_one_that_does_not_is_left():
+    """A tree as cheap as the 4-draft chain (a memory-bound GPU step) that rescues a miss half the time
+    is chosen in most rounds; the same tree at twice the cost is left for the chains."""
+    rate, share = simulate_with_tree(0.7, FLAT_CURVE, FLAT_CURVE[4] * 1.05, 0.5)
+    assert share > 0.7
+    best_chain = max(fixed_rate([0.7] * 8, FLAT_CURVE, k) for k in range(5))
+    assert rate > best_chain
+    rate, share = simulate_with_tree(0.7, FLAT_CURVE, FLAT_CURVE[4] * 2.0, 0.5)
+    assert share < 0.1 and rate >= 0.9 * best_chain

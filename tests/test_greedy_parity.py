@@ -156,3 +156,10 @@ def test_greedy_parity_with_trees(pair, drafter, batch_size, tree, compile):
         depth = int(tree.split("x")[1])
         rounds = [a for r in results for a in r.accepted_per_round[1:]]
         assert sum(a == depth for a in rounds) / len(rounds) > 0.6
+
+
+@pytest.mark.parametrize("drafter", ["model-identical", "ngram"])
+def test_greedy_parity_with_adaptive_trees(pair, drafter):
+    """Adaptive speculation choosing each round between plain decoding, chains and two trees."""
+    results = run(pair, drafter, batch_size=8, k=3, adaptive=True, tree="2x3,2x5")
+    assert [r.completion_token_ids for r in results] == pair.reference

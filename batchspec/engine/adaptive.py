@@ -49,6 +49,12 @@ each round's wall time; eager wall-clock on a GPU swings 2x between runs and can
 What the controller knows about a drafter is its DrafterPolicy (drafters.py): whether it proposes
 before the width is chosen, whether its acceptance is bursty, whether it catches up after plain rounds.
 
+Tree drafts (tree.py) are further choices: shape k_max + 1 + j is tree j of `tree_depths`. A tree's
+acceptance is a job-wide average of the tokens a row emits per tree round (decayed like the pooled
+counts; a row with less room emits at most its budget + 1), started at what a chain of the tree's depth
+is predicted to emit, so that it is tried; its cost is measured like a chain's. A re-timing around a
+chain also probes the tree nearest its depth, and around a tree the chain of its depth.
+
 The choice never changes a greedy output (speculation is exact). It does change which noise a
 sampled token consumes, so with temperature > 0 the generator keeps k fixed unless told otherwise:
 seeded output must not depend on machine load.
@@ -158,6 +164,7 @@ class AdaptiveK:
     k_max: int
     policy: DrafterPolicy = DRAFT_MODEL
     costs: CostModel = field(default_factory=RoundTimes)
+    tree_depths: tuple[int, ...] = ()  # one per tree choice: shape k_max + 1 + j is tree j
     decay: float = 0.9  # per informative round, for each row's counts (~10 rounds of memory)
     prior_weight: float = 2.0  # pseudo-observations of the job-wide acceptance in each row's estimate
     pooled_decay: float = 0.99  # per round, for the job-wide counts
@@ -171,11 +178,13 @@ class AdaptiveK:
     _interval: int = field(init=False, default=0)  # rounds until the one after: doubles while the choice holds
     _probed_best: int | None = field(init=False, default=None)  # the choice the last re-timing was made around
     _last_k: int | None = field(init=False, default=None)
+    trees: list[RowAcceptance] = field(init=False, default_factory=list)  # [j]: tokens emitted, row-rounds
 
     def __post_init__(self):
         # A weak prior (one accepted draft, one rejection: a = 0.5) until the job has measured its own.
         self.pooled = RowAcceptance(accepted=1.0, rejections=1.0)
         self.continued = [RowAcceptance(accepted=1.0, rejections=1.0) for _ in range(self.k_max + 1)]
+        self.trees = [RowAcceptance() for _ in self.tree_depths]  # accepted = tokens, rejections = row-rounds
         self._next_probe = self.revisit_every
 
     # ---- acceptance ------------------------------------------------------------------------------
@@ -217,44 +226,84 @@ class AdaptiveK:
 
     # ---- the decision ----------------------------------------------------------------------------
 
+    @property
+    def num_shapes(self) -> int:
+        return self.k_max + 1 + len(self.tree_depths)
+
+    def tree_tokens(self, j: int, alphas: list[float], run: list[float] | None) -> float:
+        """Tokens a row emits in a round of tree j: the measured average, or before any measurement what a
+        chain of the tree's depth is predicted to emit (averaged over the rows)."""
+        t = self.trees[j]
+        if t.rejections > 0.5:
+            return t.accepted / t.rejections
+        depth = min(self.tree_depths[j], self.k_max)
+        return sum(self.expected(a, depth, run) for a in alphas) / max(len(alphas), 1)
+
     def predicted_rate(self, k: int, slots: list[int], budgets: list[int],
-                       alphas: list[float] | None = None) -> float | None:
+                       alphas: list[float] | None = None, room: list[int] | None = None) -> float | None:
+        """Predicted tokens per second of shape k (a chain of k drafts, or past k_max a tree) over `slots`.
+        budgets: each row's chain budget (a lookup's proposal); room: how many drafts each row has room
+        for (trees), default the budgets."""
         seconds = self.cost(k, len(slots))
         if seconds is None:
             return None
         alphas = alphas if alphas is not None else [self.alpha(s) for s in slots]
         run = self.run_lengths() if self.policy.bursty else None
-        tokens = sum(self.expected(a, min(k, budget), run) for a, budget in zip(alphas, budgets))
+        if k > self.k_max:
+            per_row = self.tree_tokens(k - self.k_max - 1, alphas, run)
+            tokens = sum(min(per_row, r + 1) for r in (room if room is not None else budgets))
+        else:
+            tokens = sum(self.expected(a, min(k, budget), run) for a, budget in zip(alphas, budgets))
         return tokens / max(seconds, 1e-9)
 
-    def choose(self, slots: list[int], budgets: list[int]) -> int:
-        """The k for a round over `slots`, whose rows may draft at most budgets[i] tokens.
+    def choose(self, slots: list[int], budgets: list[int], room: list[int] | None = None) -> int:
+        """The shape for a round over `slots`, whose rows may draft at most budgets[i] tokens: a chain of
+        k <= k_max drafts, or k_max + 1 + j for tree j (room: how deep each row's tree may go, default the
+        budgets).
 
         For a drafter that proposes first the budgets are what each row actually proposed (see
         generator._schedule): a k past the longest proposal would cost a wider verify pass for nothing,
         so it is never chosen.
         """
         self._rounds += 1
+        room = budgets if room is None else room
         limit = min(self.k_max, max(budgets, default=0))
-        if limit == 0:
+        trees = list(range(self.k_max + 1, self.num_shapes)) if max(room, default=0) > 0 else []
+        options = list(range(limit + 1)) + trees
+        if len(options) == 1:
             return 0
         if self._probes:
-            return min(self._probes.pop(0), limit)
+            probe = self._probes.pop(0)
+            return probe if probe > self.k_max and trees else min(probe, limit)
         alphas = [self.alpha(s) for s in slots]
-        rates = [self.predicted_rate(k, slots, budgets, alphas) for k in range(limit + 1)]
-        unknown = [k for k, r in enumerate(rates) if r is None]
+        rates = {k: self.predicted_rate(k, slots, budgets, alphas, room) for k in options}
+        unknown = [k for k in options if rates[k] is None]
         if unknown:  # start of the job: time the extremes first, so a useless drafter is found out at once
             return 0 if 0 in unknown else (limit if limit in unknown else unknown[0])
-        best = max(range(limit + 1), key=lambda k: (rates[k], -k))
+        best = max(options, key=lambda k: (rates[k], -k))
         if self._rounds >= self._next_probe:
             # Re-time the neighbours every revisit_every rounds; each time the choice survives its last
             # re-timing the wait doubles (to 8x), so a settled job (a useless draft at k = 0) pays ~1%.
             steady = best == self._probed_best
             self._interval = min(2 * self._interval, 8 * self.revisit_every) if steady else self.revisit_every
             self._next_probe, self._probed_best = self._rounds + self._interval, best
-            self._probes = [k for k in (best + 1, best - 1) if 0 <= k <= self.k_max for _ in range(2)]
-            return min(self._probes.pop(0), limit)
+            self._probes = [k for k in self.neighbours(best) for _ in range(2)]
+            probe = self._probes.pop(0)
+            return probe if probe > self.k_max and trees else min(probe, limit)
         return best
+
+    def neighbours(self, shape: int) -> list[int]:
+        """The shapes a re-timing around `shape` probes: k +- 1 for a chain, and the tree nearest its depth;
+        for a tree the chain of its depth and the trees beside it."""
+        if shape <= self.k_max:
+            out = [k for k in (shape + 1, shape - 1) if 0 <= k <= self.k_max]
+            if self.tree_depths and shape > 0:
+                j = min(range(len(self.tree_depths)), key=lambda j: abs(self.tree_depths[j] - shape))
+                out.append(self.k_max + 1 + j)
+            return out
+        j = shape - self.k_max - 1
+        return [min(self.tree_depths[j], self.k_max)] + [self.k_max + 1 + i for i in (j - 1, j + 1)
+                                                        if 0 <= i < len(self.tree_depths)]
 
     def observe(self, k: int, seconds: float, slots: list[int], budgets: list[int], drafted: list[int],
                 accepted: list[int]) -> None:
@@ -270,6 +319,15 @@ class AdaptiveK:
         if seconds > 0 and not after_plain:
             self.costs.observe(k, len(slots), seconds)
         if k == 0:
+            return
+        if k > self.k_max:  # a tree round: the job-wide tokens per row-round of this tree
+            t = self.trees[k - self.k_max - 1]
+            t.accepted *= self.pooled_decay
+            t.rejections *= self.pooled_decay
+            for budget, m in zip(budgets, accepted):
+                if budget > 0:
+                    t.accepted += m + 1
+                    t.rejections += 1
             return
         for counts in (self.pooled, *self.continued):
             counts.accepted *= self.pooled_decay

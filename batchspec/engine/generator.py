@@ -47,6 +47,8 @@ class RoundPlan:
     span: slice | None = None  # rows as a slice when they are consecutive slots
     gumbel: torch.Tensor | None = None  # [b, k + 1, V]: coupled sampling's noise of positions L .. L + k
     tree: TreeShape | None = None  # a tree round: its geometry (k is then its node slots)
+    spec: TreeSpec | None = None  # ... and its shape
+    shape: int = 0  # what adaptive speculation chose: a chain's k, or k_max + 1 + j for tree j
 
     @property
     def busy_slots(self) -> list[int]:
@@ -94,6 +96,8 @@ class SpecBatchGenerator:
             raise ValueError("this drafter proposes no trees")
         self.trees = tuple(trees)
         self.tree_slots = [drafter.tree_slots(spec) for spec in self.trees]  # node slots N of each tree
+        self.deepest = max([k, *(spec.depth for spec in self.trees)])  # the most drafts a row may need room for
+        self.widest = max([k, *self.tree_slots])  # the most tokens a round verifies beyond the pending one
         # Slack past max_seq_len: rows that draft fewer than the longest row write padding there, and a
         # tree's nodes take scratch entries past its root.
         capacity = max_seq_len + max([k, *self.tree_slots]) + 1
@@ -111,7 +115,9 @@ class SpecBatchGenerator:
         self._admitting = True
         # With adaptive speculation k is the most drafts per round; each round's k is chosen from acceptance and cost.
         self.costs = StepTable(self._step_seconds) if self.static else RoundTimes()
-        self.adaptive = AdaptiveK(k, policy=drafter.policy, costs=self.costs) if adaptive and k > 0 else None
+        self.adaptive = (AdaptiveK(k, policy=drafter.policy, costs=self.costs,
+                                   tree_depths=tuple(spec.depth for spec in self.trees))
+                         if adaptive and (k > 0 or self.trees) else None)
         # Seconds spent per phase. On a GPU the split is only exact with profile=True, which adds a
         # device sync per phase; otherwise work queued in one phase is paid in the next sync.
         self.timings = dict.fromkeys(("admit", "draft", "verify", "accept", "bookkeeping"), 0.0)
@@ -178,7 +184,7 @@ class SpecBatchGenerator:
         self._phase("bookkeeping", mark)
         if self.adaptive:  # the whole round, the drafter's commit included, is the cost of this k
             busy = plan.busy
-            self.adaptive.observe(plan.k, time.perf_counter() - started, plan.busy_slots,
+            self.adaptive.observe(plan.shape, time.perf_counter() - started, plan.busy_slots,
                                   [plan.budgets[i] for i in busy], [outcome.num_drafts[i] for i in busy],
                                   [outcome.num_accepted[i] for i in busy])
         return finished
@@ -227,50 +233,64 @@ class SpecBatchGenerator:
     # ---- a round ---------------------------------------------------------------------------------
 
     def _schedule(self) -> tuple[RoundPlan, Draft]:
-        """Choose the rows and the round's k, and get the drafts."""
+        """Choose the rows and the round's shape (a chain of k drafts, or a tree), and get the drafts."""
         rows = list(range(self.batch_size)) if self.static else self.slots.active()
         records = [self.slots[r] for r in rows]
         lengths = [r.length if r is not None else 1 for r in records]
-        most = [r.budget(self.k, self.max_new_tokens, self.max_seq_len) if r is not None else 0 for r in records]
+        # room: how many drafts each row can take before max_new_tokens / max_seq_len (0 for an idle slot)
+        room = [r.budget(self.deepest, self.max_new_tokens, self.max_seq_len) if r is not None else 0 for r in records]
+        most = [min(self.k, n) for n in room]
         busy = [i for i, r in enumerate(records) if r is not None]
         rows_t = self._all_rows if self.static else to_device(rows, self.device)
         lengths_t = self.runner.lengths[rows_t] + 1  # the cache holds seq[:L-1]
         span = slice(rows[0], rows[-1] + 1) if rows and rows[-1] - rows[0] == len(rows) - 1 else None
         ctx = DraftContext(rows, lengths, most, self.slots.tokens, self.slots.presence, self.slots.noise_keys,
                            rows_t=rows_t, lengths_t=lengths_t, static=self.static, span=span)
-        if self.adaptive and self.static:
-            self.costs.use_bucket(self.runner.bucket(max(lengths) + self.k))
-        if self.trees and not self.adaptive:  # every round drafts the first tree
-            return self._schedule_tree(rows, rows_t, lengths, lengths_t, busy, most, span, ctx, self.trees[0])
-        if self.adaptive and self.drafter.policy.propose_first:
+        base = RoundPlan(rows, rows_t, lengths, lengths_t, busy, most, 0, span)
+        if not self.adaptive:
+            if self.trees:  # every round drafts the first tree
+                return self._tree_round(base, ctx, room, 0)
+            return self._chain_round(base, ctx, self.k)
+        if self.static:
+            self.costs.use_bucket(self.runner.bucket(max(lengths) + self.widest))
+        slots, busy_room = [rows[i] for i in busy], [room[i] for i in busy]
+        if self.drafter.policy.propose_first:
             # Lookup drafters: proposing is nearly free and bursty (a long match or nothing), so look at
             # what each row proposes first and then choose the verify width from what is on the table.
             draft = self.drafter.propose(ctx)
             proposed = draft.host_num if draft.host_num is not None else most
-            k = self.adaptive.choose([rows[i] for i in busy], [proposed[i] for i in busy])
-            budgets = [min(k, n) for n in proposed]  # a row that proposed less was not refused anything
-            draft = draft.truncate(k)
-        else:
-            k = self.adaptive.choose([rows[i] for i in busy], [most[i] for i in busy]) if self.adaptive else self.k
-            budgets = [min(k, b) for b in most]
-            ctx.k = budgets
-            ctx.gumbel = self._noise(rows_t, lengths_t, 1 + max(budgets)) if self.sampling.coupled else None
+            shape = self.adaptive.choose(slots, [proposed[i] for i in busy], busy_room)
+            if shape > self.k:
+                return self._tree_round(base, ctx, room, shape - self.k - 1)
+            # a row that proposed less was not refused anything
+            return self._chain_round(base, ctx, shape, draft.truncate(shape), [min(shape, n) for n in proposed])
+        shape = self.adaptive.choose(slots, [most[i] for i in busy], busy_room)
+        if shape > self.k:
+            return self._tree_round(base, ctx, room, shape - self.k - 1)
+        return self._chain_round(base, ctx, shape)
+
+    def _chain_round(self, plan: RoundPlan, ctx: DraftContext, k: int, draft: Draft | None = None,
+                     budgets: list[int] | None = None) -> tuple[RoundPlan, Draft]:
+        """A round of chains of at most k drafts (a lookup's proposals may come already made)."""
+        plan.budgets = budgets if budgets is not None else [min(k, b) for b in plan.budgets]
+        if draft is None:
+            ctx.k = plan.budgets
+            ctx.gumbel = self._noise(plan.rows_t, plan.lengths_t, 1 + max(plan.budgets)) if self.sampling.coupled else None
             draft = self.drafter.propose(ctx)
-        width = draft.tokens.shape[1]
-        plan = RoundPlan(rows, rows_t, lengths, lengths_t, busy, budgets, width, span, ctx.gumbel)
+        plan.k = plan.shape = draft.tokens.shape[1]
+        plan.gumbel = ctx.gumbel
         if self.sampling.coupled and plan.gumbel is None:  # the drafter proposed before the width was chosen
-            plan.gumbel = self._noise(rows_t, lengths_t, width + 1)
+            plan.gumbel = self._noise(plan.rows_t, plan.lengths_t, plan.k + 1)
         return plan, draft
 
-    def _schedule_tree(self, rows, rows_t, lengths, lengths_t, busy, most, span, ctx: DraftContext,
-                       spec: TreeSpec) -> tuple[RoundPlan, Draft]:
-        """A tree round: each row's tree is as deep as its budget allows (most[i] drafts)."""
-        ctx.k = most
-        if self.sampling.coupled:
-            ctx.gumbel = self._noise(rows_t, lengths_t, spec.depth + 1)
+    def _tree_round(self, plan: RoundPlan, ctx: DraftContext, room: list[int], j: int) -> tuple[RoundPlan, Draft]:
+        """A round of tree j: each row's tree is as deep as its room allows."""
+        spec = self.trees[j]
+        ctx.k = plan.budgets = room
+        ctx.gumbel = self._noise(plan.rows_t, plan.lengths_t, spec.depth + 1) if self.sampling.coupled else None
         draft = self.drafter.propose_tree(ctx, spec)
-        shape = tree_shape(draft.parents, draft.valid)
-        plan = RoundPlan(rows, rows_t, lengths, lengths_t, busy, most, draft.tokens.shape[1], span, ctx.gumbel, shape)
+        plan.tree, plan.spec, plan.gumbel = tree_shape(draft.parents, draft.valid), spec, ctx.gumbel
+        plan.k, plan.shape = draft.tokens.shape[1], self.k + 1 + j
         return plan, draft
 
     def _verify(self, plan: RoundPlan, draft: Draft) -> torch.Tensor:
@@ -313,7 +333,7 @@ class SpecBatchGenerator:
         if plan.tree is None:
             self.stats.rounds_by_k[plan.k] += 1
         else:
-            key = str(self.trees[0])
+            key = str(plan.spec)
             self.stats.rounds_by_tree[key] = self.stats.rounds_by_tree.get(key, 0) + 1
         finished: list[Result] = []
         emitted, accepted = [], []
@@ -369,7 +389,10 @@ class SpecBatchGenerator:
         return now
 
     def _step_seconds(self, kv_len: int) -> list[float]:
-        """Device seconds of a round's forwards at this attended length, for k = 0..k_max (timed replays):
-        the cost table of adaptive speculation with captured forwards."""
-        verify = [self.runner.time_step(k + 1, kv_len) for k in range(self.k + 1)]
-        return [verify[k] + self.drafter.draft_seconds(k, kv_len) for k in range(self.k + 1)]
+        """Device seconds of a round's forwards at this attended length, for every shape adaptive
+        speculation chooses from (k = 0..k_max, then the trees): timed replays of the captured steps."""
+        chains = [self.runner.time_step(k + 1, kv_len) + self.drafter.draft_seconds(k, kv_len)
+                  for k in range(self.k + 1)]
+        trees = [self.runner.time_step(n + 1, kv_len, tree=True) + self.drafter.draft_seconds(spec.depth, kv_len)
+                 for spec, n in zip(self.trees, self.tree_slots)]
+        return chains + trees
