@@ -38,6 +38,7 @@ import torch
 from .api import build_generator
 from .calibrate import forward_ms, read_prompts, sync
 from .engine.runner import resolve_capture
+from .engine.tree import TreeSpec
 from .models import load_models
 from .types import Request, RunStats, rounds_by_k_text
 
@@ -53,6 +54,7 @@ class Contender:
     k: int = 0  # drafts per round (the maximum, if adaptive)
     compile: str = "auto"  # batchspec: how its static-shape forwards are captured
     verify: str = "coupled"  # batchspec with sampling: coupled or rejection
+    tree: str | None = None  # batchspec: tree drafts (a fixed tree, or the trees adaptive may choose)
     warmup_s: float | None = None  # the untimed first run (compile / capture included)
     capture_s: float | None = None  # of which batchspec spent capturing its forwards
     generator: object | None = None  # batchspec: built at the warm-up, reused by every repeat
@@ -62,6 +64,7 @@ class Contender:
     tokens_per_forward: float | None = None
     timings: dict | None = None  # seconds per round phase, summed over repeats
     rounds_by_k: list[int] | None = None  # rounds by drafts verified, summed over repeats
+    rounds_by_tree: dict | None = None  # tree rounds by tree shape, summed over repeats
 
 
 @torch.inference_mode()
@@ -114,10 +117,12 @@ def run_batchspec(contender: Contender, models, prompts, args):
             models, drafter=contender.drafter, k=contender.k, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, adaptive=contender.adaptive,
             profile=args.profile, compile=contender.compile, temperature=args.temperature, top_p=args.top_p,
-            top_k=args.top_k, seed=args.seed, verify=contender.verify,
+            top_k=args.top_k, seed=args.seed, verify=contender.verify, tree=contender.tree,
         )
     k = generator.k
-    generator.stats = RunStats(proposed_by_position=[0] * k, accepted_by_position=[0] * k, rounds_by_k=[0] * (k + 1))
+    positions = len(generator.stats.proposed_by_position)
+    generator.stats = RunStats(proposed_by_position=[0] * positions, accepted_by_position=[0] * positions,
+                               rounds_by_k=[0] * (k + 1))
     generator.timings = dict.fromkeys(generator.timings, 0.0)
     generator.noise_s = 0.0
     sync(models.target.device)
@@ -131,6 +136,8 @@ def run_batchspec(contender: Contender, models, prompts, args):
     contender.tokens_per_forward = generator.stats.tokens_per_forward
     contender.rounds_by_k = [a + b for a, b in zip(contender.rounds_by_k or [0] * (contender.k + 1),
                                                    generator.stats.rounds_by_k)]
+    contender.rounds_by_tree = {t: (contender.rounds_by_tree or {}).get(t, 0) + n
+                                for t, n in generator.stats.rounds_by_tree.items()}
     contender.timings = {name: (contender.timings or {}).get(name, 0.0) + t
                          for name, t in {**generator.timings, "noise": generator.noise_s}.items()}
     return generator.stats.completion_tokens / elapsed, outputs
@@ -162,9 +169,14 @@ def contenders(args, has_draft: bool) -> list[Contender]:
             for k in args.k:
                 out.append(Contender(f"batchspec {drafter} k={k}{tag}", "batchspec", drafter, k=k, compile=mode,
                                      verify=verify))
+            for tree in args.tree:
+                out.append(Contender(f"batchspec {drafter} tree {tree}{tag}", "batchspec", drafter, k=k_max,
+                                     compile=mode, verify=verify, tree=tree))
             if args.adaptive:
-                out.append(Contender(f"batchspec {drafter} adaptive k<={k_max}{tag}", "batchspec", drafter,
-                                     adaptive=True, k=k_max, compile=mode, verify=verify))
+                trees = f" + trees {','.join(args.tree)}" if args.tree else ""
+                out.append(Contender(f"batchspec {drafter} adaptive k<={k_max}{trees}{tag}", "batchspec", drafter,
+                                     adaptive=True, k=k_max, compile=mode, verify=verify,
+                                     tree=",".join(args.tree) or None))
     return out
 
 
@@ -200,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile", default="auto", help="how batchspec captures its static-shape forwards: auto "
                         "(CUDA graphs on a GPU, eager on CPU), on (CUDA graphs; torch.compile on CPU), off, static; "
                         "a list (e.g. on,off) runs every batchspec contender in each mode")
+    parser.add_argument("--tree", default="", help="tree drafts to run too, BxD (e.g. 2x4,2x8): a fixed-tree "
+                        "contender for each, and adaptive chooses between chains and these trees")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples, seeded")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
@@ -230,6 +244,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"bench: warning: --repeats {args.repeats}: medians of fewer than 3 interleaved repeats are noise",
               flush=True)
     args.compile = [m.strip() for m in str(args.compile).split(",") if m.strip()]
+    args.tree = [t.strip() for t in str(args.tree).split(",") if t.strip()]
+    for tree in args.tree:
+        try:
+            TreeSpec.parse(tree)
+        except ValueError as e:
+            parser.error(f"--tree: {e}")
     args.verify = [m.strip() for m in str(args.verify).split(",") if m.strip()]
     if not set(args.verify) <= {"coupled", "rejection"}:
         parser.error(f"--verify: choose coupled, rejection or both, got {args.verify}")
@@ -311,13 +331,14 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
         rate = statistics.median(c.tokens_per_s)
         none_rate = statistics.median(nones.get((c.compile, c.verify), first_none).tokens_per_s)
         predicted = None
-        if c.kind == "batchspec" and c.drafter != "none" and c.tokens_per_forward and not c.adaptive:
+        if c.kind == "batchspec" and c.drafter != "none" and c.tokens_per_forward and not c.adaptive and not c.tree:
             draft_cost = c.k * t_draft if c.drafter == "model" else 0.0
             predicted = c.tokens_per_forward * t_verify1 / (t_verify[c.k] + draft_cost)
         mismatches = sum(a != b for a, b in zip(c.outputs, reference))
         rows.append({
             "contender": c.name, "kind": c.kind, "drafter": c.drafter if c.kind == "batchspec" else None,
             "k": c.k, "adaptive": c.adaptive, "compile": c.compile if c.kind == "batchspec" else None,
+            "tree": c.tree, "rounds_by_tree": c.rounds_by_tree,
             "verify": c.verify if c.kind == "batchspec" and args.temperature > 0 else None,
             "tokens_per_s": rate, "repeats_tokens_per_s": list(c.tokens_per_s),
             "warmup_s": c.warmup_s, "capture_s": c.capture_s, "vs_hf_batched": rate / baseline,
@@ -353,9 +374,10 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
                 row, contender = adaptive[0]
                 key = drafter + variant_tag(args, mode, verify)
                 adaptive_vs_best[key] = row["tokens_per_s"] / best["tokens_per_s"]
+                trees = "".join(f"  tree {t} {n}" for t, n in (contender.rounds_by_tree or {}).items())
                 print(f"adaptive vs the best fixed k: {key} {adaptive_vs_best[key]:.2f} (best fixed: "
                       f"{best['contender']}); adaptive vs none {row['vs_none']:.2f}; rounds by k: "
-                      f"{rounds_by_k_text(contender.rounds_by_k)}")
+                      f"{rounds_by_k_text(contender.rounds_by_k)}{trees}")
     # Greedy and coupled sampling emit the target's own tokens whatever drafted them: those rows must
     # match drafter none's outputs (HF's sampled outputs and rejection sampling's differ by design).
     bound = rows if args.temperature == 0 else [r for r in rows if r["verify"] == "coupled"]

@@ -36,7 +36,9 @@ class Result:
     the tokens came from: the prefill, which emits the first token (as `generate` does), then every
     verify pass the request took part in; `accepted_per_round` and `drafts_per_round` have one entry per
     forward (0 for the prefill, which drafts nothing): the drafts this request had checked in that
-    forward and how many of them were accepted.
+    forward (a tree's nodes in a tree round) and how many of them were accepted (a tree round: the
+    depth of the accepted path); `tree_per_round` names the tree's shape ("BxD") of each tree round, ""
+    for the prefill and chain rounds.
     """
 
     id: str
@@ -54,6 +56,7 @@ class Result:
     tokens_per_forward: float | None
     accepted_per_round: list[int]
     drafts_per_round: list[int]
+    tree_per_round: list[str]
     latency_s: float
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -69,7 +72,7 @@ class Result:
         return cls(
             id=request.id, prompt=prompt, completion="", completion_token_ids=[], finish_reason=FINISH_ERROR,
             error=error, prompt_tokens=prompt_tokens, completion_tokens=0, target_forwards=0, draft_tokens=0,
-            accepted_tokens=0, acceptance_rate=None, tokens_per_forward=None, accepted_per_round=[], drafts_per_round=[],
+            accepted_tokens=0, acceptance_rate=None, tokens_per_forward=None, accepted_per_round=[], drafts_per_round=[], tree_per_round=[],
             latency_s=0.0, extra=dict(request.extra),
         )
 
@@ -77,7 +80,7 @@ class Result:
 RESULT_COLUMNS = (
     "id", "prompt", "completion", "completion_token_ids", "finish_reason", "error", "prompt_tokens",
     "completion_tokens", "target_forwards", "draft_tokens", "accepted_tokens", "acceptance_rate",
-    "tokens_per_forward", "accepted_per_round", "drafts_per_round", "latency_s",
+    "tokens_per_forward", "accepted_per_round", "drafts_per_round", "tree_per_round", "latency_s",
 )
 
 

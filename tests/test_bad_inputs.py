@@ -99,7 +99,7 @@ def test_generate_reports_text_that_is_not_unicode(tiny_models):
 def test_a_row_the_part_writer_cannot_store_is_written_as_an_error(tmp_path):
     good = Result(id="r0", prompt="p", completion="c", completion_token_ids=[1], finish_reason="length", error=None,
                   prompt_tokens=1, completion_tokens=1, target_forwards=1, draft_tokens=0, accepted_tokens=0,
-                  acceptance_rate=None, tokens_per_forward=1.0, accepted_per_round=[0], drafts_per_round=[0], latency_s=0.1,
+                  acceptance_rate=None, tokens_per_forward=1.0, accepted_per_round=[0], drafts_per_round=[0], tree_per_round=[""], latency_s=0.1,
                   extra={"topic": "ok"})
     bad = Result.error_result(Request(id="r1", prompt="p", extra={"topic": "x\ud800"}), "prompt is empty")
     sink = ParquetSink(tmp_path, shard_index=0, shard_count=1, rows_per_file=10,

@@ -327,3 +327,13 @@ def test_the_second_signal_rule(second, delay, stops_now, tmp_path):
     assert finished_in_flight != stops_now, outcome
     doc = " ".join((REPO / "docs" / "jobs.md").read_text().split())
     assert "a SIGTERM that follows a SIGTERM within 1 second is taken as the same request" in doc
+
+
+def test_every_package_is_in_the_wheel():
+    """pyproject lists the packages a wheel carries: a new sub-package must be listed too (a wheel
+    without batchspec.engine.drafters could not run a job)."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "batchspec").rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)

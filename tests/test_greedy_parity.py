@@ -150,8 +150,9 @@ def test_greedy_parity_with_trees(pair, drafter, batch_size, tree, compile):
     results = run(pair, drafter, batch_size, k=4, tree=tree, compile=compile)
     assert [r.completion_token_ids for r in results] == pair.reference
     for r in results:
-        assert r.target_forwards == len(r.accepted_per_round) == len(r.drafts_per_round)
+        assert r.target_forwards == len(r.accepted_per_round) == len(r.drafts_per_round) == len(r.tree_per_round)
         assert all(a <= d for a, d in zip(r.accepted_per_round, r.drafts_per_round))
+        assert r.tree_per_round[0] == "" and set(r.tree_per_round[1:]) <= {tree}
     if drafter == "model-identical":  # the target drafting for itself: every round as deep as the tree
         depth = int(tree.split("x")[1])
         rounds = [a for r in results for a in r.accepted_per_round[1:]]

@@ -61,7 +61,7 @@ def test_parquet_job_with_bad_rows_then_noop_rerun(tmp_path, tiny_models, monkey
     assert s["tokens_per_target_forward"] == pytest.approx(
         s["completion_tokens"] / sum(r["target_forwards"] for r in ok))
     assert len(s["acceptance_by_position"]) == 3 and s["shards"] == {"count": 1, "finished": [0], "complete": True}
-    assert s["config"]["drafter"] == {"name": "model", "k": 3, "adaptive": False}
+    assert s["config"]["drafter"] == {"name": "model", "k": 3, "adaptive": False, "tree": None}
     assert {"torch", "transformers", "pyarrow", "hydra-core", "datasets"} <= set(s["versions"])
     io = s["io"]  # this run's time reading the input and writing parts
     assert set(io) == {"read_s", "write_s", "resume_scan_s", "wall_s", "share", "encode_write_s"}
@@ -256,3 +256,18 @@ def test_demo_pair_speculates(tmp_path, monkeypatch):
     assert s["rows"] == 12 and s["rows_error"] == 0
     assert s["tokens_per_target_forward"] > 1.5
     assert s["acceptance_by_position"][0] > s["acceptance_by_position"][-1] > 0
+
+
+def test_a_job_with_tree_drafts(tmp_path, tiny_models, monkeypatch):
+    """drafter.tree through the job runner: the same text as chains, tree rounds in the rows and the summary."""
+    pq.write_table(pa.table({"text": PROMPTS[:6]}), tmp_path / "in.parquet")
+    write_job(tmp_path, "tr", tiny_job(tiny_models, {"path": "in.parquet", "prompt_column": "text"}))
+    assert run_inprocess(tmp_path, "job=tr", "drafter=ngram", "output.dir=chain", monkeypatch=monkeypatch) == 0
+    assert run_inprocess(tmp_path, "job=tr", "drafter=ngram", "drafter.tree=3x3", "output.dir=tree",
+                         monkeypatch=monkeypatch) == 0
+    chain, tree = read_output(tmp_path / "chain"), read_output(tmp_path / "tree")
+    assert [r["completion_token_ids"] for r in tree] == [r["completion_token_ids"] for r in chain]
+    assert all(set(r["tree_per_round"][1:]) == {"3x3"} for r in tree if r["target_forwards"] > 1)
+    assert sum(summary(tmp_path / "tree")["rounds_by_tree"].values()) > 0
+    assert run_inprocess(tmp_path, "job=tr", "drafter=none", "drafter.tree=2x2", "output.dir=bad",
+                         monkeypatch=monkeypatch) == 2

@@ -20,7 +20,7 @@ def result(i: int, error: bool = False) -> Result:
     return Result(
         id=f"r{i}", prompt=f"p{i}", completion=f"c{i}", completion_token_ids=[1, 2, 3], finish_reason="length",
         error=None, prompt_tokens=4, completion_tokens=3, target_forwards=2, draft_tokens=4, accepted_tokens=1,
-        acceptance_rate=0.25, tokens_per_forward=1.5, accepted_per_round=[1, 0], drafts_per_round=[2, 0], latency_s=0.1, extra=extra,
+        acceptance_rate=0.25, tokens_per_forward=1.5, accepted_per_round=[1, 0], drafts_per_round=[2, 0], tree_per_round=["", ""], latency_s=0.1, extra=extra,
     )
 
 

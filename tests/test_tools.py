@@ -34,7 +34,7 @@ def prompt_file(tmp_path):
 def test_bench_runs_every_contender_and_checks_outputs(llama_pair, prompt_file, tmp_path, capsys):
     out = tmp_path / "bench.json"
     bench.main(["--target", str(llama_pair.target), "--draft", str(llama_pair.draft), "--prompts", prompt_file,
-                "--num-prompts", "6", "--max-new-tokens", "12", "--batch-size", "1,3", "--k", "1,2", "--repeats", "1", "--compile", "auto,static",
+                "--num-prompts", "6", "--max-new-tokens", "12", "--batch-size", "1,3", "--k", "1,2", "--repeats", "1", "--compile", "auto,static", "--tree", "2x2",
                 "--json", str(out), "--markdown", str(tmp_path / "bench.md")])
     reports = json.loads(out.read_text())
     assert [r["batch_size"] for r in reports] == [1, 3]
@@ -42,9 +42,10 @@ def test_bench_runs_every_contender_and_checks_outputs(llama_pair, prompt_file, 
     names = [row["contender"] for row in report["rows"]]
     assert names[0] == "hf generate (batched)" and "hf assisted (batch 1)" in names and "hf prompt lookup (batch 1)" in names
     assert names[1] == "hf generate (static cache)"
-    assert {"batchspec model k=1 [auto]", "batchspec model k=2 [static]", "batchspec ngram adaptive k<=2 [auto]",
+    assert {"batchspec model k=1 [auto]", "batchspec model k=2 [static]", "batchspec ngram adaptive k<=2 + trees 2x2 [auto]",
             "batchspec prompt_lookup k=2 [static]"} <= set(names)
     assert all(row["warmup_s"] > 0 for row in report["rows"])  # every contender ran once untimed first
+    assert "batchspec model tree 2x2 [static]" in names and "batchspec ngram adaptive k<=2 + trees 2x2 [auto]" in names
     assert set(report["cost_ms"]) >= {"target_ms_1", "target_ms_2", "target_ms_3", "draft_ms_1"}
     assert report["greedy_identical"], report["rows"]
     out = capsys.readouterr().out

@@ -349,6 +349,7 @@ class SpecBatchGenerator:
             slot.draft_tokens += n_drafts
             slot.accepted_per_round.append(kept)
             slot.drafts_per_round.append(n_drafts)
+            slot.tree_per_round.append(str(plan.spec) if plan.tree is not None else "")
             self.stats.add_round_row(n_drafts, kept)
             emitted.append(new)
             accepted.append(m)

@@ -32,6 +32,7 @@ class Slot:
     draft_tokens: int = 0
     accepted_per_round: list[int] = field(default_factory=list)
     drafts_per_round: list[int] = field(default_factory=list)
+    tree_per_round: list[str] = field(default_factory=list)
 
     def budget(self, k: int, max_new_tokens: int, max_seq_len: int) -> int:
         """Drafts this row may propose: at most k, and never more than can still be emitted
@@ -50,6 +51,7 @@ class Slot:
             accepted_tokens=accepted, acceptance_rate=accepted / self.draft_tokens if self.draft_tokens else None,
             tokens_per_forward=len(self.output) / forwards if forwards else None,
             accepted_per_round=list(self.accepted_per_round), drafts_per_round=list(self.drafts_per_round),
+            tree_per_round=list(self.tree_per_round),
             latency_s=time.perf_counter() - self.started,
             extra=dict(request.extra),
         )
@@ -115,7 +117,7 @@ class SlotTable:
         for slot, request, ids in new:
             # The prefill is the request's first target forward; it drafts nothing, so it accepts 0.
             self.records[slot] = Slot(request=request, prompt_ids=ids, length=len(ids), started=now,
-                                      accepted_per_round=[0], drafts_per_round=[0])
+                                      accepted_per_round=[0], drafts_per_round=[0], tree_per_round=[""])
             ids_t = to_device(ids, self.device)
             self.tokens[slot, : len(ids)] = ids_t
             self.noise_keys[slot] = request_key(self.seed, request.id)

@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import platform
+import re
 import signal
 import sys
 import time
@@ -176,6 +177,10 @@ def validate(job: JobConfig) -> None:
         (job.batch_size >= 1, f"batch_size={job.batch_size}: need >= 1"),
         (job.max_seq_len is None or job.max_seq_len >= 2, f"max_seq_len={job.max_seq_len}: need >= 2"),
         (job.drafter.name == DrafterName.none or job.drafter.k >= 1, f"drafter.k={job.drafter.k}: need >= 1"),
+        (job.drafter.tree is None or re.fullmatch(r"\s*[1-9]\d*x[1-9]\d*(\s*,\s*[1-9]\d*x[1-9]\d*)*\s*", job.drafter.tree),
+         f"drafter.tree={job.drafter.tree!r}: write BxD (branching x depth, e.g. 2x4), several comma-separated"),
+        (job.drafter.tree is None or job.drafter.name != DrafterName.none,
+         "drafter.tree needs a drafter: model, ngram or prompt_lookup"),
         (job.drafter.name != DrafterName.model or job.model.draft,
          "drafter=model needs model.draft (a draft model dir or hub id)"),
         (s.max_new_tokens >= 1, f"sampling.max_new_tokens={s.max_new_tokens}: need >= 1"),
@@ -278,6 +283,7 @@ def output_config(job: JobConfig, job_name: str, generator, index: int, count: i
     drafter = job.drafter.name
     return {
         "job": job_name, "drafter": drafter.value, "k_max": generator.k, "adaptive": generator.adaptive is not None,
+        "trees": [str(t) for t in generator.trees],
         "sampling": {key: getattr(value, "value", value) for key, value in asdict(job.sampling).items()},
         "batch_size": job.batch_size, "max_seq_len": generator.max_seq_len,
         "model": {"target": job.model.target, "draft": job.model.draft if drafter == DrafterName.model else None,
@@ -384,6 +390,7 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
             min_p=s.min_p, repetition_penalty=s.repetition_penalty, stop=tuple(s.stop), seed=s.seed,
             verify=s.verify.value,
             max_seq_len=job.max_seq_len, adaptive=job.drafter.adaptive, compile=job.model.compile.value,
+            tree=job.drafter.tree,
         )
     except ValueError as e:  # e.g. max_seq_len beyond the model's positions
         raise ConfigError(first_line(e)) from e
@@ -433,7 +440,9 @@ def drafter_text(drafter: Mapping[str, Any], sampling: Mapping[str, Any]) -> str
     adaptive = drafter.get("adaptive")
     if adaptive is None:
         adaptive = sampling.get("temperature", 0.0) == 0.0 or sampling.get("verify", "coupled") == "coupled"
-    return f"{name} (adaptive, k <= {drafter.get('k')})" if adaptive else f"{name} (k={drafter.get('k')})"
+    tree = f", trees {drafter['tree']}" if drafter.get("tree") else ""
+    return (f"{name} (adaptive, k <= {drafter.get('k')}{tree})" if adaptive
+            else f"{name} (tree {drafter['tree'].split(',')[0]})" if tree else f"{name} (k={drafter.get('k')})")
 
 
 def pa_fields(schema: pa.Schema, names: list[str]) -> pa.Schema:
@@ -516,7 +525,8 @@ def format_summary(summary: dict[str, Any], outcome) -> str:
         f"{drafter_text(config.get('drafter', {}), config.get('sampling') or {})}",
         f"  acceptance rate           {num(summary['acceptance_rate'], '.3f')}",
         f"  acceptance by position    {by_position}",
-        f"  rounds by drafts checked  {rounds_by_k_text(summary.get('rounds_by_k', []))}",
+        f"  rounds by drafts checked  {rounds_by_k_text(summary.get('rounds_by_k', []))}"
+        + "".join(f"  tree {t} {n}" for t, n in (summary.get("rounds_by_tree") or {}).items()),
         f"  tokens per target forward {num(summary['tokens_per_target_forward'])}",
         f"  shards finished           {len(summary['shards']['finished'])}/{summary['shards']['count']}",
     ]

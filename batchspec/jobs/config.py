@@ -96,7 +96,8 @@ class ModelConfig:
 class DrafterConfig:
     name: DrafterName = DrafterName.none
     k: int = 4  # most draft tokens per request per round (ignored by drafter=none)
-    adaptive: Optional[bool] = None  # pick 0..k drafts per round from acceptance and measured round cost; null = on when greedy
+    adaptive: Optional[bool] = None  # pick 0..k drafts per round from acceptance and measured round cost; null = on when greedy or coupled
+    tree: Optional[str] = None  # tree drafts "BxD" (branching x depth), several comma-separated; null = chains only
 
 
 @dataclass

@@ -53,6 +53,7 @@ class StatsDelta:
         self.proposed = list(stats.proposed_by_position)
         self.accepted = list(stats.accepted_by_position)
         self.by_k = list(stats.rounds_by_k)
+        self.by_tree = dict(stats.rounds_by_tree)
         self.rounds = stats.rounds
         self.time = time.perf_counter()
 
@@ -62,11 +63,14 @@ class StatsDelta:
             "proposed_by_position": [a - b for a, b in zip(s.proposed_by_position, self.proposed)],
             "accepted_by_position": [a - b for a, b in zip(s.accepted_by_position, self.accepted)],
             "rounds_by_k": [a - b for a, b in zip(s.rounds_by_k, self.by_k)],
+            "rounds_by_tree": {t: n - self.by_tree.get(t, 0) for t, n in s.rounds_by_tree.items()
+                               if n > self.by_tree.get(t, 0)},
             "rounds": s.rounds - self.rounds,
             "wall_s": now - self.time,
         }
         self.proposed, self.accepted = list(s.proposed_by_position), list(s.accepted_by_position)
         self.by_k = list(s.rounds_by_k)
+        self.by_tree = dict(s.rounds_by_tree)
         self.rounds, self.time = s.rounds, now
         return delta
 

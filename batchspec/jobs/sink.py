@@ -53,6 +53,7 @@ COLUMN_TYPES = {
     "tokens_per_forward": pa.float64(),
     "accepted_per_round": pa.list_(pa.int32()),
     "drafts_per_round": pa.list_(pa.int32()),
+    "tree_per_round": pa.list_(pa.string()),
     "latency_s": pa.float64(),
 }
 RESULT_SCHEMA = pa.schema([(name, COLUMN_TYPES[name]) for name in RESULT_COLUMNS])  # Result fields, same order
@@ -323,6 +324,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     proposed: list[int] = []
     accepted: list[int] = []
     by_k: list[int] = []
+    by_tree: Counter = Counter()
     wall = 0.0
     files = part_files(out_dir)
     for f in files:
@@ -339,6 +341,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, v in enumerate(theirs):
                 mine[i] += v
+        by_tree.update(meta.get("rounds_by_tree", {}))
     rows = sum(reasons.values())
     completion, forwards = totals["completion_tokens"], totals["target_forwards"]
     return {
@@ -353,6 +356,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "acceptance_rate": totals["accepted_tokens"] / totals["draft_tokens"] if totals["draft_tokens"] else None,
         "acceptance_by_position": [a / p if p else None for a, p in zip(accepted, proposed)],
         "rounds_by_k": by_k,  # verify passes by drafts checked (index 0: plain rounds): what adaptive chose
+        "rounds_by_tree": dict(sorted(by_tree.items())),  # tree verify passes by tree shape ("BxD")
         "tokens_per_target_forward": completion / forwards if forwards else None,
         "mean_accepted_length": totals["accepted_tokens"] / forwards if forwards else None,
         "files": len(files),

@@ -141,6 +141,8 @@ COLUMNS: list[Column] = [
     ("per-request tokens/forward p10 / p50 / p90",
      lambda o: " / ".join(num(pct(o.tokens_per_forward, q)) for q in (10, 50, 90)), "s", None),
     ("rounds by drafts checked", lambda o: rounds_by_k_text(o.totals["rounds_by_k"]), "s", None),
+    ("tree rounds by shape", lambda o: "  ".join(f"{t} {n}" for t, n in (o.totals.get("rounds_by_tree") or {}).items())
+     or "-", "s", None),
     ("latency p50 / p90 / max (s)",
      lambda o: " / ".join(num(pct(o.latency_s, q)) for q in (50, 90, 100)), "s", None),
     ("generation time (s)", lambda o: o.totals["wall_s"], ".1f", None),
