@@ -106,7 +106,7 @@ class RunStats:
     proposed_by_position: list[int] = field(default_factory=list)  # drafts proposed at draft position i
     accepted_by_position: list[int] = field(default_factory=list)  # ... of which accepted
     rounds_by_k: list[int] = field(default_factory=list)  # rounds whose verify pass checked k drafts (0 = plain)
-    rounds_by_tree: dict[str, int] = field(default_factory=dict)  # tree rounds by tree shape ("BxD[:N]")
+    rounds_by_tree: dict[str, int] = field(default_factory=dict)  # tree rounds by tree shape ("BxD")
 
     def add_round_row(self, drafted: int, accepted: int) -> None:
         """One request's part in a round: it proposed `drafted` drafts and `accepted` of them were kept."""

@@ -137,7 +137,7 @@ def test_greedy_parity_captured_by_torch_compile(llama_pair, drafter):
     assert [r.completion_token_ids for r in results] == llama_pair.reference
 
 
-# drafter, batch size, tree ("branching x depth[:nodes]"), compile
+# drafter, batch size, tree ("branching x depth"), compile
 TREE_CASES = [(d, b, t, "auto") for d in DRAFTERS[1:] for b, t in ((1, "2x3"), (3, "3x2"), (8, "2x4"))]
 TREE_CASES += [("model-identical", 3, "2x3", "static"), ("prompt_lookup", 8, "3x3", "static")]
 
