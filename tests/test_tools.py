@@ -119,3 +119,48 @@ def test_synthetic_pair_knobs_control_agreement(tmp_path):
                          device="cpu")
     assert models.draft.config.num_hidden_layers == 2 and models.target.config.num_hidden_layers == 6
     assert "greedy agreement" in (tmp_path / "pair" / "README.md").read_text()
+
+
+def _tree_bound():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import tree_bound
+
+    return tree_bound
+
+
+# rank hit rates, budget, expected tokens per round of the best tree, the root's children's subtree sizes
+BEST_TREES = [
+    ((1.0,), 4, 5.0, (4,)),  # a draft that is always right: the chain, all accepted, plus the bonus
+    ((0.5, 0.5), 2, 2.0, (1, 1)),  # two equally likely guesses: both, side by side
+    ((0.6, 0.4), 3, 2.36, (2, 1)),  # the third node below the first guess: 0.6 * (1 + 0.6) + 0.4
+    ((0.5,), 3, 1.875, (3,)),
+    ((0.873, 0.096, 0.020, 0.007), 8, 1 + sum(0.873 ** j for j in range(1, 9)), (8,)),  # the demo pair's ranks
+    # a chain of 3 below the first guess and the second guess beside it (1.075) beats three side by side
+    # with one below the first (0.5 * 1.5 + 0.2 + 0.1 = 1.05)
+    ((0.5, 0.2, 0.1), 4, 1 + 0.5 * (1 + 0.5 + 0.25) + 0.2, (3, 1)),
+]
+
+
+@pytest.mark.parametrize("hits,budget,tokens,sizes", BEST_TREES)
+def test_best_tree_of_a_budget(hits, budget, tokens, sizes):
+    """tools/tree_bound.py: Sequoia's recursion over subtree sizes, checked on trees worked out by hand."""
+    tb = _tree_bound()
+    value, got = tb.best_tree_tokens(list(hits), budget)
+    assert value == pytest.approx(tokens) and got == sizes
+    assert value >= tb.chain_tokens(list(hits), budget) - 1e-12  # a chain is one of the trees
+
+
+def test_tree_bound_runs_on_the_demo_pair(capsys):
+    """The tool end to end, and the teacher-forced chain on a hand-made run of hits."""
+    import torch
+
+    tb = _tree_bound()
+    assert tb.teacher_forced_chain([torch.tensor([True, True, False, True])], 2) == 2.0  # (3 + 2 + 1 + 2) / 4
+    tb.main(["--num-prompts", "2", "--max-new-tokens", "8", "--budgets", "1,4"])
+    out = capsys.readouterr().out
+    assert "2 prompts, 16 positions" in out and "r1 " in out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit() and "[" in line]
+    assert [r[0] for r in rows] == ["1", "4"]
