@@ -325,7 +325,10 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
     hf_static = next((c for c in field_ if c.kind == "hf_static"), None)
     nones = {(c.compile, c.verify): c for c in field_ if c.kind == "batchspec" and c.drafter == "none"}
     first_none = nones[variants(args)[0]]
-    reference = first_none.outputs  # greedy, or coupled sampling: what every contender of those must emit
+    # Greedy and coupled sampling emit plain decoding's tokens, in every compile mode (greedy runs are all
+    # "coupled" here): the first coupled none is the reference, never a rejection none, whose sampled
+    # tokens differ by design (`--verify rejection,coupled` runs that one first).
+    reference = next((c for (_, verify), c in nones.items() if verify == "coupled"), first_none).outputs
     rows = []
     for c in field_:
         rate = statistics.median(c.tokens_per_s)

@@ -55,6 +55,21 @@ def test_bench_runs_every_contender_and_checks_outputs(llama_pair, prompt_file, 
     assert table.startswith("| batch | HF batched tok/s | HF static tok/s | none [auto] tok/s |") and "\n| 3 | " in table
 
 
+@pytest.mark.slow
+def test_bench_checks_coupled_outputs_against_a_coupled_none(llama_pair, prompt_file, tmp_path, capsys):
+    """Sampled, rejection listed first: the coupled rows must equal the coupled none (plain decoding's draws),
+    not the rejection none, whose tokens differ by design."""
+    out = tmp_path / "bench.json"
+    bench.main(["--target", str(llama_pair.target), "--draft", str(llama_pair.draft), "--prompts", prompt_file,
+                "--num-prompts", "4", "--max-new-tokens", "10", "--batch-size", "2", "--k", "2", "--repeats", "1",
+                "--temperature", "0.9", "--verify", "rejection,coupled", "--drafters", "model", "--tree", "2x2",
+                "--no-hf-batch1", "--no-hf-static", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]  # one batch size: one report
+    coupled = [r for r in rows if r["verify"] == "coupled"]
+    assert len(coupled) == 4 and all(r["outputs_equal_to_none"] == 4 for r in coupled), coupled
+    assert "coupled sampled outputs (seed 0): all identical to drafter none" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("kind", ["parquet_folder", "jsonl", "saved_hf_dataset"])
 def test_prompts_come_from_any_job_source(tmp_path, kind):
     rows = [{"text": p} for p in PROMPTS[:5]] + [{"text": None}]
