@@ -109,7 +109,8 @@ class RunStats:
     rounds_by_tree: dict[str, int] = field(default_factory=dict)  # tree rounds by tree shape ("BxD")
 
     def add_round_row(self, drafted: int, accepted: int) -> None:
-        """One request's part in a round: it proposed `drafted` drafts and `accepted` of them were kept."""
+        """One request's part in a round: it proposed drafts at `drafted` positions (a chain's drafts, a
+        tree's depth) and the first `accepted` of them were kept."""
         for i in range(drafted):
             self.proposed_by_position[i] += 1
         for i in range(accepted):

@@ -71,9 +71,23 @@ def test_greedy_parity_with_adaptive_k(pair, drafter):
     assert [r.completion_token_ids for r in results] == pair.reference
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "model-random"])
-def test_stop_string_cuts_completion(pair, drafter):
-    """A stop string ends the request on accepted text; the completion is cut before it."""
+def assert_counts_add_up(r):
+    """A request's statistics against its tokens: every round emits its accepted drafts and then one token of
+    the target's own, except a last round cut short by an EOS or a stop string, which may end on a draft."""
+    assert r.accepted_tokens == sum(r.accepted_per_round) and r.draft_tokens == sum(r.drafts_per_round)
+    assert r.target_forwards == len(r.accepted_per_round)
+    assert r.target_forwards - 1 <= r.completion_tokens - r.accepted_tokens <= r.target_forwards, r
+
+
+STOP_CASES = [("none", None), ("ngram", None), ("model-random", None), ("model-identical", None),
+              ("model-identical", "2x3"), ("ngram", "2x2")]
+
+
+@pytest.mark.parametrize("drafter,tree", STOP_CASES, ids=[f"{d}-{t or 'chain'}" for d, t in STOP_CASES])
+def test_stop_string_cuts_completion(pair, drafter, tree):
+    """A stop string ends the request on accepted text; the completion is cut before it, and the drafts
+    of the tokens cut away are counted neither accepted nor checked (model-identical: the stop string
+    lands among accepted drafts)."""
     def visible_pair(text):  # a 2-character visible substring in the second half of the text
         return next((text[i : i + 2] for i in range(len(text) // 2, len(text) - 1) if text[i : i + 2].strip()
                      and "\ufffd" not in text[i : i + 2]), None)
@@ -81,8 +95,9 @@ def test_stop_string_cuts_completion(pair, drafter):
     texts = [pair.tokenizer.decode(ref, skip_special_tokens=True) for ref in pair.reference]
     index = next(i for i, text in enumerate(texts) if visible_pair(text))
     stop = visible_pair(texts[index])
-    results = run(pair, drafter, batch_size=3, k=4, stop=[stop])
+    results = run(pair, drafter, batch_size=3, k=4, stop=[stop], tree=tree)
     for result, expected in zip(results, pair.reference):
+        assert_counts_add_up(result)
         text = pair.tokenizer.decode(expected, skip_special_tokens=True)
         if stop in text:
             assert result.finish_reason == "stop"
@@ -150,6 +165,7 @@ def test_greedy_parity_with_trees(pair, drafter, batch_size, tree, compile):
     results = run(pair, drafter, batch_size, k=4, tree=tree, compile=compile)
     assert [r.completion_token_ids for r in results] == pair.reference
     for r in results:
+        assert_counts_add_up(r)
         assert r.target_forwards == len(r.accepted_per_round) == len(r.drafts_per_round) == len(r.tree_per_round)
         assert all(a <= d for a, d in zip(r.accepted_per_round, r.drafts_per_round))
         assert r.tree_per_round[0] == "" and set(r.tree_per_round[1:]) <= {tree}
@@ -157,6 +173,22 @@ def test_greedy_parity_with_trees(pair, drafter, batch_size, tree, compile):
         depth = int(tree.split("x")[1])
         rounds = [a for r in results for a in r.accepted_per_round[1:]]
         assert sum(a == depth for a in rounds) / len(rounds) > 0.6
+
+
+@pytest.mark.parametrize("tree", ["2x3", "3x2"])
+def test_acceptance_by_position_counts_a_tree_by_depth(pair, tree):
+    """A tree proposes one draft position per depth (its B x D nodes are not B x D positions): with the
+    target drafting for itself every position it reached is accepted."""
+    models = batchspec.load_models(str(pair.target), str(pair.target))
+    generator = batchspec.build_generator(models, drafter="model", k=3, batch_size=4, max_new_tokens=MAX_NEW,
+                                          tree=tree, adaptive=False)
+    results = generator.run(batchspec.Request(id=str(i), prompt=p) for i, p in enumerate(PROMPTS))
+    results = sorted(results, key=lambda r: int(r.id))  # run() yields in the order requests finish
+    assert [r.completion_token_ids for r in results] == pair.reference
+    depth = int(tree.split("x")[1])
+    by_position = generator.stats.acceptance_by_position
+    assert by_position[:depth] == [1.0] * depth and all(a is None for a in by_position[depth:]), by_position
+    assert sum(generator.stats.accepted_by_position) == generator.stats.accepted_tokens
 
 
 @pytest.mark.parametrize("drafter", ["model-identical", "ngram"])

@@ -268,6 +268,17 @@ def test_a_job_with_tree_drafts(tmp_path, tiny_models, monkeypatch):
     chain, tree = read_output(tmp_path / "chain"), read_output(tmp_path / "tree")
     assert [r["completion_token_ids"] for r in tree] == [r["completion_token_ids"] for r in chain]
     assert all(set(r["tree_per_round"][1:]) == {"3x3"} for r in tree if r["target_forwards"] > 1)
-    assert sum(summary(tmp_path / "tree")["rounds_by_tree"].values()) > 0
+    s = summary(tmp_path / "tree")
+    assert s["rounds_by_tree"]["3x3"] > 0 and not any(s["rounds_by_k"][1:])
+    # a tree drafts one position per depth: nothing is proposed at positions past 3
+    assert s["acceptance_by_position"][0] is not None and all(a is None for a in s["acceptance_by_position"][3:])
+    # The report predicts from tree rounds too: a 3x3 tree verifies 9 nodes (a forward of 10 tokens).
+    (tmp_path / "tree" / "calibrate.json").write_text(json.dumps(
+        {"drafter": "ngram", "curves": {"3": {"target_ms": [10.0 + t for t in range(12)], "draft_ms": 0.0}}}))
+    from batchspec.report import build_report
+
+    outs, _, printed = build_report([tmp_path / "tree"], tmp_path / "tree.html", plots=False)
+    assert outs[0].prediction["speedup"] == pytest.approx(s["tokens_per_target_forward"] * 10.0 / 19.0)
+    assert "ngram tree 3x3 fixed" in printed and f"3x3 {s['rounds_by_tree']['3x3']}" in printed
     assert run_inprocess(tmp_path, "job=tr", "drafter=none", "drafter.tree=2x2", "output.dir=bad",
                          monkeypatch=monkeypatch) == 2

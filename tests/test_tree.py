@@ -181,3 +181,13 @@ def test_a_mutated_residual_update_fails_the_same_test(iid, monkeypatch):
     first, second, _ = two_level(iid)
     stat, critical = chi2(first, second)
     assert stat > critical, (stat, critical)
+
+
+def test_a_tree_wider_than_the_draft_vocabulary_is_refused(llama_pair):
+    """B guesses per depth must be distinct tokens: a branching past the vocabulary is a clear error, not a
+    top-k failure inside the first round."""
+    import batchspec
+
+    models = batchspec.load_models(str(llama_pair.target), str(llama_pair.draft))
+    with pytest.raises(ValueError, match=r"tree 400x1: branching 400 exceeds the draft's vocabulary"):
+        batchspec.build_generator(models, drafter="model", k=2, tree="400x1")

@@ -109,8 +109,8 @@ class SpecBatchGenerator:
                                track_presence=sampling.repetition_penalty != 1.0)
         self.stops = StopRules(tokenizer, eos_token_ids=eos_token_ids, stop=stop, max_new_tokens=max_new_tokens,
                                max_seq_len=max_seq_len, device=self.device)
-        self.stats = RunStats(proposed_by_position=[0] * max([k, *self.tree_slots]),
-                              accepted_by_position=[0] * max([k, *self.tree_slots]), rounds_by_k=[0] * (k + 1))
+        self.stats = RunStats(proposed_by_position=[0] * self.deepest, accepted_by_position=[0] * self.deepest,
+                              rounds_by_k=[0] * (k + 1))  # draft positions: a tree has one per depth
         self._all_rows = torch.arange(batch_size, device=self.device)
         self._admitting = True
         # With adaptive speculation k is the most drafts per round; each round's k is chosen from acceptance and cost.
@@ -340,20 +340,25 @@ class SpecBatchGenerator:
         for i in plan.busy:
             row, slot, new = plan.rows[i], self.slots[plan.rows[i]], outcome.emitted[i]
             m, n_drafts = outcome.num_accepted[i], outcome.num_drafts[i]
-            # An EOS inside the round cuts it: drafts past the cut were moot, counted neither way.
-            kept = min(m, len(new))
-            if len(new) < m + 1:
-                n_drafts = min(n_drafts, len(new))
+            # Draft positions: a chain's drafts, a tree's depth (only one node per depth can be accepted).
+            positions = outcome.depth[i] if outcome.depth is not None else n_drafts
+            before = len(slot.output)
             slot.output.extend(new)
             slot.length += len(new)
+            reason = self.stops.finish_reason(slot, outcome.hit_eos[i], len(new))  # a stop string cuts output
+            # An EOS or a stop string inside the round cuts it: drafts past the cut were moot, counted
+            # neither way (the tokens kept are the accepted drafts first, then the target's own).
+            kept_tokens = len(slot.output) - before
+            kept = min(m, kept_tokens)
+            if kept_tokens < m + 1:
+                n_drafts, positions = min(n_drafts, kept_tokens), min(positions, kept_tokens)
             slot.draft_tokens += n_drafts
             slot.accepted_per_round.append(kept)
             slot.drafts_per_round.append(n_drafts)
             slot.tree_per_round.append(str(plan.spec) if plan.tree is not None else "")
-            self.stats.add_round_row(n_drafts, kept)
+            self.stats.add_round_row(positions, kept)
             emitted.append(new)
             accepted.append(m)
-            reason = self.stops.finish_reason(slot, outcome.hit_eos[i], len(new))
             if reason is not None:
                 finished.append(self._finish(row, reason))
         if plan.tree is None:

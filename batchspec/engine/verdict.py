@@ -28,9 +28,10 @@ class RoundOutcome:
 
     emitted: list[list[int]]  # the tokens each row emits (accepted drafts + one, cut after an EOS)
     num_accepted: list[int]  # drafts the target agreed with (before any EOS cut)
-    num_drafts: list[int]  # drafts the row proposed
+    num_drafts: list[int]  # drafts the row proposed (a tree: its nodes)
     hit_eos: list[bool]  # the emitted tokens end with an EOS
     last_node: list[int] | None = None  # a tree round: the verify position of each row's deepest accepted node
+    depth: list[int] | None = None  # a tree round: the depth of each row's deepest node (its draft positions)
 
 
 @dataclass(slots=True)
@@ -43,13 +44,14 @@ class Verdict:
     hit_eos: torch.Tensor  # bool
     num_drafts: torch.Tensor
     path: torch.Tensor | None = None  # [b, T] a tree round's accepted path (verify positions from the root)
+    depth: torch.Tensor | None = None  # [b] a tree round: the depth of each row's deepest valid node
 
     def to_host(self) -> RoundOutcome:
         """One device -> host copy for everything the host needs from the round."""
         width = self.tokens.shape[1]
         flags = [self.num_emit, self.num_accepted, self.hit_eos.long(), self.num_drafts]
         if self.path is not None:
-            flags.append(self.path.gather(1, self.num_accepted[:, None])[:, 0])
+            flags += [self.path.gather(1, self.num_accepted[:, None])[:, 0], self.depth]
         rows = torch.cat([self.tokens, torch.stack(flags, dim=1)], dim=1).tolist()
         return RoundOutcome(
             emitted=[row[: row[width]] for row in rows],
@@ -57,6 +59,7 @@ class Verdict:
             num_drafts=[row[width + 3] for row in rows],
             hit_eos=[bool(row[width + 2]) for row in rows],
             last_node=[row[width + 4] for row in rows] if self.path is not None else None,
+            depth=[row[width + 5] for row in rows] if self.path is not None else None,
         )
 
 
@@ -120,4 +123,5 @@ def decide_tree(logits: torch.Tensor, draft: Draft, shape: TreeShape, *, samplin
         verdict = follow_rejection(p, drafts, draft.q_at, shape, u_accept, u_final,
                                    max_children=draft.branching or None)
     num_emit, hit_eos = stops.cut_at_eos(verdict.tokens, verdict.num_accepted)
-    return Verdict(verdict.tokens, verdict.num_accepted, num_emit, hit_eos, draft.num_tokens, verdict.chain_t)
+    depth = torch.where(shape.valid, shape.depth[:, 1:], 0).amax(dim=1)  # [b]: how deep each row's tree goes
+    return Verdict(verdict.tokens, verdict.num_accepted, num_emit, hit_eos, draft.num_tokens, verdict.chain_t, depth)

@@ -8,6 +8,8 @@ for the distributions and the best / worst requests; the configuration from each
 
 from __future__ import annotations
 
+from collections import Counter
+
 import json
 import os
 import re
@@ -213,9 +215,11 @@ def predict(out: Output, curves: list[CostCurve]) -> dict[str, Any]:
 
         tokens per target forward * t(1) / mean round cost,  round cost of k drafts = t(k + 1) + k * t_draft
 
-    with the mean over the rounds by drafts checked (rounds_by_k) — the bench's formula, each round at
-    the k it checked. t(T) is one target forward of T tokens per row at the job's batch size; t_draft
-    one draft-model forward (0 for lookup drafters). Returns {"speedup", "curve"} or {"why": reason}."""
+    with the mean over the rounds by drafts checked (rounds_by_k) and by tree shape (rounds_by_tree: a
+    BxD tree verifies B*D nodes after D draft steps, t(B*D + 1) + D * t_draft) — the bench's formula,
+    each round at the shape it checked. t(T) is one target forward of T tokens per row at the job's batch
+    size; t_draft one draft-model forward (0 for lookup drafters). Returns {"speedup", "curve"} or
+    {"why": reason}."""
     cfg, totals = out.config, out.totals
     drafter = cfg.get("drafter")
     if drafter in (None, "none"):
@@ -229,16 +233,20 @@ def predict(out: Output, curves: list[CostCurve]) -> dict[str, Any]:
     if not at_batch:
         return {"why": f"cost curves at batch sizes {sizes} in {', '.join(sorted({c.source.name for c in curves}))}; "
                        f"none at this job's batch size {batch if batch else out.batch_sizes}"}
-    rounds = {k: n for k, n in enumerate(totals.get("rounds_by_k") or []) if n}
+    # (tokens verified after the pending one, draft steps) -> rounds: chains of k, then trees BxD
+    rounds = Counter({(k, k): n for k, n in enumerate(totals.get("rounds_by_k") or []) if n})
+    for shape, n in (totals.get("rounds_by_tree") or {}).items():
+        branching, depth = (int(x) for x in shape.split("x"))
+        rounds[branching * depth, depth] += n
     tpf = totals.get("tokens_per_target_forward")
     if not rounds or not tpf:
         return {"why": "no verify rounds recorded"}
     for curve in at_batch:
         draft_ms = 0.0 if drafter != "model" else curve.draft_ms
-        if draft_ms is None or any(k + 1 not in curve.target_ms for k in rounds) or 1 not in curve.target_ms:
+        if draft_ms is None or any(v + 1 not in curve.target_ms for v, _ in rounds) or 1 not in curve.target_ms:
             continue
-        round_ms = sum(n * (curve.target_ms[k + 1] + k * draft_ms) for k, n in rounds.items()) / sum(rounds.values())
+        round_ms = sum(n * (curve.target_ms[v + 1] + d * draft_ms) for (v, d), n in rounds.items()) / sum(rounds.values())
         return {"speedup": tpf * curve.target_ms[1] / round_ms, "curve": curve, "round_ms": round_ms}
-    widths = sorted(k + 1 for k in rounds)
+    widths = sorted({v + 1 for v, _ in rounds})
     return {"why": f"the cost curve at batch {batch} lacks a forward of {widths} tokens"
                    + (" or a draft-model time" if drafter == "model" else "")}

@@ -59,7 +59,11 @@ def drafting(cfg: dict[str, Any]) -> str:
         return "configuration unknown"
     if name == "none":
         return "none (plain decoding)"
-    return f"{name} k≤{cfg.get('k_max')} adaptive" if cfg.get("adaptive") else f"{name} k={cfg.get('k_max')} fixed"
+    trees = ",".join(cfg.get("trees") or [])
+    if cfg.get("adaptive"):
+        return f"{name} k≤{cfg.get('k_max')}" + (f" + trees {trees}" if trees else "") + " adaptive"
+    # Without adaptive a tree, when given, drafts every round (the first tree of a list).
+    return f"{name} tree {trees.split(',')[0]} fixed" if trees else f"{name} k={cfg.get('k_max')} fixed"
 
 
 def sampling(cfg: dict[str, Any]) -> str:
@@ -298,8 +302,9 @@ def terminal_summary(outs: list[Output], html_path: Path, plots: int, missing_pl
     if len(outs) == 1:
         o = outs[0]
         lines.append(f"  {o.label}")
+        trees = ("tree rounds by shape",) if o.totals.get("rounds_by_tree") else ()
         for name in ("rows", "errors", "tokens/s", "tokens per target forward", "acceptance", "acceptance by position",
-                     "rounds by drafts checked", "latency p50 / p90 / max (s)", "shards finished"):
+                     "rounds by drafts checked", *trees, "latency p50 / p90 / max (s)", "shards finished"):
             lines.append(f"  {name:<28} {cell(o, columns[name])}")
         pred = o.prediction
         lines.append(f"  {'predicted speedup':<28} " + (f"{pred['speedup']:.2f}x" if "speedup" in pred else

@@ -38,6 +38,10 @@ class ModelDrafter:
         self.sampling, self.device = sampling, model.device
         self.draft_vocab = self.runner.vocab_size
         self.target_vocab = target_vocab_size
+        for spec in trees:  # its B guesses per depth are distinct tokens of the draft's vocabulary
+            if spec.branching > min(self.draft_vocab, target_vocab_size):
+                raise ValueError(f"tree {spec}: branching {spec.branching} exceeds the draft's vocabulary "
+                                 f"({min(self.draft_vocab, target_vocab_size)} tokens)")
         self.valid = [0] * num_slots  # per slot: leading draft-cache entries known to be right (host)
         self._round: tuple[list[int], list[int], int] | None = None  # rows, lengths, steps of the last propose
         self._step_times: dict[int, tuple[float, float]] = {}  # bucket -> seconds of the 2-token, 1-token step
