@@ -84,7 +84,7 @@ def build_generator(
     if adaptive is None:
         adaptive = sampling.greedy or sampling.coupled
     capture = resolve_capture(compile, models.target.device)
-    trees = tuple(TreeSpec.parse(t) for t in str(tree).split(",") if t.strip()) if tree else ()
+    trees = TreeSpec.parse_list(tree)
     if trees and drafter == "none":
         raise ValueError("tree drafts need a drafter (model, ngram or prompt_lookup)")
     # Scratch room past max_seq_len: a chain's k drafts, or a tree's nodes.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,3 +162,36 @@ class RunStats:
             "acceptance_by_position": self.acceptance_by_position, "rounds_by_k": list(self.rounds_by_k),
             "rounds_by_tree": dict(self.rounds_by_tree),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class TreeSpec:
+    """The shape of the trees a drafter proposes, written "BxD" (e.g. "2x4"): `depth` levels of
+    `branching` nodes each. A draft model drafts its chain of `depth` tokens (the spine) and puts its
+    next `branching - 1` guesses beside each spine token as leaves; lookups follow `branching` earlier
+    matches `depth` tokens deep (their prefix tree). Either way at most branching x depth nodes."""
+
+    branching: int
+    depth: int
+
+    @classmethod
+    def parse(cls, text: str) -> "TreeSpec":
+        m = re.fullmatch(r"\s*(\d+)x(\d+)\s*", str(text))
+        if not m:
+            raise ValueError(f"tree {text!r}: write BxD (branching x depth), e.g. 2x4")
+        spec = cls(int(m.group(1)), int(m.group(2)))
+        if spec.branching < 1 or spec.depth < 1:
+            raise ValueError(f"tree {text!r}: branching and depth must be at least 1")
+        return spec
+
+    @classmethod
+    def parse_list(cls, text: str | None) -> tuple["TreeSpec", ...]:
+        """"2x4,2x8" -> the trees, in order (empty items skipped; None or "" -> none). Raises ValueError."""
+        return tuple(cls.parse(t) for t in str(text).split(",") if t.strip()) if text else ()
+
+    @property
+    def nodes(self) -> int:
+        return self.branching * self.depth
+
+    def __str__(self) -> str:
+        return f"{self.branching}x{self.depth}"

@@ -49,7 +49,7 @@ from .sink import (CONFIG_KEY, RESULT_SCHEMA, ParquetSink, atomic_write_text, ch
 from .prompts import PromptBuilder, template_columns
 from .sources import RowSelector, SourceError, open_source, shard_from_env
 from ..paths import missing_local_path
-from ..types import rounds_by_k_text
+from ..types import TreeSpec, rounds_by_k_text
 
 log = logging.getLogger("batchspec")
 
@@ -173,12 +173,14 @@ def validate(job: JobConfig) -> None:
     for name, value in floats.items():
         if not math.isfinite(value):
             raise ConfigError(f"sampling.{name}={value}: need a finite number")
+    try:  # the same parser as the Python API's tree=
+        TreeSpec.parse_list(job.drafter.tree)
+    except ValueError as e:
+        raise ConfigError(f"drafter.{e}; several comma-separated") from None
     checks = [
         (job.batch_size >= 1, f"batch_size={job.batch_size}: need >= 1"),
         (job.max_seq_len is None or job.max_seq_len >= 2, f"max_seq_len={job.max_seq_len}: need >= 2"),
         (job.drafter.name == DrafterName.none or job.drafter.k >= 1, f"drafter.k={job.drafter.k}: need >= 1"),
-        (job.drafter.tree is None or re.fullmatch(r"\s*[1-9]\d*x[1-9]\d*(\s*,\s*[1-9]\d*x[1-9]\d*)*\s*", job.drafter.tree),
-         f"drafter.tree={job.drafter.tree!r}: write BxD (branching x depth, e.g. 2x4), several comma-separated"),
         (job.drafter.tree is None or job.drafter.name != DrafterName.none,
          "drafter.tree needs a drafter: model, ngram or prompt_lookup"),
         (job.drafter.name != DrafterName.model or job.model.draft,
