@@ -337,3 +337,25 @@ def test_every_package_is_in_the_wheel():
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "batchspec").rglob("__init__.py")}
     assert found <= listed, sorted(found - listed)
+
+
+def test_the_gpu_tools_need_no_job_runner_packages():
+    """The device machines have torch, transformers and pyarrow but not hydra-core, omegaconf or datasets:
+    the Python API, the bench, calibrate and the GPU tools must import and parse their arguments without
+    them (README: On a GPU)."""
+    root = Path(__file__).resolve().parents[1]
+    script = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("hydra", "omegaconf", "datasets"):
+            raise ImportError("not on the device machine: " + name)
+sys.meta_path.insert(0, Block())
+sys.path.insert(0, {str(root / "tools")!r})
+import batchspec, batchspec.bench, batchspec.calibrate, gpu_check, synthetic_pair, tree_bound
+from batchspec.calibrate import read_prompts
+assert len(read_prompts({str(ASSETS_DIR / "demo" / "prompts.parquet")!r}, 3, "prompt", None)) == 3
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
