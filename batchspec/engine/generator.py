@@ -95,14 +95,13 @@ class SpecBatchGenerator:
         if trees and not drafter.policy.trees:
             raise ValueError("this drafter proposes no trees")
         self.trees = tuple(trees)
-        self.tree_slots = [drafter.tree_slots(spec) for spec in self.trees]  # node slots N of each tree
         self.deepest = max([k, *(spec.depth for spec in self.trees)])  # the most drafts a row may need room for
-        self.widest = max([k, *self.tree_slots])  # the most tokens a round verifies beyond the pending one
+        self.widest = max([k, *(spec.nodes for spec in self.trees)])  # the most tokens a round verifies past the pending one
         # Slack past max_seq_len: rows that draft fewer than the longest row write padding there, and a
         # tree's nodes take scratch entries past its root.
-        capacity = max_seq_len + max([k, *self.tree_slots]) + 1
+        capacity = max_seq_len + self.widest + 1
         self.runner = ModelRunner(target, num_slots=batch_size, capacity=capacity, max_position=max_seq_len,
-                                  capture=capture, widths={*range(1, k + 2), *(n + 1 for n in self.tree_slots)},
+                                  capture=capture, widths={*range(1, k + 2), *(s.nodes + 1 for s in self.trees)},
                                   name="target")
         self.static = capture is not None
         self.slots = SlotTable(batch_size, capacity, self.runner.vocab_size, self.device, seed=sampling.seed,
@@ -111,7 +110,6 @@ class SpecBatchGenerator:
                                max_seq_len=max_seq_len, device=self.device)
         self.stats = RunStats(proposed_by_position=[0] * self.deepest, accepted_by_position=[0] * self.deepest,
                               rounds_by_k=[0] * (k + 1))  # draft positions: a tree has one per depth
-        self._all_rows = torch.arange(batch_size, device=self.device)
         self._admitting = True
         # With adaptive speculation k is the most drafts per round; each round's k is chosen from acceptance and cost.
         self.costs = StepTable(self._step_seconds) if self.static else RoundTimes()
@@ -241,7 +239,7 @@ class SpecBatchGenerator:
         room = [r.budget(self.deepest, self.max_new_tokens, self.max_seq_len) if r is not None else 0 for r in records]
         most = [min(self.k, n) for n in room]
         busy = [i for i, r in enumerate(records) if r is not None]
-        rows_t = self._all_rows if self.static else to_device(rows, self.device)
+        rows_t = self.runner.slot_index if self.static else to_device(rows, self.device)
         lengths_t = self.runner.lengths[rows_t] + 1  # the cache holds seq[:L-1]
         span = slice(rows[0], rows[-1] + 1) if rows and rows[-1] - rows[0] == len(rows) - 1 else None
         ctx = DraftContext(rows, lengths, most, self.slots.tokens, self.slots.presence, self.slots.noise_keys,
@@ -399,6 +397,6 @@ class SpecBatchGenerator:
         speculation chooses from (k = 0..k_max, then the trees): timed replays of the captured steps."""
         chains = [self.runner.time_step(k + 1, kv_len) + self.drafter.draft_seconds(k, kv_len)
                   for k in range(self.k + 1)]
-        trees = [self.runner.time_step(n + 1, kv_len, tree=True) + self.drafter.draft_seconds(spec.depth, kv_len)
-                 for spec, n in zip(self.trees, self.tree_slots)]
+        trees = [self.runner.time_step(spec.nodes + 1, kv_len, tree=True) + self.drafter.draft_seconds(spec.depth, kv_len)
+                 for spec in self.trees]
         return chains + trees

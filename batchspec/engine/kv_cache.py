@@ -89,12 +89,6 @@ class SlotKVCache(Cache):
         super().__init__(layers=[SlotLayer(self.plan, num_slots, max_len) for _ in range(num_layers)])
         self.num_slots, self.max_len = num_slots, max_len
 
-    def all_rows(self, device: torch.device) -> torch.Tensor:
-        """[0, 1, ..., num_slots - 1] on `device`, made once."""
-        if getattr(self, "_all_rows", None) is None:
-            self._all_rows = torch.arange(self.num_slots, device=device)
-        return self._all_rows
-
     @classmethod
     def for_model(cls, model: PreTrainedModel, num_slots: int, max_len: int) -> "SlotKVCache":
         return cls(model.config.get_text_config().num_hidden_layers, num_slots, max_len)

@@ -32,7 +32,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .kv_cache import SlotKVCache, causal_mask
-from .tree import TreeShape, tree_mask, tree_shape
+from .tree import TreeShape, chain_parents, tree_mask, tree_shape
 
 log = logging.getLogger("batchspec")
 
@@ -102,6 +102,7 @@ class ModelRunner:
         self.num_slots, self.capacity, self.max_position = num_slots, capacity, max_position
         self.cache = SlotKVCache.for_model(model, num_slots, capacity)
         self.lengths = torch.zeros(num_slots, dtype=torch.long, device=self.device)
+        self.slot_index = torch.arange(num_slots, device=self.device)  # every slot, in order
         self.widths = set(widths)
         self.buckets = kv_buckets(capacity)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
@@ -175,7 +176,7 @@ class ModelRunner:
         window = ancestors.shape[2] if ancestors is not None else 0  # a tree's scratch window (0: a chain)
         if rows is not None:
             span = rows if isinstance(rows, slice) else None
-            index = self.cache.all_rows(self.device)[span] if span is not None else rows
+            index = self.slot_index[span] if span is not None else rows
             return self._call(tokens, self.lengths[index], kv_len, 1 if last_only else 0, depth, ancestors,
                               index, span)
         width = tokens.shape[1]
@@ -303,7 +304,7 @@ class ModelRunner:
         tokens = torch.zeros(self.num_slots, width, dtype=torch.long, device=self.device)
         shape = None
         if tree:  # a chain written as a tree: the same shape and work as any tree of this width
-            parents = torch.arange(width - 1, device=self.device).expand(self.num_slots, width - 1) - 1
+            parents = chain_parents(self.num_slots, width - 1, self.device)
             shape = tree_shape(parents, torch.ones_like(parents, dtype=torch.bool))
         saved = self.lengths.clone()
         self.lengths.fill_(self.capacity - width)

@@ -121,7 +121,7 @@ def decide_tree(logits: torch.Tensor, draft: Draft, shape: TreeShape, *, samplin
         u_final = uniforms(noise_keys, lengths[:, None] + torch.arange(drafts.shape[1] + 1, device=logits.device),
                            STREAM_RESAMPLE)
         verdict = follow_rejection(p, drafts, draft.q_at, shape, u_accept, u_final,
-                                   max_children=draft.branching or None)
+                                   max_children=draft.spec.branching)
     num_emit, hit_eos = stops.cut_at_eos(verdict.tokens, verdict.num_accepted)
     depth = torch.where(shape.valid, shape.depth[:, 1:], 0).amax(dim=1)  # [b]: how deep each row's tree goes
     return Verdict(verdict.tokens, verdict.num_accepted, num_emit, hit_eos, draft.num_tokens, verdict.chain_t, depth)

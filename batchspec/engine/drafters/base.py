@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+from ...types import TreeSpec
 from ..runner import to_device
 
 
@@ -37,7 +38,7 @@ class DrafterPolicy:
     bursty: bool = False
     draft_forwards: bool = False
     catches_up: bool = False
-    trees: bool = False  # can propose trees (propose_tree / tree_slots)
+    trees: bool = False  # can propose trees (propose_tree)
 
 
 LOOKUP_POLICY = DrafterPolicy(propose_first=True, bursty=True, trees=True)
@@ -86,13 +87,7 @@ class Draft:
     valid: torch.Tensor | None = None  # [b, W] bool: the tree's real nodes
     q_at: torch.Tensor | None = None  # [b, W + 1, V] a tree's q after each verify position (rejection
     #                                   sampling with drawn children); None: children are one-hot
-    depth: int = 0  # a tree's depth (host): a bound on how far a round can go
-    branching: int = 0  # a tree's most children per node (host)
-    spec: object | None = None  # the TreeSpec that shaped it
-
-    @property
-    def is_tree(self) -> bool:
-        return self.parents is not None
+    spec: TreeSpec | None = None  # a tree: the shape that bounds it (depth, children per node)
 
     def truncate(self, width: int) -> "Draft":
         """The same proposals cut to at most `width` tokens per row (a lookup's first tokens do not depend
@@ -110,8 +105,8 @@ class Drafter(Protocol):
     def commit(self, slots: list[int], emitted: list[list[int]], num_accepted: list[int]) -> None: ...
     def draft_seconds(self, k: int, kv_len: int) -> float: ...  # device time of proposing k tokens (captured steps)
     # Drafters whose policy says `trees`:
-    #   propose_tree(ctx, spec) -> Draft       a tree per row (ctx.k[i] bounds row i's depth)
-    #   tree_slots(spec) -> int                its node slots N: the verify width is N + 1
+    #   propose_tree(ctx, spec) -> Draft       a tree per row in spec.nodes node slots (the verify width is
+    #                                          spec.nodes + 1); ctx.k[i] bounds row i's depth
 
 
 def empty_draft(b: int, device: torch.device) -> Draft:

@@ -24,8 +24,7 @@ def lookup_tree(sequences: list[list[list[int]]], spec: TreeSpec, device: torch.
 
 def tree_draft(continuations: torch.Tensor, valid: torch.Tensor, spec: TreeSpec) -> Draft:
     tokens, parents, keep = prefix_tree(continuations, valid)
-    return Draft(tokens=tokens * keep, num_tokens=keep.sum(1), parents=parents, valid=keep, depth=spec.depth,
-                 branching=spec.branching, spec=spec)
+    return Draft(tokens=tokens * keep, num_tokens=keep.sum(1), parents=parents, valid=keep, spec=spec)
 
 
 class NGramDrafter:
@@ -81,11 +80,12 @@ class NGramDrafter:
             if not best:
                 return out
             out.append(best[0])
-            context = context[1:] + best if len(context) >= self.max_order - 1 else context + best
+            context = self._extend(context, best[0])
         return out
 
-    def tree_slots(self, spec: TreeSpec) -> int:
-        return spec.branching * spec.depth
+    def _extend(self, context: list[int], token: int) -> list[int]:
+        """The context after `token`: the last max_order - 1 tokens at most."""
+        return (context[1:] if len(context) >= self.max_order - 1 else context) + [token]
 
     def propose_tree(self, ctx: DraftContext, spec: TreeSpec) -> Draft:
         """The `branching` best first tokens, each continued as a chain to `depth`: their prefix tree."""
@@ -94,8 +94,7 @@ class NGramDrafter:
             depth = min(k, spec.depth)
             context = list(self.history[slot][-(self.max_order - 1) :]) if depth > 0 else []
             firsts = self._candidates(slot, context, spec.branching) if depth > 0 else []
-            rows.append([[t] + self._predict(slot, depth - 1, context[1:] + [t] if len(context) >= self.max_order - 1
-                                             else context + [t]) for t in firsts])
+            rows.append([[t] + self._predict(slot, depth - 1, self._extend(context, t)) for t in firsts])
         return lookup_tree(rows, spec, self.device)
 
     def propose(self, ctx: DraftContext) -> Draft:
@@ -133,6 +132,18 @@ class PromptLookupDrafter:
     def draft_seconds(self, k, kv_len):
         return 0.0  # one vectorized match whatever k is: part of the round's overhead
 
+    def _matches(self, seq: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor | None:
+        """seq [b, S], lengths [b] -> [b, S - n + 1]: the start of every earlier occurrence of each row's
+        trailing n-gram, -1 elsewhere (None: the sequences are too short). An earlier match must end
+        before the last token, so that a continuation exists."""
+        if seq.shape[1] < n + 1:
+            return None
+        tail = seq.gather(1, (lengths[:, None] - n + torch.arange(n, device=self.device)).clamp(min=0))  # [b, n]
+        windows = seq.unfold(1, n, 1)  # [b, S-n+1, n]
+        where = torch.arange(windows.shape[1], device=self.device)[None, :]
+        match = (windows == tail[:, None, :]).all(-1) & (where + n < lengths[:, None]) & (lengths[:, None] > n)
+        return torch.where(match, where, -1)
+
     def propose(self, ctx: DraftContext) -> Draft:
         b, k_max = len(ctx.rows), max(ctx.k, default=0)
         if k_max == 0:
@@ -141,15 +152,10 @@ class PromptLookupDrafter:
         seq = ctx.tokens[ctx.rows_t, : max(ctx.lengths)]  # [b, S]
         start = torch.full((b,), -1, dtype=torch.long, device=self.device)  # continuation start per row
         for n in range(self.max_n, self.min_n - 1, -1):
-            if seq.shape[1] < n + 1:
+            found = self._matches(seq, lengths, n)
+            if found is None:
                 continue
-            tail_idx = (lengths[:, None] - n + torch.arange(n, device=self.device)).clamp(min=0)
-            tail = seq.gather(1, tail_idx)  # [b, n]
-            windows = seq.unfold(1, n, 1)  # [b, S-n+1, n]
-            where = torch.arange(windows.shape[1], device=self.device)[None, :]
-            # An earlier match must end before the last token, so that a continuation exists.
-            match = (windows == tail[:, None, :]).all(-1) & (where + n < lengths[:, None]) & (lengths[:, None] > n)
-            last = torch.where(match, where, -1).max(dim=1).values
+            last = found.max(dim=1).values  # the most recent match
             start = torch.where((start < 0) & (last >= 0), last + n, start)
         k = to_device(ctx.k, self.device)
         num = torch.where(start >= 0, torch.minimum(k, lengths - start), torch.zeros_like(k)).clamp(min=0)
@@ -162,9 +168,6 @@ class PromptLookupDrafter:
             tokens = tokens[:, : max(host_num)]
         return Draft(tokens=tokens, num_tokens=num, host_num=host_num)
 
-    def tree_slots(self, spec: TreeSpec) -> int:
-        return spec.branching * spec.depth
-
     def propose_tree(self, ctx: DraftContext, spec: TreeSpec) -> Draft:
         """The continuations of the `branching` most recent earlier occurrences of the trailing n-gram
         (the longest n that has any), each up to `depth` tokens: their prefix tree. Vectorized over rows."""
@@ -174,13 +177,10 @@ class PromptLookupDrafter:
         seq = ctx.tokens[ctx.rows_t, :width]  # [b, S]
         starts = torch.full((b, m), -1, dtype=torch.long, device=self.device)
         for n in range(self.max_n, self.min_n - 1, -1):
-            if width < n + 1:
+            found = self._matches(seq, lengths, n)
+            if found is None:
                 continue
-            tail = seq.gather(1, (lengths[:, None] - n + torch.arange(n, device=self.device)).clamp(min=0))
-            windows = seq.unfold(1, n, 1)  # [b, S-n+1, n]
-            where = torch.arange(windows.shape[1], device=self.device)[None, :]
-            match = (windows == tail[:, None, :]).all(-1) & (where + n < lengths[:, None]) & (lengths[:, None] > n)
-            found = torch.where(match, where, -1).topk(min(m, windows.shape[1]), dim=1).values + n  # most recent first
+            found = found.topk(min(m, found.shape[1]), dim=1).values + n  # most recent first
             found = torch.nn.functional.pad(found, (0, m - found.shape[1]), value=-1)
             found = torch.where(found >= n, found, -1)
             starts = torch.where((starts[:, :1] < 0), found, starts)  # rows without a longer match take this n

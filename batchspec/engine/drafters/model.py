@@ -132,9 +132,6 @@ class ModelDrafter:
 
     # ---- trees -------------------------------------------------------------------------------------
 
-    def tree_slots(self, spec: TreeSpec) -> int:
-        return spec.branching * spec.depth
-
     @torch.inference_mode()
     def propose_tree(self, ctx: DraftContext, spec: TreeSpec) -> Draft:
         """A spine with side branches: the chain this drafter would propose (`depth` tokens, its best guess
@@ -148,8 +145,7 @@ class ModelDrafter:
         if steps == 0:
             self._round = None
             empty = torch.zeros(b, width_b * depth, dtype=torch.long, device=self.device)
-            return Draft(tokens=empty, num_tokens=empty[:, 0], parents=empty - 1, valid=empty.bool(), depth=depth,
-                         branching=width_b, spec=spec)
+            return Draft(tokens=empty, num_tokens=empty[:, 0], parents=empty - 1, valid=empty.bool(), spec=spec)
         kv_len = max(ctx.lengths) + steps - 1
         logits, rows, where, start, width = self._first_step(ctx, kv_len)
         presence = ctx.presence[ctx.rows_t] if ctx.presence is not None else None
@@ -187,8 +183,7 @@ class ModelDrafter:
             for d, q in enumerate(q_spine[1:], start=1):
                 q_at[:, (d - 1) * width_b + 1] = q
         self._round = ("tree", list(ctx.rows), list(ctx.lengths), steps, width_b)
-        return Draft(tokens=tokens * valid, num_tokens=valid.sum(1), parents=parents, valid=valid, q_at=q_at,
-                     depth=depth, branching=width_b, spec=spec)
+        return Draft(tokens=tokens * valid, num_tokens=valid.sum(1), parents=parents, valid=valid, q_at=q_at, spec=spec)
 
     def draft_seconds(self, k: int, kv_len: int) -> float:
         """k drafted tokens: one 2-token step and k - 1 one-token steps (timed replays, per length bucket)."""
