@@ -287,7 +287,7 @@ class SpecBatchGenerator:
         ctx.k = plan.budgets = room
         ctx.gumbel = self._noise(plan.rows_t, plan.lengths_t, spec.depth + 1) if self.sampling.coupled else None
         draft = self.drafter.propose_tree(ctx, spec)
-        plan.tree, plan.spec, plan.gumbel = tree_shape(draft.parents, draft.valid), spec, ctx.gumbel
+        plan.tree, plan.spec, plan.gumbel = tree_shape(draft.parents, draft.valid, spec.depth), spec, ctx.gumbel
         plan.k, plan.shape = draft.tokens.shape[1], self.k + 1 + j
         return plan, draft
 

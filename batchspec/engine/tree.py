@@ -40,22 +40,21 @@ class TreeShape:
 
     depth [b, T] (root 0), ancestors [b, T, T] bool (u is t or an ancestor of t; everyone has the root),
     parent_t [b, N] the parent's verify position of node i (0 = root), rank [b, N] the node's index among
-    its valid siblings, valid [b, N]."""
+    its valid siblings, valid [b, N]; max_depth (host) a bound on every node's depth, so that following a
+    path takes max_depth steps, not N."""
 
     depth: torch.Tensor
     ancestors: torch.Tensor
     parent_t: torch.Tensor
     rank: torch.Tensor
     valid: torch.Tensor
-
-    @property
-    def max_depth(self) -> int:
-        return self.depth.shape[1] - 1  # a static bound (a chain of all N nodes); no host sync
+    max_depth: int
 
 
-def tree_shape(parents: torch.Tensor, valid: torch.Tensor) -> TreeShape:
+def tree_shape(parents: torch.Tensor, valid: torch.Tensor, max_depth: int | None = None) -> TreeShape:
     """parents [b, N] (-1 = the root's child), valid [b, N] bool -> TreeShape. A loop over the N node
-    slots of small tensor ops (no host sync, no loop over rows)."""
+    slots of small tensor ops (no host sync, no loop over rows). max_depth: a bound on the depth known on
+    the host (a TreeSpec's depth); default N, the depth of a chain of every node."""
     b, n = parents.shape
     device = parents.device
     parent_t = (parents + 1).clamp(min=0)  # [b, N]
@@ -71,7 +70,7 @@ def tree_shape(parents: torch.Tensor, valid: torch.Tensor) -> TreeShape:
     same_parent = (parent_t[:, :, None] == parent_t[:, None, :]) & valid[:, None, :]  # [b, N, N]
     earlier = torch.ones(n, n, dtype=torch.bool, device=device).tril(-1)  # j < i
     rank = (same_parent & earlier).sum(-1)
-    return TreeShape(depth, ancestors, parent_t, rank, valid)
+    return TreeShape(depth, ancestors, parent_t, rank, valid, n if max_depth is None else max_depth)
 
 
 def chain_parents(b: int, k: int, device: torch.device) -> torch.Tensor:
@@ -100,9 +99,9 @@ def node_noise(gumbel: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
 
 @dataclass(slots=True)
 class TreeVerdict:
-    """The accepted path of every row: chain_t [b, N + 1] the verify positions from the root down the
-    path (entries past num_accepted repeat the last), num_accepted [b] (its depth), tokens [b, N + 1] what
-    the row emits: tokens[:, :num_accepted + 1]."""
+    """The accepted path of every row: chain_t [b, D + 1] (D = the shape's max_depth) the verify positions
+    from the root down the path (entries past num_accepted repeat the last), num_accepted [b] (its depth),
+    tokens [b, D + 1] what the row emits: tokens[:, :num_accepted + 1]."""
 
     chain_t: torch.Tensor
     num_accepted: torch.Tensor
@@ -112,12 +111,12 @@ class TreeVerdict:
 def follow(target: torch.Tensor, drafts: torch.Tensor, shape: TreeShape) -> TreeVerdict:
     """Greedy and coupled acceptance. target [b, T]: the target's token after each verify position (its
     argmax, or argmax(s + G)); drafts [b, N] the node tokens."""
-    b, n = drafts.shape
+    b, depth = drafts.shape[0], shape.max_depth
     device = drafts.device
     cur = torch.zeros(b, dtype=torch.long, device=device)
     alive = torch.ones(b, dtype=torch.bool, device=device)
-    chain = torch.zeros(b, n + 1, dtype=torch.long, device=device)
-    for d in range(1, n + 1):
+    chain = torch.zeros(b, depth + 1, dtype=torch.long, device=device)
+    for d in range(1, depth + 1):
         want = target.gather(1, cur[:, None])  # [b, 1]: the token the target emits after cur
         match = (shape.parent_t == cur[:, None]) & shape.valid & (drafts == want)
         found = match.any(1) & alive
@@ -133,19 +132,21 @@ def follow_rejection(p: torch.Tensor, drafts: torch.Tensor, q_at: torch.Tensor |
     """Multi-draft rejection sampling over the tree (the seed's iterative speculative sampling).
 
     p [b, T, V]: the target's distribution after each verify position; drafts [b, N]; q_at [b, T, V]: the
-    distribution the children of each position were drawn from (None: one-hot, deterministic children); u_accept [b, N] a
-    uniform per node, u_final [b, N + 1] one per depth for the emitted draw. Children are tried in rank
-    order; a fixed order is exact for i.i.d. or deterministic children.
+    distribution the children of each position were drawn from (None: one-hot, deterministic children);
+    u_accept [b, N] a uniform per node, u_final [b, D + 1] one per depth (D = shape.max_depth) for the
+    emitted draw. Children are tried in rank order; a fixed order is exact for i.i.d. or deterministic
+    children.
     """
     b, n = drafts.shape
+    depth = shape.max_depth
     device = p.device
     rows = torch.arange(b, device=device)
     children = max_children if max_children is not None else n
     cur = torch.zeros(b, dtype=torch.long, device=device)
     alive = torch.ones(b, dtype=torch.bool, device=device)
-    chain = torch.zeros(b, n + 1, dtype=torch.long, device=device)
+    chain = torch.zeros(b, depth + 1, dtype=torch.long, device=device)
     final = torch.zeros(b, dtype=torch.long, device=device)
-    for d in range(1, n + 1):
+    for d in range(1, depth + 1):
         residual = p[rows, cur]  # [b, V]: p' at the current node
         moved = torch.zeros(b, dtype=torch.bool, device=device)
         for r in range(children):
@@ -167,8 +168,8 @@ def follow_rejection(p: torch.Tensor, drafts: torch.Tensor, q_at: torch.Tensor |
         final = torch.where(stop, sample(residual, u_final[:, d - 1]), final)
         alive &= moved
         chain[:, d] = cur
-    # Rows still alive at the last depth accepted a leaf at depth N: their bonus is drawn from p there.
-    final = torch.where(alive, sample(p[rows, cur], u_final[:, n]), final)
+    # Rows still alive at the last depth accepted a leaf at depth D: their bonus is drawn from p there.
+    final = torch.where(alive, sample(p[rows, cur], u_final[:, depth]), final)
     num_accepted = (chain[:, 1:] != chain[:, :-1]).sum(1)
     tokens = torch.cat([drafts, drafts.new_zeros(b, 1)], dim=1).gather(1, (chain[:, 1:] - 1).clamp(min=0))
     tokens = torch.cat([tokens, tokens.new_zeros(b, 1)], dim=1)
@@ -183,7 +184,7 @@ def residual_after_rejection(residual: torch.Tensor, q: torch.Tensor, mass: torc
 
 
 def compaction(lengths: torch.Tensor, chain_t: torch.Tensor, num_accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cache moves that put the accepted path at its positions: (src, dst) [b, N], moving index
+    """Cache moves that put the accepted path at its positions: (src, dst) [b, D], moving index
     lengths + chain_t[:, d] to lengths + d for d = 1..num_accepted (lengths = entries before the root);
     entries past the path move onto themselves."""
     n = chain_t.shape[1] - 1

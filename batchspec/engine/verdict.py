@@ -118,7 +118,7 @@ def decide_tree(logits: torch.Tensor, draft: Draft, shape: TreeShape, *, samplin
         # may share one, but a round never decides two nodes of one depth.
         counter = (lengths[:, None] + shape.depth[:, 1:] - 1) * 1024 + shape.rank
         u_accept = uniforms(noise_keys, counter, STREAM_TREE_ACCEPT)
-        u_final = uniforms(noise_keys, lengths[:, None] + torch.arange(drafts.shape[1] + 1, device=logits.device),
+        u_final = uniforms(noise_keys, lengths[:, None] + torch.arange(shape.max_depth + 1, device=logits.device),
                            STREAM_RESAMPLE)
         verdict = follow_rejection(p, drafts, draft.q_at, shape, u_accept, u_final,
                                    max_children=draft.spec.branching)
