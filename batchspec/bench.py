@@ -244,12 +244,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"bench: warning: --repeats {args.repeats}: medians of fewer than 3 interleaved repeats are noise",
               flush=True)
     args.compile = [m.strip() for m in str(args.compile).split(",") if m.strip()]
-    args.tree = [t.strip() for t in str(args.tree).split(",") if t.strip()]
-    for tree in args.tree:
-        try:
-            TreeSpec.parse(tree)
-        except ValueError as e:
-            parser.error(f"--tree: {e}")
+    try:
+        args.tree = [str(t) for t in TreeSpec.parse_list(args.tree)]
+    except ValueError as e:
+        parser.error(f"--tree: {e}")
     args.verify = [m.strip() for m in str(args.verify).split(",") if m.strip()]
     if not set(args.verify) <= {"coupled", "rejection"}:
         parser.error(f"--verify: choose coupled, rejection or both, got {args.verify}")

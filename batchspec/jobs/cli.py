@@ -19,7 +19,6 @@ import logging
 import math
 import os
 import platform
-import re
 import signal
 import sys
 import time

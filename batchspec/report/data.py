@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from ..jobs.sink import CONFIG_KEY, part_files, read_part, summarize
-from ..types import FINISH_ERROR
+from ..types import FINISH_ERROR, TreeSpec
 
 ROW_COLUMNS = ["id", "finish_reason", "draft_tokens", "acceptance_rate", "tokens_per_forward", "latency_s",
                "accepted_per_round"]
@@ -236,8 +236,8 @@ def predict(out: Output, curves: list[CostCurve]) -> dict[str, Any]:
     # (tokens verified after the pending one, draft steps) -> rounds: chains of k, then trees BxD
     rounds = Counter({(k, k): n for k, n in enumerate(totals.get("rounds_by_k") or []) if n})
     for shape, n in (totals.get("rounds_by_tree") or {}).items():
-        branching, depth = (int(x) for x in shape.split("x"))
-        rounds[branching * depth, depth] += n
+        spec = TreeSpec.parse(shape)
+        rounds[spec.nodes, spec.depth] += n
     tpf = totals.get("tokens_per_target_forward")
     if not rounds or not tpf:
         return {"why": "no verify rounds recorded"}
