@@ -8,20 +8,28 @@ SpecBatchGenerator whose `run(requests)` pulls requests lazily and yields Result
 
 from __future__ import annotations
 
+import logging
+from functools import partial
 from typing import Iterable, Sequence
+
+import torch
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .engine.drafters import make_drafter
 from .engine.generator import SpecBatchGenerator
-from .engine.runner import resolve_capture
+from .engine.graphs import LaunchCounter, StepGraphs, resolve_capture
+from .engine.memory import Shape, fit_buckets
+from .engine.memory import estimate as memory_estimate
+from .engine.runner import kv_buckets, kv_capacity
 from .engine.sampling import SamplingParams
-from .engine.tree import TreeSpec
+from .types import TreeSpec
 from .models import Models, load_models
 from .textcheck import text_problem
 from .types import Request, Result
 
 DEFAULT_MAX_SEQ_LEN = 2048
+log = logging.getLogger("batchspec")
 
 __all__ = ["generate", "load_models", "build_generator", "Models"]
 
@@ -42,64 +50,98 @@ def build_generator(
     k: int = 4,
     batch_size: int = 8,
     max_new_tokens: int = 128,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
-    repetition_penalty: float = 1.0,
+    sampling: SamplingParams | None = None,
     stop: Iterable[str] = (),
-    seed: int = 0,
     max_seq_len: int | None = None,
     adaptive: bool | None = None,
     profile: bool = False,
     compile: str | bool = "auto",
-    verify: str = "coupled",
     tree: str | None = None,
+    launches: LaunchCounter | None = None,
+    graph_memory: int | None = None,
+    **sampling_fields,
 ) -> SpecBatchGenerator:
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
     defaults to min(the model's position limit, 2048) and may not exceed the position limit.
 
-    adaptive: choose each round's number of drafts (0..k) from per-row acceptance and the round cost measured as it runs (adaptive.py).
-    None means on wherever it cannot change the output: greedy decoding and coupled sampling; off with
-    rejection sampling, where it would make seeded output depend on machine load.
+    sampling: a SamplingParams, or its fields as keywords (temperature, top_k, top_p, min_p,
+    repetition_penalty, seed, verify; engine/sampling.py). verify: how sampled drafts are verified.
+    coupled (default): every token is the target's own draw with noise keyed by (seed, request id,
+    position), so the output does not depend on the drafter, k, adaptive choices, batch or order;
+    rejection: Leviathan's rejection sampling, the highest acceptance for a draft model, but seeded output
+    then changes with the drafter and k.
 
-    verify: how sampled drafts are verified (engine/sampling.py). coupled (default): every token is the
-    target's own draw with noise keyed by (seed, request id, position), so the output does not depend on
-    the drafter, k, adaptive choices, batch or order; rejection: Leviathan's rejection sampling, the
-    highest acceptance for a draft model, but seeded output then changes with the drafter and k.
+    adaptive: choose each round's number of drafts (0..k) from per-row acceptance and the round cost
+    measured as it runs (adaptive.py). None means on wherever it cannot change the output: greedy decoding
+    and coupled sampling; off with rejection sampling, where it would make seeded output depend on load.
 
-    compile: capture the static-shape forwards (decode, verify, draft steps). auto = CUDA graphs on a GPU,
-    eager on CPU; on = CUDA graphs on a GPU, torch.compile (inductor) on CPU; off = eager everywhere.
+    compile: auto = CUDA graphs on a GPU (every step captured at start), eager on CPU; on = CUDA graphs on
+    a GPU, torch.compile (inductor) of the forwards on CPU; off = eager everywhere; static = the captured
+    path's static shapes without capturing (tests, launch counts).
 
-    tree: tree drafts (engine/tree.py), "BxD" (branching x depth), or several comma-separated: with adaptive off every round drafts the first; with adaptive each round
-    chooses between plain decoding, chains of up to k drafts and these trees."""
+    tree: tree drafts (engine/tree.py), "BxD" (branching x depth), or several comma-separated: with
+    adaptive off every round drafts the first; with adaptive each round chooses between plain decoding,
+    chains of up to k drafts and these trees.
+
+    launches: a LaunchCounter (graphs.py) to count the ops rounds dispatch outside captured steps.
+    graph_memory: bytes the captured steps may take on a GPU (None: what is free after the KV caches, less
+    1 GiB); fewer length buckets are captured to fit (engine/memory.py)."""
     limit = model_max_positions(models.target)
     if max_seq_len is None:
         max_seq_len = min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
     elif limit is not None and max_seq_len > limit:
         raise ValueError(f"max_seq_len={max_seq_len} exceeds the target's {limit} positions")
+    if sampling is None:
+        sampling = SamplingParams(**sampling_fields)
+    elif sampling_fields:
+        raise TypeError("pass sampling= or its fields as keywords, not both")
     if drafter == "none":
         k = 0
-    sampling = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed, verify)
-    if adaptive is None:
-        adaptive = sampling.greedy or sampling.coupled
-    capture = resolve_capture(compile, models.target.device)
     trees = TreeSpec.parse_list(tree)
     if trees and drafter == "none":
         raise ValueError("tree drafts need a drafter (model, ngram or prompt_lookup)")
-    # Scratch room past max_seq_len: a chain's k drafts, or a tree's nodes.
-    slack = max([k] + [t.nodes for t in trees])
+    device = models.target.device
+    graphs = StepGraphs(resolve_capture(compile, device), device, launches)
+    capacity = kv_capacity(max_seq_len, k, trees)
+    buckets = capture_buckets(models, graphs.mode, capacity, batch_size=batch_size, k=k, trees=trees,
+                              sampling=sampling, drafter=drafter, budget=graph_memory)
     target_vocab = models.target.get_output_embeddings().weight.shape[0]
     draft = make_drafter(
-        drafter, device=models.target.device, num_slots=batch_size, capacity=max_seq_len + slack + 3,
-        max_position=max_seq_len, target_vocab_size=target_vocab, sampling=sampling, draft_model=models.draft,
-        capture=capture, trees=trees,
+        drafter, graphs=graphs, num_slots=batch_size, capacity=capacity, max_position=max_seq_len,
+        target_vocab_size=target_vocab, sampling=sampling, draft_model=models.draft, trees=trees, buckets=buckets,
     )
     return SpecBatchGenerator(
         models.target, models.tokenizer, drafter=draft, sampling=sampling, batch_size=batch_size,
-        max_seq_len=max_seq_len, max_new_tokens=max_new_tokens, eos_token_ids=models.eos_token_ids,
-        stop=stop, k=k, adaptive=adaptive, profile=profile, capture=capture, trees=trees,
+        max_seq_len=max_seq_len, max_new_tokens=max_new_tokens, eos_token_ids=models.eos_token_ids, graphs=graphs,
+        stop=stop, k_max=k, adaptive=sampling.adapts_by_default if adaptive is None else adaptive, trees=trees,
+        profile=profile, buckets=buckets,
     )
+
+
+def capture_buckets(models: Models, mode: str | None, capacity: int, *, batch_size: int, k: int, trees, sampling,
+                    drafter: str, budget: int | None) -> list[int]:
+    """The attended-length buckets of the static steps: all of them, or on a GPU as many as the memory
+    budget for captured steps allows (engine/memory.py; default: what is free after the KV caches, less
+    1 GiB). Logs the estimate when capturing."""
+    buckets = kv_buckets(capacity)
+    if mode != "cuda_graphs":
+        return buckets
+    target = models.target
+    widths = sorted({*range(1, k + 2), *(t.nodes + 1 for t in trees)})
+    dtype_bytes = target.dtype.itemsize
+    draft = Shape.of(models.draft.config) if drafter == "model" and models.draft is not None else None
+    if budget is None:
+        free = torch.cuda.mem_get_info(target.device)[0]
+        kv = sum(2 * (batch_size + 1) * capacity * s.kv_heads * s.head_dim * s.layers * dtype_bytes
+                 for s in filter(None, (Shape.of(target.config), draft)))
+        budget = free - kv - (1 << 30)
+    estimate_for = partial(memory_estimate, Shape.of(target.config), num_slots=batch_size, widths=widths,
+                           dtype_bytes=dtype_bytes, draft=draft, draft_steps=max([k, *(t.depth for t in trees)]),
+                           noise=sampling.coupled, probs=not (sampling.greedy or sampling.coupled) and draft is not None)
+    chosen, memory = fit_buckets(buckets, budget, lambda b: estimate_for(buckets=b))
+    log.info("captured steps: about %s%s", memory,
+             "" if chosen == buckets else f"; buckets {chosen} of {buckets} to fit {budget >> 20:,} MiB")
+    return chosen
 
 
 def checked_request(request_id: str, prompt: str | list[int]) -> Request:
@@ -169,11 +211,11 @@ def generate(
                        for r in requests if isinstance(r.prompt, (str, list))), default=1)
         limit = model_max_positions(models.target)
         max_seq_len = max(2, longest + max_new_tokens if limit is None else min(limit, longest + max_new_tokens))
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                              repetition_penalty=repetition_penalty, seed=seed, verify=verify)
     generator = build_generator(
-        models, drafter=drafter, k=k, batch_size=batch_size, max_new_tokens=max_new_tokens,
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-        stop=stop, seed=seed, max_seq_len=max_seq_len, adaptive=adaptive, compile=compile, verify=verify,
-        tree=tree,
+        models, drafter=drafter, k=k, batch_size=batch_size, max_new_tokens=max_new_tokens, sampling=sampling,
+        stop=stop, max_seq_len=max_seq_len, adaptive=adaptive, compile=compile, tree=tree,
     )
     by_id = {r.id: r for r in generator.run(requests)}
     return [by_id[i] for i in ids]

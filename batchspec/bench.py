@@ -37,10 +37,9 @@ import torch
 
 from .api import build_generator
 from .calibrate import forward_ms, read_prompts, sync
-from .engine.runner import resolve_capture
-from .engine.tree import TreeSpec
+from .engine.graphs import LaunchCounter, resolve_capture
 from .models import load_models
-from .types import Request, RunStats, rounds_by_k_text
+from .types import Request, TreeSpec, rounds_by_k_text
 
 DEMO = Path(__file__).parent / "assets" / "demo"
 
@@ -119,12 +118,7 @@ def run_batchspec(contender: Contender, models, prompts, args):
             profile=args.profile, compile=contender.compile, temperature=args.temperature, top_p=args.top_p,
             top_k=args.top_k, seed=args.seed, verify=contender.verify, tree=contender.tree,
         )
-    k = generator.k
-    positions = len(generator.stats.proposed_by_position)
-    generator.stats = RunStats(proposed_by_position=[0] * positions, accepted_by_position=[0] * positions,
-                               rounds_by_k=[0] * (k + 1))
-    generator.timings = dict.fromkeys(generator.timings, 0.0)
-    generator.noise_s = 0.0
+    generator.reset_stats()
     sync(models.target.device)
     t0 = time.perf_counter()
     results = list(generator.run(Request(str(i), p) for i, p in enumerate(prompts)))
@@ -141,6 +135,26 @@ def run_batchspec(contender: Contender, models, prompts, args):
     contender.timings = {name: (contender.timings or {}).get(name, 0.0) + t
                          for name, t in {**generator.timings, "noise": generator.noise_s}.items()}
     return generator.stats.completion_tokens / elapsed, outputs
+
+
+def count_launches(contender: Contender, models, prompts, args) -> dict:
+    """One untimed run of the contender over the static path (compile=static) with a LaunchCounter: the aten
+    ops each round dispatches outside captured steps, per phase, the steps it runs and its host syncs."""
+    counter = LaunchCounter()
+    generator = build_generator(
+        models, drafter=contender.drafter, k=contender.k, batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, adaptive=contender.adaptive,
+        compile="static", temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+        verify=contender.verify, tree=contender.tree, launches=counter,
+    )
+    with counter:
+        for _ in generator.run(Request(str(i), p) for i, p in enumerate(prompts)):
+            pass
+    rounds, tokens = max(generator.stats.rounds, 1), max(generator.stats.completion_tokens, 1)
+    return {"ops_per_round": {k: round(v / rounds, 1) for k, v in counter.ops.items() if k != "admit"},
+            "steps_per_round": round(sum(v for k, v in counter.replays.items() if k != "admit") / rounds, 1),
+            "syncs_per_round": sum(v for k, v in counter.syncs.items() if k != "admit") / rounds,
+            "admit_ops_per_token": counter.ops.get("admit", 0) / tokens, "problems_in_steps": counter.in_step[:5]}
 
 
 def randomize(model, seed: int) -> None:
@@ -221,7 +235,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--verify", default="coupled", help="with sampling: coupled, rejection, or both "
                         "(coupled,rejection) side by side")
     parser.add_argument("--profile", action="store_true", help="sync the GPU after every round phase, so that the "
-                        "printed split of round time is exact (it slows the rounds down a little)")
+                        "printed split of round time is exact (it slows the rounds down a little); and count, in one "
+                        "more untimed run of each batchspec contender over the static path, the ops a round "
+                        "dispatches outside captured steps (what a GPU pays in kernel launches)")
     parser.add_argument("--no-hf-static", dest="hf_static", action="store_false",
                         help="skip HF generate with cache_implementation='static'")
     parser.add_argument("--no-hf-batch1", dest="hf_batch1", action="store_false", help="skip the batch-1 HF contenders")
@@ -363,6 +379,14 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
             noise = f"  (coupled noise {c.timings['noise'] / total:.1%})" if c.timings.get("noise") else ""
             print(f"  {c.name:32s} " + " / ".join(f"{c.timings[n] / total:.0%}" for n in
                                                   ("draft", "verify", "accept", "bookkeeping", "admit")) + noise)
+    launches = {c.name: count_launches(c, models, prompts, args) for c in field_ if c.kind == "batchspec"} \
+        if args.profile else {}
+    if launches:
+        print("launches (ops dispatched outside captured steps, static path; per round by phase | steps run per round "
+              "| host syncs per round | admission ops per generated token):")
+        for name, n in launches.items():
+            print(f"  {name:32s} {n['ops_per_round']} | {n['steps_per_round']} | {n['syncs_per_round']:.2f} | "
+                  f"{n['admit_ops_per_token']:.3f}")
     adaptive_vs_best = {}
     for mode, verify in variants(args):
         for drafter in args.drafters:
@@ -388,6 +412,7 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
           "DIFFER: " + ", ".join(f"{r['contender']} {r['num_prompts'] - r['outputs_equal_to_none']}" for r in bound
                                  if r["outputs_equal_to_none"] != len(prompts))))
     return {"args": vars(args), "batch_size": batch_size, "cost_ms": cost, "rows": rows, "greedy_identical": same,
+            "launches": launches,
             "adaptive_vs_best_fixed": adaptive_vs_best, "table": table,
             "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                         "device": torch.cuda.get_device_name() if models.target.device.type == "cuda" else "cpu"}}

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from .api import build_generator
+from .engine.graphs import StepGraphs
 from .engine.runner import ModelRunner
 from .models import Models, load_models
 from .types import Request
@@ -41,8 +42,12 @@ def forward_ms(model, batch_size: int, width: int, context: int, repeats: int = 
     """Median ms of one forward of `width` tokens per row for `batch_size` rows with `context` cached
     (a static step over every slot; captured first when `capture` says so, as the generator does)."""
     capacity = context + width + 1
-    runner = ModelRunner(model, num_slots=batch_size, capacity=capacity, max_position=capacity, capture=capture,
+    graphs = StepGraphs(capture, model.device)
+    runner = ModelRunner(model, num_slots=batch_size, capacity=capacity, max_position=capacity, graphs=graphs,
                          widths=[width], name="calibrate")
+    tokens = torch.zeros(batch_size, width, dtype=torch.long, device=model.device)
+    runner.declare_steps(tokens, torch.zeros(batch_size, capacity, dtype=torch.long, device=model.device), prefill=False)
+    graphs.capture_all()
     ids = torch.randint(3, 100, (batch_size, context), device=model.device)
     runner.prefill(list(range(batch_size)), ids, [0] * batch_size, [context] * batch_size)
     return 1000 * runner.time_step(width, context + width, repeats=repeats)

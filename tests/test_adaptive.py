@@ -13,6 +13,7 @@ import random
 import pytest
 
 from batchspec.engine.adaptive import LOOKUP, AdaptiveK, expected_tokens
+from batchspec.types import TreeSpec
 
 # Round time relative to a 1-token step for k = 0..4: the CPU cost curve measured on the demo pair.
 CPU_CURVE = [1.0, 1.27, 1.43, 1.60, 1.77]
@@ -35,7 +36,7 @@ def simulate(alphas, curve, *, rounds=3000, noise=0.2, seed=0, alpha_at=None, co
     chosen = []
     skipped = 0
     for r in range(rounds):
-        k = controller.choose(slots, [k_max] * len(slots))
+        k = controller.choose_index(slots, [k_max] * len(slots))
         accepted = []
         for i in slots:
             a = alphas[i] if alpha_at is None else alpha_at(r, i)
@@ -48,7 +49,7 @@ def simulate(alphas, curve, *, rounds=3000, noise=0.2, seed=0, alpha_at=None, co
             t, skipped = t + catch_up * skipped, 0
         else:
             skipped += 1
-        controller.observe(k, t, slots, [k] * len(slots), [k] * len(slots), accepted)
+        controller.observe_index(k, t, slots, [k] * len(slots), [k] * len(slots), accepted)
         tokens += sum(m + 1 for m in accepted)
         seconds += t
         chosen.append(k)
@@ -110,12 +111,12 @@ def test_follows_a_change_in_acceptance():
 def test_budget_zero_rows_expect_one_token_whatever_k():
     controller = AdaptiveK(4)
     for k in reversed(range(5)):  # time every k at b = 2: k = 4 is cheapest per round
-        controller.observe(k, 1.0 - 0.1 * k, [0, 1], [k, k], [k, k], [k, k])
+        controller.observe_index(k, 1.0 - 0.1 * k, [0, 1], [k, k], [k, k], [k, k])
     # Both rows have room for no draft: every k predicts 2 tokens, and no draft can be proposed, so
     # the round is a plain one whatever its timings say.
     assert controller.predicted_rate(3, [0, 1], [0, 0]) == pytest.approx(2 / 0.7)
-    assert controller.choose([0, 1], [0, 0]) == 0
-    assert controller.choose([0, 1], [0, 2]) == 2  # never wider than the longest budget
+    assert controller.choose_index([0, 1], [0, 0]) == 0
+    assert controller.choose_index([0, 1], [0, 2]) == 2  # never wider than the longest budget
 
 
 # ---- lookup drafters: proposals first, then the verify width ----------------------------------------
@@ -154,13 +155,13 @@ def simulate_lookup(rows, curve, policy, *, rounds=3000, noise=0.2, seed=0):
                 m += 1
             proposed.append(n)
             right.append(m)
-        k = policy.choose(slots, proposed) if isinstance(policy, AdaptiveK) else policy
+        k = policy.choose_index(slots, proposed) if isinstance(policy, AdaptiveK) else policy
         budgets = [min(k, n) for n in proposed]
         width = max(budgets)  # the verify pass is as wide as the longest draft kept
         accepted = [min(m, b) for m, b in zip(right, budgets)]
         t = curve[width] * (1 + rng.uniform(-noise, noise))
         if isinstance(policy, AdaptiveK):
-            policy.observe(width, t, slots, budgets, budgets, accepted)
+            policy.observe_index(width, t, slots, budgets, budgets, accepted)
         tokens += sum(m + 1 for m in accepted)
         seconds += t
     return tokens / seconds
@@ -178,16 +179,16 @@ def test_lookup_width_reaches_90_percent_of_the_best_fixed_k_and_never_loses_to_
 def test_cost_of_an_unseen_batch_size_borrows_the_nearest_curve():
     controller = AdaptiveK(2)
     for k, t in enumerate([1.0, 1.5, 2.0]):
-        controller.observe(k, t, list(range(8)), [k] * 8, [k] * 8, [0] * 8)
+        controller.observe_index(k, t, list(range(8)), [k] * 8, [k] * 8, [0] * 8)
     assert controller.cost(2, 3) == pytest.approx(2.0)  # nothing at b = 3: the b = 8 curve as is
-    controller.observe(0, 0.5, [0, 1, 2], [0] * 3, [0] * 3, [0] * 3)
+    controller.observe_index(0, 0.5, [0, 1, 2], [0] * 3, [0] * 3, [0] * 3)
     assert controller.cost(2, 3) == pytest.approx(1.0)  # scaled by the k = 0 time measured at b = 3
 
 
 def test_a_new_request_starts_from_the_pooled_acceptance():
     controller = AdaptiveK(4)
     for _ in range(50):
-        controller.observe(4, 1.0, [0, 1], [4, 4], [4, 4], [4, 0])
+        controller.observe_index(4, 1.0, [0, 1], [4, 4], [4, 4], [4, 0])
     assert controller.alpha(0) > 0.9 and controller.alpha(1) < 0.2
     controller.admit(1)
     assert controller.alpha(1) == pytest.approx(controller.pooled_alpha)
@@ -211,12 +212,12 @@ def simulate_with_tree(alpha, curve, tree_cost, tree_bonus, *, rounds=3000, rows
     chain of 4 emits plus, when the chain missed, one more token with probability tree_bonus (a side
     branch hit). Returns (tokens/s, share of tree rounds)."""
     rng = random.Random(seed)
-    controller = AdaptiveK(4, tree_depths=(4,))
+    controller = AdaptiveK(4, trees=(TreeSpec(2, 4),))
     slots = list(range(rows))
     tokens = seconds = 0.0
     trees = 0
     for _ in range(rounds):
-        shape = controller.choose(slots, [4] * rows)
+        shape = controller.choose_index(slots, [4] * rows)
         depth = 4 if shape == 5 else shape
         accepted = []
         for _ in slots:
@@ -227,7 +228,7 @@ def simulate_with_tree(alpha, curve, tree_cost, tree_bonus, *, rounds=3000, rows
                 m += 1
             accepted.append(m)
         t = (tree_cost if shape == 5 else curve[shape]) * (1 + rng.uniform(-0.2, 0.2))
-        controller.observe(shape, t, slots, [4] * rows, [depth] * rows, accepted)
+        controller.observe_index(shape, t, slots, [4] * rows, [depth] * rows, accepted)
         tokens += sum(m + 1 for m in accepted)
         seconds += t
         trees += shape == 5

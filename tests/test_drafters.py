@@ -5,14 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchspec.engine.drafters import DraftContext, NGramDrafter, PromptLookupDrafter
+from batchspec.engine.drafters import NGramDrafter, PromptLookupDrafter
+from batchspec.engine.round import Round, RoundBuffers
+from batchspec.types import TreeSpec
 
 
-def context(seqs: list[list[int]], k: list[int]) -> DraftContext:
-    width = max(len(s) for s in seqs) + 8
-    tokens = torch.tensor([s + [0] * (width - len(s)) for s in seqs])
-    return DraftContext(rows=list(range(len(seqs))), lengths=[len(s) for s in seqs], k=k, tokens=tokens,
-                        presence=None, noise_keys=torch.zeros(len(seqs), dtype=torch.long))
+def context(seqs: list[list[int]], k: list[int]) -> Round:
+    """A round over rows 0..b-1 (slots = rows) whose rows may draft k[i] tokens."""
+    b = len(seqs)
+    buffers = RoundBuffers(b, 8, 32, torch.device("cpu"), noise=False, probs=False, trees=True)
+    return Round(rows=list(range(b)), rows_t=torch.arange(b), span=slice(0, b), lengths=[len(s) for s in seqs],
+                 lengths_t=torch.tensor([len(s) for s in seqs]), running=list(range(b)), room=list(k), budgets=list(k),
+                 static=False, buffers=buffers)
 
 
 def proposals(draft) -> list[list[int]]:
@@ -34,16 +38,16 @@ NGRAM_CASES = [
 
 @pytest.mark.parametrize("name,seq,k,expected", NGRAM_CASES, ids=[c[0] for c in NGRAM_CASES])
 def test_ngram(name, seq, k, expected):
-    drafter = NGramDrafter(torch.device("cpu"))
+    drafter = NGramDrafter()
     drafter.admit([0], [seq])
     assert proposals(drafter.propose(context([seq], [k]))) == [expected]
 
 
 def test_ngram_learns_committed_tokens():
-    drafter = NGramDrafter(torch.device("cpu"))
+    drafter = NGramDrafter()
     drafter.admit([0], [[CAT, SAT]])
     assert proposals(drafter.propose(context([[CAT, SAT]], [2]))) == [[]]
-    drafter.commit([0], [[ON, CAT, SAT]], [0])
+    drafter.extend([0], [[ON, CAT, SAT]], [0])
     seq = [CAT, SAT, ON, CAT, SAT]
     assert proposals(drafter.propose(context([seq], [2]))) == [[ON, CAT]]
 
@@ -58,12 +62,45 @@ LOOKUP_CASES = [
 
 @pytest.mark.parametrize("name,seq,k,expected", LOOKUP_CASES, ids=[c[0] for c in LOOKUP_CASES])
 def test_prompt_lookup(name, seq, k, expected):
-    drafter = PromptLookupDrafter(torch.device("cpu"))
+    drafter = PromptLookupDrafter()
+    drafter.admit([0], [seq])
     assert proposals(drafter.propose(context([seq], [k]))) == [expected]
 
 
 def test_prompt_lookup_batched_rows_are_independent():
     rows = [case[1] for case in LOOKUP_CASES]
     ks = [case[2] for case in LOOKUP_CASES]
-    drafter = PromptLookupDrafter(torch.device("cpu"))
+    drafter = PromptLookupDrafter()
+    drafter.admit(list(range(len(rows))), rows)
     assert proposals(drafter.propose(context(rows, ks))) == [case[3] for case in LOOKUP_CASES]
+
+
+def test_prompt_lookup_learns_emitted_tokens_incrementally():
+    """The index grows with extend exactly as if the whole sequence had been admitted at once."""
+    seq = LOOKUP_CASES[0][1]
+    whole, grown = PromptLookupDrafter(), PromptLookupDrafter()
+    whole.admit([0], [seq])
+    grown.admit([0], [seq[:3]])
+    grown.extend([0], [seq[3:6]], [0])
+    grown.extend([0], [seq[6:]], [0])
+    assert proposals(grown.propose(context([seq], [2]))) == proposals(whole.propose(context([seq], [2]))) == [[4, 1]]
+
+
+# name, sequence, tree, expected (token, parent) per valid node in index order
+TREE_CASES = [
+    # (1, 2) follows at 0 (-> 3, 9) and at 4 (-> 4, 1): the most recent match first
+    ("two_matches", [1, 2, 3, 9, 1, 2, 4, 1, 2], "2x2", [(4, -1), (3, -1), (1, 0), (9, 1)]),
+    # (9, 5) follows at 0 (-> 6, 7, 9) and at 4 (-> 6, 8, 9): both start with 6, one node for it
+    ("shared_prefix_merged", [9, 5, 6, 7, 9, 5, 6, 8, 9, 5], "2x3", [(6, -1), (8, 0), (7, 0), (9, 2), (9, 3)]),
+    ("no_match", [1, 2, 3], "2x2", []),
+]
+
+
+@pytest.mark.parametrize("name,seq,tree,expected", TREE_CASES, ids=[c[0] for c in TREE_CASES])
+def test_prompt_lookup_trees(name, seq, tree, expected):
+    drafter = PromptLookupDrafter()
+    drafter.admit([0], [seq])
+    draft = drafter.propose_tree(context([seq], [4]), TreeSpec.parse(tree))
+    nodes = [(t, p) for t, p, v in zip(draft.tokens[0].tolist(), draft.parents[0].tolist(), draft.valid[0].tolist()) if v]
+    assert nodes == expected
+    assert draft.num_tokens.tolist() == [len(expected)]

@@ -8,8 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from batchspec.engine.graphs import StepGraphs, resolve_capture
 from batchspec.engine.kv_cache import causal_mask
-from batchspec.engine.runner import ModelRunner, kv_buckets, resolve_capture
+from batchspec.engine.runner import ModelRunner, kv_buckets
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +28,17 @@ def padded(seqs: list[list[int]]) -> torch.Tensor:
     return torch.tensor([s + [0] * (width - len(s)) for s in seqs])
 
 
-def runner(model, capture=None, slots=4, capacity=40, widths=(1, 2, 3, 4)) -> ModelRunner:
-    return ModelRunner(model, num_slots=slots, capacity=capacity, max_position=capacity, capture=capture,
-                       widths=widths, name="test")
+def runner(model, capture=None, slots=4, capacity=40, widths=(1, 2, 3, 4), declare=False) -> ModelRunner:
+    r = ModelRunner(model, num_slots=slots, capacity=capacity, max_position=capacity,
+                    graphs=StepGraphs(capture, model.device), widths=widths, name="test")
+    if declare:  # the static steps read their tokens from these buffers
+        r.declare_steps(torch.zeros(slots, max(widths), dtype=torch.long), torch.zeros(slots, capacity, dtype=torch.long))
+    return r
 
 
 def step(r: ModelRunner, tokens: torch.Tensor, rows: list[int] | None):
     """A forward of `tokens` at the current lengths: of `rows` only (eager) or of every slot (static)."""
-    lengths = r.lengths.tolist()
+    lengths = r.lengths.tolist()[: r.num_slots]
     if rows is None:
         return r.forward(tokens, kv_len=max(lengths) + tokens.shape[1])
     return r.forward(tokens, kv_len=max(lengths[i] for i in rows) + tokens.shape[1], rows=torch.tensor(rows))
@@ -56,7 +60,7 @@ def test_rollback_then_rewrite_equals_fresh(model, rows, capture):
     step(r, wrong, rows)
     keep = [0, 2, 4, 1][: len(which)]
     for i, slot in enumerate(which):
-        r.commit(slot, torch.tensor(len(seqs[slot]) + keep[i]))
+        r.set_lengths(slot, torch.tensor(len(seqs[slot]) + keep[i]))
     kept = [seqs[slot] + wrong[i, : keep[i]].tolist() for i, slot in enumerate(which)]
     new = torch.randint(3, 300, (len(which), 3), generator=gen)
     logits = step(r, new, rows)
@@ -78,7 +82,7 @@ def test_prefill_returns_each_rows_last_logits_and_sets_lengths(model):
     r = runner(model)
     seqs = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]
     last = r.prefill([3, 1, 0], padded(seqs), [0, 0, 0], [3, 5, 1])
-    assert r.lengths.tolist() == [1, 5, 0, 3]
+    assert r.lengths.tolist() == [1, 5, 0, 3, 0]  # the last: the scratch slot
     for i, seq in enumerate(seqs):
         torch.testing.assert_close(last[i], fresh_logits(model, seq)[-1], atol=1e-4, rtol=1e-4)
 
@@ -99,7 +103,7 @@ def test_timing_writes_nothing_a_row_will_read(model):
     r = runner(model, capture="static", slots=2, capacity=24)
     r.prefill([0, 1], padded([seq, seq[:2]]), [0, 0], [6, 2])
     assert r.time_step(3, 16, repeats=2) > 0
-    assert r.lengths.tolist() == [6, 2]
+    assert r.lengths.tolist() == [6, 2, 0]
     logits = r.forward(torch.tensor([[11], [12]]), kv_len=8)
     torch.testing.assert_close(logits[0, -1], fresh_logits(model, seq + [11])[-1], atol=1e-4, rtol=1e-4)
 
@@ -139,28 +143,53 @@ def test_eager_attention_gives_the_same_logits(pair):
 
 
 def test_a_width_that_was_not_declared_runs_eagerly_with_one_warning(model, caplog):
-    r = runner(model, capture="inductor", slots=2, capacity=24, widths=(1,))
+    r = runner(model, capture="inductor", slots=2, capacity=24, widths=(1,), declare=True)
     r.prefill([0, 1], torch.tensor([[5, 6, 7], [8, 9, 0]]), [0, 0], [3, 2])
     with caplog.at_level("WARNING", logger="batchspec"):
         for _ in range(2):
             logits = r.forward(torch.tensor([[1, 2], [3, 4]]), kv_len=8)
-    assert sum("2-token step runs eagerly" in m for m in caplog.messages) == 1
+    assert sum("was not declared" in m for m in caplog.messages) == 1
     torch.testing.assert_close(logits[0], fresh_logits(model, [5, 6, 7, 1, 2])[-2:], atol=1e-4, rtol=1e-4)
-    assert not r.captured
+    assert not r.graphs.compiled
+
+
+@torch.no_grad()
+def test_static_prefill_in_chunks_equals_fresh(model):
+    """Prompts written through the static prefill steps (chunks of 64 tokens for a power-of-two number of
+    rows, padding rows in the scratch slot) give the same cache as a fresh forward: the logits after each
+    prompt, and the next step's."""
+    r = runner(model, capture="static", slots=3, capacity=200, widths=(1,))
+    gen = torch.Generator().manual_seed(1)
+    seqs = torch.zeros(3, 200, dtype=torch.long)
+    prompts = {0: torch.randint(3, 300, (150,), generator=gen).tolist(), 2: torch.randint(3, 300, (9,), generator=gen).tolist()}
+    for slot, p in prompts.items():
+        seqs[slot, : len(p)] = torch.tensor(p)
+    last = r.prefill_static(seqs, [0, 2], [0, 0], [150, 9])
+    assert r.lengths.tolist() == [150, 0, 9, 1]  # the scratch slot took a padding row (length 1)
+    for slot, p in prompts.items():
+        torch.testing.assert_close(last[slot], fresh_logits(model, p)[-1], atol=1e-4, rtol=1e-4)
+    # A second admission resumes where the first stopped (a draft catching up: from a start).
+    more = torch.randint(3, 300, (70,), generator=gen).tolist()
+    seqs[2, 9 : 9 + 70] = torch.tensor(more)
+    last = r.prefill_static(seqs, [2], [9], [79])
+    torch.testing.assert_close(last[2], fresh_logits(model, prompts[2] + more)[-1], atol=1e-4, rtol=1e-4)
+    logits = r.forward(torch.tensor([[7], [7], [7]]), kv_len=160)
+    torch.testing.assert_close(logits[0, -1], fresh_logits(model, prompts[0] + [7])[-1], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.slow
 def test_inductor_capture_matches_eager(model):
     """compile=on on CPU: the 1-token step compiled by torch.compile gives the eager logits, replayed at
-    other lengths without recompiling (one graph per shape)."""
+    other lengths without recompiling (one compiled step per shape)."""
     seqs = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
-    eager, compiled = runner(model, "static", slots=3, capacity=20), runner(model, "inductor", slots=3, capacity=20)
+    eager = runner(model, "static", slots=3, capacity=20, widths=(1,), declare=True)
+    compiled = runner(model, "inductor", slots=3, capacity=20, widths=(1,), declare=True)
     for r in (eager, compiled):
         r.prefill([0, 1, 2], padded(seqs), [0, 0, 0], [4, 2, 3])
     for t in range(3):
         token = torch.tensor([[20 + t], [30 + t], [40 + t]])
-        a, b = eager.forward(token, kv_len=8), compiled.forward(token, kv_len=8)
+        a, b = eager.forward(token, kv_len=8).clone(), compiled.forward(token, kv_len=8)
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
         for r in (eager, compiled):
-            r.commit(slice(None), r.lengths + 1)
-    assert list(compiled.captured) == [(1, 20, False, False)] and compiled.capture_s > 0
+            r.set_lengths(slice(0, 3), r.lengths[:3] + 1)
+    assert list(compiled.graphs.compiled) == [("test", "forward", 1, 20, False, 0, 0)] and compiled.graphs.capture_s > 0

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from batchspec.engine import tree as tree_module
+from batchspec.engine.graphs import StepGraphs
 from batchspec.engine.runner import ModelRunner
 from batchspec.engine.tree import compaction, follow, follow_rejection, tree_mask, tree_shape
 
@@ -64,7 +65,7 @@ def test_tree_forward_and_compaction_equal_fresh_computations(model, capture):
     """Each node's logits equal a fresh forward of prefix + its path; after compacting an accepted path
     the next step sees exactly prefix + path."""
     prefix = [[5, 6, 7, 8, 9], [10, 11, 12]]
-    runner = ModelRunner(model, num_slots=2, capacity=32, max_position=32, capture=capture,
+    runner = ModelRunner(model, num_slots=2, capacity=32, max_position=32, graphs=StepGraphs(capture, model.device),
                          widths=range(1, 8), name="t")
     runner.prefill([0, 1], torch.tensor([prefix[0], prefix[1] + [0, 0]]), [0, 0], [5, 3])
     roots = [20, 21]
@@ -81,9 +82,9 @@ def test_tree_forward_and_compaction_equal_fresh_computations(model, capture):
     # Accept n0 -> n2 -> n5 in row 0 (positions 1, 3, 6) and one node in row 1 (position 4: the second root child).
     chain = torch.tensor([[0, 1, 3, 6, 6, 6, 6], [0, 4, 4, 4, 4, 4, 4]])
     num = torch.tensor([3, 1])
-    src, dst = compaction(runner.lengths.clone(), chain, num)
+    src, dst = compaction(runner.lengths[:2].clone(), chain, num)
     runner.compact(torch.tensor([0, 1]), src, dst)
-    runner.commit(slice(None), runner.lengths + 1 + num)
+    runner.set_lengths(slice(0, 2), runner.lengths[:2] + 1 + num)
     accepted = [[nodes[0][0], nodes[0][2], nodes[0][5]], [nodes[1][3]]]
     nxt = runner.forward(torch.tensor([[50], [51]]), kv_len=12, rows=rows)
     for i in range(2):

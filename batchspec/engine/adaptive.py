@@ -49,7 +49,7 @@ each round's wall time; eager wall-clock on a GPU swings 2x between runs and can
 What the controller knows about a drafter is its DrafterPolicy (drafters.py): whether it proposes
 before the width is chosen, whether its acceptance is bursty, whether it catches up after plain rounds.
 
-Tree drafts (tree.py) are further choices: shape k_max + 1 + j is tree j of `tree_depths`. A tree's
+Tree drafts (tree.py) are further choices (inside, shape index k_max + 1 + j is tree j). A tree's
 acceptance is a job-wide average of the tokens a row emits per tree round (decayed like the pooled
 counts; a row with less room emits at most its budget + 1), started at what a chain of the tree's depth
 is predicted to emit, so that it is tried; its cost is measured like a chain's. A re-timing around a
@@ -63,11 +63,13 @@ seeded output must not depend on machine load.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
 
-from .drafters import LOOKUP_POLICY as LOOKUP
-from .drafters import MODEL_POLICY as DRAFT_MODEL
-from .drafters import DrafterPolicy
+from ..types import TreeSpec
+from .costs import CostModel, RoundTimes
+from .drafters.base import LOOKUP_POLICY as LOOKUP
+from .drafters.base import MODEL_POLICY as DRAFT_MODEL
+from .drafters.base import DrafterPolicy
+from .round import RoundShape
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -83,77 +85,6 @@ class RowAcceptance:
     rejections: float = 0.0
 
 
-# ---- round cost --------------------------------------------------------------------------------------
-
-
-class CostModel(Protocol):
-    def cost(self, k: int, b: int) -> float | None: ...  # seconds of a round with k drafts over b rows
-    def observe(self, k: int, b: int, seconds: float) -> None: ...
-
-
-@dataclass
-class RoundTimes:
-    """Eager forwards: an exponential moving average of whole-round wall time per (k, b). A k not yet
-    measured at this b borrows the shape of the curve from the nearest batch size that measured it."""
-
-    smoothing: float = 0.2  # weight of a new round time in the (k, b) average
-    costs: dict[int, dict[int, float]] = field(default_factory=dict)  # b -> k -> seconds
-    samples: dict[tuple[int, int], int] = field(default_factory=dict)  # (b, k) -> rounds timed
-
-    def cost(self, k: int, b: int) -> float | None:
-        table = self.costs.get(b, {})
-        if k in table:
-            return table[k]
-        measured = [bb for bb, t in self.costs.items() if k in t]
-        if not measured:
-            return None
-        near = self.costs[min(measured, key=lambda bb: (abs(bb - b), bb))]
-        common = [j for j in table if j in near]
-        scale = table[common[0]] / near[common[0]] if common else 1.0
-        return near[k] * scale
-
-    def observe(self, k: int, b: int, seconds: float) -> None:
-        table = self.costs.setdefault(b, {})
-        n = self.samples[b, k] = self.samples.get((b, k), 0) + 1
-        # The first time of each (k, b) is replaced by the second: a cold first round must not steer
-        # hundreds of rounds.
-        table[k] = seconds if n <= 2 else (1 - self.smoothing) * table[k] + self.smoothing * seconds
-
-
-@dataclass
-class StepTable:
-    """Captured forwards: the device time of a round's captured steps for k = 0..k_max, measured by
-    timed replays once per attended-length bucket (`measure(bucket)`), plus the round's host overhead
-    (sampling, bookkeeping, the host sync) per k: the average of measured round time minus the table.
-    Every slot rides along in a captured step, so the number of busy rows b does not change the cost."""
-
-    measure: Callable[[int], list[float]]
-    smoothing: float = 0.1
-    tables: dict[int, list[float]] = field(default_factory=dict)  # bucket -> seconds for k = 0..k_max
-    overhead: dict[int, float] = field(default_factory=dict)  # k -> seconds beyond the table
-    bucket: int | None = None
-
-    def use_bucket(self, bucket: int) -> None:
-        """Rows grew (or shrank) into another attended-length bucket: time its steps the first time."""
-        if bucket not in self.tables:
-            self.tables[bucket] = list(self.measure(bucket))
-        self.bucket = bucket
-
-    def cost(self, k: int, b: int) -> float | None:
-        if self.bucket is None:
-            return None
-        known = list(self.overhead.values())
-        extra = self.overhead.get(k, sum(known) / len(known) if known else 0.0)
-        return self.tables[self.bucket][k] + extra
-
-    def observe(self, k: int, b: int, seconds: float) -> None:
-        if self.bucket is None:
-            return
-        residual = seconds - self.tables[self.bucket][k]
-        old = self.overhead.get(k)
-        self.overhead[k] = residual if old is None else (1 - self.smoothing) * old + self.smoothing * residual
-
-
 # ---- the controller ----------------------------------------------------------------------------------
 
 
@@ -164,7 +95,7 @@ class AdaptiveK:
     k_max: int
     policy: DrafterPolicy = DRAFT_MODEL
     costs: CostModel = field(default_factory=RoundTimes)
-    tree_depths: tuple[int, ...] = ()  # one per tree choice: shape k_max + 1 + j is tree j
+    trees: tuple[TreeSpec, ...] = ()  # further choices beside the chains
     decay: float = 0.9  # per informative round, for each row's counts (~10 rounds of memory)
     prior_weight: float = 2.0  # pseudo-observations of the job-wide acceptance in each row's estimate
     pooled_decay: float = 0.99  # per round, for the job-wide counts
@@ -178,13 +109,18 @@ class AdaptiveK:
     _interval: int = field(init=False, default=0)  # rounds until the one after: doubles while the choice holds
     _probed_best: int | None = field(init=False, default=None)  # the choice the last re-timing was made around
     _last_k: int | None = field(init=False, default=None)
-    trees: list[RowAcceptance] = field(init=False, default_factory=list)  # [j]: tokens emitted, row-rounds
+    tree_counts: list[RowAcceptance] = field(init=False, default_factory=list)  # [j]: tokens emitted, row-rounds
+    # Internally a shape is an index into `shapes`: chains k = 0..k_max, then tree j at k_max + 1 + j.
+    shapes: list[RoundShape] = field(init=False, default_factory=list)
 
     def __post_init__(self):
         # A weak prior (one accepted draft, one rejection: a = 0.5) until the job has measured its own.
         self.pooled = RowAcceptance(accepted=1.0, rejections=1.0)
         self.continued = [RowAcceptance(accepted=1.0, rejections=1.0) for _ in range(self.k_max + 1)]
-        self.trees = [RowAcceptance() for _ in self.tree_depths]  # accepted = tokens, rejections = row-rounds
+        self.tree_depths = tuple(t.depth for t in self.trees)
+        self.tree_counts = [RowAcceptance() for _ in self.trees]  # accepted = tokens, rejections = row-rounds
+        self.shapes = [RoundShape(drafts=k) for k in range(self.k_max + 1)] + [RoundShape(tree=t) for t in self.trees]
+        self._index = {shape: i for i, shape in enumerate(self.shapes)}
         self._next_probe = self.revisit_every
 
     # ---- acceptance ------------------------------------------------------------------------------
@@ -233,7 +169,7 @@ class AdaptiveK:
     def tree_tokens(self, j: int, alphas: list[float], run: list[float] | None) -> float:
         """Tokens a row emits in a round of tree j: the measured average, or before any measurement what a
         chain of the tree's depth is predicted to emit (averaged over the rows)."""
-        t = self.trees[j]
+        t = self.tree_counts[j]
         if t.rejections > 0.5:
             return t.accepted / t.rejections
         depth = min(self.tree_depths[j], self.k_max)
@@ -256,7 +192,16 @@ class AdaptiveK:
             tokens = sum(self.expected(a, min(k, budget), run) for a, budget in zip(alphas, budgets))
         return tokens / max(seconds, 1e-9)
 
-    def choose(self, slots: list[int], budgets: list[int], room: list[int] | None = None) -> int:
+    def choose(self, slots: list[int], budgets: list[int], room: list[int] | None = None) -> RoundShape:
+        """The shape for a round over `slots` (see choose_index)."""
+        return self.shapes[self.choose_index(slots, budgets, room)]
+
+    def observe(self, shape: RoundShape, seconds: float, slots: list[int], budgets: list[int], drafted: list[int],
+                accepted: list[int]) -> None:
+        """After a round of `shape` (see observe_index)."""
+        self.observe_index(self._index[shape], seconds, slots, budgets, drafted, accepted)
+
+    def choose_index(self, slots: list[int], budgets: list[int], room: list[int] | None = None) -> int:
         """The shape for a round over `slots`, whose rows may draft at most budgets[i] tokens: a chain of
         k <= k_max drafts, or k_max + 1 + j for tree j (room: how deep each row's tree may go, default the
         budgets).
@@ -305,8 +250,8 @@ class AdaptiveK:
         return [min(self.tree_depths[j], self.k_max)] + [self.k_max + 1 + i for i in (j - 1, j + 1)
                                                         if 0 <= i < len(self.tree_depths)]
 
-    def observe(self, k: int, seconds: float, slots: list[int], budgets: list[int], drafted: list[int],
-                accepted: list[int]) -> None:
+    def observe_index(self, k: int, seconds: float, slots: list[int], budgets: list[int], drafted: list[int],
+                      accepted: list[int]) -> None:
         """After a round with k drafts over `slots`: its wall time and, per row, the drafts it was allowed
         (budgets), proposed and accepted.
 
@@ -321,7 +266,7 @@ class AdaptiveK:
         if k == 0:
             return
         if k > self.k_max:  # a tree round: the job-wide tokens per row-round of this tree
-            t = self.trees[k - self.k_max - 1]
+            t = self.tree_counts[k - self.k_max - 1]
             t.accepted *= self.pooled_decay
             t.rejections *= self.pooled_decay
             for budget, m in zip(budgets, accepted):

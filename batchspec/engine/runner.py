@@ -1,53 +1,36 @@
 """ModelRunner: one model, its slot KV cache, the per-slot lengths, and the forwards over them.
 
 Nothing else touches a model's cache. `lengths[s]` (on the device) is the number of valid cache
-entries of slot s and the single source of truth for where the next forward writes; callers commit
-a round's verdict by setting it (`commit`), which is also the rollback: O(1), no copy.
+entries of slot s and the single source of truth for where the next forward writes; `set_lengths` is
+also the rollback: O(1), no copy. The cache has one slot more than the batch: a scratch slot that the
+padding rows of a prefill chunk write to.
 
-Two kinds of forward:
-  - `prefill(rows, chunks, starts)`: eager, ragged (new prompts, a draft catching up); logits at each
-    row's last new token only;
-  - `forward(tokens)`: a static-shape step over every slot, T tokens per slot written at `lengths`,
-    attending over a fixed length bucket (64, 128, 256, ... up to the capacity). Idle slots ride along
-    as padding whose writes are never read. Positions and the mask are computed on the device from
-    `lengths`, so the step needs nothing from the host and can be captured: with `capture="cuda_graphs"`
-    each (T, bucket) is captured once, the first time it is needed, and replayed after (as
-    nano-vllm does); with `capture="inductor"` (CPU) it is compiled by torch.compile. A shape outside
-    the declared widths, or one whose capture failed, runs eagerly with one warning per shape.
-  - `forward(tokens, rows=...)`: the same step over some slots only, eagerly, attending over exactly
-    `kv_len` entries: the CPU path, where compute grows with the rows and idle rows would cost.
-
-The returned logits of a captured step live in a buffer that the next replay of that shape
-overwrites: read them before the next forward of the same shape.
+Forwards:
+  - eager (the CPU default): `prefill` of ragged new prompts, and `forward(tokens, rows=...)` of some
+    slots, attending over exactly `kv_len` entries; consecutive slots are read as views, not gathered;
+  - static (captured on a GPU): `forward(tokens)` of T tokens for every slot, attending over a length
+    bucket (64, 128, ... up to the capacity), and `prefill_chunk` of C tokens for P rows; positions and
+    masks come from `lengths` on the device, so a step needs nothing from the host. Each (T, bucket) and
+    (P, bucket) is a step of the generator's StepGraphs, declared at start (`declare_steps`) and captured
+    there. A step writes its logits into the runner's one output buffer (a contiguous prefix of it) and
+    returns that view: read it before this runner's next forward.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from dataclasses import dataclass
+from functools import partial
 from typing import Iterable
 
 import torch
 from transformers import PreTrainedModel
 
+from .graphs import HostBuffer, StepGraphs
 from .kv_cache import SlotKVCache, causal_mask
 from .tree import TreeShape, chain_parents, tree_mask, tree_shape
 
-log = logging.getLogger("batchspec")
-
-CAPTURE_MODES = (None, "static", "cuda_graphs", "inductor")
 SMALLEST_BUCKET = 64
-
-
-def to_device(values: list, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """A host list as a tensor on `device` without a host sync: on a GPU a plain `torch.tensor(..., device=)`
-    copies from pageable memory and then waits for the stream (every queued kernel); a pinned buffer
-    copied with non_blocking=True is queued like a kernel instead (the caching host allocator keeps the
-    buffer until the copy is done)."""
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+PREFILL_CHUNK = 64  # tokens per row of a captured prefill step
 
 
 def kv_buckets(capacity: int) -> list[int]:
@@ -59,73 +42,59 @@ def kv_buckets(capacity: int) -> list[int]:
     return out + [capacity]
 
 
-def resolve_capture(compile: str | bool | None, device: torch.device) -> str | None:
-    """`compile` setting -> capture mode: auto = CUDA graphs on a GPU, nothing on CPU; on = CUDA graphs on
-    a GPU, torch.compile (inductor) on CPU; off = eager; static = the static shapes of the captured path,
-    run eagerly (to tell a capture problem from a shape problem)."""
-    if compile in (None, "auto"):
-        return "cuda_graphs" if device.type == "cuda" else None
-    if compile in (False, "off"):
-        return None
-    if compile in (True, "on"):
-        return "cuda_graphs" if device.type == "cuda" else "inductor"
-    if compile == "static":
-        return "static"
-    raise ValueError(f"compile={compile!r}: choose auto, on, off or static")
+def kv_capacity(max_seq_len: int, k_max: int, trees=()) -> int:
+    """Cache entries per slot: max_seq_len plus the widest verify pass past it (rows that draft fewer than
+    the widest still write its padding; a tree's nodes take scratch entries past its root), plus one
+    entry that is never valid, where padding past the end may land."""
+    return max_seq_len + max([k_max, *(t.nodes for t in trees)]) + 2
 
 
-@dataclass(slots=True)
-class _Captured:
-    graph: "torch.cuda.CUDAGraph | None"
-    inputs: torch.Tensor  # [B, T] the replay reads
-    logits: torch.Tensor  # [B, T', V] the replay writes
-    depth: torch.Tensor | None = None  # [B, T] for a tree step: read by the replay too
-    ancestors: torch.Tensor | None = None  # [B, T, T]
+def row_buckets(num_slots: int) -> list[int]:
+    """Row counts of captured prefill steps: powers of two, then num_slots."""
+    out, size = [], 1
+    while size < num_slots:
+        out.append(size)
+        size *= 2
+    return out + [num_slots]
 
 
 class ModelRunner:
-    """Owns `model`'s slot cache (num_slots x capacity positions) and lengths [num_slots].
+    """Owns `model`'s slot cache (num_slots + 1 scratch x capacity positions) and lengths [num_slots + 1].
 
-    widths: the step widths T this model will use (verify widths for a target, 1 and 2 for a draft),
-    the shapes worth capturing. max_position clamps position ids so that padding never indexes past a
-    learned position table. name appears in logs ("target", "draft").
+    graphs: the generator's StepGraphs (its mode decides eager or static forwards). widths: the step
+    widths T of static forwards (verify widths for a target; 1 and 2 for a draft). max_position clamps
+    position ids so that padding never indexes past a learned position table. name appears in logs.
     """
 
     def __init__(self, model: PreTrainedModel, *, num_slots: int, capacity: int, max_position: int,
-                 capture: str | None = None, widths: Iterable[int] = (), name: str = "model"):
-        if capture not in CAPTURE_MODES:
-            raise ValueError(f"capture={capture!r}: choose one of {CAPTURE_MODES}")
-        if capture == "cuda_graphs" and model.device.type != "cuda":
-            raise ValueError("capture='cuda_graphs' needs a model on a CUDA device")
-        self.model, self.name, self.capture = model, name, capture
+                 graphs: StepGraphs, widths: Iterable[int] = (1,), buckets: list[int] | None = None,
+                 name: str = "model"):
+        self.model, self.name, self.graphs = model, name, graphs
         self.device = model.device
         self.num_slots, self.capacity, self.max_position = num_slots, capacity, max_position
-        self.cache = SlotKVCache.for_model(model, num_slots, capacity)
-        self.lengths = torch.zeros(num_slots, dtype=torch.long, device=self.device)
+        self.scratch = num_slots  # the extra slot
+        self.cache = SlotKVCache.for_model(model, num_slots + 1, capacity)
+        self.lengths = torch.zeros(num_slots + 1, dtype=torch.long, device=self.device)
         self.slot_index = torch.arange(num_slots, device=self.device)  # every slot, in order
-        self.widths = set(widths)
-        self.buckets = kv_buckets(capacity)
+        self.widths = sorted(set(widths))
+        self.buckets = buckets if buckets is not None else kv_buckets(capacity)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        self.capture_s = 0.0  # seconds spent capturing or compiling, over the job
-        self.captured: dict[tuple[int, int, bool], _Captured] = {}
-        self._failed: set[tuple[int, int, bool]] = set()
-        self._warned: set[int] = set()
-        self._arange = torch.arange(max(self.widths | {2}) + 1, device=self.device)
-        self._pool = None
-        self._compiled = None
-        if capture == "inductor":
-            # One graph per (T, bucket, last_only): raise Dynamo's recompile limit to fit them all.
-            needed = 2 * (len(self.widths) + 1) * len(self.buckets) + 8
-            limit = getattr(torch._dynamo.config, "recompile_limit", None)
-            if limit is not None and limit < needed:
-                torch._dynamo.config.recompile_limit = needed
-            if torch._dynamo.config.cache_size_limit < needed:
-                torch._dynamo.config.cache_size_limit = needed
-            self._compiled = torch.compile(self._step, fullgraph=True, dynamic=False)
+        self._arange = torch.arange(max(self.widths + [PREFILL_CHUNK]) + 1, device=self.device)
+        self._out: torch.Tensor | None = None  # the static steps' logits, allocated with the first one
+        self._chunk: torch.Tensor | None = None  # [4, P] rows, starts, counts, final of a prefill chunk
+        self._last: torch.Tensor | None = None  # [num_slots + 1, V] each slot's logits after its last prefilled token
+        self._io: tuple | None = None  # what declare_steps was given: time_step replays the same steps
+        self._no_seqs = torch.zeros(num_slots, 1, dtype=torch.long, device=self.device)  # for steps that read none
+        max_chunks = (capacity + PREFILL_CHUNK - 1) // PREFILL_CHUNK
+        self._chunks = HostBuffer((max_chunks, 4, num_slots), self.device) if graphs.static else None
+
+    @property
+    def static(self) -> bool:
+        return self.graphs.static
 
     # ---- lengths ---------------------------------------------------------------------------------
 
-    def commit(self, rows: torch.Tensor | slice, lengths: torch.Tensor) -> None:
+    def set_lengths(self, rows: torch.Tensor | slice | int, lengths: torch.Tensor | int) -> None:
         """Set the valid length of `rows` (a rollback when it is lower): device-side, no sync."""
         self.lengths[rows] = lengths
 
@@ -133,78 +102,88 @@ class ModelRunner:
         """A slot became idle: it rides along from position 0, far from the capacity."""
         self.lengths[slot] = 0
 
+    def bucket(self, kv_len: int) -> int:
+        return next(b for b in self.buckets if b >= kv_len)
+
     # ---- eager, ragged ---------------------------------------------------------------------------
 
     @torch.inference_mode()
     def prefill(self, rows: list[int], ids: torch.Tensor, starts: list[int], lengths: list[int]) -> torch.Tensor:
-        """Write ids[i, :lengths[i]] ([b, W], right-padded) at positions starts[i].. of slot rows[i] and set
-        that slot's length to the end of it. Returns the logits after each row's last token, [b, V]."""
+        """Eagerly write ids[i, :lengths[i]] ([b, W], right-padded) at positions starts[i].. of slot rows[i]
+        and set that slot's length to the end of it. Returns the logits after each row's last token [b, V]."""
         ends = [s + n for s, n in zip(starts, lengths)]
-        if max(ends) > self.capacity:
-            raise RuntimeError(f"{self.name} KV cache overflow: a row would write position {max(ends) - 1} "
-                               f">= {self.capacity}")
-        rows_t = to_device(rows, self.device)
-        # Logits only at each row's last position: the distinct columns for every row, then each row's
-        # own. A 1-D logits_to_keep works in transformers 4.56+.
+        self._check(max(ends))
+        rows_t = torch.tensor(rows, device=self.device)
+        # Logits only at each row's last position: the distinct columns for every row, then each row's own.
         keep = sorted({n - 1 for n in lengths})
-        logits = self._call(ids, to_device(starts, self.device), max(ends), to_device(keep, self.device), rows=rows_t)
-        column = to_device([keep.index(n - 1) for n in lengths], self.device)
-        self.lengths[rows_t] = to_device(ends, self.device)
+        logits = self._call(ids, torch.tensor(starts, device=self.device), max(ends),
+                            torch.tensor(keep, device=self.device), rows=rows_t)
+        column = torch.tensor([keep.index(n - 1) for n in lengths], device=self.device)
+        self.lengths[rows_t] = torch.tensor(ends, device=self.device)
         return logits[torch.arange(len(rows), device=self.device), column]
-
-    # ---- the static step -------------------------------------------------------------------------
-
-    def bucket(self, kv_len: int) -> int:
-        return next(b for b in self.buckets if b >= kv_len)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, *, kv_len: int, rows: torch.Tensor | slice | None = None,
-                last_only: bool = False, tree: TreeShape | None = None) -> torch.Tensor:
-        """tokens [B, T] (or [b, T] for `rows`), written at cache indices lengths[row] + t, -> logits
-        [B, T, V] ([.., 1, V] with last_only). Lengths are not changed: `commit` decides what stays.
+                last_only: bool = False, tree: TreeShape | None = None, seqs: torch.Tensor | None = None,
+                from_seqs: int = 0) -> torch.Tensor:
+        """tokens [b, T] written at cache indices lengths[row] + t -> logits [b, T, V] ([.., 1, V] with
+        last_only). Lengths are not changed: `set_lengths` decides what stays.
 
-        rows: None for the static step over every slot; else the slots to run eagerly, as an index
-        tensor [b] or, when they are consecutive, a slice (their keys are then read as a view).
+        rows: the slots to run eagerly, as an index tensor [b] or, when they are consecutive, a slice
+        (their keys are then read as a view); None for the static step over every slot, which feeds
+        `from_seqs` tokens of each slot's own sequence first (seqs [num_slots, S] at lengths + t: e.g. the
+        pending token) and then tokens [num_slots, T - from_seqs], and returns a view of the output buffer.
         kv_len: an upper bound, known on the host, of lengths[row] + T over the rows that matter.
         tree: the tokens are a tree per row (tree.py): position ids lengths + depth, and each query sees
         the prefix and its own ancestors; None is a chain (causal).
         """
-        if kv_len > self.capacity:
-            raise RuntimeError(f"{self.name} KV cache overflow: a row would write position {kv_len - 1} "
-                               f">= {self.capacity}")
+        self._check(kv_len)
         depth, ancestors = (tree.depth, tree.ancestors) if tree is not None else (None, None)
-        window = ancestors.shape[2] if ancestors is not None else 0  # a tree's scratch window (0: a chain)
         if rows is not None:
             span = rows if isinstance(rows, slice) else None
             index = self.slot_index[span] if span is not None else rows
             return self._call(tokens, self.lengths[index], kv_len, 1 if last_only else 0, depth, ancestors,
                               index, span)
-        width = tokens.shape[1]
-        key = (width, self.bucket(kv_len) if self.capture else kv_len, last_only, window)
-        if self.capture in (None, "static"):
-            return self._step(tokens, key[1], last_only, depth, ancestors)
-        captured = self.captured.get(key)
-        if captured is None and key not in self._failed:
-            if width not in self.widths:
-                self._warn_eager(width, "it is not one of the captured widths")
-                self._failed.add(key)
-            else:
-                captured = self._capture(key)
-        if captured is None:
-            return self._step(tokens, key[1], last_only, depth, ancestors)
-        if captured.graph is None:  # inductor: the compiled step takes its inputs as they come
-            return self._compiled(tokens, key[1], last_only, depth, ancestors)
-        captured.inputs.copy_(tokens)
-        if tree is not None:
-            captured.depth.copy_(depth)
-            captured.ancestors.copy_(ancestors)
-        captured.graph.replay()
-        return captured.logits
+        width = from_seqs + tokens.shape[1]
+        out = self.output(1 if last_only else width)
+        bucket = self.bucket(kv_len)
+        window = ancestors.shape[2] if ancestors is not None else 0  # a tree's scratch window (0: a chain)
+        seqs = seqs if seqs is not None else self._no_seqs
+        args = (seqs, tokens, out) if tree is None else (seqs, tokens, out, depth, ancestors)
+        self.graphs.run(self._key(width, bucket, last_only, window, from_seqs),
+                        partial(self._step, kv_len=bucket, last_only=last_only, from_seqs=from_seqs), args)
+        return out
 
-    def _step(self, tokens: torch.Tensor, kv_len: int, last_only: bool, depth: torch.Tensor | None = None,
-              ancestors: torch.Tensor | None = None) -> torch.Tensor:
-        """Every slot, positions and mask from `lengths` on the device: the function that is captured."""
-        return self._call(tokens, self.lengths, kv_len, 1 if last_only else 0, depth, ancestors)
+    def _key(self, width: int, bucket: int, last_only: bool, window: int, from_seqs: int) -> tuple:
+        return (self.name, "forward", width, bucket, last_only, window, from_seqs)
+
+    def output(self, width: int) -> torch.Tensor:
+        """The static steps' logits buffer as [num_slots, width, V] (a contiguous prefix of one buffer); a
+        width wider than every declared one (a step that was not declared) gets a tensor of its own."""
+        if width > max(self.widths + [1]):
+            return torch.empty(self.num_slots, width, self.vocab_size, dtype=self.model.dtype, device=self.device)
+        if self._out is None:
+            size = self.num_slots * max(self.widths + [1]) * self.vocab_size
+            self._out = torch.empty(size, dtype=self.model.dtype, device=self.device)
+        return self._out[: self.num_slots * width * self.vocab_size].view(self.num_slots, width, self.vocab_size)
+
+    def _step(self, seqs, tokens, out, depth=None, ancestors=None, *, kv_len: int, last_only: bool,
+              from_seqs: int) -> None:
+        """The static forward of every slot, into the output buffer: what is captured."""
+        out.copy_(self.step_logits(seqs, tokens, depth, ancestors, kv_len=kv_len, last_only=last_only,
+                                   from_seqs=from_seqs))
+
+    def step_logits(self, seqs, tokens, depth=None, ancestors=None, *, kv_len: int, last_only: bool = False,
+                    from_seqs: int = 0) -> torch.Tensor:
+        """The static forward of every slot (positions and mask from `lengths` on the device), feeding
+        `from_seqs` tokens of seqs [num_slots, S] at lengths + t, then tokens [num_slots, T']: logits
+        [num_slots, T, V] (or [.., 1, V]). A building block of other static steps (a draft step)."""
+        span = slice(0, self.num_slots)
+        starts = self.lengths[span]
+        if from_seqs:
+            head = seqs.gather(1, (starts[:, None] + self._arange[:from_seqs]).clamp(max=seqs.shape[1] - 1))
+            tokens = torch.cat([head, tokens], dim=1)
+        return self._call(tokens, starts, kv_len, 1 if last_only else 0, depth, ancestors, self.slot_index, span)
 
     def _call(self, tokens, starts, kv_len, logits_to_keep, depth=None, ancestors=None, rows=None,
               span: slice | None = None) -> torch.Tensor:
@@ -215,6 +194,7 @@ class ModelRunner:
         offset = 0 if ancestors is None else ancestors.shape[2] - width
         index = starts[:, None] + offset + (self._arange[:width] if width <= len(self._arange) else
                                             torch.arange(width, device=self.device))
+        index = index.clamp(max=self.capacity - 1)  # only padding reaches past the end (a prefill chunk's)
         plan.rows, plan.span, plan.positions, plan.kv_len = rows, span, index, kv_len
         if depth is None:
             positions, mask = index, causal_mask(index, kv_len, self.model.dtype)
@@ -230,6 +210,82 @@ class ModelRunner:
         )
         return out.logits
 
+    def _check(self, kv_len: int) -> None:
+        if kv_len > self.capacity:
+            raise RuntimeError(f"{self.name} KV cache overflow: a row would write position {kv_len - 1} "
+                               f">= {self.capacity}")
+
+    # ---- static prefill: chunks of C tokens for P rows -------------------------------------------
+
+    @torch.inference_mode()
+    def prefill_static(self, seqs: torch.Tensor, rows: list[int], starts: list[int], ends: list[int]) -> torch.Tensor:
+        """Write seqs[row, starts[i]:ends[i]] (seqs: [num_slots, S], every slot's sequence on the device)
+        into slot rows[i] at those positions, in captured chunks of PREFILL_CHUNK tokens for P rows (P the
+        smallest row bucket >= len(rows); padding rows write into the scratch slot), and set the lengths
+        to `ends`. No host sync. Returns the logits after each slot's last token, [num_slots + 1, V] by
+        slot (valid for `rows`)."""
+        self._check(max(ends))
+        width = next(p for p in row_buckets(self.num_slots) if p >= len(rows))
+        chunks = []
+        for c in range(max((e - s + PREFILL_CHUNK - 1) // PREFILL_CHUNK for s, e in zip(starts, ends))):
+            live = [(r, s + c * PREFILL_CHUNK, e) for r, s, e in zip(rows, starts, ends) if s + c * PREFILL_CHUNK < e]
+            pad = width - len(live)
+            chunks.append([[r for r, _, _ in live] + [self.scratch] * pad,
+                           [p for _, p, _ in live] + [0] * pad,
+                           [min(PREFILL_CHUNK, e - p) for _, p, e in live] + [1] * pad,
+                           [int(e - p <= PREFILL_CHUNK) for _, p, e in live] + [0] * pad])
+        table = self._chunks.put(chunks)  # [chunks, 4, P]: one copy for the whole admission
+        last = self.last_logits()
+        for c, chunk in enumerate(chunks):
+            bucket = self.bucket(min(max(chunk[1]) + PREFILL_CHUNK, self.capacity))
+            key = (self.name, "prefill", width, bucket)
+            self.graphs.run(key, partial(self._prefill_step, kv_len=bucket), (seqs, table[c], last))
+        return last
+
+    def last_logits(self) -> torch.Tensor:
+        if self._last is None:
+            self._last = torch.zeros(self.num_slots + 1, self.vocab_size, dtype=self.model.dtype, device=self.device)
+        return self._last
+
+    def _prefill_step(self, seqs: torch.Tensor, chunk: torch.Tensor, last: torch.Tensor, *, kv_len: int) -> None:
+        """One chunk: chunk [4, P] = slot, start, count, final per row. Writes C tokens per row from `start`
+        (those past `count` are padding past the new length), sets lengths = start + count, and for rows
+        whose prompt ends in this chunk stores the logits after their last token in last[slot]."""
+        rows, starts, counts, final = chunk
+        offsets = self._arange[:PREFILL_CHUNK]
+        read = rows.clamp(max=seqs.shape[0] - 1)  # the scratch slot reads some row's tokens: padding
+        ids = seqs[read[:, None], (starts[:, None] + offsets).clamp(max=seqs.shape[1] - 1)]
+        at_end = self._call(ids, starts, kv_len, (counts - 1)[:, None], rows=rows)[:, 0]  # [P, V]: each row's last
+        last.index_copy_(0, rows, torch.where(final[:, None].bool(), at_end, last[rows]))
+        self.lengths.index_copy_(0, rows, starts + counts)
+
+    # ---- at start: the steps to capture ----------------------------------------------------------
+
+    def declare_steps(self, tokens: torch.Tensor, seqs: torch.Tensor, *, from_seqs: int = 0,
+                      trees: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+                      last_only: Iterable[int] = (), forwards: bool = True, prefill: bool = True) -> None:
+        """Declare the static steps this runner may run (captured at start in cuda_graphs mode): for each
+        width T and bucket, a forward feeding `from_seqs` tokens from `seqs` and tokens[:, :T - from_seqs]
+        (a tree width reads its depth/ancestors buffers from `trees`: T -> (depth, ancestors); widths in
+        `last_only` keep only the last logits), and with `prefill` a prefill chunk per row bucket."""
+        self._io = (tokens, seqs, from_seqs, dict(trees or {}))
+        for bucket in self.buckets:
+            for width in self.widths if forwards else ():
+                only = width in set(last_only)
+                tree = (trees or {}).get(width)
+                window = tree[1].shape[2] if tree is not None else 0
+                args = (seqs, tokens[:, : width - from_seqs], self.output(1 if only else width)) + (tree or ())
+                self.graphs.declare(self._key(width, bucket, only, window, from_seqs),
+                                    partial(self._step, kv_len=bucket, last_only=only, from_seqs=from_seqs), args,
+                                    size=width * bucket * self.num_slots, compile=True)
+            for rows in row_buckets(self.num_slots) if prefill else ():
+                chunk = torch.zeros(4, rows, dtype=torch.long, device=self.device)
+                chunk[0], chunk[2] = self.scratch, 1  # padding rows until a real chunk is copied in
+                self.graphs.declare((self.name, "prefill", rows, bucket), partial(self._prefill_step, kv_len=bucket),
+                                    (seqs, chunk, self.last_logits()), size=rows * PREFILL_CHUNK * bucket)
+
+    # ---- compaction ------------------------------------------------------------------------------
+
     @torch.inference_mode()
     def compact(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move cache entries of every layer: slot rows[i]'s index src[i, j] to dst[i, j] (all read before
@@ -242,78 +298,34 @@ class ModelRunner:
             layer.keys[index, :, dst] = keys
             layer.values[index, :, dst] = values
 
-    # ---- capture ---------------------------------------------------------------------------------
-
-    def _capture(self, key: tuple[int, int, bool, int]) -> _Captured | None:
-        width, kv_len, last_only, window = key
-        started = time.perf_counter()
-        inputs = torch.zeros(self.num_slots, width, dtype=torch.long, device=self.device)
-        depth = ancestors = None
-        if window:  # captured with a chain; replays read whatever tree is copied in
-            depth = self._arange[:width].expand(self.num_slots, width).contiguous()
-            ancestors = torch.ones(width, window, dtype=torch.bool, device=self.device).tril(window - width).expand(
-                self.num_slots, width, window).contiguous()
-        # Capturing runs the step (twice on a GPU: a warm-up, then the capture). It writes at positions
-        # lengths .. lengths+T-1 of every slot, past every valid entry, so it is harmless at any time.
-        try:
-            if self.capture == "inductor":
-                with torch.inference_mode():
-                    logits = self._compiled(inputs, kv_len, last_only, depth, ancestors)
-                captured = _Captured(None, inputs, logits, depth, ancestors)
-            else:
-                captured = self._capture_cuda_graph(inputs, kv_len, last_only, depth, ancestors)
-        except Exception as e:  # noqa: BLE001 - any failure means: run this shape eagerly, and say so
-            self._failed.add(key)
-            self._warn_eager(width, f"capturing it failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
-            return None
-        seconds = time.perf_counter() - started
-        self.capture_s += seconds
-        self.captured[key] = captured
-        log.info("%s: captured the %d-token %s step over %d positions in %.2f s (%s)", self.name, width,
-                 f"tree (window {window})" if window else "chain", kv_len, seconds, self.capture)
-        return captured
-
-    @torch.inference_mode()
-    def _capture_cuda_graph(self, inputs: torch.Tensor, kv_len: int, last_only: bool, depth, ancestors) -> _Captured:
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):  # warm-up off the capture: lazy inits, cuBLAS handles, autotuning
-            self._step(inputs, kv_len, last_only, depth, ancestors)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        # One memory pool for every graph of this runner: they never replay concurrently.
-        with torch.cuda.graph(graph, pool=self._pool):
-            logits = self._step(inputs, kv_len, last_only, depth, ancestors)
-        self._pool = graph.pool()
-        return _Captured(graph, inputs, logits, depth, ancestors)
-
-    def _warn_eager(self, width: int, why: str) -> None:
-        if width not in self._warned:
-            self._warned.add(width)
-            log.warning("%s: the %d-token step runs eagerly (%s); it will be slower than the captured ones",
-                        self.name, width, why)
-
     # ---- measuring -------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def time_step(self, width: int, kv_len: int, *, last_only: bool = False, repeats: int = 5,
                   tree: bool = False) -> float:
-        """Median seconds of the static step of `width` tokens attending over `kv_len` (replays, when
-        captured). It writes at the last `width` positions of the capacity, past every valid entry of
-        every slot (those are below max_seq_len), and restores the lengths."""
-        tokens = torch.zeros(self.num_slots, width, dtype=torch.long, device=self.device)
+        """Median seconds of the static step of `width` tokens attending over `kv_len` (replays of the
+        declared step when there is one, on whatever its buffers hold). It writes at the last `width`
+        positions of the capacity, past every valid entry of every slot (those are below max_seq_len),
+        and restores the lengths."""
+        tokens, seqs, from_seqs, trees = self._io or (None, None, 0, {})
         shape = None
-        if tree:  # a chain written as a tree: the same shape and work as any tree of this width
-            parents = chain_parents(self.num_slots, width - 1, self.device)
-            shape = tree_shape(parents, torch.ones_like(parents, dtype=torch.bool))
+        if tokens is None:
+            tokens = torch.zeros(self.num_slots, width, dtype=torch.long, device=self.device)
+        if tree:  # the declared tree buffers, or a chain written as a tree: the same shape and work
+            if width in trees:
+                shape = TreeShape(trees[width][0], trees[width][1], None, None, None, width - 1)
+            else:
+                parents = chain_parents(self.num_slots, width - 1, self.device)
+                shape = tree_shape(parents, torch.ones_like(parents, dtype=torch.bool))
         saved = self.lengths.clone()
-        self.lengths.fill_(self.capacity - width)
+        self.lengths[: self.num_slots] = self.capacity - width
         times = []
         try:
-            for _ in range(repeats + 1):  # the first one warms up (and captures)
+            for _ in range(repeats + 1):  # the first one warms up
                 _sync(self.device)
                 started = time.perf_counter()
-                self.forward(tokens, kv_len=kv_len, last_only=last_only, tree=shape)
+                self.forward(tokens[:, : width - from_seqs], kv_len=kv_len, last_only=last_only, tree=shape,
+                             seqs=seqs, from_seqs=from_seqs)
                 _sync(self.device)
                 times.append(time.perf_counter() - started)
         finally:

@@ -1,10 +1,10 @@
-"""Which request sits in which slot: a host record per running request, and the per-slot device state.
+"""Which request sits in which slot: host records (`SlotTable`) and the per-slot device state (`SlotState`).
 
 The host record (`Slot`) holds what stops, statistics and results need: the output so far and the
-sequence length L (prompt + output). The device state (`SlotTable.tokens`, `noise_keys`, `presence`)
-holds what a round reads without a host sync: every slot's sequence, its noise key and (for the
-repetition penalty) which tokens its context contains. The target's cached length, L - 1, lives in
-its ModelRunner; the host mirror L is updated from each round's one sync.
+sequence length L (prompt + output). The device state holds what a round reads without a host sync:
+every slot's sequence, its noise key and (for the repetition penalty) which tokens its context contains.
+The target's cached length, L - 1, lives in its ModelRunner; the host's L is updated from each round's
+one host read.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from ..types import Request, Result
-from .runner import to_device
+from .graphs import HostBuffer
 from .sampling import request_key
 
 
@@ -26,19 +25,25 @@ class Slot:
 
     request: Request
     prompt_ids: list[int]
-    length: int  # tokens in seq (prompt + output)
+    length: int  # tokens in seq (prompt + output), the first token included while it is awaited
     started: float
     output: list[int] = field(default_factory=list)
+    awaiting_first: bool = True  # its first token (drawn at admission) has not reached the host yet
     draft_tokens: int = 0
     accepted_per_round: list[int] = field(default_factory=list)
     drafts_per_round: list[int] = field(default_factory=list)
     tree_per_round: list[str] = field(default_factory=list)
 
-    def budget(self, k: int, max_new_tokens: int, max_seq_len: int) -> int:
-        """Drafts this row may propose: at most k, and never more than can still be emitted
-        (max_new_tokens) or fit (max_seq_len) — the overflow guard."""
-        room = min(max_new_tokens - len(self.output), max_seq_len - self.length) - 1
-        return max(0, min(k, room))
+    @property
+    def num_output(self) -> int:
+        return len(self.output) + self.awaiting_first
+
+    def room(self, max_new_tokens: int, max_seq_len: int) -> int:
+        """Drafts this row could propose before max_new_tokens or max_seq_len (the overflow guard); 0
+        while its first token is awaited (a host drafter has not seen its context yet)."""
+        if self.awaiting_first:
+            return 0
+        return max(0, min(max_new_tokens - self.num_output, max_seq_len - self.length) - 1)
 
     def to_result(self, reason: str, completion: str, prompt: str) -> Result:
         forwards = len(self.accepted_per_round)
@@ -57,50 +62,11 @@ class Slot:
         )
 
 
-def prompt_ids(request: Request, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
-               max_seq_len: int) -> list[int] | str:
-    """Token ids for a request, or an error message."""
-    if request.error:
-        return request.error
-    prompt = request.prompt
-    if prompt is None:
-        return "prompt is null"
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            return "prompt is empty"
-        ids = tokenizer(prompt)["input_ids"]
-    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        ids = list(prompt)
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            return f"prompt token id {bad[0]} is outside the model's vocabulary [0, {vocab_size})"
-    else:
-        return f"prompt must be a string or a list of token ids, got {type(prompt).__name__}"
-    if not ids:
-        return "prompt is empty after tokenization"
-    if len(ids) >= max_seq_len:
-        return f"prompt has {len(ids)} tokens but max_seq_len is {max_seq_len}: no room for a new token"
-    return ids
-
-
 class SlotTable:
-    """num_slots slots: host records (None = idle) and device state.
+    """num_slots host records (None = idle)."""
 
-    tokens [B, capacity]: each slot's sequence (prompt + output), valid up to its length;
-    noise_keys [B]: each request's key for counter-based noise; busy [B]: which slots run a request;
-    presence [B, V] (only with a repetition
-    penalty): whether each token occurs in the slot's sequence.
-    """
-
-    def __init__(self, num_slots: int, capacity: int, vocab_size: int, device: torch.device, *, seed: int,
-                 track_presence: bool):
+    def __init__(self, num_slots: int):
         self.records: list[Slot | None] = [None] * num_slots
-        self.seed, self.device = seed, device
-        self.tokens = torch.zeros(num_slots, capacity, dtype=torch.long, device=device)
-        self.noise_keys = torch.zeros(num_slots, dtype=torch.long, device=device)
-        self.busy = torch.zeros(num_slots, dtype=torch.bool, device=device)  # the device copy of `active()`
-        self.presence = (torch.zeros(num_slots, vocab_size, dtype=torch.bool, device=device)
-                         if track_presence else None)
 
     def __getitem__(self, slot: int) -> Slot | None:
         return self.records[slot]
@@ -111,22 +77,51 @@ class SlotTable:
     def active(self) -> list[int]:
         return [s for s, record in enumerate(self.records) if record is not None]
 
-    def occupy(self, new: list[tuple[int, Request, list[int]]]) -> None:
-        """Seat each (slot, request, prompt ids); the prompt fills the slot's sequence."""
-        now = time.perf_counter()
-        for slot, request, ids in new:
-            # The prefill is the request's first target forward; it drafts nothing, so it accepts 0.
-            self.records[slot] = Slot(request=request, prompt_ids=ids, length=len(ids), started=now,
-                                      accepted_per_round=[0], drafts_per_round=[0], tree_per_round=[""])
-            ids_t = to_device(ids, self.device)
-            self.tokens[slot, : len(ids)] = ids_t
-            self.noise_keys[slot] = request_key(self.seed, request.id)
-            self.busy[slot] = True
-            if self.presence is not None:
-                self.presence[slot] = False
-                self.presence[slot, ids_t] = True
+    def occupy(self, slot: int, request: Request, prompt_ids: list[int]) -> Slot:
+        # The prefill is the request's first target forward; it drafts nothing, so it accepts 0. Its first
+        # token is counted in `length` now and appended to the output when it reaches the host.
+        record = Slot(request=request, prompt_ids=prompt_ids, length=len(prompt_ids) + 1, started=time.perf_counter(),
+                      accepted_per_round=[0], drafts_per_round=[0], tree_per_round=[""])
+        self.records[slot] = record
+        return record
 
     def release(self, slot: int) -> Slot:
         record, self.records[slot] = self.records[slot], None
-        self.busy[slot] = False
         return record
+
+
+class SlotState:
+    """Per-slot device state: tokens [B, capacity] each slot's sequence (prompt + output, valid up to its
+    length), noise_keys [B] each request's key for counter-based noise, busy [B] which slots run a
+    request, presence [B, V] (only with a repetition penalty) whether each token occurs in the sequence."""
+
+    def __init__(self, num_slots: int, capacity: int, vocab_size: int, device: torch.device, *, seed: int,
+                 track_presence: bool):
+        self.seed, self.device = seed, device
+        self.tokens = torch.zeros(num_slots, capacity, dtype=torch.long, device=device)
+        self.noise_keys = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self.busy = torch.zeros(num_slots, dtype=torch.bool, device=device)
+        self.presence = (torch.zeros(num_slots, vocab_size, dtype=torch.bool, device=device)
+                         if track_presence else None)
+        self._prompts = HostBuffer((num_slots, capacity), device)
+        self._seats = HostBuffer((3, num_slots), device)  # slot, prompt length, noise key of each new row
+
+    def seat(self, slots: list[int], requests: list[Request], prompts: list[list[int]]) -> None:
+        """New requests take `slots`: their prompts fill the slots' sequences (two copies and a few ops
+        for the whole admission, whatever its size)."""
+        width = max(len(p) for p in prompts)
+        ids = self._prompts.put([p + [0] * (width - len(p)) for p in prompts])  # [n, W]
+        seats = self._seats.put([slots, [len(p) for p in prompts],
+                                 [request_key(self.seed, r.id) for r in requests]])
+        rows = seats[0]
+        self.tokens[rows, :width] = ids
+        self.noise_keys[rows] = seats[2]
+        self.busy[rows] = True
+        if self.presence is not None:
+            inside = torch.arange(width, device=self.device)[None, :] < seats[1][:, None]
+            seen = torch.zeros(len(slots), self.presence.shape[1], dtype=torch.int32, device=self.device)
+            seen.scatter_add_(1, ids, inside.to(torch.int32))
+            self.presence[rows] = seen > 0
+
+    def vacate(self, slot: int) -> None:
+        self.busy[slot] = False

@@ -1,7 +1,8 @@
 """When a request is done: EOS ids, stop strings, max_new_tokens, max_seq_len — on emitted tokens only.
 
 The EOS cut runs on the device inside a round (`cut_at_eos`), so a round emits nothing past an EOS;
-stop strings need decoded text and run on the host after the round's one sync (`finish_reason`).
+stop strings need decoded text and run on the host after the round's one sync (`cut_at_stop`, which
+cuts the output, then `finish_reason`, which only asks).
 """
 
 from __future__ import annotations
@@ -38,16 +39,19 @@ class StopRules:
         first_eos = torch.where(is_eos, index, width).min(dim=1).values
         return torch.minimum(num_accepted + 1, first_eos + 1), first_eos < width
 
-    def finish_reason(self, slot: Slot, hit_eos: bool, num_new: int) -> str | None:
-        """Why `slot` is done after it emitted `num_new` tokens (None: it is not). A stop string cuts the
-        output to the tokens that produced it."""
-        if hit_eos:
-            return FINISH_STOP
-        if self.stop and self._cut_at_stop(slot, num_new):
+    def finish_reason(self, slot: Slot, hit_eos: bool, hit_stop: bool) -> str | None:
+        """Why `slot` is done after its latest tokens (None: it is not): an EOS or a stop string among
+        them (see `cut_at_stop`), or a length limit."""
+        if hit_eos or hit_stop:
             return FINISH_STOP
         if len(slot.output) >= self.max_new_tokens or slot.length >= self.max_seq_len:
             return FINISH_LENGTH
         return None
+
+    def cut_at_stop(self, slot: Slot, num_new: int) -> bool:
+        """Whether the output contains a stop string once its last `num_new` tokens are added; if so the
+        output (and the slot's length) is cut to the tokens that produced it."""
+        return bool(self.stop) and self._cut_at_stop(slot, num_new)
 
     def _cut_at_stop(self, slot: Slot, num_new: int) -> bool:
         """If the decoded output contains a stop string, keep the shortest token prefix whose text

@@ -2,7 +2,7 @@
 
 Per row, a round emits its accepted drafts and then one more token from the target (recovered at the
 first rejection, or bonus after the last draft; see sampling.py), cut after the first EOS among them.
-`Verdict.to_host` is the round's one host sync.
+`Verdict.pack` puts everything the host needs in one buffer: reading it is the round's one host sync.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafters import Draft
+from .round import Draft
 from .sampling import (
     STREAM_ACCEPT, STREAM_RESAMPLE, SamplingParams, coupled_tokens, growing_presence, to_probs, uniforms,
     verify_greedy, verify_sampling,
@@ -30,8 +30,26 @@ class RoundOutcome:
     num_accepted: list[int]  # drafts the target agreed with (before any EOS cut)
     num_drafts: list[int]  # drafts the row proposed (a tree: its nodes)
     hit_eos: list[bool]  # the emitted tokens end with an EOS
+    pending: list[int]  # the token each row fed first (the one drawn at admission, for a new row)
     last_node: list[int] | None = None  # a tree round: the verify position of each row's deepest accepted node
     depth: list[int] | None = None  # a tree round: the depth of each row's deepest node (its draft positions)
+
+    @classmethod
+    def unpack(cls, packed: list[list[int]], tree: bool) -> "RoundOutcome":
+        """Rows of `Verdict.pack` (read to the host) -> the outcome."""
+        f = PACKED_FIELDS
+        return cls(
+            emitted=[row[f : f + row[0]] for row in packed],
+            num_accepted=[row[1] for row in packed],
+            hit_eos=[bool(row[2]) for row in packed],
+            num_drafts=[row[3] for row in packed],
+            last_node=[row[4] for row in packed] if tree else None,
+            depth=[row[5] for row in packed] if tree else None,
+            pending=[row[6] for row in packed],
+        )
+
+
+PACKED_FIELDS = 7  # num_emit, num_accepted, hit_eos, num_drafts, last_node, depth, pending
 
 
 @dataclass(slots=True)
@@ -46,21 +64,14 @@ class Verdict:
     path: torch.Tensor | None = None  # [b, T] a tree round's accepted path (verify positions from the root)
     depth: torch.Tensor | None = None  # [b] a tree round: the depth of each row's deepest valid node
 
-    def to_host(self) -> RoundOutcome:
-        """One device -> host copy for everything the host needs from the round."""
-        width = self.tokens.shape[1]
-        flags = [self.num_emit, self.num_accepted, self.hit_eos.long(), self.num_drafts]
-        if self.path is not None:
-            flags += [self.path.gather(1, self.num_accepted[:, None])[:, 0], self.depth]
-        rows = torch.cat([self.tokens, torch.stack(flags, dim=1)], dim=1).tolist()
-        return RoundOutcome(
-            emitted=[row[: row[width]] for row in rows],
-            num_accepted=[row[width + 1] for row in rows],
-            num_drafts=[row[width + 3] for row in rows],
-            hit_eos=[bool(row[width + 2]) for row in rows],
-            last_node=[row[width + 4] for row in rows] if self.path is not None else None,
-            depth=[row[width + 5] for row in rows] if self.path is not None else None,
-        )
+    def pack(self, out: torch.Tensor, pending: torch.Tensor) -> None:
+        """Everything the host needs from the round into out [b, PACKED_FIELDS + T] (one copy to the host
+        then): the fields (RoundOutcome.unpack), then the tokens; pending [b] the token fed first."""
+        last = self.path.gather(1, self.num_accepted[:, None])[:, 0] if self.path is not None else self.num_emit
+        depth = self.depth if self.depth is not None else self.num_emit
+        out[:, :PACKED_FIELDS] = torch.stack([self.num_emit, self.num_accepted, self.hit_eos.long(), self.num_drafts,
+                                              last, depth, pending], dim=1)
+        out[:, PACKED_FIELDS : PACKED_FIELDS + self.tokens.shape[1]] = self.tokens
 
 
 def decide(logits: torch.Tensor, draft: Draft, *, sampling: SamplingParams, stops: StopRules,

@@ -283,7 +283,7 @@ def output_config(job: JobConfig, job_name: str, generator, index: int, count: i
     k_max, adaptive and max_seq_len are the generator's: what ran after defaults were resolved."""
     drafter = job.drafter.name
     return {
-        "job": job_name, "drafter": drafter.value, "k_max": generator.k, "adaptive": generator.adaptive is not None,
+        "job": job_name, "drafter": drafter.value, "k_max": generator.k_max, "adaptive": generator.adaptive is not None,
         "trees": [str(t) for t in generator.trees],
         "sampling": {key: getattr(value, "value", value) for key, value in asdict(job.sampling).items()},
         "batch_size": job.batch_size, "max_seq_len": generator.max_seq_len,

@@ -1,12 +1,16 @@
-"""Drafters: propose up to k tokens per row, then learn from what the target accepted.
+"""The drafter protocol, its policy record, and the drafter that drafts nothing.
 
-Every drafter speaks the same three verbs (cf. transformers' CandidateGenerator, made batched):
-  admit(slots, sequences)          new requests now occupy these slots (sequence = prompt + first token)
-  propose(ctx) -> Draft            up to ctx.k[i] tokens for row i; rows may propose 0
-  commit(slots, emitted, accepted) the tokens each running row emitted this round, and how many drafts it kept
+Every drafter speaks the same verbs (cf. transformers' CandidateGenerator, made batched):
+  admit(slots, prompts)                 new requests now occupy these slots
+  propose(round) -> Draft               up to round.budgets[i] tokens for row i; rows may propose 0
+  propose_tree(round, spec) -> Draft    (drafters whose policy says `trees`) a tree per row
+  extend(slots, emitted, num_accepted)  the tokens each running row emitted this round (a new row's first
+                                        token in front), and how many drafts it had accepted
+  release(slots)                        these requests are done
 and declares a DrafterPolicy: what the adaptive controller needs to know about it, so that the
 controller never looks inside a drafter. A row that proposes nothing costs only its 1-token decode in
-the verify pass.
+the verify pass. Drafts are written into the round's buffers (round.py): on the static path every slot,
+at fixed addresses, which is what captured steps need.
 """
 
 from __future__ import annotations
@@ -17,12 +21,12 @@ from typing import Protocol
 import torch
 
 from ...types import TreeSpec
-from ..runner import to_device
+from ..round import Draft, Round, RoundBuffers, RoundShape
 
 
 @dataclass(frozen=True, slots=True)
 class DrafterPolicy:
-    """What choosing each round's number of drafts needs to know about a drafter.
+    """What choosing each round's shape needs to know about a drafter.
 
     propose_first: proposing k_max tokens costs no more than proposing fewer and the first tokens do not
         depend on k (lookups): propose, then choose the verify width from the proposals on the table.
@@ -32,91 +36,75 @@ class DrafterPolicy:
     draft_forwards: each drafted token costs one forward of a draft model.
     catches_up: after rounds without drafting, the next drafted round first feeds the draft the tokens it
         missed, a cost of the plain rounds before and not of that round's k.
+    trees: can propose trees (propose_tree).
     """
 
     propose_first: bool = False
     bursty: bool = False
     draft_forwards: bool = False
     catches_up: bool = False
-    trees: bool = False  # can propose trees (propose_tree)
+    trees: bool = False
 
 
 LOOKUP_POLICY = DrafterPolicy(propose_first=True, bursty=True, trees=True)
 MODEL_POLICY = DrafterPolicy(draft_forwards=True, catches_up=True, trees=True)
 
 
-@dataclass(slots=True)
-class DraftContext:
-    """What a drafter may read in a round.
-
-    rows/lengths/k are host lists of equal length b: the slots of this round (every slot, in order, when
-    `static`; then idle slots have k = 0), each row's sequence length L (prompt + output so far) and its
-    budget. rows_t [b] and lengths_t [b] are the same on the device. tokens [B, S] holds every slot's
-    sequence on the device, valid up to its length.
-    """
-
-    rows: list[int]
-    lengths: list[int]
-    k: list[int]
-    tokens: torch.Tensor
-    presence: torch.Tensor | None  # [B, V] bool: tokens already in each slot's context (repetition penalty)
-    noise_keys: torch.Tensor  # [B] int64
-    rows_t: torch.Tensor | None = None
-    lengths_t: torch.Tensor | None = None
-    static: bool = False
-    span: slice | None = None  # rows as a slice when they are consecutive slots (eager forwards read views)
-    gumbel: torch.Tensor | None = None  # [b, >= k, V]: coupled sampling's noise of positions L .. (sampling.py)
-
-    def __post_init__(self):
-        device = self.tokens.device
-        if self.rows_t is None:
-            self.rows_t = to_device(self.rows, device)
-        if self.lengths_t is None:
-            self.lengths_t = to_device(self.lengths, device)
-
-
-@dataclass(slots=True)
-class Draft:
-    """A chain of drafts per row, or (parents set) a tree of them (engine/tree.py)."""
-
-    tokens: torch.Tensor  # [b, W] int64, padded with 0 past num_tokens; W sets the verify width W+1
-    num_tokens: torch.Tensor  # [b] int64 on the device: how many of each row's tokens are proposals
-    probs: torch.Tensor | None = None  # [b, W, V] q after the sampling transforms; None = one-hot q
-    host_num: list[int] | None = None  # num_tokens on the host, when the drafter has it without a device sync
-    parents: torch.Tensor | None = None  # [b, W] a tree: each node's parent (-1: the root's child)
-    valid: torch.Tensor | None = None  # [b, W] bool: the tree's real nodes
-    q_at: torch.Tensor | None = None  # [b, W + 1, V] a tree's q after each verify position (rejection
-    #                                   sampling with drawn children); None: children are one-hot
-    spec: TreeSpec | None = None  # a tree: the shape that bounds it (depth, children per node)
-
-    def truncate(self, width: int) -> "Draft":
-        """The same proposals cut to at most `width` tokens per row (a lookup's first tokens do not depend
-        on how many were asked for)."""
-        host = None if self.host_num is None else [min(n, width) for n in self.host_num]
-        probs = None if self.probs is None else self.probs[:, :width]
-        return Draft(self.tokens[:, :width], self.num_tokens.clamp(max=width), probs, host)
-
-
 class Drafter(Protocol):
     policy: DrafterPolicy
 
-    def admit(self, slots: list[int], sequences: list[list[int]]) -> None: ...
-    def propose(self, ctx: DraftContext) -> Draft: ...
-    def commit(self, slots: list[int], emitted: list[list[int]], num_accepted: list[int]) -> None: ...
-    def draft_seconds(self, k: int, kv_len: int) -> float: ...  # device time of proposing k tokens (captured steps)
+    def admit(self, slots: list[int], prompts: list[list[int]]) -> None: ...
+    def propose(self, round: Round) -> Draft: ...
+    def extend(self, slots: list[int], emitted: list[list[int]], num_accepted: list[int],
+               path: list[int] | None = None) -> None: ...
+    def release(self, slots: list[int]) -> None: ...
+    def draft_seconds(self, k: int, kv_len: int) -> float: ...  # device time of proposing k tokens (static steps)
+    def declare_steps(self, shapes: list[RoundShape], target, state, buffers) -> None: ...  # static steps, at start
     # Drafters whose policy says `trees`:
-    #   propose_tree(ctx, spec) -> Draft       a tree per row in spec.nodes node slots (the verify width is
-    #                                          spec.nodes + 1); ctx.k[i] bounds row i's depth
+    #   propose_tree(round, spec) -> Draft      a tree per row in spec.nodes node slots (the verify width is
+    #                                           spec.nodes + 1); round.budgets[i] bounds row i's depth
 
 
-def empty_draft(b: int, device: torch.device) -> Draft:
-    return Draft(tokens=torch.zeros(b, 0, dtype=torch.long, device=device),
-                 num_tokens=torch.zeros(b, dtype=torch.long, device=device), host_num=[0] * b)
+def host_draft(buffers: RoundBuffers, drafts: list[list[int]]) -> Draft:
+    """Proposals made on the host -> the round's draft buffers (one copy each for tokens and counts), the
+    width trimmed to the longest proposal."""
+    counts = [len(d) for d in drafts]
+    width = max(counts, default=0)
+    tokens = buffers.put_drafts([d + [0] * (width - len(d)) for d in drafts], len(drafts), width)
+    return Draft(tokens=tokens, num_tokens=buffers.put_num_drafts(counts), host_num=counts)
 
 
-def _pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
-    width = max((len(r) for r in rows), default=0)
-    return to_device([r + [0] * (width - len(r)) for r in rows], device).reshape(len(rows), width)
+def empty_draft(buffers: RoundBuffers, b: int) -> Draft:
+    return Draft(tokens=buffers.drafts[:b, :0], num_tokens=buffers.put_num_drafts([0] * b), host_num=[0] * b)
+
+
+def host_tree(buffers: RoundBuffers, continuations: list[list[list[int]]], spec: TreeSpec) -> Draft:
+    """Per row, up to `branching` candidate continuations (host lists) -> their prefix tree in the round's
+    buffers: node (d, m) at index d * M + m (depth-major, so parents come first), shared prefixes merged
+    (a node is kept iff no earlier candidate has the same prefix up to it)."""
+    m, depth = spec.branching, spec.depth
+    tokens, parents, valid = [], [], []
+    for row in continuations:
+        row = (row + [[]] * m)[:m]
+        t, p, v = [0] * (m * depth), [-1] * (m * depth), [0] * (m * depth)
+        canonical: dict[tuple[int, ...], int] = {}  # a prefix -> the node that stands for it
+        for c, seq in enumerate(row):
+            for d, token in enumerate(seq[:depth]):
+                prefix = tuple(seq[: d + 1])
+                if prefix in canonical:
+                    continue
+                node = d * m + c
+                canonical[prefix] = node
+                t[node], v[node] = token, 1
+                p[node] = canonical[prefix[:-1]] if d > 0 else -1
+        tokens.append(t)
+        parents.append(p)
+        valid.append(v)
+    b, n = len(continuations), m * depth
+    draft_tokens = buffers.put_drafts(tokens, b, n)
+    valid_t = buffers.put_tree(parents, valid, b, n)
+    return Draft(tokens=draft_tokens, num_tokens=buffers.put_num_drafts([sum(v) for v in valid]),
+                 parents=buffers.parents[:b, :n], valid=valid_t, spec=spec)
 
 
 class NoDrafter:
@@ -124,19 +112,20 @@ class NoDrafter:
 
     policy = DrafterPolicy()
 
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def admit(self, slots, sequences):
+    def admit(self, slots, prompts):
         pass
 
-    def propose(self, ctx: DraftContext) -> Draft:
-        return empty_draft(len(ctx.rows), self.device)
+    def propose(self, round: Round) -> Draft:
+        return empty_draft(round.buffers, len(round.rows))
 
-    def commit(self, slots, emitted, num_accepted, path=None):
+    def extend(self, slots, emitted, num_accepted, path=None):
+        pass
+
+    def release(self, slots):
         pass
 
     def draft_seconds(self, k, kv_len):
         return 0.0
 
-
+    def declare_steps(self, *args):
+        pass

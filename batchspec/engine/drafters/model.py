@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import time
+from functools import partial
+
 import torch
 from transformers import PreTrainedModel
 
-from .base import MODEL_POLICY, Draft, DraftContext, _pad, empty_draft
-from ..runner import ModelRunner, to_device
-from ..sampling import STREAM_DRAFT, SamplingParams, coupled_tokens, sample, scores, to_probs, uniforms
-from ..tree import TreeSpec
+from ...types import TreeSpec
+from ..graphs import StepGraphs
+from ..noise import STREAM_DRAFT, uniforms
+from ..round import Draft, Round, RoundBuffers, RoundShape
+from ..runner import ModelRunner
+from ..sampling import SamplingParams, sample, scores
+from ..slots import SlotState
+from .base import MODEL_POLICY, empty_draft
 
 
 class ModelDrafter:
@@ -19,32 +26,33 @@ class ModelDrafter:
     target's distribution guesses its token), and a draw from q under rejection sampling.
 
     A round over rows of sequence length L feeds the draft [seq[L-2], seq[L-1]] at positions L-2, L-1 (a
-    fixed 2-token step, so it can be captured: rewriting L-2 when the draft already has it is harmless;
-    eager rounds feed only seq[L-1] when every row already has L-2), then one drafted token per step. So the draft cache only has to be valid up to L-2 when a round
-    starts, which holds after any drafted round: a verdict of m accepted drafts leaves it valid up to
-    L + min(m, steps-1), and the next round starts at L' - 2 = L + m - 1. After rounds without drafting
-    (adaptive k = 0) a row catches up on what it missed first, eagerly (`valid` tracks it on the host).
+    fixed 2-token step: rewriting L-2 when the draft already has it is harmless; eager rounds feed only
+    seq[L-1] when every row already has L-2), then one drafted token per step. So the draft cache only
+    has to be valid up to L-2 when a round starts, which holds after any drafted round: a verdict of m
+    accepted drafts leaves it valid up to L + min(m, steps-1), and the next round starts at L' - 2 =
+    L + m - 1. After rounds without drafting (adaptive k = 0) a row first catches up on what it missed
+    (`valid` tracks it on the host). On the static path step i of a round is one captured step: the
+    forward and the choice of draft i, written into the round's buffers.
     """
 
     policy = MODEL_POLICY
 
     def __init__(self, model: PreTrainedModel, *, num_slots: int, capacity: int, max_position: int,
-                 target_vocab_size: int, sampling: SamplingParams, capture: str | None = None,
-                 trees: tuple[TreeSpec, ...] = ()):
-        # Widths worth capturing: the first step (1 or 2 tokens) and one drafted token (trees too: their
-        # spine is drafted like a chain).
+                 target_vocab_size: int, sampling: SamplingParams, graphs: StepGraphs,
+                 trees: tuple[TreeSpec, ...] = (), buckets: list[int] | None = None):
         self.runner = ModelRunner(model, num_slots=num_slots, capacity=capacity, max_position=max_position,
-                                  capture=capture, widths=(1, 2), name="draft")
-        self.sampling, self.device = sampling, model.device
-        self.draft_vocab = self.runner.vocab_size
-        self.target_vocab = target_vocab_size
+                                  graphs=graphs, widths=(1, 2), buckets=buckets, name="draft")
+        self.sampling, self.graphs, self.device = sampling, graphs, model.device
+        self.draft_vocab, self.target_vocab = self.runner.vocab_size, target_vocab_size
         for spec in trees:  # its B guesses per depth are distinct tokens of the draft's vocabulary
             if spec.branching > min(self.draft_vocab, target_vocab_size):
                 raise ValueError(f"tree {spec}: branching {spec.branching} exceeds the draft's vocabulary "
                                  f"({min(self.draft_vocab, target_vocab_size)} tokens)")
         self.valid = [0] * num_slots  # per slot: leading draft-cache entries known to be right (host)
-        self._round: tuple[list[int], list[int], int] | None = None  # rows, lengths, steps of the last propose
-        self._step_times: dict[int, tuple[float, float]] = {}  # bucket -> seconds of the 2-token, 1-token step
+        self._round: tuple | None = None  # what the last propose drafted, for extend
+        self._step_times: dict[int, tuple[float, float]] = {}  # bucket -> seconds of the first, a next step
+        self._bound: tuple[torch.Tensor, SlotState, RoundBuffers] | None = None  # static: target lengths, state, buffers
+        self._presence: torch.Tensor | None = None  # [B, V] the drafts' growing repetition context (static)
 
     def _align(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., V_draft] -> [..., V_target]: ids the target lacks are dropped, ids the draft
@@ -54,165 +62,259 @@ class ModelDrafter:
         pad = logits.new_full((*logits.shape[:-1], self.target_vocab - self.draft_vocab), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
-    @torch.inference_mode()
-    def admit(self, slots, sequences):
-        """Prefill the draft on sequence[:-1]; the last token is fed in the first round."""
-        todo = [(s, seq[:-1]) for s, seq in zip(slots, sequences) if len(seq) > 1]
-        if todo:
-            chunks = [c for _, c in todo]
-            self.runner.prefill([s for s, _ in todo], _pad(chunks, self.device), [0] * len(todo),
-                                [len(c) for c in chunks])
-        for slot, seq in zip(slots, sequences):
-            self.valid[slot] = len(seq) - 1
+    # ---- requests in and out ----------------------------------------------------------------------
 
-    def _catch_up(self, ctx: DraftContext) -> None:
-        """Eagerly feed rows that missed tokens (rounds without drafting) up to position L-2."""
-        lagging = [(i, self.valid[row], n - 2) for i, (row, n, k) in enumerate(zip(ctx.rows, ctx.lengths, ctx.k))
+    @torch.inference_mode()
+    def admit(self, slots, prompts):
+        """Prefill the draft on each prompt; the first token is fed in the row's first drafted round."""
+        if self.runner.static:
+            self.runner.prefill_static(self._bound[1].tokens, slots, [0] * len(slots), [len(p) for p in prompts])
+        else:
+            width = max(len(p) for p in prompts)
+            ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=self.device)
+            self.runner.prefill(slots, ids, [0] * len(slots), [len(p) for p in prompts])
+        for slot, prompt in zip(slots, prompts):
+            self.valid[slot] = len(prompt)
+
+    def _catch_up(self, round: Round, tokens: torch.Tensor) -> None:
+        """Feed rows that missed tokens (rounds without drafting) up to position L-2."""
+        lagging = [(row, self.valid[row], n - 2) for row, n, k in zip(round.rows, round.lengths, round.budgets)
                    if k > 0 and self.valid[row] < n - 2]
         if not lagging:
             return
-        width = max(end - start for _, start, end in lagging)
-        index = to_device([i for i, _, _ in lagging], self.device)
-        starts = to_device([start for _, start, _ in lagging], self.device)
-        ids = ctx.tokens[ctx.rows_t[index][:, None], (starts[:, None] + torch.arange(width, device=self.device))
-                         .clamp(max=ctx.tokens.shape[1] - 1)]
-        self.runner.prefill([ctx.rows[i] for i, _, _ in lagging], ids, [s for _, s, _ in lagging],
-                            [end - start for _, start, end in lagging])
+        rows, starts, ends = ([x[j] for x in lagging] for j in range(3))
+        if self.runner.static:
+            self.runner.prefill_static(tokens, rows, starts, ends)
+            return
+        width = max(e - s for s, e in zip(starts, ends))
+        index = torch.tensor(starts, device=self.device)[:, None] + torch.arange(width, device=self.device)
+        ids = tokens[torch.tensor(rows, device=self.device)[:, None], index.clamp(max=tokens.shape[1] - 1)]
+        self.runner.prefill(rows, ids, starts, [e - s for s, e in zip(starts, ends)])
 
-    @torch.inference_mode()
-    def propose(self, ctx: DraftContext) -> Draft:
-        b, steps = len(ctx.rows), max(ctx.k, default=0)
-        if steps == 0:
-            self._round = None
-            return empty_draft(b, self.device)
-        runner, arange = self.runner, torch.arange(b, device=self.device)
-        kv_len = max(ctx.lengths) + steps - 1
-        logits, rows, where, start, width = self._first_step(ctx, kv_len)
-        presence = ctx.presence[ctx.rows_t].clone() if ctx.presence is not None else None
-        keys = ctx.noise_keys[ctx.rows_t]
-        tokens, probs = [], []
-        coupled = self.sampling.greedy or self.sampling.coupled
-        for i in range(steps):
-            aligned = self._align(logits.float())
-            if coupled:  # argmax(q's scores + the target's noise for this position): the target's guess
-                token = coupled_tokens(aligned, self.sampling, presence,
-                                       ctx.gumbel[:, i] if ctx.gumbel is not None else None)
-            else:
-                q = to_probs(aligned, self.sampling, presence)
-                token = sample(q, uniforms(keys, (ctx.lengths_t + i)[:, None], STREAM_DRAFT)[:, 0])
-                probs.append(q)
-            tokens.append(token)
-            if presence is not None:
-                presence[arange, token] = True
-            if i + 1 < steps:
-                runner.commit(where, start + width + i)
-                logits = runner.forward(token[:, None], kv_len=kv_len, rows=rows)[:, -1]
-        self._round = (list(ctx.rows), list(ctx.lengths), steps)
-        return Draft(
-            tokens=torch.stack(tokens, dim=1),
-            num_tokens=to_device(ctx.k, self.device),
-            probs=torch.stack(probs, dim=1) if probs else None,
-            host_num=list(ctx.k),
-        )
-
-    def _first_step(self, ctx: DraftContext, kv_len: int):
-        """Catch up, then feed each row's last tokens: logits after position L - 1 ([b, V]), and the rows,
-        the lengths view, the start [b] and the width the step used."""
-        self._catch_up(ctx)
-        rows = None if ctx.static else (ctx.span or ctx.rows_t)
-        where = slice(None) if ctx.static else (ctx.span or ctx.rows_t)
-        # Captured steps always feed the last 2 tokens; eager ones feed only 1 when every row has the
-        # one before (after a round that rejected a draft): on CPU a step's cost grows with its tokens.
-        width = 2 if ctx.static or any(self.valid[r] < n - 1 for r, n in zip(ctx.rows, ctx.lengths)) else 1
-        start = (ctx.lengths_t - width).clamp(min=0)  # [b]; idle slots (length 1) ride along from 0
-        self.runner.commit(where, start)
-        feed = ctx.tokens[ctx.rows_t[:, None], start[:, None] + torch.arange(width, device=self.device)]
-        logits = self.runner.forward(feed, kv_len=kv_len, rows=rows, last_only=True)[:, -1]
-        return logits, rows, where, start, width
-
-    # ---- trees -------------------------------------------------------------------------------------
-
-    @torch.inference_mode()
-    def propose_tree(self, ctx: DraftContext, spec: TreeSpec) -> Draft:
-        """A spine with side branches: the chain this drafter would propose (`depth` tokens, its best guess
-        at each step), and at every depth `branching - 1` alternatives beside the spine token, as leaves:
-        its next best guesses (greedy: by q; coupled: by q's scores plus the position's noise), or under
-        rejection sampling further i.i.d. draws from q (the spine token is one of the draws). A miss on
-        the spine can then still hit on a branch. The alternatives come from the logits the chain
-        computes anyway: the draft's cost is a chain's, only the verify pass is wider."""
-        b, width_b, depth = len(ctx.rows), spec.branching, spec.depth
-        steps = max(min(k, depth) for k in ctx.k) if ctx.k else 0
-        if steps == 0:
-            self._round = None
-            empty = torch.zeros(b, width_b * depth, dtype=torch.long, device=self.device)
-            return Draft(tokens=empty, num_tokens=empty[:, 0], parents=empty - 1, valid=empty.bool(), spec=spec)
-        kv_len = max(ctx.lengths) + steps - 1
-        logits, rows, where, start, width = self._first_step(ctx, kv_len)
-        presence = ctx.presence[ctx.rows_t] if ctx.presence is not None else None
-        keys = ctx.noise_keys[ctx.rows_t]
-        rejection = not (self.sampling.greedy or self.sampling.coupled)
-        levels, q_spine = [], []
-        for i in range(depth):
-            if i < steps:
-                s = scores(self._align(logits.float()), self.sampling, presence)
-                if rejection:
-                    q = torch.softmax(s, dim=-1)
-                    u = torch.stack([uniforms(keys, (ctx.lengths_t + i)[:, None], STREAM_DRAFT + 64 * c)[:, 0]
-                                     for c in range(width_b)], dim=1)  # c = 0 is the chain's own draw
-                    level = sample(q.repeat_interleave(width_b, dim=0), u.reshape(-1)).reshape(b, width_b)
-                    q_spine.append(q)
-                else:
-                    noise = ctx.gumbel[:, i] if ctx.gumbel is not None else None
-                    level = (s if noise is None else s + noise).topk(width_b, dim=-1).indices  # [b, B]: spine first
-            else:
-                level = torch.zeros(b, width_b, dtype=torch.long, device=self.device)
-            levels.append(level)
-            if i + 1 < steps:
-                self.runner.commit(where, start + width + i)
-                logits = self.runner.forward(level[:, :1], kv_len=kv_len, rows=rows)[:, -1]
-        tokens = torch.stack(levels, dim=1).reshape(b, depth * width_b)  # node (d, r) at d * B + r
-        node_depth = torch.arange(depth, device=self.device).repeat_interleave(width_b)
-        spine_above = torch.where(node_depth > 0, (node_depth - 1) * width_b, -1)  # the spine node one level up
-        parents = spine_above.expand(b, -1).contiguous()
-        budget = to_device(ctx.k, self.device).clamp(max=depth)
-        valid = node_depth[None, :] < budget[:, None]
-        q_at = None
-        if rejection:  # position 0 (the root) and every spine node hold the q their children were drawn from
-            q_at = torch.zeros(b, depth * width_b + 1, q_spine[0].shape[-1], device=self.device)
-            q_at[:, 0] = q_spine[0]
-            for d, q in enumerate(q_spine[1:], start=1):
-                q_at[:, (d - 1) * width_b + 1] = q
-        self._round = ("tree", list(ctx.rows), list(ctx.lengths), steps, width_b)
-        return Draft(tokens=tokens * valid, num_tokens=valid.sum(1), parents=parents, valid=valid, q_at=q_at, spec=spec)
-
-    def draft_seconds(self, k: int, kv_len: int) -> float:
-        """k drafted tokens: one 2-token step and k - 1 one-token steps (timed replays, per length bucket)."""
-        if k == 0:
-            return 0.0
-        bucket = self.runner.bucket(kv_len)
-        if bucket not in self._step_times:
-            self._step_times[bucket] = (self.runner.time_step(2, bucket, last_only=True),
-                                        self.runner.time_step(1, bucket))
-        first, step = self._step_times[bucket]
-        return first + (k - 1) * step
-
-    def commit(self, slots, emitted, num_accepted, path: list[int] | None = None):
+    def extend(self, slots, emitted, num_accepted, path: list[int] | None = None):
         """After the verdict: the draft stays valid up to L + min(m, steps - 1) (the last drafted token was
         never fed, rejected ones are stale). In a tree round only the spine was fed: a path that ends on a
         side branch at depth m (path: the verify position of each row's deepest accepted node) kept m - 1
         spine tokens."""
         if self._round is None:
             return
-        if self._round[0] == "tree":
-            _, rows, lengths, steps, branching = self._round
-            self._round = None
-            by_slot = dict(zip(rows, lengths))
-            for slot, m, last in zip(slots, num_accepted, path):
-                spine = m - 1 if m > 0 and (last - 1) % branching != 0 else m
-                self.valid[slot] = by_slot[slot] + min(spine, steps - 1)
-            return
-        rows, lengths, steps = self._round
-        by_slot = dict(zip(rows, lengths))
-        for slot, m in zip(slots, num_accepted):
-            self.valid[slot] = by_slot[slot] + min(m, steps - 1)
+        rows, lengths, steps, branching = self._round
         self._round = None
+        by_slot = dict(zip(rows, lengths))
+        for i, (slot, m) in enumerate(zip(slots, num_accepted)):
+            if path is not None and m > 0 and (path[i] - 1) % branching != 0:
+                m -= 1
+            self.valid[slot] = by_slot[slot] + min(m, steps - 1)
+
+    def release(self, slots):
+        pass
+
+    # ---- proposing --------------------------------------------------------------------------------
+
+    def _choose(self, logits, i: int, lengths, keys, presence, gumbel, drafts, probs, branching: int = 0):
+        """Draft i from the draft's logits [b, V_draft] after the previous one: into drafts[:, i] (a chain) or
+        level i's `branching` nodes drafts[:, i * B .. (i + 1) * B] (a tree: its spine first); under
+        rejection sampling q into probs[:, i] (chain) or probs[:, the spine node above] (tree's q_at).
+        Returns the token fed next (the spine) [b]."""
+        s = scores(self._align(logits.float()), self.sampling, presence)
+        if self.sampling.greedy or self.sampling.coupled:
+            noise = gumbel[:, i] if gumbel is not None else None
+            if not branching:
+                token = (s if noise is None else s + noise).argmax(dim=-1)
+                drafts[:, i] = token
+                return token
+            level = (s if noise is None else s + noise).topk(branching, dim=-1).indices  # [b, B]: spine first
+            drafts[:, i * branching : (i + 1) * branching] = level
+            return level[:, 0]
+        q = torch.softmax(s, dim=-1)
+        if not branching:
+            token = sample(q, uniforms(keys, (lengths + i)[:, None], STREAM_DRAFT)[:, 0])
+            probs[:, i] = q
+            drafts[:, i] = token
+            return token
+        u = torch.stack([uniforms(keys, (lengths + i)[:, None], STREAM_DRAFT + 64 * c)[:, 0]
+                         for c in range(branching)], dim=1)  # c = 0 is the chain's own draw
+        b = q.shape[0]
+        level = sample(q.repeat_interleave(branching, dim=0), u.reshape(-1)).reshape(b, branching)
+        drafts[:, i * branching : (i + 1) * branching] = level
+        probs[:, 0 if i == 0 else (i - 1) * branching + 1] = q  # q_at: the root, then each spine node
+        return level[:, 0]
+
+    @torch.inference_mode()
+    def propose(self, round: Round) -> Draft:
+        return self._propose(round, None)
+
+    @torch.inference_mode()
+    def propose_tree(self, round: Round, spec: TreeSpec) -> Draft:
+        """A spine with side branches: the chain this drafter would propose (`depth` tokens, its best guess
+        at each step), and at every depth `branching - 1` alternatives beside the spine token, as leaves:
+        its next best guesses (greedy: by q; coupled: by q's scores plus the position's noise), or under
+        rejection sampling further i.i.d. draws from q (the spine token is one of the draws). A miss on
+        the spine can then still hit on a branch. The alternatives come from the logits the chain
+        computes anyway: the draft's cost is a chain's, only the verify pass is wider."""
+        return self._propose(round, spec)
+
+    def _propose(self, round: Round, spec: TreeSpec | None) -> Draft:
+        b, buffers = len(round.rows), round.buffers
+        depth = spec.depth if spec is not None else max(round.budgets, default=0)
+        steps = min(depth, max(round.budgets, default=0))
+        if steps == 0:
+            self._round = None
+            return empty_draft(buffers, b) if spec is None else _no_tree(buffers, b, spec)
+        num = buffers.put_num_drafts([min(k, depth) for k in round.budgets])  # the budgets, on the device
+        self._catch_up(round, round.state.tokens)
+        kv_len = max(round.lengths) + steps - 1
+        branching = spec.branching if spec is not None else 0
+        rejection = not (self.sampling.greedy or self.sampling.coupled)
+        probs = (buffers.q_at if spec is not None else buffers.probs) if rejection else None
+        if round.static:
+            bucket = self.runner.bucket(kv_len)
+            for i in range(steps):
+                self.graphs.run(self._key(i, bucket, spec), partial(self._static_step, i=i, kv_len=bucket, spec=spec),
+                                self._static_args(i, spec))
+        else:
+            self._eager_steps(round, steps, kv_len, branching, probs)
+        self._round = (list(round.rows), list(round.lengths), steps, max(branching, 1))
+        if spec is None:
+            return Draft(tokens=buffers.drafts[:b, :steps], num_tokens=num,
+                         probs=probs[:b, :steps] if probs is not None else None, host_num=list(round.budgets))
+        n = spec.nodes
+        if round.static:  # the first step laid out the tree
+            return Draft(tokens=buffers.drafts[:, :n], num_tokens=num, parents=buffers.parents[:, :n],
+                         valid=buffers.valid[:, :n], q_at=probs[:, : n + 1] if probs is not None else None, spec=spec)
+        parents, valid = self._layout(spec, num, buffers.drafts[:b, :n], steps)
+        return Draft(tokens=buffers.drafts[:b, :n], num_tokens=valid.sum(1), parents=parents, valid=valid,
+                     q_at=probs[:b, : n + 1] if probs is not None else None, spec=spec)
+
+    def _layout(self, spec: TreeSpec, budgets: torch.Tensor, tokens: torch.Tensor, steps: int):
+        """The spine-and-leaves geometry: node (d, r) at d * B + r; its parent the spine node one level up;
+        valid where d < the row's budget. Zeroes the tokens of invalid nodes (eagerly: after the steps;
+        static: before them, and only leftovers of earlier rounds remain there). -> parents, valid [b, N]."""
+        width_b, depth = spec.branching, spec.depth
+        node_depth = torch.arange(depth, device=self.device).repeat_interleave(width_b)
+        spine_above = torch.where(node_depth > 0, (node_depth - 1) * width_b, -1)
+        parents = spine_above.expand(tokens.shape[0], -1)
+        valid = node_depth[None, :] < budgets.clamp(max=depth)[:, None]
+        tokens.mul_(valid)
+        return parents, valid
+
+    def _eager_steps(self, round: Round, steps: int, kv_len: int, branching: int, probs) -> None:
+        """The drafting loop over the round's rows: one forward per drafted token."""
+        runner, b = self.runner, len(round.rows)
+        rows = round.span if round.span is not None else round.rows_t
+        where = round.span if round.span is not None else round.rows_t
+        # Feed only the last token when every row has the one before (after a round that accepted every
+        # draft it has only L - 2): on CPU a step's cost grows with its tokens.
+        width = 2 if any(self.valid[r] < n - 1 for r, n in zip(round.rows, round.lengths)) else 1
+        lengths = round.lengths_t
+        start = (lengths - width).clamp(min=0)
+        runner.set_lengths(where, start)
+        feed = round.state.tokens[round.rows_t[:, None], start[:, None] + torch.arange(width, device=self.device)]
+        logits = runner.forward(feed, kv_len=kv_len, rows=rows, last_only=True)[:, -1]
+        state = round.state
+        presence = state.presence[round.rows_t].clone() if state.presence is not None else None
+        keys, drafts = state.noise_keys[round.rows_t], round.buffers.drafts[:b]
+        gumbel = round.gumbel
+        arange = torch.arange(b, device=self.device)
+        for i in range(steps):
+            token = self._choose(logits, i, lengths, keys, presence, gumbel, drafts,
+                                 probs[:b] if probs is not None else None, branching)
+            if presence is not None:
+                presence[arange, token] = True
+            if i + 1 < steps:
+                runner.set_lengths(where, start + width + i)
+                logits = runner.forward(token[:, None], kv_len=kv_len, rows=rows)[:, -1]
+
+    # ---- the static path: one captured step per drafted token --------------------------------------
+
+    def _key(self, i: int, bucket: int, spec: TreeSpec | None) -> tuple:
+        return ("draft", i, bucket, str(spec) if spec is not None else "chain")
+
+    def _static_args(self, i: int, spec: TreeSpec | None) -> tuple:
+        target_lengths, state, buffers = self._bound
+        probs = buffers.q_at if spec is not None else buffers.probs
+        return (state.tokens, buffers.drafts, buffers.num_drafts, buffers.gumbel, probs)
+
+    def _static_step(self, seqs, drafts, num, gumbel, probs, *, i: int, kv_len: int, spec: TreeSpec | None) -> None:
+        """Draft i for every slot (static shapes): step 0 feeds the last two tokens of each sequence, step i
+        the spine token drafted by step i - 1; the last step of a tree lays out its geometry."""
+        target_lengths, state, buffers = self._bound
+        runner, n_slots = self.runner, self.runner.num_slots
+        lengths = target_lengths[:n_slots] + 1  # L of every slot (1 for an idle one)
+        branching = spec.branching if spec is not None else 0
+        if i == 0:
+            runner.lengths[:n_slots] = (lengths - 2).clamp(min=0)
+            logits = runner.step_logits(seqs, drafts[:, :0], kv_len=kv_len, last_only=True, from_seqs=2)[:, -1]
+            if self._presence is not None:
+                self._presence.copy_(state.presence)
+            if spec is not None:  # the tree's geometry depends only on the budgets
+                parents, valid = self._layout(spec, num, drafts[:, : spec.nodes], 0)
+                buffers.parents[:, : spec.nodes] = parents
+                buffers.valid[:, : spec.nodes] = valid
+                num.copy_(valid.sum(1))
+        else:
+            fed = (i - 1) * max(branching, 1)
+            runner.lengths[:n_slots] = lengths + i - 1
+            logits = runner.step_logits(seqs, drafts[:, fed : fed + 1], kv_len=kv_len)[:, -1]
+        token = self._choose(logits, i, lengths, state.noise_keys, self._presence, gumbel, drafts, probs, branching)
+        if self._presence is not None:
+            self._presence[runner.slot_index, token] = True
+
+    def declare_steps(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState,
+                      buffers: RoundBuffers) -> None:
+        """Bind the static path's buffers and declare its steps: the draft's prefill chunks, and each
+        drafting step of each shape over each bucket."""
+        self._bound = (target.lengths, state, buffers)
+        if state.presence is not None:
+            self._presence = torch.zeros_like(state.presence)
+        self.runner.declare_steps(buffers.drafts, state.tokens, forwards=False)  # prefill chunks only
+        specs = {shape.tree for shape in shapes if shape.tree is not None}
+        k_max = max((shape.drafts for shape in shapes if shape.tree is None), default=0)
+        for bucket in self.runner.buckets:
+            for spec in [None, *specs]:
+                steps = spec.depth if spec is not None else k_max
+                for i in range(steps):
+                    self.graphs.declare(self._key(i, bucket, spec), partial(self._static_step, i=i, kv_len=bucket,
+                                        spec=spec), self._static_args(i, spec), size=bucket * self.runner.num_slots)
+
+    def draft_seconds(self, k: int, kv_len: int) -> float:
+        """k drafted tokens: one first step and k - 1 next steps (timed replays, per length bucket)."""
+        if k == 0:
+            return 0.0
+        bucket = self.runner.bucket(kv_len)
+        if bucket not in self._step_times:
+            self._step_times[bucket] = (self._time(0, bucket), self._time(1, bucket))
+        first, step = self._step_times[bucket]
+        return first + (k - 1) * step
+
+    def _time(self, i: int, bucket: int, repeats: int = 5) -> float:
+        """Median seconds of drafting step i over `bucket` (static path): it writes only past every row's
+        valid draft entries (or rewrites them with the same tokens) and restores the draft's lengths."""
+        saved = self.runner.lengths.clone()
+        times = []
+        try:
+            for _ in range(repeats + 1):
+                _sync(self.device)
+                started = time.perf_counter()
+                self.graphs.run(self._key(i, bucket, None), partial(self._static_step, i=i, kv_len=bucket, spec=None),
+                                self._static_args(i, None))
+                _sync(self.device)
+                times.append(time.perf_counter() - started)
+        finally:
+            self.runner.lengths.copy_(saved)
+        times = sorted(times[1:])
+        return times[len(times) // 2]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _no_tree(buffers: RoundBuffers, b: int, spec: TreeSpec) -> Draft:
+    """A round with no room to draft: a tree of no valid nodes."""
+    n = spec.nodes
+    tokens = buffers.put_drafts([[0] * n] * b, b, n)
+    valid = buffers.put_tree([[-1] * n] * b, [[0] * n] * b, b, n)
+    return Draft(tokens=tokens, num_tokens=buffers.put_num_drafts([0] * b), parents=buffers.parents[:b, :n],
+                 valid=valid, spec=spec)

@@ -1,0 +1,199 @@
+"""The device side of a round's verdict, as static-shape steps: noise, acceptance and its commits.
+
+`Acceptor` owns no model. Per round it makes the coupled noise (`noise`), lays out a tree's geometry
+(`shape_tree`), and runs the acceptance (`accept`): the verdict (greedy, coupled or rejection; chain or
+tree; verdict.py) and its commits on the device: the target's cache lengths (and a tree's compaction),
+the sequences, the repetition penalty's context, then everything the host needs packed in one buffer,
+whose read is the round's one host sync. At admission it draws each new request's first token from the
+prefill's last logits (`first_tokens`). On the static path each of these is one step of the generator's
+StepGraphs (captured on a GPU); eagerly they run on the round's rows only.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from .graphs import HostBuffer, LaunchCounter, StepGraphs, host_lists
+from .noise import STREAM_RESAMPLE, gumbel_noise, uniforms
+from .round import Draft, Round, RoundBuffers, RoundShape
+from .runner import ModelRunner
+from .sampling import SamplingParams, coupled_tokens, sample, to_probs
+from .slots import SlotState
+from .stops import StopRules
+from .tree import TreeShape, compaction, tree_shape
+from .verdict import PACKED_FIELDS, RoundOutcome, decide, decide_tree
+
+
+class Acceptor:
+    def __init__(self, runner: ModelRunner, state: SlotState, buffers: RoundBuffers, *, sampling: SamplingParams,
+                 stops: StopRules, graphs: StepGraphs, counter: LaunchCounter | None = None):
+        self.runner, self.state, self.buffers = runner, state, buffers
+        self.sampling, self.stops, self.graphs, self.counter = sampling, stops, graphs, counter
+        self.device = runner.device
+        self.num_slots = runner.num_slots
+        self._new = torch.zeros(self.num_slots, dtype=torch.bool, device=self.device)  # static admission mask
+        self._new_in = HostBuffer((self.num_slots,), self.device, into=self._new)
+
+    # ---- noise ------------------------------------------------------------------------------------
+
+    def noise(self, round: Round, width: int) -> torch.Tensor:
+        """Coupled sampling's Gumbel noise for positions L .. L + width - 1 of each row: [b, width, V] (on the
+        static path the buffer's full width, computed once per round)."""
+        if not round.static:
+            return self._noise(round.rows_t, round.lengths_t, width)
+        out = self.buffers.gumbel
+        self.graphs.run(("noise",), self._noise_step, (out,))
+        return out
+
+    def _noise(self, rows: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
+        positions = lengths[:, None] + torch.arange(width, device=self.device)
+        return gumbel_noise(self.state.noise_keys[rows], positions, self.runner.vocab_size)
+
+    def _noise_step(self, out: torch.Tensor) -> None:
+        lengths = self.runner.lengths[: self.num_slots] + 1
+        out.copy_(self._noise(self.runner.slot_index, lengths, out.shape[1]))
+
+    # ---- trees ------------------------------------------------------------------------------------
+
+    def shape_tree(self, round: Round) -> TreeShape:
+        """The geometry of the round's drafted trees (tree_shape), in the buffers on the static path."""
+        draft, depth = round.draft, round.shape.tree.depth
+        if not round.static:
+            return tree_shape(draft.parents, draft.valid, depth)
+        tree = self.buffers.tree
+        width = draft.parents.shape[1]
+        view = TreeShape(tree.depth[:, : width + 1], tree.ancestors[:, : width + 1, : width + 1],
+                         tree.parent_t[:, :width], tree.rank[:, :width], draft.valid, depth)
+        self.graphs.run(("tree", width, depth), partial(self._tree_step, max_depth=depth),
+                        (draft.parents, draft.valid, view.depth, view.ancestors, view.parent_t, view.rank))
+        return view
+
+    @staticmethod
+    def _tree_step(parents, valid, depth, ancestors, parent_t, rank, *, max_depth: int) -> None:
+        shape = tree_shape(parents, valid, max_depth)
+        depth.copy_(shape.depth)
+        ancestors.copy_(shape.ancestors)
+        parent_t.copy_(shape.parent_t)
+        rank.copy_(shape.rank)
+
+    # ---- acceptance -------------------------------------------------------------------------------
+
+    def accept(self, round: Round, logits: torch.Tensor) -> RoundOutcome:
+        """logits [b, W, V] of the round's verify pass -> the outcome on the host, after committing on the
+        device. The one host sync of the round."""
+        draft, width, tree = round.draft, round.shape.width, round.tree
+        out = self.buffers.verdict[: len(round.rows), : PACKED_FIELDS + (tree.max_depth + 1 if tree else width)]
+        args = (logits, draft.tokens, draft.num_tokens, out, round.gumbel,
+                draft.probs if tree is None else draft.q_at)
+        if tree is not None:
+            args += (tree.depth, tree.ancestors, tree.parent_t, tree.rank, tree.valid)
+        body = partial(self._accept_step, rows=round.rows_t, max_depth=tree.max_depth if tree else 0,
+                       spec=draft.spec)
+        if round.static:
+            self.graphs.run(("accept", width, tree is not None), body, args)
+        else:
+            body(*args)
+        return RoundOutcome.unpack(host_lists(out, self.counter), tree is not None)
+
+    def _accept_step(self, logits, drafts, num_drafts, out, gumbel, probs, depth=None, ancestors=None,
+                     parent_t=None, rank=None, valid=None, *, rows, max_depth, spec) -> None:
+        """The acceptance over rows [b]: logits [b, W, V], drafts [b, W - 1], num_drafts [b], out the packed
+        verdict [b, W + PACKED_FIELDS]; gumbel [b, >= W, V] (coupled) and probs (a draft model's q under
+        rejection: [b, W - 1, V] for a chain, q_at [b, W, V] for a tree) or None; a tree's geometry."""
+        state, runner = self.state, self.runner
+        lengths = runner.lengths[rows] + 1  # L: the pending token sits at L - 1 (not yet cached)
+        presence = state.presence[rows] if state.presence is not None else None
+        common = dict(sampling=self.sampling, stops=self.stops, lengths=lengths, presence=presence,
+                      noise_keys=state.noise_keys[rows], gumbel=gumbel)
+        if depth is None:
+            verdict = decide(logits, Draft(drafts, num_drafts, probs), **common)
+        else:
+            shape = TreeShape(depth, ancestors, parent_t, rank, valid, max_depth)
+            draft = Draft(drafts, num_drafts, parents=None, valid=valid, q_at=probs, spec=spec)
+            verdict = decide_tree(logits, draft, shape, **common)
+            # The accepted path's keys and values go to the positions they stand for (tree.py).
+            src, dst = compaction(lengths - 1, verdict.path, verdict.num_accepted)
+            runner.compact(rows, src, dst)
+        pending = state.tokens[rows, lengths - 1]
+        index = torch.arange(verdict.tokens.shape[1], device=self.device)[None, :]
+        state.tokens[rows[:, None], lengths[:, None] + index] = verdict.tokens  # past num_emit: stale
+        # The pending token and the accepted drafts stay cached; idle slots ride along from 0 again.
+        runner.lengths[rows] = torch.where(state.busy[rows], lengths - 1 + verdict.num_emit, 0)
+        if presence is not None:
+            emitted = (index < verdict.num_emit[:, None]).to(torch.int32)
+            seen = torch.zeros_like(presence, dtype=torch.int32).scatter_add_(1, verdict.tokens, emitted)
+            state.presence[rows] = presence | (seen > 0)
+        verdict.pack(out, pending)
+
+    # ---- admission --------------------------------------------------------------------------------
+
+    def first_tokens(self, rows: list[int], logits: torch.Tensor, static: bool) -> list[int] | None:
+        """Draw each new row's first token (position len(prompt)) from its prefill's last logits, as
+        `generate` does, and write it into the row's sequence. Eagerly: logits [n, V] of `rows`, the tokens
+        come back to the host (a sync; free on a CPU). Static: logits [B + 1, V] by slot, one step over
+        every slot, nothing comes back: the next round's verdict carries them (its `pending`)."""
+        if not static:
+            rows_t = torch.tensor(rows, device=self.device)
+            tokens = self._first(rows_t, self.runner.lengths[rows_t], logits)
+            return host_lists(tokens, self.counter)
+        chosen = set(rows)
+        new = self._new_in.put([slot in chosen for slot in range(self.num_slots)])
+        self.graphs.run(("first",), self._first_step, (logits, new))
+        return None
+
+    def _first(self, rows: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """rows [n], lengths [n] (= prompt lengths: the first token's position), logits [n, V] -> tokens [n],
+        written at tokens[row, length]."""
+        state, sampling = self.state, self.sampling
+        presence = state.presence[rows] if state.presence is not None else None
+        if sampling.greedy or sampling.coupled:  # the noise any pass would use for position len(prompt)
+            noise = self._noise(rows, lengths, 1)[:, 0] if sampling.coupled else None
+            first = coupled_tokens(logits, sampling, presence, noise)
+        else:  # the same noise a verify pass would use to decide position len(prompt)
+            u = uniforms(state.noise_keys[rows], lengths[:, None], STREAM_RESAMPLE)[:, 0]
+            first = sample(to_probs(logits, sampling, presence), u)
+        state.tokens[rows, lengths] = first
+        if presence is not None:
+            state.presence[rows, first] = True
+        return first
+
+    def _first_step(self, logits: torch.Tensor, new: torch.Tensor) -> None:
+        rows = self.runner.slot_index
+        lengths = self.runner.lengths[: self.num_slots]
+        before = self.state.tokens[rows, lengths]
+        presence = self.state.presence.clone() if self.state.presence is not None else None
+        first = self._first(rows, lengths, logits[: self.num_slots])
+        # Only the new rows keep what was drawn: the others get back what they held.
+        self.state.tokens[rows, lengths] = torch.where(new, first, before)
+        if presence is not None:
+            self.state.presence.copy_(torch.where(new[:, None], self.state.presence, presence))
+
+    # ---- at start ---------------------------------------------------------------------------------
+
+    def declare_steps(self, shapes: list[RoundShape], trees: dict[int, TreeShape]) -> None:
+        """Declare the static steps rounds may run (captured at start in cuda_graphs mode)."""
+        b = self.buffers
+        if b.gumbel is not None:
+            self.graphs.declare(("noise",), self._noise_step, (b.gumbel,))
+        self.graphs.declare(("first",), self._first_step, (self.runner.last_logits(), self._new))
+        for shape in shapes:
+            width = shape.width
+            out = b.verdict[:, : PACKED_FIELDS + shape.depth + 1]
+            logits = self.runner.output(width)
+            if shape.tree is None:
+                probs = b.probs[:, : width - 1] if b.probs is not None else None
+                args = (logits, b.drafts[:, : width - 1], b.num_drafts, out, b.gumbel, probs)
+                body = partial(self._accept_step, rows=self.runner.slot_index, max_depth=0, spec=None)
+                self.graphs.declare(("accept", width, False), body, args, size=width)
+                continue
+            n, depth = shape.tree.nodes, shape.tree.depth
+            tree = trees[width]
+            self.graphs.declare(("tree", n, depth), partial(self._tree_step, max_depth=depth),
+                                (b.parents[:, :n], b.valid[:, :n], tree.depth, tree.ancestors, tree.parent_t, tree.rank))
+            q_at = b.q_at[:, : n + 1] if b.q_at is not None else None
+            args = (logits, b.drafts[:, :n], b.num_drafts, out, b.gumbel, q_at, tree.depth, tree.ancestors,
+                    tree.parent_t, tree.rank, b.valid[:, :n])
+            body = partial(self._accept_step, rows=self.runner.slot_index, max_depth=depth, spec=shape.tree)
+            self.graphs.declare(("accept", width, True), body, args, size=width)

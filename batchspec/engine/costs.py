@@ -1,0 +1,88 @@
+"""What a round costs, for adaptive speculation: measured round times (eager) or timed replays (captured).
+
+Eager forwards (CPU) are timed as whole rounds (`RoundTimes`). Captured forwards (CUDA graphs) have
+steady device times that do not depend on how many slots are busy (every slot rides along), so
+`StepTable` times the captured steps themselves by replays, once per attended-length bucket, and adds
+the round's host overhead measured as the rest of each round's wall time; eager wall-clock on a GPU
+swings 2x between runs and cannot tell k apart. Costs are indexed by shape index: chains k = 0..k_max,
+then the trees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+
+class CostModel(Protocol):
+    def cost(self, k: int, b: int) -> float | None: ...  # seconds of a round of shape k over b rows
+    def observe(self, k: int, b: int, seconds: float) -> None: ...
+    def at_length(self, kv_len: int) -> None: ...  # rows now attend over about kv_len entries
+
+
+@dataclass
+class RoundTimes:
+    """Eager forwards: an exponential moving average of whole-round wall time per (k, b). A k not yet
+    measured at this b borrows the shape of the curve from the nearest batch size that measured it."""
+
+    smoothing: float = 0.2  # weight of a new round time in the (k, b) average
+    costs: dict[int, dict[int, float]] = field(default_factory=dict)  # b -> k -> seconds
+    samples: dict[tuple[int, int], int] = field(default_factory=dict)  # (b, k) -> rounds timed
+
+    def cost(self, k: int, b: int) -> float | None:
+        table = self.costs.get(b, {})
+        if k in table:
+            return table[k]
+        measured = [bb for bb, t in self.costs.items() if k in t]
+        if not measured:
+            return None
+        near = self.costs[min(measured, key=lambda bb: (abs(bb - b), bb))]
+        common = [j for j in table if j in near]
+        scale = table[common[0]] / near[common[0]] if common else 1.0
+        return near[k] * scale
+
+    def observe(self, k: int, b: int, seconds: float) -> None:
+        table = self.costs.setdefault(b, {})
+        n = self.samples[b, k] = self.samples.get((b, k), 0) + 1
+        # The first time of each (k, b) is replaced by the second: a cold first round must not steer
+        # hundreds of rounds.
+        table[k] = seconds if n <= 2 else (1 - self.smoothing) * table[k] + self.smoothing * seconds
+
+    def at_length(self, kv_len: int) -> None:
+        pass  # whole-round times already include the attended length
+
+
+@dataclass
+class StepTable:
+    """Captured forwards: the device time of a round's captured steps for k = 0..k_max, measured by
+    timed replays once per attended-length bucket (`measure(bucket)`), plus the round's host overhead
+    (sampling, bookkeeping, the host sync) per k: the average of measured round time minus the table.
+    Every slot rides along in a captured step, so the number of busy rows b does not change the cost."""
+
+    measure: Callable[[int], list[float]]
+    bucket_of: Callable[[int], int] = lambda kv_len: kv_len  # the attended-length bucket of a length
+    smoothing: float = 0.1
+    tables: dict[int, list[float]] = field(default_factory=dict)  # bucket -> seconds for k = 0..k_max
+    overhead: dict[int, float] = field(default_factory=dict)  # k -> seconds beyond the table
+    bucket: int | None = None
+
+    def at_length(self, kv_len: int) -> None:
+        """Rows grew (or shrank) into another attended-length bucket: time its steps the first time."""
+        bucket = self.bucket_of(kv_len)
+        if bucket not in self.tables:
+            self.tables[bucket] = list(self.measure(bucket))
+        self.bucket = bucket
+
+    def cost(self, k: int, b: int) -> float | None:
+        if self.bucket is None:
+            return None
+        known = list(self.overhead.values())
+        extra = self.overhead.get(k, sum(known) / len(known) if known else 0.0)
+        return self.tables[self.bucket][k] + extra
+
+    def observe(self, k: int, b: int, seconds: float) -> None:
+        if self.bucket is None:
+            return
+        residual = seconds - self.tables[self.bucket][k]
+        old = self.overhead.get(k)
+        self.overhead[k] = residual if old is None else (1 - self.smoothing) * old + self.smoothing * residual

@@ -1,0 +1,271 @@
+"""Static-shape steps: run eagerly, as they would be captured, captured into CUDA graphs, or compiled.
+
+A *step* is a function that reads and writes only the tensors it is given (buffers that live as long
+as the generator: inputs copied in before it runs, outputs read after) and takes every shape from its
+key: a model forward of T tokens over a length bucket, a round's acceptance, a prefill chunk. Nothing
+it allocates outlives it, so its outputs are never views into a graph's memory. `StepGraphs` runs a
+step by key, in one of four modes:
+
+  - None (eager): call it;
+  - "static": call it, counted by a LaunchCounter as one replay: the CPU stand-in for a captured step,
+    so that the test suite runs the captured code paths and can count what a GPU would launch outside
+    graphs;
+  - "cuda_graphs": every declared step is captured when `capture_all` runs at start, largest first,
+    into one memory pool that every graph of the generator shares (a graph's temporaries are free once
+    its capture ends, so the next capture reuses them; graphs never run concurrently), and replayed
+    after; a step run with other tensors than it was captured with has them copied in first;
+  - "inductor" (CPU opt-in): steps declared `compile=True` (model forwards) run through
+    torch.compile(fullgraph=True, dynamic=False), compiled on first use; the rest run as in "static".
+
+A capture that fails raises CaptureError: one line naming the step and the error (never a silent slow
+path). A step that was never declared runs eagerly with one warning per key.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Hashable, Sequence
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+log = logging.getLogger("batchspec")
+
+CAPTURE_MODES = (None, "static", "cuda_graphs", "inductor")
+
+
+class CaptureError(RuntimeError):
+    """Capturing a step failed: the message is one line naming the step, the error and what to do."""
+
+
+def resolve_capture(compile: str | bool | None, device: torch.device) -> str | None:
+    """The capture mode for a `compile=` setting: auto (CUDA graphs on a GPU, eager on CPU, where an eager
+    forward is not launch-bound), on (CUDA graphs; torch.compile on CPU), off (eager), static (the static
+    shapes of the captured path, run without capturing: for tests and launch counts)."""
+    if compile in (None, "auto"):
+        return "cuda_graphs" if device.type == "cuda" else None
+    if compile in (False, "off"):
+        return None
+    if compile in (True, "on"):
+        return "cuda_graphs" if device.type == "cuda" else "inductor"
+    if compile == "static":
+        return "static"
+    raise ValueError(f"compile={compile!r}: choose auto, on, off or static")
+
+
+class HostBuffer:
+    """A persistent host/device pair for values that cross to the device every round (vLLM's CpuGpuBuffer):
+    `put` writes host values into a (pinned, on a GPU) host tensor and queues one non-blocking copy into
+    the device tensor: no host sync and no allocation per call. The host side is a ring of two; before
+    a host tensor is written again, the copy that last read it is waited for (an event, normally long
+    done), so a copy in flight never reads half-written values."""
+
+    RING = 2
+
+    def __init__(self, shape: Sequence[int], device: torch.device, dtype: torch.dtype = torch.long,
+                 into: torch.Tensor | None = None):
+        """into: an existing device tensor to write into (e.g. a buffer a captured step reads)."""
+        self.device = into if into is not None else torch.zeros(*shape, dtype=dtype, device=device)
+        cuda = self.device.device.type == "cuda"
+        self._host = [torch.zeros(*self.device.shape, dtype=self.device.dtype, pin_memory=cuda)
+                      for _ in range(self.RING if cuda else 1)]
+        self._events: list = [None] * len(self._host)
+        self._next = 0
+
+    def put(self, values: list, shape: Sequence[int] | None = None) -> torch.Tensor:
+        """values: a list (1-D) or nested lists of equal lengths that fit the buffer's leading slice -> the
+        device view holding them. shape: the view's shape when values cannot say it (an empty row)."""
+        source = torch.tensor(values, dtype=self.device.dtype)
+        if shape is not None:
+            source = source.reshape(shape)
+        index = tuple(slice(0, n) for n in source.shape)
+        device = self.device[index]
+        if len(self._host) == 1:  # CPU: the "device" is host memory
+            device.copy_(source)
+            return device
+        i, self._next = self._next, (self._next + 1) % len(self._host)
+        if self._events[i] is not None:
+            self._events[i].synchronize()
+        host = self._host[i][index]
+        host.copy_(source)
+        device.copy_(host, non_blocking=True)
+        self._events[i] = torch.cuda.Event()
+        self._events[i].record()
+        return device
+
+
+@dataclass(slots=True)
+class _Declared:
+    fn: Callable[..., None]
+    args: tuple[torch.Tensor | None, ...]
+    size: int  # an ordering hint: larger steps are captured first
+    compile: bool
+
+
+@dataclass(slots=True)
+class _Graph:
+    graph: "torch.cuda.CUDAGraph"
+    args: tuple[torch.Tensor, ...]
+
+
+class LaunchCounter(TorchDispatchMode):
+    """Counts the aten ops a round dispatches outside captured steps, per phase: on a GPU each is a kernel
+    launch (the cost CUDA graphs remove). Views, tensor creation from host values and metadata queries
+    launch nothing and are not counted. Inside a step it counts nothing but the replay, and records any
+    host sync or data-dependent shape there (a step that has one cannot be captured)."""
+
+    NOT_KERNELS = {"aten.lift_fresh.default", "aten.detach.default", "aten.sym_size.int", "aten.sym_stride.int",
+                   "aten.sym_numel.default", "aten.sym_storage_offset.default", "aten.is_same_size.default"}
+    DATA_DEPENDENT = {"aten.nonzero.default", "aten.masked_select.default", "aten._unique2.default",
+                      "aten.unique_consecutive.default", "aten.repeat_interleave.Tensor"}
+
+    def __init__(self):
+        super().__init__()
+        self.phase = "other"
+        self.ops: dict[str, int] = {}  # phase -> ops dispatched outside steps
+        self.replays: dict[str, int] = {}  # phase -> steps run (one launch each on a GPU)
+        self.syncs: dict[str, int] = {}  # phase -> device -> host reads
+        self.in_step: list[str] = []  # problems inside steps: "key: op"
+        self._depth = 0
+
+    @contextmanager
+    def step(self, key: Hashable):
+        self.replays[self.phase] = self.replays.get(self.phase, 0) + 1
+        self._depth += 1
+        self._key = key
+        try:
+            yield
+        finally:
+            self._depth -= 1
+
+    def note_sync(self) -> None:
+        """A device -> host read the dispatcher does not show (tolist)."""
+        self.syncs[self.phase] = self.syncs.get(self.phase, 0) + 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if self._depth:
+            if name == "aten._local_scalar_dense.default" or name in self.DATA_DEPENDENT or _bool_index(name, args):
+                self.in_step.append(f"{self._key}: {name}")
+        elif name == "aten._local_scalar_dense.default":
+            self.note_sync()
+        elif not (func.is_view or name in self.NOT_KERNELS):
+            self.ops[self.phase] = self.ops.get(self.phase, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+class StepGraphs:
+    """Runs static-shape steps by key in one capture mode (module docstring). One per generator: the
+    target's and the draft's runners and the acceptance share its memory pool and its counter."""
+
+    def __init__(self, mode: str | None, device: torch.device, counter: LaunchCounter | None = None):
+        if mode not in CAPTURE_MODES:
+            raise ValueError(f"capture={mode!r}: choose one of {CAPTURE_MODES}")
+        if mode == "cuda_graphs" and device.type != "cuda":
+            raise ValueError("capture='cuda_graphs' needs a CUDA device")
+        self.mode, self.device, self.counter = mode, device, counter
+        self.declared: dict[Hashable, _Declared] = {}
+        self.graphs: dict[Hashable, _Graph] = {}
+        self.compiled: dict[Hashable, Callable] = {}
+        self.capture_s = 0.0  # seconds spent capturing or compiling
+        self._pool = None
+        self._warned: set[Hashable] = set()
+
+    @property
+    def static(self) -> bool:
+        """Steps run over every slot at static shapes (any mode but eager)."""
+        return self.mode is not None
+
+    def declare(self, key: Hashable, fn: Callable[..., None], args: tuple[torch.Tensor, ...], *, size: int = 0,
+                compile: bool = False) -> None:
+        """A step the job may run: captured by `capture_all` (cuda_graphs), compiled on first use (inductor,
+        when `compile`). args are the buffers it will be run with."""
+        if self.mode is not None:
+            self.declared[key] = _Declared(fn, tuple(args), size, compile)
+
+    def capture_all(self, reset: Callable[[], None] = lambda: None) -> None:
+        """Capture every declared step not yet captured, largest first (cuda_graphs only). Capturing runs
+        each step twice (a warm-up, then the capture) on whatever its buffers hold: `reset` restores
+        the state the steps wrote (lengths) afterwards."""
+        if self.mode != "cuda_graphs":
+            return
+        todo = sorted((k for k in self.declared if k not in self.graphs), key=lambda k: -self.declared[k].size)
+        started = time.perf_counter()
+        for key in todo:
+            self.graphs[key] = self._capture(key, self.declared[key])
+        reset()
+        torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - started
+        self.capture_s += seconds
+        if todo:
+            log.info("captured %d steps in %.1f s (%d in all)", len(todo), seconds, len(self.graphs))
+
+    def _capture(self, key: Hashable, step: _Declared) -> _Graph:
+        try:
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream), torch.inference_mode():  # warm-up: lazy inits, cuBLAS handles
+                step.fn(*step.args)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool):
+                step.fn(*step.args)
+            self._pool = graph.pool()
+            return _Graph(graph, step.args)
+        except Exception as e:  # noqa: BLE001 - any failure: one line naming the step, then stop
+            first = (str(e).splitlines() or [""])[0][:200]
+            raise CaptureError(f"capturing step {key} failed ({type(e).__name__}: {first}); run with compile=off "
+                               "(model.compile=off in a job) to use eager forwards instead") from e
+
+    def run(self, key: Hashable, fn: Callable[..., None], args: tuple[torch.Tensor, ...]) -> None:
+        """Run step `key` (fn with args, its shapes fixed by the key)."""
+        if self.mode is None:
+            fn(*args)
+            return
+        counting = self.counter.step(key) if self.counter is not None else _nothing()
+        graph = self.graphs.get(key)
+        with counting:
+            if graph is not None:
+                for given, captured in zip(args, graph.args):
+                    if given is not None and given.data_ptr() != captured.data_ptr():
+                        captured.copy_(given)
+                graph.graph.replay()
+                return
+            declared = self.declared.get(key)
+            if declared is None and self.mode in ("cuda_graphs", "inductor") and key not in self._warned:
+                self._warned.add(key)
+                log.warning("step %s was not declared, so not captured at start: it runs eagerly (slower than "
+                            "the captured ones)", key)
+            if self.mode == "inductor" and declared is not None and declared.compile:
+                compiled = self.compiled.get(key)
+                if compiled is None:
+                    started = time.perf_counter()
+                    compiled = self.compiled[key] = torch.compile(fn, fullgraph=True, dynamic=False)
+                    compiled(*args)
+                    self.capture_s += time.perf_counter() - started
+                    return
+                compiled(*args)
+                return
+            fn(*args)
+
+
+def _bool_index(name: str, args) -> bool:
+    """Indexing with a bool mask: its output shape depends on the data (a hidden nonzero)."""
+    if name not in ("aten.index.Tensor", "aten.index_put_.default", "aten.index_put.default"):
+        return False
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ()) if i is not None)
+
+
+@contextmanager
+def _nothing():
+    yield
+
+
+def host_lists(tensor: torch.Tensor, counter: LaunchCounter | None = None) -> list:
+    """tensor.tolist(): the round's one device -> host read (noted by the counter, which cannot see it)."""
+    if counter is not None:
+        counter.note_sync()
+    return tensor.tolist()

@@ -1,0 +1,131 @@
+"""One round's record (`Round`), the shape it drafts (`RoundShape`), and the device buffers rounds reuse.
+
+A round over b rows: every slot in order on the static path (idle slots ride along with no drafts),
+the running requests on the eager path. Host lists have b entries, tensors b rows; the buffers have
+one row per slot and a round uses their first b rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..types import TreeSpec
+from .graphs import HostBuffer
+from .tree import TreeShape
+
+if TYPE_CHECKING:
+    from .slots import SlotState
+
+
+@dataclass(frozen=True, slots=True)
+class RoundShape:
+    """What a round drafts: a chain of up to `drafts` tokens per row (0: plain decoding), or a `tree`."""
+
+    drafts: int = 0
+    tree: TreeSpec | None = None
+
+    @property
+    def width(self) -> int:
+        """Tokens each row's verify pass reads: the pending token and the drafts (or tree nodes)."""
+        return 1 + (self.tree.nodes if self.tree is not None else self.drafts)
+
+    @property
+    def depth(self) -> int:
+        """The most drafts one row can have accepted."""
+        return self.tree.depth if self.tree is not None else self.drafts
+
+    def __str__(self) -> str:
+        return f"tree {self.tree}" if self.tree is not None else f"k={self.drafts}"
+
+
+@dataclass(slots=True)
+class Draft:
+    """What a drafter proposed: a chain of drafts per row, or (parents set) a tree of them (tree.py)."""
+
+    tokens: torch.Tensor  # [b, W] int64, padded with 0 past num_tokens; the verify width is W + 1
+    num_tokens: torch.Tensor  # [b] int64: how many of each row's tokens are proposals
+    probs: torch.Tensor | None = None  # [b, W, V] q after the sampling transforms; None = one-hot q
+    host_num: list[int] | None = None  # num_tokens on the host, when the drafter knows it without a sync
+    parents: torch.Tensor | None = None  # [b, W] a tree: each node's parent (-1: the root's child)
+    valid: torch.Tensor | None = None  # [b, W] bool: the tree's real nodes
+    q_at: torch.Tensor | None = None  # [b, W + 1, V] a tree's q after each verify position (rejection
+    #                                   sampling with drawn children); None: children are one-hot
+    spec: TreeSpec | None = None  # a tree: the shape that bounds it
+
+    def truncate(self, width: int) -> "Draft":
+        """The same chain cut to at most `width` tokens per row (a lookup's first tokens do not depend on
+        how many were asked for)."""
+        host = None if self.host_num is None else [min(n, width) for n in self.host_num]
+        probs = None if self.probs is None else self.probs[:, :width]
+        return Draft(self.tokens[:, :width], self.num_tokens.clamp(max=width), probs, host)
+
+
+class RoundBuffers:
+    """Device buffers every round writes and reads at fixed addresses (what captured steps need), one row
+    per slot: drafts [B, W] and their count [B], budgets [B] (from the host), the coupled noise
+    [B, W + 1, V], a draft model's q [B, W, V] and a tree's q_at [B, W + 1, V] (rejection sampling), a tree's parents/valid [B, W] and its
+    geometry, and the packed verdict [B, W + 1 + 7] the round's one host read takes."""
+
+    def __init__(self, num_slots: int, width: int, vocab_size: int, device: torch.device, *, noise: bool,
+                 probs: bool, trees: bool):
+        b, w = num_slots, max(width, 1)
+        self.drafts = torch.zeros(b, w, dtype=torch.long, device=device)
+        self.num_drafts = torch.zeros(b, dtype=torch.long, device=device)
+        self._drafts_in = HostBuffer((b, w), device, into=self.drafts)  # proposals made on the host (lookups)
+        self._num_in = HostBuffer((b,), device, into=self.num_drafts)
+        self.gumbel = torch.zeros(b, w + 1, vocab_size, device=device) if noise else None
+        self.probs = torch.zeros(b, w, vocab_size, device=device) if probs else None
+        self.q_at = torch.zeros(b, w + 1, vocab_size, device=device) if probs and trees else None
+        self.verdict = torch.zeros(b, w + 1 + 7, dtype=torch.long, device=device)
+        self.tree: TreeShape | None = None
+        if trees:
+            self.parents = torch.full((b, w), -1, dtype=torch.long, device=device)
+            self.valid = torch.zeros(b, w, dtype=torch.bool, device=device)
+            self._parents_in = HostBuffer((b, w), device, into=self.parents)
+            self._valid_in = HostBuffer((b, w), device, into=self.valid)
+            self.tree = TreeShape(depth=torch.zeros(b, w + 1, dtype=torch.long, device=device),
+                                  ancestors=torch.zeros(b, w + 1, w + 1, dtype=torch.bool, device=device),
+                                  parent_t=torch.zeros(b, w, dtype=torch.long, device=device),
+                                  rank=torch.zeros(b, w, dtype=torch.long, device=device),
+                                  valid=self.valid, max_depth=w)
+
+    def put_num_drafts(self, counts: list[int]) -> torch.Tensor:
+        """Each row's number of drafts (from the host: a lookup's proposals, or the budgets) -> [b]."""
+        return self._num_in.put(counts)
+
+    def put_drafts(self, tokens: list[list[int]], b: int, width: int) -> torch.Tensor:
+        """Draft tokens made on the host -> the drafts buffer's [b, width] view."""
+        return self._drafts_in.put(tokens, (b, width)) if width else self.drafts[:b, :0]
+
+    def put_tree(self, parents: list[list[int]], valid: list[list[int]], b: int, n: int) -> torch.Tensor:
+        """A tree made on the host: parents into the buffer; returns valid [b, n] (bool)."""
+        self._parents_in.put(parents, (b, n))
+        return self._valid_in.put(valid, (b, n))
+
+
+@dataclass(slots=True)
+class Round:
+    """One round: its rows, their lengths and budgets, the shape it drafts, and what was drafted."""
+
+    rows: list[int]  # [b] slots in this round's forwards
+    rows_t: torch.Tensor  # [b] the same on the device
+    span: slice | None  # rows as a slice when they are consecutive slots (eager forwards read views)
+    lengths: list[int]  # [b] each row's sequence length L (prompt + output); the pending token is at L - 1
+    lengths_t: torch.Tensor  # [b] the same on the device
+    running: list[int]  # indices into rows of the running requests
+    room: list[int]  # [b] drafts each row has room for before its limits (0 for idle slots)
+    budgets: list[int]  # [b] drafts each row may propose this round (<= room)
+    static: bool  # every slot, static shapes (the captured path)
+    state: SlotState | None = None  # the slots' sequences, noise keys and repetition context (device)
+    buffers: RoundBuffers | None = None
+    shape: RoundShape | None = None  # set before drafting, or after it for drafters that propose first
+    gumbel: torch.Tensor | None = None  # [b, >= width, V] coupled noise for positions L .. L + width - 1
+    draft: Draft | None = None
+    tree: TreeShape | None = None  # a tree round's geometry (rows [b])
+
+    @property
+    def running_slots(self) -> list[int]:
+        return [self.rows[i] for i in self.running]

@@ -1,0 +1,62 @@
+"""Drafting statistics: per request (the Slot's lists) and per run (RunStats), fed once per row-round.
+
+A round's counts are cut where the row's output was cut: an EOS or a stop string inside the round
+makes the drafts past the cut moot, counted neither way (the tokens kept are the accepted drafts first,
+then the target's own). The same cut counts feed the statistics and adaptive speculation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..types import Result, RunStats
+from .round import RoundShape
+from .slots import Slot
+
+
+@dataclass(frozen=True, slots=True)
+class RowCounts:
+    """One row's part in one round, after the cut."""
+
+    drafted: int  # drafts it proposed (a tree: its nodes)
+    positions: int  # draft positions it proposed at: a chain's drafts, a tree's depth
+    accepted: int  # leading drafts kept
+
+
+def cut_counts(num_drafts: int, positions: int, num_accepted: int, kept_tokens: int) -> RowCounts:
+    """The counts of a row that proposed num_drafts drafts at `positions` positions, had num_accepted
+    accepted and kept `kept_tokens` of the num_accepted + 1 tokens it emitted."""
+    if kept_tokens < num_accepted + 1:
+        num_drafts, positions = min(num_drafts, kept_tokens), min(positions, kept_tokens)
+    return RowCounts(num_drafts, positions, min(num_accepted, kept_tokens))
+
+
+class Statistics:
+    """Feeds RunStats and each request's per-round lists. max_positions: the most draft positions a row
+    can have (k_max, or a tree's depth); max_drafts: the most drafts a chain round can have."""
+
+    def __init__(self, max_positions: int, max_drafts: int):
+        self.run = RunStats(proposed_by_position=[0] * max_positions, accepted_by_position=[0] * max_positions,
+                            rounds_by_k=[0] * (max_drafts + 1))
+
+    def round(self, shape: RoundShape) -> None:
+        self.run.rounds += 1
+        if shape.tree is None:
+            self.run.rounds_by_k[shape.drafts] += 1
+        else:
+            key = str(shape.tree)
+            self.run.rounds_by_tree[key] = self.run.rounds_by_tree.get(key, 0) + 1
+
+    def row(self, slot: Slot, shape: RoundShape, counts: RowCounts) -> None:
+        slot.draft_tokens += counts.drafted
+        slot.accepted_per_round.append(counts.accepted)
+        slot.drafts_per_round.append(counts.drafted)
+        slot.tree_per_round.append(str(shape.tree) if shape.tree is not None else "")
+        self.run.add_round_row(counts.positions, counts.accepted)
+
+    def result(self, result: Result) -> None:
+        self.run.add_result(result)
+
+    def error(self) -> None:
+        self.run.requests += 1
+        self.run.errors += 1
