@@ -26,6 +26,7 @@ import torch
 from .api import build_generator
 from .engine.graphs import StepGraphs
 from .engine.runner import ModelRunner
+from .engine.timing import time_step
 from .models import Models, load_models
 from .types import Request
 
@@ -50,7 +51,7 @@ def forward_ms(model, batch_size: int, width: int, context: int, repeats: int = 
     graphs.capture_all()
     ids = torch.randint(3, 100, (batch_size, context), device=model.device)
     runner.prefill(list(range(batch_size)), ids, [0] * batch_size, [context] * batch_size)
-    return 1000 * runner.time_step(width, context + width, repeats=repeats)
+    return 1000 * time_step(runner, width, context + width, repeats=repeats)
 
 
 def expected_tokens(alpha: float, k: int) -> float:

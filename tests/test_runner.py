@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 from batchspec.engine.graphs import StepGraphs, resolve_capture
 from batchspec.engine.kv_cache import causal_mask
 from batchspec.engine.runner import ModelRunner, kv_buckets
+from batchspec.engine.timing import time_step
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,7 @@ def test_timing_writes_nothing_a_row_will_read(model):
     seq = [5, 6, 7, 8, 9, 10]
     r = runner(model, capture="static", slots=2, capacity=24)
     r.prefill([0, 1], padded([seq, seq[:2]]), [0, 0], [6, 2])
-    assert r.time_step(3, 16, repeats=2) > 0
+    assert time_step(r, 3, 16, repeats=2) > 0
     assert r.lengths.tolist() == [6, 2, 0]
     logits = r.forward(torch.tensor([[11], [12]]), kv_len=8)
     torch.testing.assert_close(logits[0, -1], fresh_logits(model, seq + [11])[-1], atol=1e-4, rtol=1e-4)

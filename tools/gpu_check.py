@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import batchspec  # noqa: E402
-from batchspec.calibrate import read_prompts  # noqa: E402
-from batchspec.engine.runner import ModelRunner, resolve_capture  # noqa: E402
+from batchspec.calibrate import forward_ms, read_prompts  # noqa: E402
+from batchspec.engine.graphs import resolve_capture  # noqa: E402
 
 DEMO = REPO / "batchspec" / "assets" / "demo"
 
@@ -82,17 +82,13 @@ def step_times(lines: list[str], report: dict, pair: Path, batch_sizes: list[int
     report["steps"] = []
     for name, model, widths in (("target", models.target, range(1, 6)), ("draft", models.draft, (1, 2))):
         for b in batch_sizes:
-            runners = {mode: ModelRunner(model, num_slots=b, capacity=kv_len + 8, max_position=kv_len + 8,
-                                         capture=mode, widths=widths, name=f"{name} b{b}")
-                       for mode in ("static", captured)}
-            for T in widths:
-                eager = 1000 * runners["static"].time_step(T, kv_len, repeats=10)
-                graph = 1000 * runners[captured].time_step(T, kv_len, repeats=20)
+            for T in widths:  # kv_len - T cached, then a step of T tokens: kv_len attended
+                eager = forward_ms(model, b, T, kv_len - T, repeats=10, capture="static")
+                graph = forward_ms(model, b, T, kv_len - T, repeats=20, capture=captured)
                 report["steps"].append(dict(model=name, batch=b, T=T, eager_ms=eager, graph_ms=graph))
                 lines.append(f"| {name} | {b} | {T} | {eager:.2f} | {graph:.2f} | {eager / graph:.1f} |")
                 print(lines[-1], flush=True)
-            del runners
-            torch.cuda.empty_cache()
+                torch.cuda.empty_cache()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,6 +35,7 @@ from .sampling import SamplingParams
 from .scheduler import Scheduler, Seat
 from .slots import SlotState
 from .stops import StopRules
+from .timing import time_step
 
 PHASES = ("admit", "draft", "verify", "accept", "bookkeeping")
 
@@ -256,7 +257,7 @@ class SpecBatchGenerator:
     def _step_seconds(self, kv_len: int) -> list[float]:
         """Device seconds of a round's forwards at this attended length, for every shape adaptive speculation
         chooses from (chains k = 0..k_max, then the trees): timed replays of the static steps."""
-        return [self.runner.time_step(shape.width, kv_len, tree=shape.tree is not None)
+        return [time_step(self.runner, shape.width, kv_len, tree=shape.tree is not None)
                 + self.drafter.draft_seconds(shape.depth, kv_len) for shape in self.shapes]
 
     @contextmanager

@@ -18,7 +18,6 @@ Forwards:
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from typing import Iterable
 
@@ -27,35 +26,8 @@ from transformers import PreTrainedModel
 
 from .graphs import HostBuffer, StepGraphs
 from .kv_cache import SlotKVCache, causal_mask
-from .tree import TreeShape, chain_parents, tree_mask, tree_shape
-
-SMALLEST_BUCKET = 64
-PREFILL_CHUNK = 64  # tokens per row of a captured prefill step
-
-
-def kv_buckets(capacity: int) -> list[int]:
-    """Attended lengths a static step may use: powers of two from 64, then the capacity itself."""
-    out, size = [], SMALLEST_BUCKET
-    while size < capacity:
-        out.append(size)
-        size *= 2
-    return out + [capacity]
-
-
-def kv_capacity(max_seq_len: int, k_max: int, trees=()) -> int:
-    """Cache entries per slot: max_seq_len plus the widest verify pass past it (rows that draft fewer than
-    the widest still write its padding; a tree's nodes take scratch entries past its root), plus one
-    entry that is never valid, where padding past the end may land."""
-    return max_seq_len + max([k_max, *(t.nodes for t in trees)]) + 2
-
-
-def row_buckets(num_slots: int) -> list[int]:
-    """Row counts of captured prefill steps: powers of two, then num_slots."""
-    out, size = [], 1
-    while size < num_slots:
-        out.append(size)
-        size *= 2
-    return out + [num_slots]
+from .shapes import PREFILL_CHUNK, kv_buckets, kv_capacity, row_buckets  # noqa: F401 (kv_capacity: re-exported)
+from .tree import TreeShape, tree_mask
 
 
 class ModelRunner:
@@ -83,7 +55,7 @@ class ModelRunner:
         self._out: torch.Tensor | None = None  # the static steps' logits, allocated with the first one
         self._chunk: torch.Tensor | None = None  # [4, P] rows, starts, counts, final of a prefill chunk
         self._last: torch.Tensor | None = None  # [num_slots + 1, V] each slot's logits after its last prefilled token
-        self._io: tuple | None = None  # what declare_steps was given: time_step replays the same steps
+        self.declared_io: tuple | None = None  # what declare_steps was given: timing replays the same steps
         self._no_seqs = torch.zeros(num_slots, 1, dtype=torch.long, device=self.device)  # for steps that read none
         max_chunks = (capacity + PREFILL_CHUNK - 1) // PREFILL_CHUNK
         self._chunks = HostBuffer((max_chunks, 4, num_slots), self.device) if graphs.static else None
@@ -268,7 +240,7 @@ class ModelRunner:
         width T and bucket, a forward feeding `from_seqs` tokens from `seqs` and tokens[:, :T - from_seqs]
         (a tree width reads its depth/ancestors buffers from `trees`: T -> (depth, ancestors); widths in
         `last_only` keep only the last logits), and with `prefill` a prefill chunk per row bucket."""
-        self._io = (tokens, seqs, from_seqs, dict(trees or {}))
+        self.declared_io = (tokens, seqs, from_seqs, dict(trees or {}))
         for bucket in self.buckets:
             for width in self.widths if forwards else ():
                 only = width in set(last_only)
@@ -297,43 +269,3 @@ class ModelRunner:
             keys, values = layer.keys[index, :, src], layer.values[index, :, src]  # [b, A, H, D]
             layer.keys[index, :, dst] = keys
             layer.values[index, :, dst] = values
-
-    # ---- measuring -------------------------------------------------------------------------------
-
-    @torch.inference_mode()
-    def time_step(self, width: int, kv_len: int, *, last_only: bool = False, repeats: int = 5,
-                  tree: bool = False) -> float:
-        """Median seconds of the static step of `width` tokens attending over `kv_len` (replays of the
-        declared step when there is one, on whatever its buffers hold). It writes at the last `width`
-        positions of the capacity, past every valid entry of every slot (those are below max_seq_len),
-        and restores the lengths."""
-        tokens, seqs, from_seqs, trees = self._io or (None, None, 0, {})
-        shape = None
-        if tokens is None:
-            tokens = torch.zeros(self.num_slots, width, dtype=torch.long, device=self.device)
-        if tree:  # the declared tree buffers, or a chain written as a tree: the same shape and work
-            if width in trees:
-                shape = TreeShape(trees[width][0], trees[width][1], None, None, None, width - 1)
-            else:
-                parents = chain_parents(self.num_slots, width - 1, self.device)
-                shape = tree_shape(parents, torch.ones_like(parents, dtype=torch.bool))
-        saved = self.lengths.clone()
-        self.lengths[: self.num_slots] = self.capacity - width
-        times = []
-        try:
-            for _ in range(repeats + 1):  # the first one warms up
-                _sync(self.device)
-                started = time.perf_counter()
-                self.forward(tokens[:, : width - from_seqs], kv_len=kv_len, last_only=last_only, tree=shape,
-                             seqs=seqs, from_seqs=from_seqs)
-                _sync(self.device)
-                times.append(time.perf_counter() - started)
-        finally:
-            self.lengths.copy_(saved)
-        times = sorted(times[1:])
-        return times[len(times) // 2]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

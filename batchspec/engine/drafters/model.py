@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from functools import partial
 
 import torch
@@ -15,6 +14,7 @@ from ..round import Draft, Round, RoundBuffers, RoundShape
 from ..runner import ModelRunner
 from ..sampling import SamplingParams, sample, scores
 from ..slots import SlotState
+from ..timing import median_seconds
 from .base import MODEL_POLICY, empty_draft
 
 
@@ -287,28 +287,15 @@ class ModelDrafter:
         first, step = self._step_times[bucket]
         return first + (k - 1) * step
 
-    def _time(self, i: int, bucket: int, repeats: int = 5) -> float:
+    def _time(self, i: int, bucket: int) -> float:
         """Median seconds of drafting step i over `bucket` (static path): it writes only past every row's
         valid draft entries (or rewrites them with the same tokens) and restores the draft's lengths."""
         saved = self.runner.lengths.clone()
-        times = []
         try:
-            for _ in range(repeats + 1):
-                _sync(self.device)
-                started = time.perf_counter()
-                self.graphs.run(self._key(i, bucket, None), partial(self._static_step, i=i, kv_len=bucket, spec=None),
-                                self._static_args(i, None))
-                _sync(self.device)
-                times.append(time.perf_counter() - started)
+            return median_seconds(lambda: self.graphs.run(self._key(i, bucket, None), partial(
+                self._static_step, i=i, kv_len=bucket, spec=None), self._static_args(i, None)), self.device)
         finally:
             self.runner.lengths.copy_(saved)
-        times = sorted(times[1:])
-        return times[len(times) // 2]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _no_tree(buffers: RoundBuffers, b: int, spec: TreeSpec) -> Draft:

@@ -1,0 +1,31 @@
+"""The static shapes: how long a slot's cache is, and the attended lengths and row counts steps come in."""
+
+from __future__ import annotations
+
+SMALLEST_BUCKET = 64
+PREFILL_CHUNK = 64  # tokens per row of a captured prefill step
+
+
+def kv_buckets(capacity: int) -> list[int]:
+    """Attended lengths a static step may use: powers of two from 64, then the capacity itself."""
+    out, size = [], SMALLEST_BUCKET
+    while size < capacity:
+        out.append(size)
+        size *= 2
+    return out + [capacity]
+
+
+def kv_capacity(max_seq_len: int, k_max: int, trees=()) -> int:
+    """Cache entries per slot: max_seq_len plus the widest verify pass past it (rows that draft fewer than
+    the widest still write its padding; a tree's nodes take scratch entries past its root), plus one
+    entry that is never valid, where padding past the end may land."""
+    return max_seq_len + max([k_max, *(t.nodes for t in trees)]) + 2
+
+
+def row_buckets(num_slots: int) -> list[int]:
+    """Row counts of captured prefill steps: powers of two, then num_slots."""
+    out, size = [], 1
+    while size < num_slots:
+        out.append(size)
+        size *= 2
+    return out + [num_slots]
