@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .engine.drafters import make_drafter
 from .engine.generator import SpecBatchGenerator
 from .engine.graphs import LaunchCounter, StepGraphs, resolve_capture
+from .engine.intake import Defaults
 from .engine.memory import Shape, fit_buckets
 from .engine.memory import estimate as memory_estimate
 from .engine.runner import kv_buckets, kv_capacity
@@ -26,7 +27,7 @@ from .engine.sampling import SamplingParams
 from .types import TreeSpec
 from .models import Models, load_models
 from .textcheck import text_problem
-from .types import Request, Result
+from .types import Request, Result, RowParams
 
 DEFAULT_MAX_SEQ_LEN = 2048
 log = logging.getLogger("batchspec")
@@ -59,6 +60,11 @@ def build_generator(
     tree: str | None = None,
     launches: LaunchCounter | None = None,
     graph_memory: int | None = None,
+    n: int = 1,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+    max_logprobs: int | None = None,
+    keep_stop: bool = False,
     **sampling_fields,
 ) -> SpecBatchGenerator:
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
@@ -82,6 +88,14 @@ def build_generator(
     tree: tree drafts (engine/tree.py), "BxD" (branching x depth), or several comma-separated: with
     adaptive off every round drafts the first; with adaptive each round chooses between plain decoding,
     chains of up to k drafts and these trees.
+
+    n: samples per prompt (each a Result with its sample_index; sample i keyed by (seed, id, i), sample 0
+    the same as with n=1); refused with greedy decoding. logprobs: each completion token's log-probability
+    under the target's distribution after the sampling transforms (greedy: after the repetition penalty),
+    with its `logprobs` best alternatives; prompt_logprobs: the same for the prompt's tokens, from the raw
+    logits; max_logprobs: the most a request's own RowParams may ask for (default: these). keep_stop: the
+    completion text keeps the stop string that ended it. Requests override the job's settings through
+    Request.params (RowParams); sampling.varied must be set for them to set their own temperature etc.
 
     launches: a LaunchCounter (graphs.py) to count the ops rounds dispatch outside captured steps.
     graph_memory: bytes the captured steps may take on a GPU (None: what is free after the KV caches, less
@@ -110,10 +124,13 @@ def build_generator(
         drafter, graphs=graphs, num_slots=batch_size, capacity=capacity, max_position=max_seq_len,
         target_vocab_size=target_vocab, sampling=sampling, draft_model=models.draft, trees=trees, buckets=buckets,
     )
+    defaults = Defaults(sampling, max_new_tokens, tuple(stop), n=n, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                        max_logprobs=max_logprobs if max_logprobs is not None else
+                        max([x for x in (logprobs, prompt_logprobs) if x is not None], default=None))
     return SpecBatchGenerator(
-        models.target, models.tokenizer, drafter=draft, sampling=sampling, batch_size=batch_size,
-        max_seq_len=max_seq_len, max_new_tokens=max_new_tokens, eos_token_ids=models.eos_token_ids, graphs=graphs,
-        stop=stop, k_max=k, adaptive=sampling.adapts_by_default if adaptive is None else adaptive, trees=trees,
+        models.target, models.tokenizer, drafter=draft, defaults=defaults, batch_size=batch_size,
+        max_seq_len=max_seq_len, eos_token_ids=models.eos_token_ids, graphs=graphs, keep_stop=keep_stop,
+        k_max=k, adaptive=sampling.adapts_by_default if adaptive is None else adaptive, trees=trees,
         profile=profile, buckets=buckets,
     )
 
@@ -180,8 +197,14 @@ def generate(
     verify: str = "coupled",
     tree: str | None = None,
     trust_remote_code: bool = False,
+    n: int = 1,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+    keep_stop: bool = False,
+    params: Sequence[RowParams | None] | None = None,
 ) -> list[Result]:
-    """Complete every prompt; Results come back in prompt order.
+    """Complete every prompt; Results come back in prompt order (a prompt's n samples together, by
+    sample_index).
 
     A prompt is text (tokenized as `tokenizer(prompt)`, so the result equals the new tokens of
     `model.generate(**tokenizer(prompt, return_tensors="pt"))` under greedy decoding) or a list of
@@ -190,6 +213,8 @@ def generate(
     the drafter, k or adaptive choices; with verify="rejection" only for a fixed drafter and k.
     A prompt that cannot run comes back with finish_reason "error" and an `error` message instead of
     raising (so does one that is not valid Unicode text, e.g. a lone surrogate, or whose id is not).
+    n, logprobs, prompt_logprobs, keep_stop: see build_generator. params: per prompt, RowParams that
+    override these settings for that prompt (None: the call's); a bad value is that prompt's error.
     """
     for name, value in (("prompts", prompts), ("ids", ids)):
         if isinstance(value, (str, bytes)):  # a str is a sequence too: one request per character
@@ -205,17 +230,29 @@ def generate(
         target, draft if drafter == "model" else None, tokenizer=tokenizer, dtype=dtype, device=device,
         trust_remote_code=trust_remote_code,
     )
+    if params is not None and len(params) != len(prompts):
+        raise ValueError(f"params has {len(params)} entries but prompts has {len(prompts)}")
     requests = [checked_request(i, p) for i, p in zip(ids, prompts)]
+    for request, row in zip(requests, params or ()):
+        request.params = row
     if max_seq_len is None:
         longest = max((len(r.prompt) if isinstance(r.prompt, list) else len(models.tokenizer(r.prompt)["input_ids"])
                        for r in requests if isinstance(r.prompt, (str, list))), default=1)
         limit = model_max_positions(models.target)
-        max_seq_len = max(2, longest + max_new_tokens if limit is None else min(limit, longest + max_new_tokens))
+        most = max([max_new_tokens] + [p.max_new_tokens for p in params or () if p and isinstance(p.max_new_tokens, int)])
+        max_seq_len = max(2, longest + most if limit is None else min(limit, longest + most))
+    rows = [p for p in params or () if p is not None]
+    varied = any(getattr(p, f) is not None for p in rows for f in ("temperature", "top_k", "top_p", "min_p"))
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                              repetition_penalty=repetition_penalty, seed=seed, verify=verify)
+                              repetition_penalty=repetition_penalty, seed=seed, verify=verify, varied=varied)
+    asked = [x for p in rows for x in (p.logprobs, p.prompt_logprobs) if isinstance(x, int)]
     generator = build_generator(
         models, drafter=drafter, k=k, batch_size=batch_size, max_new_tokens=max_new_tokens, sampling=sampling,
-        stop=stop, max_seq_len=max_seq_len, adaptive=adaptive, compile=compile, tree=tree,
+        stop=stop, max_seq_len=max_seq_len, adaptive=adaptive, compile=compile, tree=tree, n=n, logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs, keep_stop=keep_stop,
+        max_logprobs=max([x for x in (logprobs, prompt_logprobs, *asked) if x is not None], default=None),
     )
-    by_id = {r.id: r for r in generator.run(requests)}
-    return [by_id[i] for i in ids]
+    by_id: dict[str, list[Result]] = {}
+    for result in generator.run(requests):
+        by_id.setdefault(result.id, []).append(result)
+    return [r for i in ids for r in sorted(by_id[i], key=lambda r: r.sample_index)]

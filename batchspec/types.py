@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +12,53 @@ FINISH_LENGTH = "length"  # max_new_tokens or max_seq_len reached
 FINISH_ERROR = "error"  # the request could not run; `error` says why
 
 
+MIN_TEMPERATURE = 1e-2  # below it logits/T overflows float32 (T = 1e-40 gives inf - inf = NaN): use 0 for greedy
+
+
+@dataclass(frozen=True, slots=True)
+class RowParams:
+    """Settings of one request that override the job's (None: the job's). temperature 0 is greedy;
+    logprobs K returns each completion token's log-probability and its K best alternatives (0: the token's
+    only); prompt_logprobs K the same for the prompt's tokens; n samples per prompt."""
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    stop: tuple[str, ...] | None = None
+    seed: int | None = None
+    n: int | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+
+    LIMITS = {  # field -> (type, test, what it must be)
+        "max_new_tokens": (int, lambda v: v >= 1, "an integer >= 1"),
+        "temperature": (float, lambda v: 0 <= v < math.inf and (v == 0 or v >= MIN_TEMPERATURE),
+                        f"0 (greedy) or a finite number >= {MIN_TEMPERATURE}"),
+        "top_p": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        "top_k": (int, lambda v: v >= 0, "an integer >= 0 (0: off)"),
+        "min_p": (float, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+        "seed": (int, lambda v: -(1 << 63) <= v < (1 << 63), "a 64-bit integer"),
+        "n": (int, lambda v: 1 <= v <= 1024, "an integer in [1, 1024]"),
+        "logprobs": (int, lambda v: 0 <= v <= 20, "an integer in [0, 20]"),
+        "prompt_logprobs": (int, lambda v: 0 <= v <= 20, "an integer in [0, 20]"),
+    }
+
+    def problem(self) -> str | None:
+        """What is wrong with these settings, naming the field, or None."""
+        for name, (kind, ok, what) in self.LIMITS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or (kind is int and not float(value).is_integer()) or not ok(value):
+                return f"{name}={value!r}: need {what}"
+        if self.stop is not None and not all(isinstance(s, str) for s in self.stop):
+            return f"stop={self.stop!r}: need a list of strings"
+        return None
+
+
 @dataclass(slots=True)
 class Request:
     """One prompt to complete.
@@ -18,13 +66,16 @@ class Request:
     `prompt` is text (tokenized the way `tokenizer(prompt)` does by default, so special tokens such as
     BOS are added) or a list of token ids used as-is. A source that cannot build a prompt for a row
     sets `error` instead; the generator then returns an error Result without running it.
-    `extra` carries pass-through columns to the output row untouched.
+    `extra` carries pass-through columns to the output row untouched. `params` override the job's
+    settings for this request; the engine gives each of a request's n samples its `sample_index`.
     """
 
     id: str
     prompt: str | list[int] | None
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    params: RowParams | None = None
+    sample_index: int = 0
 
 
 @dataclass(slots=True)
@@ -60,6 +111,14 @@ class Result:
     tree_per_round: list[str]
     latency_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    sample_index: int = 0  # which of the request's n samples this is
+    stop_reason: str | int | None = None  # the stop string or the EOS token id that ended it (finish "stop")
+    logprobs: list[float] | None = None  # per completion token: its log-probability (logprobs requested)
+    top_logprobs: list[list[float]] | None = None  # per completion token: the K best log-probabilities...
+    top_logprob_ids: list[list[int]] | None = None  # ... and their token ids, best first
+    prompt_logprobs: list[float | None] | None = None  # per prompt token (None for the first)
+    prompt_top_logprobs: list[list[float]] | None = None
+    prompt_top_logprob_ids: list[list[int]] | None = None
 
     def to_row(self) -> dict[str, Any]:
         """The output row: every field above, with `extra` flattened in (pass-through columns)."""
@@ -70,7 +129,7 @@ class Result:
     @classmethod
     def error_result(cls, request: Request, error: str, prompt_tokens: int = 0) -> "Result":
         prompt = request.prompt if isinstance(request.prompt, str) else ""
-        return cls(
+        return cls(sample_index=request.sample_index,
             id=request.id, prompt=prompt, completion="", completion_token_ids=[], finish_reason=FINISH_ERROR,
             error=error, prompt_tokens=prompt_tokens, completion_tokens=0, target_forwards=0, draft_tokens=0,
             accepted_tokens=0, acceptance_rate=None, tokens_per_forward=None, accepted_per_round=[], drafts_per_round=[], tree_per_round=[],

@@ -19,7 +19,7 @@ from .graphs import HostBuffer, LaunchCounter, StepGraphs, host_lists
 from .noise import STREAM_RESAMPLE, gumbel_noise, uniforms
 from .round import Draft, Round, RoundBuffers, RoundShape
 from .runner import ModelRunner
-from .sampling import SamplingParams, coupled_tokens, sample, to_probs
+from .sampling import RowSampling, SamplingParams, choose, logprobs_at, probs_of, sample, scores
 from .slots import SlotState
 from .stops import StopRules
 from .tree import TreeShape, compaction, tree_shape
@@ -27,14 +27,28 @@ from .verdict import PACKED_FIELDS, RoundOutcome, decide, decide_tree
 
 
 class Acceptor:
+    """logprobs: the most alternatives a row's tokens get with their log-probabilities (None: off)."""
+
     def __init__(self, runner: ModelRunner, state: SlotState, buffers: RoundBuffers, *, sampling: SamplingParams,
-                 stops: StopRules, graphs: StepGraphs, counter: LaunchCounter | None = None):
+                 stops: StopRules, graphs: StepGraphs, counter: LaunchCounter | None = None,
+                 logprobs: int | None = None):
         self.runner, self.state, self.buffers = runner, state, buffers
         self.sampling, self.stops, self.graphs, self.counter = sampling, stops, graphs, counter
         self.device = runner.device
         self.num_slots = runner.num_slots
         self._new = torch.zeros(self.num_slots, dtype=torch.bool, device=self.device)  # static admission mask
         self._new_in = HostBuffer((self.num_slots,), self.device, into=self._new)
+        self.k = logprobs
+        self._lp = self._first_lp = None
+        if logprobs is not None:  # [B, (1 + positions) * block]: the token fed first, then each emitted one
+            block = 1 + 2 * logprobs
+            positions = buffers.verdict.shape[1] - PACKED_FIELDS
+            self._lp = torch.zeros(self.num_slots, (1 + positions) * block, device=self.device)
+            self._first_lp = torch.zeros(self.num_slots, block, device=self.device)  # drawn at admission
+
+    def _rows(self, rows: torch.Tensor) -> RowSampling | None:
+        """The rows' sampling transforms (None: the whole job is greedy)."""
+        return None if self.sampling.greedy else self.state.sampling[rows]
 
     # ---- noise ------------------------------------------------------------------------------------
 
@@ -84,8 +98,10 @@ class Acceptor:
         """logits [b, W, V] of the round's verify pass -> the outcome on the host, after committing on the
         device. The one host sync of the round."""
         draft, width, tree = round.draft, round.shape.width, round.tree
-        out = self.buffers.verdict[: len(round.rows), : PACKED_FIELDS + (tree.max_depth + 1 if tree else width)]
-        args = (logits, draft.tokens, draft.num_tokens, out, round.gumbel,
+        emitted = tree.max_depth + 1 if tree else width
+        out = self.buffers.verdict[: len(round.rows), : PACKED_FIELDS + emitted]
+        lp = self._lp[: len(round.rows), : (1 + emitted) * (1 + 2 * self.k)] if self.k is not None else None
+        args = (logits, draft.tokens, draft.num_tokens, out, lp, round.gumbel,
                 draft.probs if tree is None else draft.q_at)
         if tree is not None:
             args += (tree.depth, tree.ancestors, tree.parent_t, tree.rank, tree.valid)
@@ -95,18 +111,21 @@ class Acceptor:
             self.graphs.run(("accept", width, tree is not None), body, args)
         else:
             body(*args)
-        return RoundOutcome.unpack(host_lists(out, self.counter), tree is not None)
+        packed, logprobs = host_lists(out, lp, counter=self.counter)
+        return RoundOutcome.unpack(packed, tree is not None, logprobs, self.k or 0)
 
-    def _accept_step(self, logits, drafts, num_drafts, out, gumbel, probs, depth=None, ancestors=None,
+    def _accept_step(self, logits, drafts, num_drafts, out, lp, gumbel, probs, depth=None, ancestors=None,
                      parent_t=None, rank=None, valid=None, *, rows, max_depth, spec) -> None:
         """The acceptance over rows [b]: logits [b, W, V], drafts [b, W - 1], num_drafts [b], out the packed
-        verdict [b, W + PACKED_FIELDS]; gumbel [b, >= W, V] (coupled) and probs (a draft model's q under
-        rejection: [b, W - 1, V] for a chain, q_at [b, W, V] for a tree) or None; a tree's geometry."""
+        verdict [b, PACKED_FIELDS + E] (E: the tokens a row may emit), lp [b, (1 + E) * (1 + 2k)] the
+        logprobs of the token fed first and of each emitted one (None: off); gumbel [b, >= W, V] (coupled)
+        and probs (a draft model's q under rejection: [b, W - 1, V] for a chain, q_at [b, W, V] for a tree)
+        or None; a tree's geometry."""
         state, runner = self.state, self.runner
         lengths = runner.lengths[rows] + 1  # L: the pending token sits at L - 1 (not yet cached)
         presence = state.presence[rows] if state.presence is not None else None
         common = dict(sampling=self.sampling, stops=self.stops, lengths=lengths, presence=presence,
-                      noise_keys=state.noise_keys[rows], gumbel=gumbel)
+                      noise_keys=state.noise_keys[rows], gumbel=gumbel, rows=self._rows(rows))
         if depth is None:
             verdict = decide(logits, Draft(drafts, num_drafts, probs), **common)
         else:
@@ -126,49 +145,59 @@ class Acceptor:
             seen = torch.zeros_like(presence, dtype=torch.int32).scatter_add_(1, verdict.tokens, emitted)
             state.presence[rows] = presence | (seen > 0)
         verdict.pack(out, pending)
+        if lp is not None:
+            block = 1 + 2 * self.k
+            lp[:, :block] = self._first_lp[rows]
+            lp[:, block:] = verdict.logprobs(self.k).flatten(1)
 
     # ---- admission --------------------------------------------------------------------------------
 
-    def first_tokens(self, rows: list[int], logits: torch.Tensor, static: bool) -> list[int] | None:
+    def first_tokens(self, rows: list[int], logits: torch.Tensor, static: bool) -> tuple | None:
         """Draw each new row's first token (position len(prompt)) from its prefill's last logits, as
-        `generate` does, and write it into the row's sequence. Eagerly: logits [n, V] of `rows`, the tokens
-        come back to the host (a sync; free on a CPU). Static: logits [B + 1, V] by slot, one step over
-        every slot, nothing comes back: the next round's verdict carries them (its `pending`)."""
+        `generate` does, and write it into the row's sequence. Eagerly: logits [n, V] of `rows`; the tokens
+        (and their logprobs blocks, or None) come back to the host (a sync; free on a CPU). Static: logits
+        [B + 1, V] by slot, one step over every slot, nothing comes back: the next round's verdict carries
+        them (its `pending`)."""
         if not static:
             rows_t = torch.tensor(rows, device=self.device)
-            tokens = self._first(rows_t, self.runner.lengths[rows_t], logits)
-            return host_lists(tokens, self.counter)
+            tokens, lp = self._first(rows_t, self.runner.lengths[rows_t], logits)
+            return tuple(host_lists(tokens, lp, counter=self.counter))
         chosen = set(rows)
         new = self._new_in.put([slot in chosen for slot in range(self.num_slots)])
         self.graphs.run(("first",), self._first_step, (logits, new))
         return None
 
-    def _first(self, rows: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def _first(self, rows: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor):
         """rows [n], lengths [n] (= prompt lengths: the first token's position), logits [n, V] -> tokens [n],
-        written at tokens[row, length]."""
+        written at tokens[row, length], and their logprobs blocks [n, 1 + 2k] (None: off)."""
         state, sampling = self.state, self.sampling
         presence = state.presence[rows] if state.presence is not None else None
+        rows_sampling = self._rows(rows)
+        s = scores(logits, sampling, presence, rows_sampling)
         if sampling.greedy or sampling.coupled:  # the noise any pass would use for position len(prompt)
             noise = self._noise(rows, lengths, 1)[:, 0] if sampling.coupled else None
-            first = coupled_tokens(logits, sampling, presence, noise)
+            first = choose(s, noise, rows_sampling)
         else:  # the same noise a verify pass would use to decide position len(prompt)
             u = uniforms(state.noise_keys[rows], lengths[:, None], STREAM_RESAMPLE)[:, 0]
-            first = sample(to_probs(logits, sampling, presence), u)
+            first = sample(probs_of(s, rows_sampling), u)
         state.tokens[rows, lengths] = first
         if presence is not None:
             state.presence[rows, first] = True
-        return first
+        lp = logprobs_at(s[:, None], first[:, None], self.k)[:, 0] if self.k is not None else None
+        return first, lp
 
     def _first_step(self, logits: torch.Tensor, new: torch.Tensor) -> None:
         rows = self.runner.slot_index
         lengths = self.runner.lengths[: self.num_slots]
         before = self.state.tokens[rows, lengths]
         presence = self.state.presence.clone() if self.state.presence is not None else None
-        first = self._first(rows, lengths, logits[: self.num_slots])
+        first, lp = self._first(rows, lengths, logits[: self.num_slots])
         # Only the new rows keep what was drawn: the others get back what they held.
         self.state.tokens[rows, lengths] = torch.where(new, first, before)
         if presence is not None:
             self.state.presence.copy_(torch.where(new[:, None], self.state.presence, presence))
+        if lp is not None:
+            self._first_lp.copy_(torch.where(new[:, None], lp, self._first_lp))
 
     # ---- at start ---------------------------------------------------------------------------------
 
@@ -182,9 +211,10 @@ class Acceptor:
             width = shape.width
             out = b.verdict[:, : PACKED_FIELDS + shape.depth + 1]
             logits = self.runner.output(width)
+            lp = self._lp[:, : (1 + shape.depth + 1) * (1 + 2 * self.k)] if self.k is not None else None
             if shape.tree is None:
                 probs = b.probs[:, : width - 1] if b.probs is not None else None
-                args = (logits, b.drafts[:, : width - 1], b.num_drafts, out, b.gumbel, probs)
+                args = (logits, b.drafts[:, : width - 1], b.num_drafts, out, lp, b.gumbel, probs)
                 body = partial(self._accept_step, rows=self.runner.slot_index, max_depth=0, spec=None)
                 self.graphs.declare(("accept", width, False), body, args, size=width)
                 continue
@@ -193,7 +223,7 @@ class Acceptor:
             self.graphs.declare(("tree", n, depth), partial(self._tree_step, max_depth=depth),
                                 (b.parents[:, :n], b.valid[:, :n], tree.depth, tree.ancestors, tree.parent_t, tree.rank))
             q_at = b.q_at[:, : n + 1] if b.q_at is not None else None
-            args = (logits, b.drafts[:, :n], b.num_drafts, out, b.gumbel, q_at, tree.depth, tree.ancestors,
+            args = (logits, b.drafts[:, :n], b.num_drafts, out, lp, b.gumbel, q_at, tree.depth, tree.ancestors,
                     tree.parent_t, tree.rank, b.valid[:, :n])
             body = partial(self._accept_step, rows=self.runner.slot_index, max_depth=depth, spec=shape.tree)
             self.graphs.declare(("accept", width, True), body, args, size=width)

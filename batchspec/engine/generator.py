@@ -29,9 +29,10 @@ from .adaptive import AdaptiveK
 from .costs import RoundTimes, StepTable
 from .drafters import Drafter
 from .graphs import HostBuffer, StepGraphs
+from .intake import Defaults
 from .round import Round, RoundBuffers, RoundShape
 from .runner import ModelRunner, kv_capacity
-from .sampling import SamplingParams
+from .sampling import SamplingParams, logprobs_at
 from .scheduler import Scheduler, Seat
 from .slots import SlotState
 from .stops import StopRules
@@ -43,9 +44,10 @@ PHASES = ("admit", "draft", "verify", "accept", "bookkeeping")
 class SpecBatchGenerator:
     """Runs requests through `batch_size` slots; yields a Result as each request finishes.
 
-    Args are plain values: the target model and tokenizer, a Drafter (drafters/), the sampling params,
-    the slot count, max_seq_len (prompt + completion tokens per slot), max_new_tokens, the EOS ids, stop
-    strings, k_max (the most drafts per row per round), adaptive (choose each round's shape), trees
+    Args are plain values: the target model and tokenizer, a Drafter (drafters/), the job's defaults
+    (intake.Defaults: sampling, max_new_tokens, stop strings, n, logprobs, which requests may override),
+    the slot count, max_seq_len (prompt + completion tokens per slot), the EOS ids, keep_stop (completion
+    texts keep the stop string that ended them), k_max (the most drafts per row per round), adaptive (choose each round's shape), trees
     (TreeSpecs of tree rounds: without adaptive every round drafts the first tree), graphs (the
     StepGraphs that runs static steps: its mode picks the eager or the static path; shared with the
     drafter), profile (sync a GPU after each phase, so that phase times are exact), and buckets (the
@@ -53,13 +55,13 @@ class SpecBatchGenerator:
     """
 
     def __init__(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, drafter: Drafter,
-                 sampling: SamplingParams, batch_size: int, max_seq_len: int, max_new_tokens: int,
-                 eos_token_ids: Iterable[int], graphs: StepGraphs, stop: Iterable[str] = (), k_max: int = 4,
-                 adaptive: bool = False, trees: tuple[TreeSpec, ...] = (), profile: bool = False,
-                 buckets: list[int] | None = None):
-        if batch_size < 1 or k_max < 0 or max_new_tokens < 1 or max_seq_len < 2:
+                 defaults: Defaults, batch_size: int, max_seq_len: int, eos_token_ids: Iterable[int],
+                 graphs: StepGraphs, keep_stop: bool = False, k_max: int = 4, adaptive: bool = False,
+                 trees: tuple[TreeSpec, ...] = (), profile: bool = False, buckets: list[int] | None = None):
+        sampling = defaults.sampling
+        if batch_size < 1 or k_max < 0 or defaults.max_new_tokens < 1 or max_seq_len < 2:
             raise ValueError(f"need batch_size >= 1, k >= 0, max_new_tokens >= 1, max_seq_len >= 2; got "
-                             f"{batch_size}, {k_max}, {max_new_tokens}, {max_seq_len}")
+                             f"{batch_size}, {k_max}, {defaults.max_new_tokens}, {max_seq_len}")
         if trees and not drafter.policy.trees:
             raise ValueError("this drafter proposes no trees")
         self.drafter, self.sampling, self.graphs = drafter, sampling, graphs
@@ -72,21 +74,21 @@ class SpecBatchGenerator:
                                   graphs=graphs, widths={shape.width for shape in self.shapes}, buckets=buckets,
                                   name="target")
         vocab = self.runner.vocab_size
-        self.state = SlotState(batch_size, capacity, vocab, self.device, seed=sampling.seed,
+        self.state = SlotState(batch_size, capacity, vocab, self.device,
                                track_presence=sampling.repetition_penalty != 1.0)
         self.buffers = RoundBuffers(batch_size, widest - 1, vocab, self.device, noise=sampling.coupled,
                                     probs=not (sampling.greedy or sampling.coupled) and drafter.policy.draft_forwards,
                                     trees=bool(self.trees))
-        stops = StopRules(tokenizer, eos_token_ids=eos_token_ids, stop=stop, max_new_tokens=max_new_tokens,
-                          max_seq_len=max_seq_len, device=self.device)
+        stops = StopRules(tokenizer, eos_token_ids=eos_token_ids, max_seq_len=max_seq_len, device=self.device,
+                          keep_stop=keep_stop)
         self.acceptor = Acceptor(self.runner, self.state, self.buffers, sampling=sampling, stops=stops, graphs=graphs,
-                                 counter=graphs.counter)
+                                 counter=graphs.counter, logprobs=defaults.max_logprobs)
         controller = None
         if adaptive and (k_max > 0 or self.trees):
             costs = StepTable(self._step_seconds, self.runner.bucket) if self.static else RoundTimes()
             controller = AdaptiveK(k_max, policy=drafter.policy, costs=costs, trees=self.trees)
         self.scheduler = Scheduler(tokenizer, stops, num_slots=batch_size, vocab_size=vocab, max_seq_len=max_seq_len,
-                                   max_new_tokens=max_new_tokens, k_max=k_max, trees=self.trees, adaptive=controller,
+                                   defaults=defaults, k_max=k_max, trees=self.trees, adaptive=controller,
                                    static=self.static)
         self.timings = dict.fromkeys(PHASES, 0.0)  # seconds per phase (exact on a GPU only with profile)
         self.noise_s = 0.0  # seconds making coupled sampling's noise (inside the draft phase)
@@ -160,27 +162,73 @@ class SpecBatchGenerator:
             return errors + (self._seat(seats) if seats else [])
 
     def _seat(self, seats: list[Seat]) -> list[Result]:
-        """The device side of admission: the prompts into the slots' sequences, the target's prefill and
-        the first tokens, the drafter's admission. Eagerly the first tokens come back at once (one sync,
-        free on a CPU); on the static path the next round's verdict carries them."""
+        """The device side of admission: the prompts into the slots' sequences, the target's prefill (once
+        per prompt: samples of one request admitted together copy its cache), the first tokens, the
+        drafter's admission. Eagerly the first tokens come back at once (one sync, free on a CPU); on the
+        static path the next round's verdict carries them."""
         slots, prompts = [s.slot for s in seats], [s.prompt_ids for s in seats]
-        self.state.seat(slots, [s.request for s in seats], prompts)
-        if self.static:
-            last = self.runner.prefill_static(self.state.tokens, slots, [0] * len(slots), [len(p) for p in prompts])
-            self.acceptor.first_tokens(slots, last, static=True)
-            self.drafter.admit(slots, prompts)
-            return []
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=self.device)
-        last = self.runner.prefill(slots, ids, [0] * len(slots), [len(p) for p in prompts])
-        first = self.acceptor.first_tokens(slots, last, static=False)
+        self.state.seat(slots, prompts, [s.admission.key for s in seats], [s.admission.sampling for s in seats])
+        primary: dict[int, int] = {}  # group -> the slot that prefills for it
+        for seat in seats:
+            primary.setdefault(seat.admission.group, seat.slot)
+        sources = [primary[s.admission.group] for s in seats]
+        first = [s for s in seats if primary[s.admission.group] == s.slot]
+        last = self._prefill(first)
+        copies = [(src, s.slot) for src, s in zip(sources, seats) if src != s.slot]
+        if copies:
+            self.runner.copy_prefix([a for a, _ in copies], [b for _, b in copies],
+                                    max(len(s.prompt_ids) for s in seats))
         self.drafter.admit(slots, prompts)
-        finished = self.scheduler.first_tokens(slots, first)
+        if self.static:
+            self.acceptor.first_tokens(slots, last, static=True)
+            return []
+        index = {seat.slot: i for i, seat in enumerate(first)}
+        logits = last[torch.tensor([index[src] for src in sources], device=self.device)]
+        tokens, logprobs = self.acceptor.first_tokens(slots, logits, static=False)
+        finished = self.scheduler.first_tokens(slots, tokens, logprobs)
         done = {slot for slot, _ in finished}
-        going = [(slot, token) for slot, token in zip(slots, first) if slot not in done]
+        going = [(slot, token) for slot, token in zip(slots, tokens) if slot not in done]
         if going:
             self.drafter.extend([s for s, _ in going], [[t] for _, t in going], [0] * len(going))
         return self._release(finished)
+
+    def _prefill(self, seats: list[Seat]) -> torch.Tensor:
+        """The target's prefill of the seats' prompts: eager and ragged ([n, V] after each prompt), or static
+        chunks ([B + 1, V] by slot). Rows that want their prompt's logprobs are prefilled eagerly with every
+        position's logits (also on the static path: a documented exception), which the Scheduler keeps."""
+        scored = [s for s in seats if s.admission.prompt_logprobs is not None]
+        plain = [s for s in seats if s.admission.prompt_logprobs is None]
+        last = None
+        if self.static:
+            if plain:
+                last = self.runner.prefill_static(self.state.tokens, [s.slot for s in plain], [0] * len(plain),
+                                                  [len(s.prompt_ids) for s in plain])
+            last = self.runner.last_logits() if last is None else last
+        elif plain:
+            last = self._eager_prefill(plain)
+        if scored:
+            logits = self._eager_prefill(scored, all_logits=True)  # [n, W, V]
+            k = max(s.admission.prompt_logprobs for s in scored)
+            width = logits.shape[1]
+            ids = torch.tensor([s.prompt_ids[1:] + [0] * (width - len(s.prompt_ids)) for s in scored], device=self.device)
+            blocks = logprobs_at(logits[:, :-1].float(), ids, k) if width > 1 else logits.new_zeros(len(scored), 0, 1)
+            ends = torch.tensor([len(s.prompt_ids) - 1 for s in scored], device=self.device)
+            at_end = logits[torch.arange(len(scored), device=self.device), ends]
+            for seat, row in zip(scored, blocks.tolist()):
+                self.scheduler.set_prompt_logprobs(seat.slot, row[: len(seat.prompt_ids) - 1])
+            if self.static:
+                last[torch.tensor([s.slot for s in scored], device=self.device)] = at_end.to(last.dtype)
+            else:
+                order = {s.slot: i for i, s in enumerate(plain)}
+                merged = [last[order[s.slot]] if s.slot in order else at_end[scored.index(s)] for s in seats]
+                last = torch.stack(merged)
+        return last
+
+    def _eager_prefill(self, seats: list[Seat], all_logits: bool = False) -> torch.Tensor:
+        width = max(len(s.prompt_ids) for s in seats)
+        ids = torch.tensor([s.prompt_ids + [0] * (width - len(s.prompt_ids)) for s in seats], device=self.device)
+        return self.runner.prefill([s.slot for s in seats], ids, [0] * len(seats), [len(s.prompt_ids) for s in seats],
+                                   all_logits=all_logits)
 
     def _release(self, finished: list[tuple[int, Result]]) -> list[Result]:
         """Free the finished rows' slots: idle slots ride along from position 0."""

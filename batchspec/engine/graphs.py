@@ -264,8 +264,13 @@ def _nothing():
     yield
 
 
-def host_lists(tensor: torch.Tensor, counter: LaunchCounter | None = None) -> list:
-    """tensor.tolist(): the round's one device -> host read (noted by the counter, which cannot see it)."""
+def host_lists(*tensors: torch.Tensor | None, counter: LaunchCounter | None = None) -> list:
+    """[t.tolist() for t in tensors] (None stays None) with one device -> host sync: the copies are queued
+    into pinned memory, then one wait. The counter notes the sync (the dispatcher cannot see tolist)."""
     if counter is not None:
         counter.note_sync()
-    return tensor.tolist()
+    if any(t is not None and t.device.type == "cuda" for t in tensors):
+        host = [t.to("cpu", non_blocking=True) if t is not None else None for t in tensors]
+        torch.cuda.current_stream().synchronize()
+        tensors = tuple(host)
+    return [t.tolist() if t is not None else None for t in tensors]

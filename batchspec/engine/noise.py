@@ -94,3 +94,9 @@ def uniforms_bits(keys: torch.Tensor, positions: torch.Tensor, stream: int) -> t
     keys = keys.reshape(-1, *([1] * (positions.dim() - 1)))
     z = _mix64(keys + _signed(stream * _GOLDEN))
     return _mix64(z + positions * _GOLDEN)
+
+
+def sample_key(seed: int, request_id: str, sample_index: int) -> int:
+    """The noise key of sample i of a request: sample 0's is the request's own (so n = 1 and the first of n
+    samples are the same text); sample i's is keyed by the id and i (ids never contain NUL)."""
+    return request_key(seed, request_id if sample_index == 0 else f"{request_id}\x00{sample_index}")

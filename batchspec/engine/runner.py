@@ -59,6 +59,7 @@ class ModelRunner:
         self._no_seqs = torch.zeros(num_slots, 1, dtype=torch.long, device=self.device)  # for steps that read none
         max_chunks = (capacity + PREFILL_CHUNK - 1) // PREFILL_CHUNK
         self._chunks = HostBuffer((max_chunks, 4, num_slots), self.device) if graphs.static else None
+        self._pairs = HostBuffer((2, num_slots), self.device) if graphs.static else None  # copy_prefix's src, dst
 
     @property
     def static(self) -> bool:
@@ -80,12 +81,18 @@ class ModelRunner:
     # ---- eager, ragged ---------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def prefill(self, rows: list[int], ids: torch.Tensor, starts: list[int], lengths: list[int]) -> torch.Tensor:
+    def prefill(self, rows: list[int], ids: torch.Tensor, starts: list[int], lengths: list[int], *,
+                all_logits: bool = False) -> torch.Tensor:
         """Eagerly write ids[i, :lengths[i]] ([b, W], right-padded) at positions starts[i].. of slot rows[i]
-        and set that slot's length to the end of it. Returns the logits after each row's last token [b, V]."""
+        and set that slot's length to the end of it. Returns the logits after each row's last token [b, V]
+        (all_logits: after every token, [b, W, V])."""
         ends = [s + n for s, n in zip(starts, lengths)]
         self._check(max(ends))
         rows_t = torch.tensor(rows, device=self.device)
+        if all_logits:
+            logits = self._call(ids, torch.tensor(starts, device=self.device), max(ends), 0, rows=rows_t)
+            self.lengths[rows_t] = torch.tensor(ends, device=self.device)
+            return logits
         # Logits only at each row's last position: the distinct columns for every row, then each row's own.
         keep = sorted({n - 1 for n in lengths})
         logits = self._call(ids, torch.tensor(starts, device=self.device), max(ends),
@@ -214,6 +221,31 @@ class ModelRunner:
             self.graphs.run(key, partial(self._prefill_step, kv_len=bucket), (seqs, table[c], last))
         return last
 
+    @torch.inference_mode()
+    def copy_prefix(self, src: list[int], dst: list[int], length: int) -> None:
+        """Slot dst[i] takes slot src[i]'s first `length` cache entries, its length and its last prefill
+        logits (samples of one prompt share its prefill). Static: a step per row bucket, no host sync."""
+        if not self.static:
+            self._copy(torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device), length)
+            return
+        width = next(p for p in row_buckets(self.num_slots) if p >= len(src))
+        pad = width - len(src)
+        pairs = self._pairs.put([src + [self.scratch] * pad, dst + [self.scratch] * pad])
+        bucket = self.bucket(length)
+        self.graphs.run((self.name, "copy", width, bucket), partial(self._copy_step, length=bucket), (pairs,))
+
+    def _copy(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.keys[dst, :, :length] = layer.keys[src, :, :length]
+                layer.values[dst, :, :length] = layer.values[src, :, :length]
+        self.lengths[dst] = self.lengths[src]
+        if self._last is not None:
+            self._last[dst] = self._last[src]
+
+    def _copy_step(self, pairs: torch.Tensor, *, length: int) -> None:
+        self._copy(pairs[0], pairs[1], length)
+
     def last_logits(self) -> torch.Tensor:
         if self._last is None:
             self._last = torch.zeros(self.num_slots + 1, self.vocab_size, dtype=self.model.dtype, device=self.device)
@@ -255,6 +287,8 @@ class ModelRunner:
                 chunk[0], chunk[2] = self.scratch, 1  # padding rows until a real chunk is copied in
                 self.graphs.declare((self.name, "prefill", rows, bucket), partial(self._prefill_step, kv_len=bucket),
                                     (seqs, chunk, self.last_logits()), size=rows * PREFILL_CHUNK * bucket)
+                pairs = torch.full((2, rows), self.scratch, dtype=torch.long, device=self.device)
+                self.graphs.declare((self.name, "copy", rows, bucket), partial(self._copy_step, length=bucket), (pairs,))
 
     # ---- compaction ------------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     seed: int = 0
     verify: str = "coupled"  # how sampled drafts are verified: coupled | rejection (module docstring)
+    varied: bool = False  # requests may set their own temperature, top_k, top_p, min_p (RowParams)
 
     def __post_init__(self):
         checks = {
@@ -67,7 +68,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Every request decodes greedily (no request may set its own temperature)."""
+        return self.temperature == 0.0 and not self.varied
 
     @property
     def adapts_by_default(self) -> bool:
@@ -113,30 +115,115 @@ def penalized(logits: torch.Tensor, params: SamplingParams, presence: torch.Tens
     return logits
 
 
-def to_probs(logits: torch.Tensor, params: SamplingParams, presence: torch.Tensor | None = None) -> torch.Tensor:
-    """logits [..., V] -> the sampling distribution [..., V] (float32) after every transform."""
-    shape = logits.shape
-    logits = warp(penalized(logits, params, presence).reshape(-1, shape[-1]), params)
-    return torch.softmax(logits, dim=-1).reshape(shape)
+@dataclass(slots=True)
+class RowSampling:
+    """Each row's sampling transforms on the device, [b] each (static shapes: a filter that is off is a
+    value that removes nothing). A greedy row has temperature 1 and every filter off, so its scores are its
+    logits; `greedy` marks it for the choice of token."""
+
+    temperature: torch.Tensor  # float32
+    top_k: torch.Tensor  # int64, 0: off
+    top_p_cut: torch.Tensor  # float32 1 - top_p, computed in float64 as transformers does; 0: off
+    min_p: torch.Tensor  # float32, 0: off
+    greedy: torch.Tensor  # bool
+
+    FIELDS = ("temperature", "top_k", "top_p_cut", "min_p", "greedy")
+
+    @staticmethod
+    def values(temperature: float, top_k: int, top_p: float, min_p: float) -> tuple:
+        """Host values of one row, in FIELDS order."""
+        greedy = temperature == 0.0
+        if greedy:
+            return 1.0, 0, 0.0, 0.0, True
+        return temperature, top_k, 1.0 - top_p, min_p, False
+
+    @classmethod
+    def zeros(cls, n: int, device: torch.device) -> "RowSampling":
+        f32 = dict(dtype=torch.float32, device=device)
+        return cls(torch.ones(n, **f32), torch.zeros(n, dtype=torch.long, device=device), torch.zeros(n, **f32),
+                   torch.zeros(n, **f32), torch.ones(n, dtype=torch.bool, device=device))
+
+    def __getitem__(self, rows) -> "RowSampling":
+        return RowSampling(*(getattr(self, f)[rows] for f in self.FIELDS))
 
 
-def scores(logits: torch.Tensor, params: SamplingParams, presence: torch.Tensor | None = None) -> torch.Tensor:
+def warp_rows(s: torch.Tensor, rows: RowSampling) -> torch.Tensor:
+    """s [b, ..., V] float32 -> s after each row's temperature, top-k, top-p and min-p (filtered: -inf):
+    transformers' warpers, in their order and arithmetic, with a value per row."""
+    shape = (-1,) + (1,) * (s.dim() - 1)
+    s = s / rows.temperature.view(shape)
+    vocab = s.shape[-1]
+    k = rows.top_k.clamp(max=vocab).view(shape)
+    ordered = s.sort(dim=-1, descending=True).values
+    kth = ordered.gather(-1, (k - 1).clamp(min=0).expand(*s.shape[:-1], 1))
+    s = s.masked_fill((k > 0) & (s < kth), float("-inf"))
+    ascending, index = s.sort(dim=-1)
+    cut = rows.top_p_cut.view(shape)
+    remove = (ascending.softmax(dim=-1).cumsum(dim=-1) <= cut) & (cut > 0)
+    remove[..., -1] = False  # transformers keeps at least one token
+    s = s.masked_fill(remove.scatter(-1, index, remove), float("-inf"))
+    probs = s.softmax(dim=-1)
+    min_p = rows.min_p.view(shape)
+    return s.masked_fill((min_p > 0) & (probs < min_p * probs.amax(dim=-1, keepdim=True)), float("-inf"))
+
+
+def scores(logits: torch.Tensor, params: SamplingParams, presence: torch.Tensor | None = None,
+           rows: RowSampling | None = None) -> torch.Tensor:
     """logits [..., V] -> s [..., V] (float32) with softmax(s) = to_probs(logits): filtered tokens -inf.
-    Greedy decoding has no sampling transforms: s is the logits after the repetition penalty."""
+    Greedy decoding has no sampling transforms: s is the logits after the repetition penalty. rows: each
+    row's transforms (its leading dimension is the rows'); None: the job's, through transformers' warpers."""
     shape = logits.shape
     logits = penalized(logits, params, presence)
+    if rows is not None:
+        return warp_rows(logits, rows)
     if params.greedy:
         return logits
     return warp(logits.reshape(-1, shape[-1]), params).reshape(shape)
 
 
+def to_probs(logits: torch.Tensor, params: SamplingParams, presence: torch.Tensor | None = None,
+             rows: RowSampling | None = None) -> torch.Tensor:
+    """logits [..., V] -> the sampling distribution [..., V] (float32) after every transform."""
+    return probs_of(scores(logits, params, presence, rows), rows)
+
+
+def probs_of(s: torch.Tensor, rows: RowSampling | None) -> torch.Tensor:
+    """Scores [b, ..., V] -> softmax(s); with rows, a greedy row's is one-hot at its argmax (rejection
+    sampling against it accepts exactly what greedy decoding emits)."""
+    probs = torch.softmax(s, dim=-1)
+    if rows is None:
+        return probs
+    onehot = torch.nn.functional.one_hot(s.argmax(dim=-1), s.shape[-1]).to(probs.dtype)
+    return torch.where(rows.greedy.view((-1,) + (1,) * (s.dim() - 1)), onehot, probs)
+
+
 def coupled_tokens(logits: torch.Tensor, params: SamplingParams, presence: torch.Tensor | None,
-                   gumbel: torch.Tensor | None) -> torch.Tensor:
+                   gumbel: torch.Tensor | None, rows: RowSampling | None = None) -> torch.Tensor:
     """logits [..., V], gumbel [..., V] (noise for the positions these logits decide) -> tokens [...]:
-    argmax(s + G), an exact draw from p = softmax(s) (Gumbel-max); the plain argmax when greedy."""
-    if params.greedy:
+    argmax(s + G), an exact draw from p = softmax(s) (Gumbel-max); the plain argmax when greedy (the
+    job's, or a row's)."""
+    if rows is None and params.greedy:
         return greedy_tokens(logits, params, presence)
-    return (scores(logits, params, presence) + gumbel).argmax(dim=-1)
+    return choose(scores(logits, params, presence, rows), gumbel, rows)
+
+
+def choose(s: torch.Tensor, gumbel: torch.Tensor | None, rows: RowSampling | None) -> torch.Tensor:
+    """Scores [b, ..., V] -> argmax(s + G) [b, ...], a greedy row's argmax(s) (no noise: all greedy)."""
+    if gumbel is None:
+        return s.argmax(dim=-1)
+    if rows is not None:
+        gumbel = gumbel.masked_fill(rows.greedy.view((-1,) + (1,) * (s.dim() - 1)), 0.0)
+    return (s + gumbel).argmax(dim=-1)
+
+
+def logprobs_at(s: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
+    """Scores s [b, E, V] and the tokens chosen from them [b, E] -> [b, E, 1 + 2k] float32: each token's
+    log-probability under softmax(s), then the k best log-probabilities and their token ids (as floats:
+    exact below 2^24), best first. Filtered tokens have -inf."""
+    lp = torch.log_softmax(s, dim=-1)
+    chosen = lp.gather(-1, tokens[..., None])
+    top = lp.topk(k, dim=-1)
+    return torch.cat([chosen, top.values, top.indices.float()], dim=-1)
 
 
 def greedy_tokens(logits: torch.Tensor, params: SamplingParams, presence: torch.Tensor | None = None) -> torch.Tensor:

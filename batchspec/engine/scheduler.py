@@ -9,12 +9,13 @@ The device side (runners, drafters, the Acceptor) is driven by the generator bet
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from transformers import PreTrainedTokenizerBase
 
 from ..types import Request, Result, TreeSpec
 from .adaptive import AdaptiveK
+from .intake import Admission, Defaults, Intake
 from .round import Round, RoundShape
 from .slots import Slot, SlotTable
 from .stats import RowCounts, Statistics, cut_counts
@@ -22,37 +23,16 @@ from .stops import StopRules
 from .verdict import RoundOutcome
 
 
-def prompt_ids(request: Request, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
-               max_seq_len: int) -> list[int] | str:
-    """Token ids for a request, or an error message."""
-    if request.error:
-        return request.error
-    prompt = request.prompt
-    if prompt is None:
-        return "prompt is null"
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            return "prompt is empty"
-        ids = tokenizer(prompt)["input_ids"]
-    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        ids = list(prompt)
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            return f"prompt token id {bad[0]} is outside the model's vocabulary [0, {vocab_size})"
-    else:
-        return f"prompt must be a string or a list of token ids, got {type(prompt).__name__}"
-    if not ids:
-        return "prompt is empty after tokenization"
-    if len(ids) >= max_seq_len:
-        return f"prompt has {len(ids)} tokens but max_seq_len is {max_seq_len}: no room for a new token"
-    return ids
-
-
 @dataclass(slots=True)
 class Seat:
+    """A row taking a slot: the slot and what intake admitted (its request, prompt ids and settings)."""
+
     slot: int
-    request: Request
-    prompt_ids: list[int]
+    admission: Admission
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.admission.prompt_ids
 
 
 @dataclass(slots=True)
@@ -75,16 +55,15 @@ class Scheduler:
     every round drafts the first tree, or a chain of k_max)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: StopRules, *, num_slots: int, vocab_size: int,
-                 max_seq_len: int, max_new_tokens: int, k_max: int, trees: tuple[TreeSpec, ...] = (),
+                 max_seq_len: int, defaults: Defaults, k_max: int, trees: tuple[TreeSpec, ...] = (),
                  adaptive: AdaptiveK | None = None, static: bool = False):
         self.tokenizer, self.stops, self.adaptive = tokenizer, stops, adaptive
-        self.vocab_size, self.max_seq_len, self.max_new_tokens = vocab_size, max_seq_len, max_new_tokens
+        self.max_seq_len = max_seq_len
         self.k_max, self.trees, self.static = k_max, trees, static
+        self.intake_ = Intake(tokenizer, vocab_size=vocab_size, max_seq_len=max_seq_len, defaults=defaults)
         self.slots = SlotTable(num_slots)
         self.reset_stats()
         self.admitting = True
-        self._pending: Iterator[Request] | None = None
-        self._exhausted = False
 
     def reset_stats(self) -> None:
         self.stats = Statistics(max([self.k_max, *(t.depth for t in self.trees)]), self.k_max)
@@ -92,47 +71,45 @@ class Scheduler:
     # ---- requests in --------------------------------------------------------------------------------
 
     def feed(self, requests: Iterable[Request]) -> None:
-        self._pending, self._exhausted = iter(requests), False
+        self.intake_.feed(requests)
 
     @property
     def done(self) -> bool:
         """No request runs and none will be admitted."""
-        return not self.slots.active() and (self._exhausted or not self.admitting)
+        idle = self.intake_.exhausted and not self.intake_.waiting
+        return not self.slots.active() and (idle or not self.admitting)
 
     def intake(self) -> tuple[list[Seat], list[Result]]:
-        """Requests for the free slots, pulled lazily: (seats of the new rows, Results of requests that
-        cannot run). Seated rows are occupied on the host; the generator fills the device side."""
-        seats, errors = [], []
-        free = self.slots.free()
-        while free and self.admitting and not self._exhausted:
-            request = next(self._pending, None)
-            if request is None:
-                self._exhausted = True
-                break
-            ids = prompt_ids(request, self.tokenizer, self.vocab_size, self.max_seq_len)
-            if isinstance(ids, str):
-                self.stats.error()
-                errors.append(Result.error_result(request, ids))
-                continue
-            slot = free.pop(0)
-            self.slots.occupy(slot, request, ids)
+        """Rows for the free slots, pulled lazily: (seats of the new rows, Results of requests that cannot
+        run). Seated rows are occupied on the host; the generator fills the device side."""
+        free = self.slots.free() if self.admitting else []
+        admitted, errors = self.intake_.take(len(free))
+        for _ in errors:
+            self.stats.error()
+        seats = []
+        for slot, row in zip(free, admitted):
+            self.slots.occupy(slot, row.request, row.prompt_ids, max_new_tokens=row.max_new_tokens, stop=row.stop,
+                              logprobs=row.logprobs)
             if self.adaptive:
                 self.adaptive.admit(slot)
-            seats.append(Seat(slot, request, ids))
+            seats.append(Seat(slot, row))
         return seats, errors
 
-    def first_tokens(self, slots: list[int], tokens: list[int]) -> list[tuple[int, Result]]:
-        """The first tokens of new rows reached the host: append them; returns the rows they finished."""
+    def first_tokens(self, slots: list[int], tokens: list[int],
+                     logprobs: list[list[float]] | None = None) -> list[tuple[int, Result]]:
+        """The first tokens of new rows reached the host (with their logprobs blocks): append them; returns
+        the rows they finished."""
         finished = []
-        for slot, token in zip(slots, tokens):
-            result = self._take_first(slot, self.slots[slot], token)
+        for i, (slot, token) in enumerate(zip(slots, tokens)):
+            result = self._take_first(slot, self.slots[slot], token, logprobs[i] if logprobs else None)
             if result is not None:
                 finished.append((slot, result))
         return finished
 
-    def _take_first(self, slot: int, record: Slot, token: int) -> Result | None:
+    def _take_first(self, slot: int, record: Slot, token: int, block: list[float] | None) -> Result | None:
         record.awaiting_first = False
         record.output.append(token)
+        _add_logprobs(record, [block] if block else [])
         hit_stop = self.stops.cut_at_stop(record, 1)
         reason = self.stops.finish_reason(record, token in self.stops.eos_ids, hit_stop)
         return self._finish(slot, reason) if reason is not None else None
@@ -145,7 +122,7 @@ class Scheduler:
         rows = list(range(len(self.slots.records))) if self.static else self.slots.active()
         records = [self.slots[r] for r in rows]
         lengths = [r.length if r is not None else 1 for r in records]
-        room = [r.room(self.max_new_tokens, self.max_seq_len) if r is not None else 0 for r in records]
+        room = [r.room(self.max_seq_len) if r is not None else 0 for r in records]
         running = [i for i, r in enumerate(records) if r is not None]
         span = slice(rows[0], rows[-1] + 1) if rows and rows[-1] - rows[0] == len(rows) - 1 else None
         budgets = [min(self.k_max, n) for n in room]
@@ -186,14 +163,18 @@ class Scheduler:
             head = []
             if record.awaiting_first:  # its first token arrives with this round (the static path)
                 head = [outcome.pending[i]]
-                result = self._take_first(slot, record, head[0])
+                result = self._take_first(slot, record, head[0],
+                                          outcome.pending_logprobs[i] if outcome.pending_logprobs else None)
                 if result is not None:  # the round it rode in is moot
                     finished.append((slot, result))
                     continue
             before = len(record.output)
             record.output.extend(new)
             record.length += len(new)
+            _add_logprobs(record, outcome.logprobs[i] if outcome.logprobs else [])
             hit_stop = self.stops.cut_at_stop(record, len(new))
+            if hit_stop:
+                record.cut_logprobs()
             positions = outcome.depth[i] if outcome.depth is not None else outcome.num_drafts[i]
             row = cut_counts(outcome.num_drafts[i], positions, outcome.num_accepted[i], len(record.output) - before)
             self.stats.row(record, shape, row)
@@ -216,6 +197,13 @@ class Scheduler:
             self.adaptive.observe(round.shape, seconds, emitted.slots, emitted.budgets,
                                   [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts])
 
+    def set_prompt_logprobs(self, slot: int, blocks: list[list[float]]) -> None:
+        """A row's prompt logprobs (blocks for prompt tokens 1..; the first token has none)."""
+        record = self.slots[slot]
+        k = (len(blocks[0]) - 1) // 2 if blocks else 0
+        record.prompt_logprobs = ([None] + [b[0] for b in blocks], [[]] + [b[1 : 1 + k] for b in blocks],
+                                  [[]] + [[int(x) for x in b[1 + k :]] for b in blocks])
+
     # ---- results ------------------------------------------------------------------------------------
 
     def _finish(self, slot: int, reason: str) -> Result:
@@ -225,3 +213,12 @@ class Scheduler:
         result = record.to_result(reason, self.stops.completion(record, reason), prompt)
         self.stats.result(result)
         return result
+
+
+def _add_logprobs(record: Slot, blocks: list[list[float]]) -> None:
+    """Blocks [logprob, k best, their ids] of the tokens just appended to a row that asked for logprobs."""
+    if record.logprobs is None or not blocks:
+        return
+    k = (len(blocks[0]) - 1) // 2
+    record.add_logprobs([b[0] for b in blocks], [b[1 : 1 + k] for b in blocks],
+                        [[int(x) for x in b[1 + k :]] for b in blocks])

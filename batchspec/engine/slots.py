@@ -16,7 +16,7 @@ import torch
 
 from ..types import Request, Result
 from .graphs import HostBuffer
-from .sampling import request_key
+from .sampling import RowSampling
 
 
 @dataclass(slots=True)
@@ -27,7 +27,15 @@ class Slot:
     prompt_ids: list[int]
     length: int  # tokens in seq (prompt + output), the first token included while it is awaited
     started: float
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # alternatives per completion token (None: no logprobs)
     output: list[int] = field(default_factory=list)
+    stop_reason: str | int | None = None
+    token_logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+    top_logprob_ids: list[list[int]] = field(default_factory=list)
+    prompt_logprobs: tuple | None = None  # (logprobs, top values, top ids) of the prompt's tokens
     awaiting_first: bool = True  # its first token (drawn at admission) has not reached the host yet
     draft_tokens: int = 0
     accepted_per_round: list[int] = field(default_factory=list)
@@ -38,12 +46,24 @@ class Slot:
     def num_output(self) -> int:
         return len(self.output) + self.awaiting_first
 
-    def room(self, max_new_tokens: int, max_seq_len: int) -> int:
-        """Drafts this row could propose before max_new_tokens or max_seq_len (the overflow guard); 0
+    def room(self, max_seq_len: int) -> int:
+        """Drafts this row could propose before its max_new_tokens or max_seq_len (the overflow guard); 0
         while its first token is awaited (a host drafter has not seen its context yet)."""
         if self.awaiting_first:
             return 0
-        return max(0, min(max_new_tokens - self.num_output, max_seq_len - self.length) - 1)
+        return max(0, min(self.max_new_tokens - self.num_output, max_seq_len - self.length) - 1)
+
+    def add_logprobs(self, values: list[float], top: list[list[float]], ids: list[list[int]]) -> None:
+        """The logprobs of tokens just appended to the output (only as many as were kept)."""
+        if self.logprobs is not None:
+            self.token_logprobs += values
+            self.top_logprobs += [t[: self.logprobs] for t in top]
+            self.top_logprob_ids += [i[: self.logprobs] for i in ids]
+
+    def cut_logprobs(self) -> None:
+        """Drop the logprobs of tokens a stop string cut away."""
+        n = len(self.output)
+        del self.token_logprobs[n:], self.top_logprobs[n:], self.top_logprob_ids[n:]
 
     def to_result(self, reason: str, completion: str, prompt: str) -> Result:
         forwards = len(self.accepted_per_round)
@@ -58,7 +78,13 @@ class Slot:
             accepted_per_round=list(self.accepted_per_round), drafts_per_round=list(self.drafts_per_round),
             tree_per_round=list(self.tree_per_round),
             latency_s=time.perf_counter() - self.started,
-            extra=dict(request.extra),
+            extra=dict(request.extra), sample_index=request.sample_index, stop_reason=self.stop_reason,
+            logprobs=list(self.token_logprobs) if self.logprobs is not None else None,
+            top_logprobs=list(self.top_logprobs) if self.logprobs is not None else None,
+            top_logprob_ids=list(self.top_logprob_ids) if self.logprobs is not None else None,
+            prompt_logprobs=self.prompt_logprobs[0] if self.prompt_logprobs else None,
+            prompt_top_logprobs=self.prompt_logprobs[1] if self.prompt_logprobs else None,
+            prompt_top_logprob_ids=self.prompt_logprobs[2] if self.prompt_logprobs else None,
         )
 
 
@@ -77,10 +103,12 @@ class SlotTable:
     def active(self) -> list[int]:
         return [s for s, record in enumerate(self.records) if record is not None]
 
-    def occupy(self, slot: int, request: Request, prompt_ids: list[int]) -> Slot:
+    def occupy(self, slot: int, request: Request, prompt_ids: list[int], *, max_new_tokens: int,
+               stop: tuple[str, ...], logprobs: int | None) -> Slot:
         # The prefill is the request's first target forward; it drafts nothing, so it accepts 0. Its first
         # token is counted in `length` now and appended to the output when it reaches the host.
         record = Slot(request=request, prompt_ids=prompt_ids, length=len(prompt_ids) + 1, started=time.perf_counter(),
+                      max_new_tokens=max_new_tokens, stop=stop, logprobs=logprobs,
                       accepted_per_round=[0], drafts_per_round=[0], tree_per_round=[""])
         self.records[slot] = record
         return record
@@ -95,28 +123,33 @@ class SlotState:
     length), noise_keys [B] each request's key for counter-based noise, busy [B] which slots run a
     request, presence [B, V] (only with a repetition penalty) whether each token occurs in the sequence."""
 
-    def __init__(self, num_slots: int, capacity: int, vocab_size: int, device: torch.device, *, seed: int,
+    def __init__(self, num_slots: int, capacity: int, vocab_size: int, device: torch.device, *,
                  track_presence: bool):
-        self.seed, self.device = seed, device
+        self.device = device
         self.tokens = torch.zeros(num_slots, capacity, dtype=torch.long, device=device)
         self.noise_keys = torch.zeros(num_slots, dtype=torch.long, device=device)
         self.busy = torch.zeros(num_slots, dtype=torch.bool, device=device)
         self.presence = (torch.zeros(num_slots, vocab_size, dtype=torch.bool, device=device)
                          if track_presence else None)
+        self.sampling = RowSampling.zeros(num_slots, device)  # each slot's transforms (sampling.py)
         self._prompts = HostBuffer((num_slots, capacity), device)
         self._seats = HostBuffer((3, num_slots), device)  # slot, prompt length, noise key of each new row
+        self._rows = HostBuffer((len(RowSampling.FIELDS), num_slots), device, dtype=torch.float64)
 
-    def seat(self, slots: list[int], requests: list[Request], prompts: list[list[int]]) -> None:
-        """New requests take `slots`: their prompts fill the slots' sequences (two copies and a few ops
-        for the whole admission, whatever its size)."""
+    def seat(self, slots: list[int], prompts: list[list[int]], keys: list[int], sampling: list[tuple]) -> None:
+        """New requests take `slots`: their prompts fill the slots' sequences, keys [n] are their noise keys,
+        sampling [n] their RowSampling.values (a few copies and ops per admission, whatever its size)."""
         width = max(len(p) for p in prompts)
         ids = self._prompts.put([p + [0] * (width - len(p)) for p in prompts])  # [n, W]
-        seats = self._seats.put([slots, [len(p) for p in prompts],
-                                 [request_key(self.seed, r.id) for r in requests]])
+        seats = self._seats.put([slots, [len(p) for p in prompts], keys])
         rows = seats[0]
         self.tokens[rows, :width] = ids
         self.noise_keys[rows] = seats[2]
         self.busy[rows] = True
+        values = self._rows.put([list(column) for column in zip(*sampling)])  # [fields, n]
+        for name, column in zip(RowSampling.FIELDS, values):
+            target = getattr(self.sampling, name)
+            target[rows] = column.to(target.dtype)
         if self.presence is not None:
             inside = torch.arange(width, device=self.device)[None, :] < seats[1][:, None]
             seen = torch.zeros(len(slots), self.presence.shape[1], dtype=torch.int32, device=self.device)

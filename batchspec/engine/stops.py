@@ -17,16 +17,16 @@ from .slots import Slot
 
 
 class StopRules:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, eos_token_ids: Iterable[int], stop: Iterable[str],
-                 max_new_tokens: int, max_seq_len: int, device: torch.device):
+    """EOS ids and max_seq_len for every request; stop strings and max_new_tokens per request (the Slot's
+    own). keep_stop: the completion text keeps the stop string that ended it (it is cut before it
+    otherwise); the token ids always end with the tokens that produced it."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, eos_token_ids: Iterable[int], max_seq_len: int,
+                 device: torch.device, keep_stop: bool = False):
         self.tokenizer = tokenizer
         self.eos_ids = set(eos_token_ids)
         self.eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=device)
-        self.stop = tuple(s for s in stop if s)
-        self.max_new_tokens, self.max_seq_len = max_new_tokens, max_seq_len
-        # A stop string of L characters spans at most 4L byte-level tokens, not counting special tokens
-        # (they decode to nothing): a round only decodes its new tokens and this many before them.
-        self.stop_window = 4 * max(map(len, self.stop), default=0) + 8
+        self.max_seq_len, self.keep_stop = max_seq_len, keep_stop
         self.special_ids = set(tokenizer.all_special_ids)
 
     def cut_at_eos(self, tokens: torch.Tensor, num_accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,44 +41,50 @@ class StopRules:
 
     def finish_reason(self, slot: Slot, hit_eos: bool, hit_stop: bool) -> str | None:
         """Why `slot` is done after its latest tokens (None: it is not): an EOS or a stop string among
-        them (see `cut_at_stop`), or a length limit."""
-        if hit_eos or hit_stop:
+        them (see `cut_at_stop`; the slot's stop_reason says which), or a length limit."""
+        if hit_eos:
+            slot.stop_reason = slot.output[-1]
             return FINISH_STOP
-        if len(slot.output) >= self.max_new_tokens or slot.length >= self.max_seq_len:
+        if hit_stop:
+            return FINISH_STOP
+        if len(slot.output) >= slot.max_new_tokens or slot.length >= self.max_seq_len:
             return FINISH_LENGTH
         return None
 
     def cut_at_stop(self, slot: Slot, num_new: int) -> bool:
-        """Whether the output contains a stop string once its last `num_new` tokens are added; if so the
-        output (and the slot's length) is cut to the tokens that produced it."""
-        return bool(self.stop) and self._cut_at_stop(slot, num_new)
+        """Whether the output contains one of the slot's stop strings once its last `num_new` tokens are
+        added; if so the output (and the slot's length) is cut to the tokens that produced it, and the
+        slot's stop_reason is the stop string."""
+        return bool(slot.stop) and self._cut_at_stop(slot, num_new)
 
     def _cut_at_stop(self, slot: Slot, num_new: int) -> bool:
-        """If the decoded output contains a stop string, keep the shortest token prefix whose text
-        contains it and return True.
-
-        Earlier rounds found no stop string, so a new one must end in this round's `num_new` tokens:
-        decoding only the tail keeps a long completion from costing a full decode every round.
-        """
-        output, start, need = slot.output, len(slot.output), num_new + self.stop_window
+        """Earlier rounds found no stop string, so a new one must end in this round's `num_new` tokens:
+        decoding only the tail keeps a long completion from costing a full decode every round. A stop
+        string of L characters spans at most 4L byte-level tokens, not counting special tokens (they decode
+        to nothing)."""
+        output, start = slot.output, len(slot.output)
+        need = num_new + 4 * max(map(len, slot.stop)) + 8
         while start > 0 and need > 0:
             start -= 1
             need -= output[start] not in self.special_ids
         tail = self.tokenizer.decode(output[start:], skip_special_tokens=True)
-        if not any(s in tail for s in self.stop):
+        if not any(s in tail for s in slot.stop):
             return False
         for n in range(len(output) - num_new + 1, len(output) + 1):  # shorter prefixes had no stop
-            if any(s in self.tokenizer.decode(output[:n], skip_special_tokens=True) for s in self.stop):
+            text = self.tokenizer.decode(output[:n], skip_special_tokens=True)
+            found = [s for s in slot.stop if s in text]
+            if found:
+                slot.stop_reason = min(found, key=text.find)
                 slot.length -= len(output) - n
                 del output[n:]
                 return True
         return True
 
     def completion(self, slot: Slot, reason: str) -> str:
-        """The output's text, special tokens skipped, cut before a stop string that ended it."""
+        """The output's text, special tokens skipped, cut before the stop string that ended it (after it,
+        with keep_stop)."""
         text = self.tokenizer.decode(slot.output, skip_special_tokens=True)
-        if reason == FINISH_STOP and self.stop:
-            cut = [text.find(s) for s in self.stop if s in text]
-            if cut:
-                text = text[: min(cut)]
+        if reason == FINISH_STOP and isinstance(slot.stop_reason, str) and slot.stop_reason in text:
+            at = text.find(slot.stop_reason)
+            text = text[: at + len(slot.stop_reason)] if self.keep_stop else text[:at]
         return text

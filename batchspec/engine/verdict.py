@@ -13,8 +13,8 @@ import torch
 
 from .round import Draft
 from .sampling import (
-    STREAM_ACCEPT, STREAM_RESAMPLE, SamplingParams, coupled_tokens, growing_presence, to_probs, uniforms,
-    verify_greedy, verify_sampling,
+    STREAM_ACCEPT, STREAM_RESAMPLE, RowSampling, SamplingParams, choose, growing_presence, logprobs_at, probs_of,
+    scores, uniforms, verify_greedy, verify_sampling,
 )
 from .stops import StopRules
 from .tree import TreeShape, follow, follow_rejection, node_noise
@@ -33,12 +33,21 @@ class RoundOutcome:
     pending: list[int]  # the token each row fed first (the one drawn at admission, for a new row)
     last_node: list[int] | None = None  # a tree round: the verify position of each row's deepest accepted node
     depth: list[int] | None = None  # a tree round: the depth of each row's deepest node (its draft positions)
+    logprobs: list[list[list[float]]] | None = None  # per row, per emitted token: [logprob, k best, their ids]
+    pending_logprobs: list[list[float]] | None = None  # per row: the same for the token fed first
 
     @classmethod
-    def unpack(cls, packed: list[list[int]], tree: bool) -> "RoundOutcome":
-        """Rows of `Verdict.pack` (read to the host) -> the outcome."""
+    def unpack(cls, packed: list[list[int]], tree: bool, logprobs: list[list[float]] | None = None,
+               k: int = 0) -> "RoundOutcome":
+        """Rows of `Verdict.pack` and of its logprobs buffer (read to the host) -> the outcome."""
         f = PACKED_FIELDS
+        blocks = None
+        if logprobs is not None:
+            size = 1 + 2 * k
+            blocks = [[row[j : j + size] for j in range(0, len(row), size)] for row in logprobs]
         return cls(
+            logprobs=[b[1 : 1 + row[0]] for b, row in zip(blocks, packed)] if blocks else None,
+            pending_logprobs=[b[0] for b in blocks] if blocks else None,
             emitted=[row[f : f + row[0]] for row in packed],
             num_accepted=[row[1] for row in packed],
             hit_eos=[bool(row[2]) for row in packed],
@@ -63,6 +72,15 @@ class Verdict:
     num_drafts: torch.Tensor
     path: torch.Tensor | None = None  # [b, T] a tree round's accepted path (verify positions from the root)
     depth: torch.Tensor | None = None  # [b] a tree round: the depth of each row's deepest valid node
+    scores: torch.Tensor | None = None  # [b, T, V] the scores each position's token was chosen from
+
+    def logprobs(self, k: int) -> torch.Tensor:
+        """[b, E, 1 + 2k]: the emitted tokens' log-probabilities (and the k best), position by position
+        (E = tokens' width; a tree's tokens were decided at the positions along its path)."""
+        s = self.scores
+        if self.path is not None:
+            s = s.gather(1, self.path[:, :, None].expand(-1, -1, s.shape[-1]))
+        return logprobs_at(s, self.tokens, k)
 
     def pack(self, out: torch.Tensor, pending: torch.Tensor) -> None:
         """Everything the host needs from the round into out [b, PACKED_FIELDS + T] (one copy to the host
@@ -76,29 +94,29 @@ class Verdict:
 
 def decide(logits: torch.Tensor, draft: Draft, *, sampling: SamplingParams, stops: StopRules,
            lengths: torch.Tensor, presence: torch.Tensor | None, noise_keys: torch.Tensor,
-           gumbel: torch.Tensor | None = None) -> Verdict:
+           gumbel: torch.Tensor | None = None, rows: RowSampling | None = None) -> Verdict:
     """logits [b, T, V]: the target after [pending token, d_1 .. d_{T-1}] of each row; lengths [b]: each
     row's sequence length L, so position t of the pass decides sequence position L + t; presence [b, V]
     (repetition penalty) and noise_keys [b] of the rows; gumbel [b, >= T, V] the coupled noise of
-    positions L .. (coupled sampling only).
+    positions L .. (coupled sampling only); rows: each row's sampling transforms (None: the job's).
 
     Greedy and coupled sampling decide alike: the target's own token at every position (its argmax, or
     argmax(s + G)), and a draft is accepted iff it equals that token."""
     drafts, num_drafts = draft.tokens, draft.num_tokens
     width = logits.shape[1]
     grown = growing_presence(presence, drafts, width) if presence is not None else None
+    s = scores(logits, sampling, grown, rows)
     if sampling.greedy or sampling.coupled:
-        noise = gumbel[:, :width] if gumbel is not None else None
-        target = coupled_tokens(logits, sampling, grown, noise)
+        target = choose(s, gumbel[:, :width] if gumbel is not None else None, rows)
         tokens, num_accepted = verify_greedy(target, drafts, num_drafts)
     else:
-        p = to_probs(logits, sampling, grown)
+        p = probs_of(s, rows)
         positions = lengths[:, None] + torch.arange(width, device=logits.device)  # position each token decides
         u_accept = uniforms(noise_keys, positions[:, :-1], STREAM_ACCEPT)
         u_resample = uniforms(noise_keys, positions, STREAM_RESAMPLE)
         tokens, num_accepted = verify_sampling(p, drafts, num_drafts, draft.probs, u_accept, u_resample)
     num_emit, hit_eos = stops.cut_at_eos(tokens, num_accepted)
-    return Verdict(tokens, num_accepted, num_emit, hit_eos, num_drafts)
+    return Verdict(tokens, num_accepted, num_emit, hit_eos, num_drafts, scores=s)
 
 
 def tree_presence(base: torch.Tensor, drafts: torch.Tensor, shape: TreeShape) -> torch.Tensor:
@@ -113,18 +131,19 @@ def tree_presence(base: torch.Tensor, drafts: torch.Tensor, shape: TreeShape) ->
 
 def decide_tree(logits: torch.Tensor, draft: Draft, shape: TreeShape, *, sampling: SamplingParams,
                 stops: StopRules, lengths: torch.Tensor, presence: torch.Tensor | None, noise_keys: torch.Tensor,
-                gumbel: torch.Tensor | None = None) -> Verdict:
+                gumbel: torch.Tensor | None = None, rows: RowSampling | None = None) -> Verdict:
     """decide() for a tree round: logits [b, N + 1, V] after the root and every node (tree.py).
     Greedy and coupled sampling follow the child equal to the target's own token (coupled: with the
     noise of the position each query decides, L + its depth); rejection sampling runs the multi-draft
     verification with the children's q (drawn children) or one-hot q (deterministic children)."""
     drafts = draft.tokens
     grown = tree_presence(presence, drafts, shape) if presence is not None else None
+    s = scores(logits, sampling, grown, rows)
     if sampling.greedy or sampling.coupled:
         noise = node_noise(gumbel, shape.depth) if gumbel is not None else None
-        verdict = follow(coupled_tokens(logits, sampling, grown, noise), drafts, shape)
+        verdict = follow(choose(s, noise, rows), drafts, shape)
     else:
-        p = to_probs(logits, sampling, grown)
+        p = probs_of(s, rows)
         # One uniform per node: (its position, its rank among siblings) is unique on any path; cousins
         # may share one, but a round never decides two nodes of one depth.
         counter = (lengths[:, None] + shape.depth[:, 1:] - 1) * 1024 + shape.rank
@@ -135,4 +154,5 @@ def decide_tree(logits: torch.Tensor, draft: Draft, shape: TreeShape, *, samplin
                                    max_children=draft.spec.branching)
     num_emit, hit_eos = stops.cut_at_eos(verdict.tokens, verdict.num_accepted)
     depth = torch.where(shape.valid, shape.depth[:, 1:], 0).amax(dim=1)  # [b]: how deep each row's tree goes
-    return Verdict(verdict.tokens, verdict.num_accepted, num_emit, hit_eos, draft.num_tokens, verdict.chain_t, depth)
+    return Verdict(verdict.tokens, verdict.num_accepted, num_emit, hit_eos, draft.num_tokens, verdict.chain_t, depth,
+                   scores=s)

@@ -12,7 +12,7 @@ from ..graphs import StepGraphs
 from ..noise import STREAM_DRAFT, uniforms
 from ..round import Draft, Round, RoundBuffers, RoundShape
 from ..runner import ModelRunner
-from ..sampling import SamplingParams, sample, scores
+from ..sampling import RowSampling, SamplingParams, choose, probs_of, sample, scores
 from ..slots import SlotState
 from ..timing import median_seconds
 from .base import MODEL_POLICY, empty_draft
@@ -111,22 +111,25 @@ class ModelDrafter:
 
     # ---- proposing --------------------------------------------------------------------------------
 
-    def _choose(self, logits, i: int, lengths, keys, presence, gumbel, drafts, probs, branching: int = 0):
+    def _choose(self, logits, i: int, lengths, keys, presence, gumbel, drafts, probs, branching: int = 0,
+                rows: RowSampling | None = None):
         """Draft i from the draft's logits [b, V_draft] after the previous one: into drafts[:, i] (a chain) or
         level i's `branching` nodes drafts[:, i * B .. (i + 1) * B] (a tree: its spine first); under
         rejection sampling q into probs[:, i] (chain) or probs[:, the spine node above] (tree's q_at).
-        Returns the token fed next (the spine) [b]."""
-        s = scores(self._align(logits.float()), self.sampling, presence)
+        Returns the token fed next (the spine) [b]. rows: each row's sampling transforms (None: greedy)."""
+        s = scores(self._align(logits.float()), self.sampling, presence, rows)
         if self.sampling.greedy or self.sampling.coupled:
             noise = gumbel[:, i] if gumbel is not None else None
             if not branching:
-                token = (s if noise is None else s + noise).argmax(dim=-1)
+                token = choose(s, noise, rows)
                 drafts[:, i] = token
                 return token
+            if noise is not None and rows is not None:
+                noise = noise.masked_fill(rows.greedy[:, None], 0.0)
             level = (s if noise is None else s + noise).topk(branching, dim=-1).indices  # [b, B]: spine first
             drafts[:, i * branching : (i + 1) * branching] = level
             return level[:, 0]
-        q = torch.softmax(s, dim=-1)
+        q = probs_of(s, rows)
         if not branching:
             token = sample(q, uniforms(keys, (lengths + i)[:, None], STREAM_DRAFT)[:, 0])
             probs[:, i] = q
@@ -214,11 +217,12 @@ class ModelDrafter:
         state = round.state
         presence = state.presence[round.rows_t].clone() if state.presence is not None else None
         keys, drafts = state.noise_keys[round.rows_t], round.buffers.drafts[:b]
+        sampling = None if self.sampling.greedy else state.sampling[round.rows_t]
         gumbel = round.gumbel
         arange = torch.arange(b, device=self.device)
         for i in range(steps):
             token = self._choose(logits, i, lengths, keys, presence, gumbel, drafts,
-                                 probs[:b] if probs is not None else None, branching)
+                                 probs[:b] if probs is not None else None, branching, sampling)
             if presence is not None:
                 presence[arange, token] = True
             if i + 1 < steps:
@@ -256,7 +260,8 @@ class ModelDrafter:
             fed = (i - 1) * max(branching, 1)
             runner.lengths[:n_slots] = lengths + i - 1
             logits = runner.step_logits(seqs, drafts[:, fed : fed + 1], kv_len=kv_len)[:, -1]
-        token = self._choose(logits, i, lengths, state.noise_keys, self._presence, gumbel, drafts, probs, branching)
+        token = self._choose(logits, i, lengths, state.noise_keys, self._presence, gumbel, drafts, probs, branching,
+                             None if self.sampling.greedy else state.sampling)
         if self._presence is not None:
             self._presence[runner.slot_index, token] = True
 
