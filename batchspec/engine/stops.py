@@ -78,13 +78,15 @@ class StopRules:
                 slot.length -= len(output) - n
                 del output[n:]
                 return True
+        slot.stop_reason = next(s for s in slot.stop if s in tail)  # bytes joined only in the tail's decode
         return True
 
     def completion(self, slot: Slot, reason: str) -> str:
         """The output's text, special tokens skipped, cut before the stop string that ended it (after it,
         with keep_stop)."""
         text = self.tokenizer.decode(slot.output, skip_special_tokens=True)
-        if reason == FINISH_STOP and isinstance(slot.stop_reason, str) and slot.stop_reason in text:
-            at = text.find(slot.stop_reason)
-            text = text[: at + len(slot.stop_reason)] if self.keep_stop else text[:at]
+        found = [(text.find(s), s) for s in slot.stop if s in text] if reason == FINISH_STOP else []
+        if found:
+            at, stop = min(found)
+            text = text[: at + len(stop)] if self.keep_stop else text[:at]
         return text
