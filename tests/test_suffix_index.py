@@ -170,6 +170,34 @@ def test_a_running_request_sees_completions_that_finish_while_it_runs():
     assert idx.propose("slow", 4)[0] == [24]  # the match moved on: "21 22 23" -> 24
 
 
+def test_a_match_grows_when_a_new_completion_holds_a_longer_one():
+    idx = index(corpus_max_tokens=1000)
+    idx.add_corpus([[3, 4, 5, 6]])
+    idx.start("r", [0, 1, 2, 3, 4])
+    assert idx.draft("r", 8).match_len == 2  # "3 4" -> 5 6
+    idx.add_corpus([[7, 8, 9]])  # holds no n-gram of the request's tail: the match stands
+    assert idx.draft("r", 8).tokens == [5, 6]
+    idx.add_corpus([[2, 3, 4, 10, 11, 12]])  # "2 3 4" (m = 3) -> 10 11 12, found by re-matching
+    draft = idx.draft("r", 8)
+    assert (draft.tokens, draft.match_len) == ([10, 11, 12], 3)
+    many = [[7, 8, 9]] * 20 + [[1, 2, 3, 4, 13, 14, 15, 16]]  # more strings than the n-grams kept
+    idx.add_corpus(many)
+    draft = idx.draft("r", 8)
+    assert (draft.tokens, draft.match_len) == ([13, 14, 15, 16], 4)
+
+
+def test_a_kept_match_follows_a_split_state():
+    # The corpus "5 1 2" puts "1" and "5 1" in one state (same occurrences). The request's "9 1" matches
+    # "1" (m = 1). A new string "1 3" holds no "9 1" (the match stands) but splits "1" from "5 1": the
+    # match must move with "1", whose continuations are now 2 and 3 (1/2 each, 3 the more recent).
+    idx = index(corpus_max_tokens=1000)
+    idx.add_corpus([[5, 1, 2]])
+    idx.start("r", [9, 1])
+    assert idx.propose("r", 4) == ([2], [1.0])
+    idx.add_corpus([[1, 3]])
+    assert idx.propose("r", 4) == ([3], [0.5])
+
+
 def test_add_corpus_seeds_a_warm_start():
     idx = index(corpus_max_tokens=1000)
     idx.add_corpus([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]])
@@ -356,6 +384,9 @@ def test_proposals_match_the_reference(seed):
         step = [rng.randrange(alphabet) for _ in range(rng.randint(1, 3))]
         idx.extend("r", step)
         own += step
+        if rng.random() < 0.3:  # another row finished: the request's corpus match must catch up
+            corpus.append([rng.randrange(alphabet) for _ in range(rng.randint(1, 12))])
+            idx.add_corpus(corpus[-1:])
 
 
 # ---- trees are valid ---------------------------------------------------------------------------------
@@ -401,3 +432,4 @@ def test_proposals_are_deterministic():
         return out
 
     assert run() == run()
+

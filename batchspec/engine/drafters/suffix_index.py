@@ -48,6 +48,7 @@ tokens of standard-library code).
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Iterator, Sequence
 
@@ -55,7 +56,8 @@ ROOT = 0  # the state of the empty string
 # Scores closer than this are a tie (float sums of the same probabilities in another order differ in
 # the last bits); with candidates pruned once their bound is <= the best score, nothing pruned could win.
 _SCORE_TIE = 1e-9
-_RANK_CACHE_MIN = 8  # cache the ranked children of states with at least this many (re-sorting them is the cost)
+_RANK_CACHE_MIN = 8
+_RECENT = 16  # strings per segment whose n-grams are kept to spare requests a full re-match  # cache the ranked children of states with at least this many (re-sorting them is the cost)
 
 
 class SuffixAutomaton:
@@ -208,6 +210,14 @@ class SuffixAutomaton:
             state = link[state]
             matched = length[state]
 
+    def normalize(self, state: int, matched: int) -> int:
+        """The state that holds the string of length `matched` that `state` held before the automaton grew
+        (a split moves a state's shorter strings to a clone, its suffix link)."""
+        link, length = self.link, self.length
+        while state != ROOT and matched <= length[link[state]]:
+            state = link[state]
+        return state
+
     def match(self, tokens: Sequence[int], cap: int) -> tuple[int, int]:
         """The state and length of the longest suffix of `tokens` (at most `cap` of them) that occurs."""
         state, matched = ROOT, 0
@@ -288,11 +298,14 @@ class SuffixDraft:
 
 @dataclass(slots=True)
 class _Segment:
-    """One automaton of the job-wide structure."""
+    """One automaton of the job-wide structure, and the short n-grams of the strings added last."""
 
     serial: int  # segments are numbered in creation order; requests key their matches by it
     automaton: SuffixAutomaton
     tokens: int = 0
+    # The 1-, 2- and 3-grams of each of the last _RECENT strings added (oldest first): a request whose
+    # match predates them redoes it only if its tail could match further in one of them.
+    recent: deque = field(default_factory=lambda: deque(maxlen=_RECENT))
 
 
 @dataclass(slots=True)
@@ -437,14 +450,30 @@ class SuffixIndex:
         segment = self._segments[-1]
         segment.automaton.add_string(tokens)
         segment.tokens += len(tokens)
+        segment.recent.append({tuple(tokens[i:i + n]) for n in (1, 2, 3) for i in range(len(tokens) - n + 1)})
 
     def _corpus_match(self, request: _Request, segment: _Segment) -> _Match:
-        """The request's match in `segment`, redone from its last max_match tokens if the segment grew."""
+        """The request's longest recent suffix in `segment`, brought up to date if the segment grew.
+
+        Strings added since the match can only make it longer, and only by an occurrence inside one of
+        them of the request's last m + 1 tokens (m: the old match), hence of its last min(m + 1, 3): when
+        none of the new strings holds that n-gram the old match stands (its state possibly split:
+        `normalize`); otherwise it is redone from the request's last max_match tokens."""
+        automaton = segment.automaton
         match = request.corpus.get(segment.serial)
-        version = segment.automaton.num_strings
-        if match is None or match.version != version:
-            state, length = segment.automaton.match(request.tokens, self.max_match)
-            match = request.corpus[segment.serial] = _Match(state, length, version)
+        version = automaton.num_strings
+        if match is not None and match.version == version:
+            return match
+        tokens = request.tokens
+        if match is not None and version - match.version <= len(segment.recent):
+            n = min(match.length + 1, 3)
+            tail = tuple(tokens[len(tokens) - n:])
+            if n > len(tokens) or not any(tail in grams for grams in list(segment.recent)[match.version - version:]):
+                match.state = automaton.normalize(match.state, match.length)
+                match.version = version
+                return match
+        state, length = automaton.match(tokens, self.max_match)
+        match = request.corpus[segment.serial] = _Match(state, length, version)
         return match
 
     # ---- proposals --------------------------------------------------------------------------------
@@ -512,8 +541,7 @@ class SuffixIndex:
         automaton = request.automaton
         state, matched = request.state, request.matched
         link, length, count = automaton.link, automaton.length, automaton.count
-        while state != ROOT and matched <= length[link[state]]:  # a split may have moved the shorter strings
-            state = link[state]
+        state = automaton.normalize(state, matched)
         while state != ROOT and count[state] < 2:
             state = link[state]
             matched = length[state]
