@@ -5,8 +5,10 @@ corpus seeding and tree validity."""
 from __future__ import annotations
 
 import heapq
+import importlib.util
 import random
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -433,3 +435,16 @@ def test_proposals_are_deterministic():
 
     assert run() == run()
 
+
+def test_templated_workload_is_the_builders_output():
+    """batchspec/assets/demo/templated.parquet is what tools/build_templated.py makes (no randomness)."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("build_templated", root / "tools" / "build_templated.py")
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    shipped = pq.read_table(root / "batchspec" / "assets" / "demo" / "templated.parquet")
+    assert shipped.equals(builder.build(60))
+    prompts = shipped.column("prompt").to_pylist()
+    assert len(set(prompts)) == len(prompts) == 300
+    assert shipped.column("id").to_pylist()[:2] == ["templated-0000", "templated-0001"]
