@@ -56,6 +56,11 @@ CHAIN_CASES = [
     ("max_spec", [1, 2, 3, 9, 1, 2, 3], {"max_spec": 1}, 8, [9], [1.0], 3),
     # ... and max_match 2 matches "2 3" (the same occurrences as "1 2 3"): 2 deep.
     ("max_match", [1, 2, 3, 9, 1, 2, 3], {"max_match": 2}, 8, [9, 1], [1.0, 1.0], 2),
+    # prior_count 1: one occurrence gives 1 / (1 + 1) per step: 1/2, 1/4, 1/8 ...
+    ("prior_count", [1, 2, 3, 9, 1, 2, 3], {"prior_count": 1.0}, 8, [9, 1, 2], [0.5, 0.25, 0.125], 3),
+    # ... and min_token_prob stops the chain under it.
+    ("prior_count_floor", [1, 2, 3, 9, 1, 2, 3], {"prior_count": 1.0, "min_token_prob": 0.2}, 8, [9, 1],
+     [0.5, 0.25], 3),
     # "1 2" -> 3, 4, 5 once each (1/3): under min_token_prob 0.4 nothing is proposed ...
     ("min_token_prob_stops", [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2], {"min_token_prob": 0.4}, 4, [], [], 0),
     # ... under 0.3 the most recent (5), then "1 2 5" -> 1 (1/3 * 1).
@@ -254,7 +259,7 @@ def test_api_errors():
         with pytest.raises(KeyError):
             call()
     for bad in ({"max_match": 0}, {"max_spec": 0}, {"corpus_segments": 0}, {"corpus_max_tokens": -1},
-                {"min_token_prob": 1.5}, {"prompt_context": -1}):
+                {"min_token_prob": 1.5}, {"prompt_context": -1}, {"prior_count": -1.0}):
         with pytest.raises(ValueError):
             SuffixIndex(**bad)
     assert idx.propose("r", 0) == ([], [])
@@ -303,7 +308,7 @@ def test_automaton_counts_match_brute_force(seed):
 
 # ---- the proposal rules against a brute-force reference ---------------------------------------------
 
-def reference(own, corpus, *, max_depth, max_nodes, max_match, max_spec, factor, offset, min_prob):
+def reference(own, corpus, *, max_depth, max_nodes, max_match, max_spec, factor, offset, min_prob, prior):
     """The documented rules, on token lists: every suffix of at most max_match tokens, longest first, in
     the request's tokens, then the corpus (one string each); a better score (by more than 1e-9) replaces."""
     sources = [("request", [own])]
@@ -327,7 +332,7 @@ def reference(own, corpus, *, max_depth, max_nodes, max_match, max_spec, factor,
                         c = seq[j + len(path)]
                         n, recent = stats.get(c, (0, -1))
                         stats[c] = (n + 1, max(recent, offsets[s] + j + len(path)))
-                den = sum(n for n, _ in stats.values())
+                den = sum(n for n, _ in stats.values()) + prior
                 order = sorted(stats.items(), key=lambda kv: kv[1], reverse=True)
                 return [(c, n / den) for c, (n, _) in order]
 
@@ -367,12 +372,14 @@ def reference(own, corpus, *, max_depth, max_nodes, max_match, max_spec, factor,
 def test_proposals_match_the_reference(seed):
     rng = random.Random(100 + seed)
     settings = dict(max_match=rng.randint(1, 6), max_spec=rng.randint(1, 6), factor=rng.choice([0.5, 1.0, 2.0]),
-                    offset=rng.choice([0.0, 1.0, -1.0]), min_prob=rng.choice([0.0, 0.1, 0.3]))
+                    offset=rng.choice([0.0, 1.0, -1.0]), min_prob=rng.choice([0.0, 0.1, 0.3]),
+                    prior=rng.choice([0.0, 0.0, 1.0]))
     alphabet = rng.choice([2, 3, 5])
     corpus = [[rng.randrange(alphabet) for _ in range(rng.randint(1, 25))] for _ in range(rng.randint(0, 4))]
     idx = SuffixIndex(max_match=settings["max_match"], max_spec=settings["max_spec"],
                       spec_factor=settings["factor"], spec_offset=settings["offset"],
-                      min_token_prob=settings["min_prob"], corpus_max_tokens=10_000, corpus_segments=1)
+                      min_token_prob=settings["min_prob"], prior_count=settings["prior"],
+                      corpus_max_tokens=10_000, corpus_segments=1)
     idx.add_corpus(corpus)
     own = [rng.randrange(alphabet) for _ in range(rng.randint(0, 5))]
     idx.start("r", own)
