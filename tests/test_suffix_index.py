@@ -205,6 +205,21 @@ def test_a_kept_match_follows_a_split_state():
     assert idx.propose("r", 4) == ([3], [0.5])
 
 
+def test_rankings_of_many_children_follow_new_counts():
+    # "0" is followed by 1..10 once each and 5 once more: 5 leads (2/11). Two more "0 9" make 9 lead
+    # (3/13): a state with this many children keeps its ranking cached, and the cache must notice.
+    idx = index(corpus_max_tokens=1000, min_token_prob=0.0)
+    idx.add_corpus([[0, i, 100] for i in range(1, 11)] + [[0, 5, 100]])
+    idx.start("r", [7, 0])
+    tokens, probs = idx.propose("r", 1)
+    assert (tokens, probs) == ([5], [pytest.approx(2 / 11)])
+    idx.add_corpus([[0, 9, 100], [0, 9, 100]])
+    assert idx.propose("r", 1) == ([9], [pytest.approx(3 / 13)])
+    tokens, parents, probs = idx.propose_tree("r", 4, 1)
+    assert tokens == [9, 5, 10, 8]  # by count, then the most recent of those seen once (10, then 8)
+    assert probs == pytest.approx([3 / 13, 2 / 13, 1 / 13, 1 / 13])
+
+
 def test_add_corpus_seeds_a_warm_start():
     idx = index(corpus_max_tokens=1000)
     idx.add_corpus([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]])
@@ -369,13 +384,16 @@ def reference(own, corpus, *, max_depth, max_nodes, max_match, max_spec, factor,
 
 
 @pytest.mark.parametrize("seed", range(16))
-def test_proposals_match_the_reference(seed):
-    rng = random.Random(100 + seed)
+@pytest.mark.parametrize("wide", [False, True], ids=["small_alphabet", "wide_fanout"])
+def test_proposals_match_the_reference(seed, wide):
+    """wide: 12 tokens and long corpus strings, so that states have 8+ children (cached rankings)."""
+    rng = random.Random(100 + seed + 1000 * wide)
     settings = dict(max_match=rng.randint(1, 6), max_spec=rng.randint(1, 6), factor=rng.choice([0.5, 1.0, 2.0]),
                     offset=rng.choice([0.0, 1.0, -1.0]), min_prob=rng.choice([0.0, 0.1, 0.3]),
                     prior=rng.choice([0.0, 0.0, 1.0]))
-    alphabet = rng.choice([2, 3, 5])
-    corpus = [[rng.randrange(alphabet) for _ in range(rng.randint(1, 25))] for _ in range(rng.randint(0, 4))]
+    alphabet = 12 if wide else rng.choice([2, 3, 5])
+    corpus = [[rng.randrange(alphabet) for _ in range(rng.randint(1, 60 if wide else 25))]
+              for _ in range(rng.randint(4 if wide else 0, 8))]
     idx = SuffixIndex(max_match=settings["max_match"], max_spec=settings["max_spec"],
                       spec_factor=settings["factor"], spec_offset=settings["offset"],
                       min_token_prob=settings["min_prob"], prior_count=settings["prior"],

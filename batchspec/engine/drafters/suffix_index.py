@@ -57,8 +57,8 @@ ROOT = 0  # the state of the empty string
 # Scores closer than this are a tie (float sums of the same probabilities in another order differ in
 # the last bits); with candidates pruned once their bound is <= the best score, nothing pruned could win.
 _SCORE_TIE = 1e-9
-_RANK_CACHE_MIN = 8
-_RECENT = 16  # strings per segment whose n-grams are kept to spare requests a full re-match  # cache the ranked children of states with at least this many (re-sorting them is the cost)
+_RANK_CACHE_MIN = 8  # cache the ranked children of states with at least this many (re-sorting them is the cost)
+_RECENT = 16  # strings per segment whose n-grams are kept to spare requests a full re-match
 
 
 class SuffixAutomaton:
