@@ -408,10 +408,16 @@ def test_proposals_match_the_reference(seed, wide):
             got = (draft.tokens, draft.parents, draft.probs, draft.match_len, draft.source)
             assert got[:2] == want[:2] and got[3:] == want[3:], (own, got, want)
             assert got[2] == pytest.approx(want[2], rel=1e-12)
+        # Other rows finish (the request's corpus match must catch up) before or after it extends.
+        finished = rng.random() < 0.3
+        before = rng.random() < 0.5
+        if finished and before:
+            corpus.append([rng.randrange(alphabet) for _ in range(rng.randint(1, 12))])
+            idx.add_corpus(corpus[-1:])
         step = [rng.randrange(alphabet) for _ in range(rng.randint(1, 3))]
         idx.extend("r", step)
         own += step
-        if rng.random() < 0.3:  # another row finished: the request's corpus match must catch up
+        if finished and not before:
             corpus.append([rng.randrange(alphabet) for _ in range(rng.randint(1, 12))])
             idx.add_corpus(corpus[-1:])
 

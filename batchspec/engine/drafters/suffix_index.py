@@ -399,7 +399,8 @@ class SuffixIndex:
         """The request is done: drop its structure and (learn=True) add its completion to the job-wide
         one, after its last `prompt_context` prompt tokens. learn=False for rows that should not teach
         (an error, a cancelled row)."""
-        request = self._requests.pop(key)  # KeyError for an unknown key
+        request = self._request(key)
+        del self._requests[key]
         if learn:
             start = max(0, request.prompt_len - self.prompt_context)
             if len(request.tokens) > request.prompt_len:
@@ -418,13 +419,11 @@ class SuffixIndex:
 
     def _append(self, request: _Request, tokens: Sequence[int]) -> None:
         automaton, cap = request.automaton, self.max_match
-        # Corpus matches that are up to date move along (O(1) amortized per token); stale ones (their
-        # segment grew or was evicted since) are redone when the request next proposes.
-        moving = []
-        for segment in self._segments:
-            match = request.corpus.get(segment.serial)
-            if match is not None and match.version == segment.automaton.num_strings:
-                moving.append((match, segment.automaton.advance))
+        # The request's corpus matches move along with it (O(1) amortized per token), each first brought
+        # up to date with its segment if that grew since (a match must describe the tokens so far before
+        # it can advance). Segments it has no match in yet are matched when it next proposes.
+        moving = [(self._corpus_match(request, segment), segment.automaton.advance)
+                  for segment in self._segments if segment.serial in request.corpus]
         for token in tokens:
             token = int(token)
             request.tokens.append(token)
