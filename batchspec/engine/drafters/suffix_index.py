@@ -1,0 +1,614 @@
+"""Suffix decoding's index: what followed the current suffix, in this request and in the job so far.
+
+Suffix decoding (SuffixDecoding, NeurIPS 2025; Snowflake's ArcticInference; vLLM's `suffix` method)
+drafts without a model. It keeps a suffix structure over each running request's prompt + output and a
+job-wide one over the completions of finished requests, finds the longest recent suffix of the request
+that occurred before, and proposes what most often followed it: a chain, or a tree of the likeliest
+continuations, each token with its empirical probability. The longer the match, the more it may
+propose (`spec_factor * match_length + spec_offset`, as ArcticInference's max_spec_factor/offset), and
+tokens whose probability falls under `min_token_prob` are not proposed. The per-request and the
+job-wide structures are scored separately and the better draft wins, as in ArcticInference.
+
+This module is standalone (no torch, nothing else from the engine); a Drafter wraps it.
+
+Structure. ArcticInference keeps depth-bounded suffix trees that update O(depth) nodes per token. Here
+each structure is a suffix automaton (Blumer et al. 1985; the online "generalized" construction for
+several strings) whose states carry occurrence counts: appending a token costs O(1) amortized plus a
+walk over the distinct-frequency classes of the suffixes of at most `max_match + max_spec` tokens (the
+only ones ever read), which is a handful in ordinary text and at most that bound in degenerate text.
+A state is a set of substrings that occur at exactly the same end positions, so it has one
+continuation distribution; a state's transition on token c leads to the state of "that substring + c",
+whose count is how often c followed it.
+
+Probabilities. P(c | s) = count(s + c) / (occurrences of s followed by some token + prior_count, a
+pseudo-count for continuations not seen yet, 0 by default). Occurrences at the end of a string (the
+request's current end, or the end of a completion) are left out of the denominator: they had no
+continuation, which says nothing about which token comes next (ArcticInference counts them in, and so
+discounts every proposal after a suffix that also ends a string). A chain node's and a tree node's
+probability is the product along its path: the empirical probability of the whole continuation up to
+that node given the matched suffix.
+
+Determinism. Proposals depend only on the sequence of calls (start/extend/finish/add_corpus) that
+built the index. Ties are broken by fixed rules: siblings rank by count, then by the most recent
+occurrence (as the ngram drafter); a tree adds nodes by decreasing probability, then shallower first,
+then in the order they became candidates (parents in the order they were added, siblings by rank);
+the draft with the higher score (sum of probabilities) wins; ties (scores within 1e-9) go to the
+per-request structure, then to newer job-wide segments, and within one structure to the longer match.
+Probabilities are floats, each the product of the per-step ratios along its path in path order.
+
+Memory. The per-request structure holds its request's tokens (O(tokens) states) until `finish`. The
+job-wide structure holds at most `corpus_max_tokens` tokens in `corpus_segments` automata of
+`corpus_max_tokens // corpus_segments` tokens each: completions go into the newest; when it is full a
+new one starts, and when there are more than `corpus_segments` the oldest is dropped whole. So the
+oldest completions are evicted first, a segment at a time, and once full it keeps between
+(segments - 1) / segments of the bound (less one completion) and all of it. A suffix automaton has at
+most two states per token; in CPython that is about 0.5 KB per token kept (measured: 73 MB for 154k
+tokens of standard-library code).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Hashable, Iterable, Iterator, Sequence
+
+ROOT = 0  # the state of the empty string
+# Scores closer than this are a tie (float sums of the same probabilities in another order differ in
+# the last bits); with candidates pruned once their bound is <= the best score, nothing pruned could win.
+_SCORE_TIE = 1e-9
+_RANK_CACHE_MIN = 8  # cache the ranked children of states with at least this many (re-sorting them is the cost)
+_RECENT = 16  # strings per segment whose n-grams are kept to spare requests a full re-match
+
+
+class SuffixAutomaton:
+    """An online suffix automaton over several token strings, with occurrence counts.
+
+    Strings are added with `begin()`, `append(token)` per token, and `close()` (at most one is open).
+    `window` bounds the substrings whose statistics are kept exact: counts are updated only for states
+    holding a suffix of at most `window` tokens of the open string, so a reader must only visit
+    states reached from a suffix of at most `window` tokens by at most `window` tokens in total.
+
+    Per state s (parallel lists): length[s] the longest substring in s; link[s] its suffix link (the
+    state of the longest suffix of s's strings that occurs at more end positions); next[s] its
+    transitions {token: state}; count[s] the number of end positions (occurrences); ends[s] how many of
+    them end a closed string; last_end[s] the serial number of the most recent one (tokens are numbered
+    in the order they were appended, across strings).
+    """
+
+    def __init__(self, window: int):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = window
+        self.length: list[int] = [0]
+        self.link: list[int] = [-1]
+        self.next: list[dict[int, int]] = [{}]
+        self.count: list[int] = [0]
+        self.ends: list[int] = [0]
+        self.last_end: list[int] = [-1]
+        self.num_tokens = 0  # tokens appended, over all strings (the next token's serial number)
+        self.num_strings = 0  # strings begun: a version that changes whenever the automaton grows by a string
+        self._last = ROOT  # the state of the whole open string
+        self._win, self._win_len = ROOT, 0  # the state of the open string's last min(len, window) tokens
+        self._open_len = -1  # tokens in the open string; -1 when none is open
+        self._ranked: dict[int, tuple[int, list[tuple[int, int]]]] = {}  # state -> (denominator, ranking)
+
+    @property
+    def num_states(self) -> int:
+        return len(self.length)
+
+    # ---- building ---------------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Open a new string (closing the open one, if any)."""
+        if self._open_len >= 0:
+            self.close()
+        self._last, self._win, self._win_len, self._open_len = ROOT, ROOT, 0, 0
+        self.num_strings += 1
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        for token in tokens:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        """Append one token to the open string."""
+        if self._open_len < 0:
+            raise RuntimeError("append() needs an open string: call begin() first")
+        nxt, length, link = self.next, self.length, self.link
+        last = self._last
+        q = nxt[last].get(token)
+        if q is not None:
+            # The string so far + token already occurs (in an earlier string): reuse its state, or split
+            # off the part of it that ends here too (generalized construction).
+            cur = q if length[q] == length[last] + 1 else self._clone(last, q, token)
+        else:
+            cur = self._new_state(length[last] + 1)
+            p = last
+            while p != -1 and token not in nxt[p]:
+                nxt[p][token] = cur
+                p = link[p]
+            if p == -1:
+                link[cur] = ROOT
+            else:
+                q = nxt[p][token]
+                link[cur] = q if length[p] + 1 == length[q] else self._clone(p, q, token)
+        self._last = cur
+        self._open_len += 1
+        # The window state moves with the string; every state on its suffix-link chain gains this end
+        # position (states of longer suffixes are never read, so they are not counted).
+        self._win, self._win_len = self.advance(self._win, self._win_len, token, self.window)
+        serial = self.num_tokens
+        count, last_end = self.count, self.last_end
+        v = self._win
+        while v != ROOT:
+            count[v] += 1
+            last_end[v] = serial
+            v = link[v]
+        self.num_tokens += 1
+
+    def close(self) -> None:
+        """Close the open string: its end positions have no continuation (`ends`)."""
+        if self._open_len < 0:
+            return
+        ends, link = self.ends, self.link
+        v = self._win
+        while v != ROOT:
+            ends[v] += 1
+            v = link[v]
+        self._last, self._win, self._win_len, self._open_len = ROOT, ROOT, 0, -1
+
+    def add_string(self, tokens: Sequence[int]) -> None:
+        """Add a whole closed string."""
+        self.begin()
+        self.extend(tokens)
+        self.close()
+
+    def _new_state(self, length: int) -> int:
+        self.length.append(length)
+        self.link.append(ROOT)
+        self.next.append({})
+        self.count.append(0)
+        self.ends.append(0)
+        self.last_end.append(-1)
+        return len(self.length) - 1
+
+    def _clone(self, p: int, q: int, token: int) -> int:
+        """Split q: a clone takes q's strings up to length[p] + 1 (which now also end at the new position),
+        with q's transitions and statistics, and the transitions from p's suffix chain move to it."""
+        clone = self._new_state(self.length[p] + 1)
+        self.next[clone] = dict(self.next[q])
+        self.link[clone] = self.link[q]
+        self.count[clone] = self.count[q]
+        self.ends[clone] = self.ends[q]
+        self.last_end[clone] = self.last_end[q]
+        self.link[q] = clone
+        nxt, link = self.next, self.link
+        while p != -1 and nxt[p].get(token) == q:
+            nxt[p][token] = clone
+            p = link[p]
+        return clone
+
+    # ---- reading ----------------------------------------------------------------------------------
+
+    def advance(self, state: int, matched: int, token: int, cap: int) -> tuple[int, int]:
+        """Matching statistics, one token at a time: (state, matched) holds the last `matched` tokens of
+        some text (matched <= cap); return the same for text + token: the state and length of the longest
+        suffix of text + token, of at most `cap` tokens, that occurs in the automaton.
+
+        `state` may come from before the automaton grew: a split since then may have moved the shorter
+        strings of a state to a clone (its suffix link), and this first moves there."""
+        link, length, nxt = self.link, self.length, self.next
+        if matched >= cap:
+            matched = cap - 1  # drop the oldest token so that the match stays within cap
+        while state != ROOT and matched <= length[link[state]]:
+            state = link[state]
+        while True:
+            child = nxt[state].get(token)
+            if child is not None:
+                return child, matched + 1
+            if state == ROOT:
+                return ROOT, 0
+            state = link[state]
+            matched = length[state]
+
+    def normalize(self, state: int, matched: int) -> int:
+        """The state that holds the string of length `matched` that `state` held before the automaton grew
+        (a split moves a state's shorter strings to a clone, its suffix link)."""
+        link, length = self.link, self.length
+        while state != ROOT and matched <= length[link[state]]:
+            state = link[state]
+        return state
+
+    def match(self, tokens: Sequence[int], cap: int) -> tuple[int, int]:
+        """The state and length of the longest suffix of `tokens` (at most `cap` of them) that occurs."""
+        state, matched = ROOT, 0
+        for token in tokens[len(tokens) - cap:] if len(tokens) > cap else tokens:
+            state, matched = self.advance(state, matched, token, cap)
+        return state, matched
+
+    def followed(self, state: int) -> int:
+        """How many occurrences of `state`'s strings are followed by a token: the sum of its children's
+        counts, in O(1) (all occurrences, less those that end a closed string or the open one)."""
+        at_open_end = self._open_len > 0 and self.last_end[state] == self.num_tokens - 1
+        return self.count[state] - self.ends[state] - at_open_end
+
+    def ranked(self, state: int) -> list[tuple[int, int]]:
+        """`state`'s children as (token, child), most frequent first, ties: the most recently seen first.
+
+        Rankings of states with many children are cached, keyed by `followed(state)`: any change to a
+        child's count changes that sum, and counts only grow."""
+        children = self.next[state]
+        if len(children) < _RANK_CACHE_MIN:
+            count, last_end = self.count, self.last_end
+            return sorted(children.items(), key=lambda kv: (count[kv[1]], last_end[kv[1]]), reverse=True)
+        den = self.followed(state)
+        cached = self._ranked.get(state)
+        if cached is None or cached[0] != den:
+            count, last_end = self.count, self.last_end
+            ranking = sorted(children.items(), key=lambda kv: (count[kv[1]], last_end[kv[1]]), reverse=True)
+            cached = self._ranked[state] = (den, ranking)
+        return cached[1]
+
+    def top_child(self, state: int) -> tuple[int, int] | None:
+        """The first of `ranked(state)`, without sorting small fan-outs."""
+        children = self.next[state]
+        if len(children) <= 1:  # the common case: one continuation (or none)
+            for item in children.items():
+                return item
+            return None
+        if len(children) >= _RANK_CACHE_MIN:
+            return self.ranked(state)[0]
+        count, last_end = self.count, self.last_end
+        return max(children.items(), key=lambda kv: (count[kv[1]], last_end[kv[1]]))
+
+    def continuations(self, state: int, max_len: int) -> dict[tuple[int, ...], int]:
+        """Every continuation of `state`'s strings of 1..max_len tokens with its count (for tests and
+        inspection; proposals never enumerate all of them)."""
+        out: dict[tuple[int, ...], int] = {}
+        stack: list[tuple[int, tuple[int, ...]]] = [(state, ())]
+        while stack:
+            s, path = stack.pop()
+            if len(path) == max_len:
+                continue
+            for token, child in self.next[s].items():
+                out[path + (token,)] = self.count[child]
+                stack.append((child, path + (token,)))
+        return out
+
+
+@dataclass(slots=True)
+class SuffixDraft:
+    """A proposal: tokens with their parents (-1: a child of the root, i.e. follows the request's last
+    token; parents precede children; a chain is 0, 1, 2, ... - 1) and each node's probability given the
+    matched suffix (the product of the empirical probabilities along its path).
+
+    match_len: the length of the suffix it continues (0: no proposal); source: "request" or "corpus".
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    match_len: int = 0
+    source: str = ""
+
+    @property
+    def score(self) -> float:
+        """The sum of the nodes' probabilities: the expected number of accepted tokens if they are right."""
+        return sum(self.probs)
+
+
+@dataclass(slots=True)
+class _Segment:
+    """One automaton of the job-wide structure, and the short n-grams of the strings added last."""
+
+    serial: int  # segments are numbered in creation order; requests key their matches by it
+    automaton: SuffixAutomaton
+    tokens: int = 0
+    # The 1-, 2- and 3-grams of each of the last _RECENT strings added (oldest first): a request whose
+    # match predates them redoes it only if its tail could match further in one of them.
+    recent: deque = field(default_factory=lambda: deque(maxlen=_RECENT))
+
+
+@dataclass(slots=True)
+class _Match:
+    """A request's longest recent suffix in one job-wide segment, as of that segment's `version`."""
+
+    state: int
+    length: int
+    version: int
+
+
+@dataclass(slots=True)
+class _Request:
+    tokens: list[int]  # prompt + output so far
+    prompt_len: int
+    automaton: SuffixAutomaton
+    state: int = ROOT  # the state of the last min(len, max_match) tokens in its own automaton
+    matched: int = 0
+    corpus: dict[int, _Match] = field(default_factory=dict)  # segment serial -> match
+
+
+class SuffixIndex:
+    """Suffix decoding's proposals for many concurrent requests (keys) in one job.
+
+    Per request: `start(key, prompt_ids)`, then `extend(key, tokens)` with every emitted token,
+    `propose(key, max_tokens)` / `propose_tree(key, max_nodes, max_depth)` between them, and
+    `finish(key)` at the end, which adds the request's completion to the job-wide structure.
+    `add_corpus(token_lists)` seeds the job-wide structure with earlier outputs.
+
+    max_match: the longest suffix matched (tokens); max_spec: the deepest proposal. Statistics are kept
+        for patterns of up to max_match + max_spec tokens (cf. ArcticInference's max depth, 64).
+    spec_factor, spec_offset: a match of m tokens may propose floor(spec_factor * m + spec_offset) tokens
+        at most (ArcticInference's max_spec_factor / max_spec_offset).
+    min_token_prob: nodes with a lower probability are not proposed (ArcticInference's min_token_prob).
+    corpus_max_tokens: the job-wide structure's bound in tokens (0: no job-wide structure);
+        corpus_segments: how many automata it is split into (the granularity of eviction).
+    prompt_context: how many of a request's last prompt tokens are stored before its completion in the
+        job-wide structure, so that "end of prompt -> start of answer" is learned too (0: the completion
+        only, as ArcticInference).
+    prior_count: a pseudo-count added to every denominator, P(c | s) = count(s + c) / (followed(s) +
+        prior_count): the share left to continuations not seen yet. 0 is the plain empirical frequency
+        (ArcticInference's); with 0 a continuation seen once has probability 1, which on the demo target
+        is accepted about 60% of the time, while 1 brings probabilities close to acceptance rates
+        (tools/suffix_sim.py prints both calibrations) at the price of shorter drafts.
+    """
+
+    def __init__(self, *, max_match: int = 32, max_spec: int = 32, spec_factor: float = 1.0,
+                 spec_offset: float = 0.0, min_token_prob: float = 0.1, corpus_max_tokens: int = 200_000,
+                 corpus_segments: int = 4, prompt_context: int = 0, prior_count: float = 0.0):
+        if max_match < 1 or max_spec < 1:
+            raise ValueError(f"max_match and max_spec must be >= 1, got {max_match}, {max_spec}")
+        if corpus_max_tokens < 0 or corpus_segments < 1:
+            raise ValueError(f"corpus_max_tokens must be >= 0 and corpus_segments >= 1, got "
+                             f"{corpus_max_tokens}, {corpus_segments}")
+        if not 0.0 <= min_token_prob <= 1.0:
+            raise ValueError(f"min_token_prob must be in [0, 1], got {min_token_prob}")
+        if prompt_context < 0 or prior_count < 0:
+            raise ValueError(f"prompt_context and prior_count must be >= 0, got {prompt_context}, {prior_count}")
+        self.max_match, self.max_spec = max_match, max_spec
+        self.spec_factor, self.spec_offset = spec_factor, spec_offset
+        self.min_token_prob = min_token_prob
+        self.corpus_max_tokens, self.corpus_segments = corpus_max_tokens, corpus_segments
+        self.segment_tokens = corpus_max_tokens // corpus_segments  # one segment's bound
+        self.prompt_context, self.prior_count = prompt_context, prior_count
+        self.window = max_match + max_spec
+        self._requests: dict[Hashable, _Request] = {}
+        self._segments: list[_Segment] = []  # oldest first
+        self._next_serial = 0
+
+    # ---- requests ---------------------------------------------------------------------------------
+
+    @property
+    def active(self) -> list[Hashable]:
+        return list(self._requests)
+
+    def start(self, key: Hashable, prompt_ids: Sequence[int]) -> None:
+        """A new request: index its prompt."""
+        if key in self._requests:
+            raise ValueError(f"request {key!r} is already active")
+        request = _Request(tokens=[], prompt_len=len(prompt_ids), automaton=SuffixAutomaton(self.window))
+        request.automaton.begin()
+        self._requests[key] = request
+        self._append(request, prompt_ids)
+
+    def extend(self, key: Hashable, tokens: Sequence[int]) -> None:
+        """Tokens the request emitted (accepted drafts and the target's own token), in order."""
+        self._append(self._request(key), tokens)
+
+    def finish(self, key: Hashable, learn: bool = True) -> None:
+        """The request is done: drop its structure and (learn=True) add its completion to the job-wide
+        one, after its last `prompt_context` prompt tokens. learn=False for rows that should not teach
+        (an error, a cancelled row)."""
+        request = self._request(key)
+        del self._requests[key]
+        if learn:
+            start = max(0, request.prompt_len - self.prompt_context)
+            if len(request.tokens) > request.prompt_len:
+                self._add_to_corpus(request.tokens[start:])
+
+    def add_corpus(self, token_lists: Iterable[Sequence[int]]) -> None:
+        """Seed the job-wide structure with earlier outputs (oldest first), as if they had finished."""
+        for tokens in token_lists:
+            self._add_to_corpus(tokens)
+
+    def _request(self, key: Hashable) -> _Request:
+        try:
+            return self._requests[key]
+        except KeyError:
+            raise KeyError(f"request {key!r} is not active (start it first)") from None
+
+    def _append(self, request: _Request, tokens: Sequence[int]) -> None:
+        automaton, cap = request.automaton, self.max_match
+        # The request's corpus matches move along with it (O(1) amortized per token), each first brought
+        # up to date with its segment if that grew since (a match must describe the tokens so far before
+        # it can advance). Segments it has no match in yet are matched when it next proposes.
+        moving = [(self._corpus_match(request, segment), segment.automaton.advance)
+                  for segment in self._segments if segment.serial in request.corpus]
+        for token in tokens:
+            token = int(token)
+            request.tokens.append(token)
+            automaton.append(token)
+            request.state, request.matched = automaton.advance(request.state, request.matched, token, cap)
+            for match, advance in moving:
+                match.state, match.length = advance(match.state, match.length, token, cap)
+
+    # ---- the job-wide structure ------------------------------------------------------------------
+
+    @property
+    def corpus_tokens(self) -> int:
+        """Tokens held by the job-wide structure (at most corpus_max_tokens)."""
+        return sum(s.tokens for s in self._segments)
+
+    @property
+    def corpus_states(self) -> int:
+        return sum(s.automaton.num_states for s in self._segments)
+
+    def _add_to_corpus(self, tokens: Sequence[int]) -> None:
+        if self.segment_tokens == 0 or not tokens:
+            return
+        tokens = [int(t) for t in tokens[: self.segment_tokens]]  # longer than a segment: its beginning
+        if not self._segments or self._segments[-1].tokens + len(tokens) > self.segment_tokens:
+            self._segments.append(_Segment(self._next_serial, SuffixAutomaton(self.window)))
+            self._next_serial += 1
+            if len(self._segments) > self.corpus_segments:
+                self._segments.pop(0)  # evict the oldest completions
+        segment = self._segments[-1]
+        segment.automaton.add_string(tokens)
+        segment.tokens += len(tokens)
+        segment.recent.append({tuple(tokens[i:i + n]) for n in (1, 2, 3) for i in range(len(tokens) - n + 1)})
+
+    def _corpus_match(self, request: _Request, segment: _Segment) -> _Match:
+        """The request's longest recent suffix in `segment`, brought up to date if the segment grew.
+
+        Strings added since the match can only make it longer, and only by an occurrence inside one of
+        them of the request's last m + 1 tokens (m: the old match), hence of its last min(m + 1, 3): when
+        none of the new strings holds that n-gram the old match stands (its state possibly split:
+        `normalize`); otherwise it is redone from the request's last max_match tokens."""
+        automaton = segment.automaton
+        match = request.corpus.get(segment.serial)
+        version = automaton.num_strings
+        if match is not None and match.version == version:
+            return match
+        tokens = request.tokens
+        if match is not None and version - match.version <= len(segment.recent):
+            n = min(match.length + 1, 3)
+            tail = tuple(tokens[len(tokens) - n:])
+            if n > len(tokens) or not any(tail in grams for grams in list(segment.recent)[match.version - version:]):
+                match.state = automaton.normalize(match.state, match.length)
+                match.version = version
+                return match
+        state, length = automaton.match(tokens, self.max_match)
+        match = request.corpus[segment.serial] = _Match(state, length, version)
+        return match
+
+    # ---- proposals --------------------------------------------------------------------------------
+
+    def propose(self, key: Hashable, max_tokens: int) -> tuple[list[int], list[float]]:
+        """A chain of up to `max_tokens` tokens and their probabilities (see `draft`)."""
+        draft = self.draft(key, max_tokens)
+        return draft.tokens, draft.probs
+
+    def propose_tree(self, key: Hashable, max_nodes: int, max_depth: int) -> tuple[list[int], list[int], list[float]]:
+        """A tree of up to `max_nodes` nodes and `max_depth` levels: tokens, parents (-1: a child of the
+        root; parents precede children) and probabilities (see `draft`)."""
+        draft = self.draft(key, max_depth, max_nodes=max_nodes)
+        return draft.tokens, draft.parents, draft.probs
+
+    def draft(self, key: Hashable, max_depth: int, max_nodes: int | None = None) -> SuffixDraft:
+        """The best proposal for the request's current end: a chain (max_nodes None) of up to max_depth
+        tokens, or a tree of up to max_nodes nodes and max_depth levels.
+
+        Every suffix of the request's last max_match tokens that occurred before is a candidate, in the
+        request's own tokens and in each job-wide segment: a match of m tokens may go
+        min(max_depth, max_spec, floor(spec_factor * m + spec_offset)) tokens deep, following the most
+        frequent continuation (a chain) or the likeliest nodes best-first (a tree), while a node's
+        probability stays >= min_token_prob. The draft with the highest score wins; ties go to the
+        request's own tokens, then to newer segments, and within one structure to the longer match."""
+        request = self._request(key)
+        if max_depth <= 0 or (max_nodes is not None and max_nodes <= 0):
+            return SuffixDraft()
+        if len(request.corpus) > len(self._segments):  # forget matches in evicted segments
+            live = {s.serial for s in self._segments}
+            request.corpus = {k: v for k, v in request.corpus.items() if k in live}
+        best_score, best = 0.0, SuffixDraft()
+        # A match of m tokens may go floor(spec_factor * m + spec_offset) deep (the epsilon keeps 1.0 * m
+        # from rounding down), and never deeper than asked or than max_spec.
+        limit, factor, offset = min(max_depth, self.max_spec), self.spec_factor, self.spec_offset + 1e-9
+        for source, automaton, candidates in self._sources(request):
+            for state, matched in candidates:
+                depth = min(limit, int(factor * matched + offset))
+                if depth <= 0:
+                    break  # shorter matches may go no deeper
+                if min(depth, max_nodes or depth) <= best_score:
+                    break  # a score is at most one per level and one per node: none of these can win
+                if max_nodes is None:
+                    tokens, probs = self._chain_draft(automaton, state, depth)
+                    parents = list(range(-1, len(tokens) - 1))
+                else:
+                    tokens, parents, probs = self._tree_draft(automaton, state, depth, max_nodes)
+                score = sum(probs)
+                if score > best_score + _SCORE_TIE:
+                    best_score = score
+                    best = SuffixDraft(tokens, parents, probs, matched, source)
+        return best
+
+    def _sources(self, request: _Request) -> Iterator[tuple[str, SuffixAutomaton, Iterator[tuple[int, int]]]]:
+        """The structures in tie-break order, each with its candidate matches: the request's own tokens,
+        then the job-wide segments, newest first (matched lazily)."""
+        yield "request", request.automaton, self._own_candidates(request)
+        for segment in reversed(self._segments):
+            match = self._corpus_match(request, segment)
+            yield "corpus", segment.automaton, _chain(segment.automaton, match.state, match.length)
+
+    def _own_candidates(self, request: _Request) -> Iterator[tuple[int, int]]:
+        """Suffixes of the request's own tokens that occurred earlier in them, longest first: the current
+        end is one occurrence of every suffix, so skip the states seen only there (count 1)."""
+        automaton = request.automaton
+        state, matched = request.state, request.matched
+        link, length, count = automaton.link, automaton.length, automaton.count
+        state = automaton.normalize(state, matched)
+        while state != ROOT and count[state] < 2:
+            state = link[state]
+            matched = length[state]
+        return _chain(automaton, state, matched)
+
+    def _chain_draft(self, automaton: SuffixAutomaton, state: int, depth: int) -> tuple[list[int], list[float]]:
+        """Follow the most frequent continuation while its probability stays >= min_token_prob: tokens
+        and their probabilities."""
+        tokens: list[int] = []
+        probs: list[float] = []
+        prob, count, floor, prior = 1.0, automaton.count, self.min_token_prob, self.prior_count
+        while len(tokens) < depth:
+            den = automaton.followed(state)
+            top = automaton.top_child(state) if den > 0 else None
+            if top is None:
+                break
+            token, state = top
+            prob *= count[state] / (den + prior)
+            if prob < floor:
+                break
+            tokens.append(token)
+            probs.append(prob)
+        return tokens, probs
+
+    def _tree_draft(self, automaton: SuffixAutomaton, state: int, depth: int, max_nodes: int) -> tuple[list[int], list[int], list[float]]:
+        """Best-first: add the likeliest candidate node (ties: shallower, then the earlier candidate) until
+        max_nodes; a node's children become candidates if it is above `depth` and they are likely enough."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        probs: list[float] = []
+        heap: list[tuple[float, int, int, int, int, int]] = []  # (-prob, depth, order, token, state, parent)
+        order = 0
+
+        def push_children(state: int, prob: float, level: int, parent: int) -> None:
+            nonlocal order
+            den = automaton.followed(state)
+            if den <= 0:
+                return
+            den += self.prior_count
+            for token, child in automaton.ranked(state):
+                p = prob * (automaton.count[child] / den)  # as a chain: the product of per-step ratios
+                if p < self.min_token_prob:
+                    break  # ranked: the rest are rarer still
+                heapq.heappush(heap, (-p, level, order, token, child, parent))
+                order += 1
+
+        push_children(state, 1.0, 1, -1)
+        while heap and len(tokens) < max_nodes:
+            neg_p, level, _, token, child, parent = heapq.heappop(heap)
+            tokens.append(token)
+            parents.append(parent)
+            probs.append(-neg_p)
+            if level < depth:
+                push_children(child, -neg_p, level + 1, len(tokens) - 1)
+        return tokens, parents, probs
+
+
+def _chain(automaton: SuffixAutomaton, state: int, matched: int) -> Iterator[tuple[int, int]]:
+    """(state, match length) for the matched suffix and each shorter one with more occurrences, longest
+    first: the suffix-link chain, where each state stands for its longest string."""
+    link, length = automaton.link, automaton.length
+    while state != ROOT:
+        yield state, matched
+        state = link[state]
+        matched = length[state]
