@@ -25,6 +25,7 @@ from .engine.memory import estimate as memory_estimate
 from .engine.runner import kv_buckets, kv_capacity
 from .engine.sampling import SamplingParams
 from .types import TreeSpec
+from .corpus import load_corpus
 from .models import Models, load_models
 from .textcheck import text_problem
 from .types import Request, Result, RowParams
@@ -65,6 +66,8 @@ def build_generator(
     prompt_logprobs: int | None = None,
     max_logprobs: int | None = None,
     keep_stop: bool = False,
+    corpus: str | list[list[int]] | None = None,
+    corpus_max_tokens: int = 200_000,
     **sampling_fields,
 ) -> SpecBatchGenerator:
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
@@ -97,6 +100,9 @@ def build_generator(
     completion text keeps the stop string that ended it. Requests override the job's settings through
     Request.params (RowParams); sampling.varied must be set for them to set their own temperature etc.
 
+    corpus, corpus_max_tokens: the suffix drafter's warm start (a path load_corpus reads: an earlier
+    output folder, or Parquet/JSONL texts; or token lists) and the bound of its job-wide structure.
+
     launches: a LaunchCounter (graphs.py) to count the ops rounds dispatch outside captured steps.
     graph_memory: bytes the captured steps may take on a GPU (None: what is free after the KV caches, less
     1 GiB); fewer length buckets are captured to fit (engine/memory.py)."""
@@ -113,7 +119,9 @@ def build_generator(
         k = 0
     trees = TreeSpec.parse_list(tree)
     if trees and drafter == "none":
-        raise ValueError("tree drafts need a drafter (model, ngram or prompt_lookup)")
+        raise ValueError("tree drafts need a drafter (model, ngram, prompt_lookup or suffix)")
+    if isinstance(corpus, str):
+        corpus = load_corpus(corpus, models.tokenizer, max_tokens=corpus_max_tokens)
     device = models.target.device
     graphs = StepGraphs(resolve_capture(compile, device), device, launches)
     capacity = kv_capacity(max_seq_len, k, trees)
@@ -123,6 +131,7 @@ def build_generator(
     draft = make_drafter(
         drafter, graphs=graphs, num_slots=batch_size, capacity=capacity, max_position=max_seq_len,
         target_vocab_size=target_vocab, sampling=sampling, draft_model=models.draft, trees=trees, buckets=buckets,
+        corpus=corpus or (), corpus_max_tokens=corpus_max_tokens,
     )
     defaults = Defaults(sampling, max_new_tokens, tuple(stop), n=n, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                         max_logprobs=max_logprobs if max_logprobs is not None else
@@ -202,6 +211,7 @@ def generate(
     prompt_logprobs: int | None = None,
     keep_stop: bool = False,
     params: Sequence[RowParams | None] | None = None,
+    corpus: str | list[list[int]] | None = None,
 ) -> list[Result]:
     """Complete every prompt; Results come back in prompt order (a prompt's n samples together, by
     sample_index).
@@ -213,7 +223,7 @@ def generate(
     the drafter, k or adaptive choices; with verify="rejection" only for a fixed drafter and k.
     A prompt that cannot run comes back with finish_reason "error" and an `error` message instead of
     raising (so does one that is not valid Unicode text, e.g. a lone surrogate, or whose id is not).
-    n, logprobs, prompt_logprobs, keep_stop: see build_generator. params: per prompt, RowParams that
+    n, logprobs, prompt_logprobs, keep_stop, corpus: see build_generator. params: per prompt, RowParams that
     override these settings for that prompt (None: the call's); a bad value is that prompt's error.
     """
     for name, value in (("prompts", prompts), ("ids", ids)):
@@ -249,7 +259,7 @@ def generate(
     generator = build_generator(
         models, drafter=drafter, k=k, batch_size=batch_size, max_new_tokens=max_new_tokens, sampling=sampling,
         stop=stop, max_seq_len=max_seq_len, adaptive=adaptive, compile=compile, tree=tree, n=n, logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs, keep_stop=keep_stop,
+        prompt_logprobs=prompt_logprobs, keep_stop=keep_stop, corpus=corpus,
         max_logprobs=max([x for x in (logprobs, prompt_logprobs, *asked) if x is not None], default=None),
     )
     by_id: dict[str, list[Result]] = {}

@@ -37,6 +37,8 @@ import torch
 
 from .api import build_generator
 from .calibrate import forward_ms, read_prompts, sync
+from .corpus import load_corpus
+from .engine.drafters import DRAFTERS
 from .engine.graphs import LaunchCounter, resolve_capture
 from .models import load_models
 from .types import Request, TreeSpec, rounds_by_k_text
@@ -111,12 +113,14 @@ def strip_after_eos(row: list[int], eos: list[int]) -> list[int]:
 
 def run_batchspec(contender: Contender, models, prompts, args):
     generator = contender.generator
+    if contender.drafter == "suffix":  # it learns the prompts' completions: every run starts with what a job starts
+        generator = None
     if generator is None:  # the warm-up: forwards are captured once, here, as in a job
         generator = contender.generator = build_generator(
             models, drafter=contender.drafter, k=contender.k, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, adaptive=contender.adaptive,
             profile=args.profile, compile=contender.compile, temperature=args.temperature, top_p=args.top_p,
-            top_k=args.top_k, seed=args.seed, verify=contender.verify, tree=contender.tree,
+            top_k=args.top_k, seed=args.seed, verify=contender.verify, tree=contender.tree, corpus=args.corpus_tokens,
         )
     generator.reset_stats()
     sync(models.target.device)
@@ -145,7 +149,7 @@ def count_launches(contender: Contender, models, prompts, args) -> dict:
         models, drafter=contender.drafter, k=contender.k, batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, adaptive=contender.adaptive,
         compile="static", temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-        verify=contender.verify, tree=contender.tree, launches=counter,
+        verify=contender.verify, tree=contender.tree, launches=counter, corpus=args.corpus_tokens,
     )
     with counter:
         for _ in generator.run(Request(str(i), p) for i, p in enumerate(prompts)):
@@ -175,7 +179,7 @@ def contenders(args, has_draft: bool) -> list[Contender]:
         if has_draft:
             out.append(Contender("hf assisted (batch 1)", "hf_assisted", k=k_max))
         out.append(Contender("hf prompt lookup (batch 1)", "hf_prompt_lookup", k=k_max))
-    drafters = [d for d in (["model"] if has_draft else []) + ["ngram", "prompt_lookup"] if d in args.drafters]
+    drafters = [d for d in (["model"] if has_draft else []) + ["ngram", "prompt_lookup", "suffix"] if d in args.drafters]
     for mode, verify in variants(args):
         tag = variant_tag(args, mode, verify)
         out.append(Contender(f"batchspec none{tag}", "batchspec", "none", compile=mode, verify=verify))
@@ -243,7 +247,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-hf-batch1", dest="hf_batch1", action="store_false", help="skip the batch-1 HF contenders")
     parser.add_argument("--no-adaptive", dest="adaptive", action="store_false", help="skip the adaptive-k contenders")
     parser.add_argument("--drafters", default="model,ngram,prompt_lookup",
-                        help="comma-separated drafters to run besides none (default: all)")
+                        help="comma-separated drafters to run besides none: model, ngram, prompt_lookup, suffix "
+                             "(default: model,ngram,prompt_lookup)")
+    parser.add_argument("--corpus", help="the suffix drafter's warm start: an earlier output folder, or texts")
     parser.add_argument("--random-draft", action="store_true",
                         help="replace the draft's weights by random ones (same shapes, seed 0): a useless draft, "
                              "to check that adaptive speculation then costs next to nothing")
@@ -278,9 +284,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--batch-size: expected integers like 8 or 1,8,32, got {args.batch_size!r}")
     torch.manual_seed(0)
     args.drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
-    unknown = set(args.drafters) - {"model", "ngram", "prompt_lookup"}
+    unknown = set(args.drafters) - set(DRAFTERS[1:])
     if unknown:
-        parser.error(f"--drafters: unknown {sorted(unknown)}; choose from model, ngram, prompt_lookup")
+        parser.error(f"--drafters: unknown {sorted(unknown)}; choose from {', '.join(DRAFTERS[1:])}")
     try:
         prompts = read_prompts(args.prompts, args.num_prompts, args.prompt_column, args.split)
     except ValueError as e:  # SourceError included
@@ -293,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     for model in (models.target, models.draft):
         if model is not None:
             model.generation_config.eos_token_id = models.eos_token_ids  # the same stops for every contender
+    args.corpus_tokens = load_corpus(args.corpus, models.tokenizer) if args.corpus else None
     reports = [bench_batch_size(args, models, prompts, b) for b in args.batch_size]
     if len(reports) > 1:
         summary = render_by_batch_size(reports)

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=str(DEMO / "target"))
     parser.add_argument("--draft", default=str(DEMO / "draft"))
-    parser.add_argument("--drafter", default="model", choices=["model", "ngram", "prompt_lookup"])
+    parser.add_argument("--drafter", default="model", choices=["model", "ngram", "prompt_lookup", "suffix"])
     parser.add_argument("--prompts", default=str(DEMO / "prompts.parquet"),
                         help="any job source: Parquet file/folder/glob, saved or local HF dataset, JSONL")
     parser.add_argument("--prompt-column", default="prompt")

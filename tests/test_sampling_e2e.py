@@ -68,7 +68,7 @@ def exact_two_token_distribution(target, params: SamplingParams) -> dict[tuple, 
 @pytest.mark.parametrize("verify,tree", [("coupled", None), ("rejection", None), ("coupled", "2x2"),
                                          ("rejection", "2x2")], ids=["coupled", "rejection", "coupled-tree",
                                                                     "rejection-tree"])
-@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "suffix"])
 @pytest.mark.parametrize(
     "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=6, repetition_penalty=1.3)],
     ids=["plain", "transforms"],

@@ -130,10 +130,13 @@ class AdaptiveK:
         p = self.pooled
         return p.accepted / (p.accepted + p.rejections)
 
-    def alpha(self, slot: int) -> float:
+    def alpha(self, slot: int, prior: float | None = None) -> float:
+        """The row's acceptance: its decayed counts, pulled towards a prior (the drafter's own estimate for
+        this proposal, or the job-wide rate) by prior_weight pseudo-observations."""
         row = self.rows.get(slot) or RowAcceptance()
         w = self.prior_weight
-        return (row.accepted + w * self.pooled_alpha) / (row.accepted + row.rejections + w)
+        base = self.pooled_alpha if prior is None else prior
+        return (row.accepted + w * base) / (row.accepted + row.rejections + w)
 
     def expected(self, alpha: float, n: int, run: list[float] | None = None) -> float:
         """Expected tokens of a row with n drafts: geometric in alpha, or for a bursty drafter
@@ -192,16 +195,19 @@ class AdaptiveK:
             tokens = sum(self.expected(a, min(k, budget), run) for a, budget in zip(alphas, budgets))
         return tokens / max(seconds, 1e-9)
 
-    def choose(self, slots: list[int], budgets: list[int], room: list[int] | None = None) -> RoundShape:
-        """The shape for a round over `slots` (see choose_index)."""
-        return self.shapes[self.choose_index(slots, budgets, room)]
+    def choose(self, slots: list[int], budgets: list[int], room: list[int] | None = None,
+               priors: list[float | None] | None = None) -> RoundShape:
+        """The shape for a round over `slots` (see choose_index); priors: per row, the drafter's own chance
+        that its first draft is right (None: the job-wide rate is the prior)."""
+        return self.shapes[self.choose_index(slots, budgets, room, priors)]
 
     def observe(self, shape: RoundShape, seconds: float, slots: list[int], budgets: list[int], drafted: list[int],
                 accepted: list[int]) -> None:
         """After a round of `shape` (see observe_index)."""
         self.observe_index(self._index[shape], seconds, slots, budgets, drafted, accepted)
 
-    def choose_index(self, slots: list[int], budgets: list[int], room: list[int] | None = None) -> int:
+    def choose_index(self, slots: list[int], budgets: list[int], room: list[int] | None = None,
+                     priors: list[float | None] | None = None) -> int:
         """The shape for a round over `slots`, whose rows may draft at most budgets[i] tokens: a chain of
         k <= k_max drafts, or k_max + 1 + j for tree j (room: how deep each row's tree may go, default the
         budgets).
@@ -220,7 +226,7 @@ class AdaptiveK:
         if self._probes:
             probe = self._probes.pop(0)
             return probe if probe > self.k_max and trees else min(probe, limit)
-        alphas = [self.alpha(s) for s in slots]
+        alphas = [self.alpha(s, p) for s, p in zip(slots, priors or [None] * len(slots))]
         rates = {k: self.predicted_rate(k, slots, budgets, alphas, room) for k in options}
         unknown = [k for k in options if rates[k] is None]
         if unknown:  # start of the job: time the extremes first, so a useless drafter is found out at once

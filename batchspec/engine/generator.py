@@ -258,7 +258,7 @@ class SpecBatchGenerator:
         drafter, coupled = self.drafter, self.sampling.coupled
         if drafter.policy.propose_first and self.scheduler.adaptive is not None:
             draft = drafter.propose(round)
-            shape = self.scheduler.choose(round, draft.host_num)
+            shape = self.scheduler.choose(round, draft.host_num, draft.priors)
             if shape.tree is None:
                 round.draft = draft.truncate(shape.drafts)
         else:

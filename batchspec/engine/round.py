@@ -54,13 +54,14 @@ class Draft:
     q_at: torch.Tensor | None = None  # [b, W + 1, V] a tree's q after each verify position (rejection
     #                                   sampling with drawn children); None: children are one-hot
     spec: TreeSpec | None = None  # a tree: the shape that bounds it
+    priors: list[float | None] | None = None  # per row: the drafter's own chance that its first draft is right
 
     def truncate(self, width: int) -> "Draft":
         """The same chain cut to at most `width` tokens per row (a lookup's first tokens do not depend on
         how many were asked for)."""
         host = None if self.host_num is None else [min(n, width) for n in self.host_num]
         probs = None if self.probs is None else self.probs[:, :width]
-        return Draft(self.tokens[:, :width], self.num_tokens.clamp(max=width), probs, host)
+        return Draft(self.tokens[:, :width], self.num_tokens.clamp(max=width), probs, host, priors=self.priors)
 
 
 class RoundBuffers:

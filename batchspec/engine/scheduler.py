@@ -128,9 +128,11 @@ class Scheduler:
         budgets = [min(self.k_max, n) for n in room]
         return Round(rows, None, span, lengths, None, running, room, budgets, self.static)
 
-    def choose(self, round: Round, proposed: list[int] | None = None) -> RoundShape:
+    def choose(self, round: Round, proposed: list[int] | None = None,
+               priors: list[float | None] | None = None) -> RoundShape:
         """Set the round's shape and budgets. proposed: what each row already proposed (a drafter that
-        proposes first), whose longest proposal bounds a chain's width."""
+        proposes first), whose longest proposal bounds a chain's width; priors: the drafter's own chance
+        that each row's first draft is right (its rows' acceptance prior)."""
         if self.adaptive is None:
             shape = RoundShape(tree=self.trees[0]) if self.trees else RoundShape(drafts=self.k_max)
         else:
@@ -138,7 +140,8 @@ class Scheduler:
                 self.adaptive.costs.at_length(max(round.lengths) + self._widest)
             slots = round.running_slots
             offer = proposed if proposed is not None else round.budgets
-            shape = self.adaptive.choose(slots, [offer[i] for i in round.running], [round.room[i] for i in round.running])
+            shape = self.adaptive.choose(slots, [offer[i] for i in round.running], [round.room[i] for i in round.running],
+                                         [priors[i] for i in round.running] if priors is not None else None)
         if shape.tree is not None:
             round.budgets = list(round.room)  # a tree is as deep as each row's room allows
         else:

@@ -1,7 +1,8 @@
 """Drafters: propose up to k tokens (or a tree) per row, then learn from what the target accepted.
 
 base.py holds the protocol every drafter speaks (admit / propose / extend / release), DrafterPolicy and
-the drafter that drafts nothing; lookup.py the model-free drafters (ngram, prompt_lookup); model.py the
+the drafter that drafts nothing; lookup.py the model-free drafters (ngram, prompt_lookup); suffix.py
+suffix decoding over the request and the job's finished rows (its index: suffix_index.py); model.py the
 draft model.
 """
 
@@ -14,22 +15,27 @@ from ..sampling import SamplingParams
 from .base import LOOKUP_POLICY, MODEL_POLICY, Drafter, DrafterPolicy, NoDrafter
 from .lookup import NGramDrafter, PromptLookupDrafter
 from .model import ModelDrafter
+from .suffix import SuffixDrafter
 
 __all__ = ["Drafter", "DrafterPolicy", "LOOKUP_POLICY", "MODEL_POLICY", "NoDrafter", "NGramDrafter",
-           "PromptLookupDrafter", "ModelDrafter", "make_drafter", "DRAFTERS"]
+           "PromptLookupDrafter", "ModelDrafter", "SuffixDrafter", "make_drafter", "DRAFTERS"]
 
-DRAFTERS = ("none", "model", "ngram", "prompt_lookup")
+DRAFTERS = ("none", "model", "ngram", "prompt_lookup", "suffix")
 
 
 def make_drafter(name: str, *, graphs: StepGraphs, num_slots: int, capacity: int, max_position: int,
                  target_vocab_size: int, sampling: SamplingParams, draft_model: PreTrainedModel | None = None,
-                 trees: tuple = (), buckets: list[int] | None = None) -> Drafter:
+                 trees: tuple = (), buckets: list[int] | None = None, corpus: list[list[int]] = (),
+                 corpus_max_tokens: int = 200_000) -> Drafter:
+    """corpus, corpus_max_tokens: the suffix drafter's warm start and job-wide bound (suffix.py)."""
     if name == "none":
         return NoDrafter()
     if name == "ngram":
         return NGramDrafter()
     if name == "prompt_lookup":
         return PromptLookupDrafter()
+    if name == "suffix":
+        return SuffixDrafter(corpus=corpus, corpus_max_tokens=corpus_max_tokens)
     if name == "model":
         if draft_model is None:
             raise ValueError("drafter 'model' needs a draft model (model.draft / draft=)")

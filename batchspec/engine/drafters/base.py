@@ -107,6 +107,19 @@ def host_tree(buffers: RoundBuffers, continuations: list[list[list[int]]], spec:
                  parents=buffers.parents[:b, :n], valid=valid_t, spec=spec)
 
 
+def host_tree_nodes(buffers: RoundBuffers, rows: list[tuple[list[int], list[int]]], spec: TreeSpec) -> Draft:
+    """Per row a tree made on the host as (tokens, parents) in topological order (a parent before its
+    children, -1 for the root's) of at most spec.nodes nodes -> the round's buffers, the rest invalid."""
+    n, b = spec.nodes, len(rows)
+    tokens = [t + [0] * (n - len(t)) for t, _ in rows]
+    parents = [p + [-1] * (n - len(p)) for _, p in rows]
+    valid = [[1] * len(t) + [0] * (n - len(t)) for t, _ in rows]
+    draft_tokens = buffers.put_drafts(tokens, b, n)
+    valid_t = buffers.put_tree(parents, valid, b, n)
+    return Draft(tokens=draft_tokens, num_tokens=buffers.put_num_drafts([len(t) for t, _ in rows]),
+                 parents=buffers.parents[:b, :n], valid=valid_t, spec=spec)
+
+
 class NoDrafter:
     """Plain decoding on the same machinery: every round verifies just the pending token."""
 

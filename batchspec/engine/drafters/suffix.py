@@ -1,0 +1,78 @@
+"""Suffix decoding as a drafter: what followed the request's current suffix in its own prompt + output and
+in every completion the job has finished (suffix_index.py), as chains or trees."""
+
+from __future__ import annotations
+
+from itertools import count
+from typing import Iterable, Sequence
+
+from ...types import TreeSpec
+from ..round import Draft, Round
+from .base import LOOKUP_POLICY, host_draft, host_tree_nodes
+from .suffix_index import SuffixIndex
+
+
+class SuffixDrafter:
+    """Proposes first and is bursty, like the other lookups: a match runs on or fails as a whole. Each
+    proposal's first-token probability (how often that token followed the matched suffix, with a
+    pseudo-count so that a continuation seen once is not certain) is the row's acceptance prior for
+    adaptive speculation (Draft.priors).
+
+    corpus: earlier completions (token lists) that seed the job-wide structure, oldest first;
+    corpus_max_tokens: the job-wide structure's bound (the oldest completions are evicted first)."""
+
+    policy = LOOKUP_POLICY
+
+    def __init__(self, *, corpus: Iterable[Sequence[int]] = (), corpus_max_tokens: int = 200_000):
+        if corpus_max_tokens < 0:
+            raise ValueError(f"suffix corpus_max_tokens={corpus_max_tokens}: need >= 0")
+        self.index = SuffixIndex(corpus_max_tokens=corpus_max_tokens, prior_count=1.0)
+        self.index.add_corpus(corpus)
+        self.keys: dict[int, int] = {}  # slot -> the key of the request in it (slots are reused)
+        self._next = count()
+
+    def admit(self, slots, prompts):
+        for slot, prompt in zip(slots, prompts):
+            self.keys[slot] = next(self._next)
+            self.index.start(self.keys[slot], prompt)
+
+    def extend(self, slots, emitted, num_accepted, path=None):
+        for slot, tokens in zip(slots, emitted):
+            self.index.extend(self.keys[slot], tokens)
+
+    def release(self, slots):
+        """Finished rows' completions join the job-wide structure."""
+        for slot in slots:
+            key = self.keys.pop(slot, None)
+            if key is not None:
+                self.index.finish(key)
+
+    def propose(self, round: Round) -> Draft:
+        drafts, priors = [], []
+        for slot, k in zip(round.rows, round.budgets):
+            tokens, probs = self.index.propose(self.keys[slot], k) if k > 0 else ([], [])
+            drafts.append(tokens)
+            priors.append(probs[0] if tokens else None)
+        draft = host_draft(round.buffers, drafts)
+        draft.priors = priors
+        return draft
+
+    def propose_tree(self, round: Round, spec: TreeSpec) -> Draft:
+        """Its own frequency-ranked tree within the shape's node budget and depth (a node may have more
+        children than the shape's branching; rejection sampling tries the first `branching` of them, in
+        rank order)."""
+        rows = []
+        for slot, k in zip(round.rows, round.budgets):
+            depth = min(k, spec.depth)
+            if depth > 0:
+                tokens, parents, probs = self.index.propose_tree(self.keys[slot], spec.nodes, depth)
+            else:
+                tokens, parents, probs = [], [], []
+            rows.append((tokens, parents))
+        return host_tree_nodes(round.buffers, rows, spec)
+
+    def draft_seconds(self, k, kv_len):
+        return 0.0  # host work whatever k is: part of the round's overhead
+
+    def declare_steps(self, *args):
+        pass  # no device steps
