@@ -39,6 +39,10 @@ class Acceptor:
         self._new = torch.zeros(self.num_slots, dtype=torch.bool, device=self.device)  # static admission mask
         self._new_in = HostBuffer((self.num_slots,), self.device, into=self._new)
         self.k = logprobs
+        # [B, E]: the verify positions each row's emitted tokens were decided at (a tree's accepted path;
+        # 0, 1, .. for a chain), for a drafter that reads the target's features along it (EAGLE).
+        self.path_out = torch.zeros(self.num_slots, buffers.verdict.shape[1] - PACKED_FIELDS, dtype=torch.long,
+                                    device=self.device)
         self._lp = self._first_lp = None
         if logprobs is not None:  # [B, (1 + positions) * block]: the token fed first, then each emitted one
             block = 1 + 2 * logprobs
@@ -145,6 +149,8 @@ class Acceptor:
             seen = torch.zeros_like(presence, dtype=torch.int32).scatter_add_(1, verdict.tokens, emitted)
             state.presence[rows] = presence | (seen > 0)
         verdict.pack(out, pending)
+        along = verdict.path if verdict.path is not None else index.expand(verdict.tokens.shape[0], -1)
+        self.path_out[: along.shape[0], : along.shape[1]] = along
         if lp is not None:
             block = 1 + 2 * self.k
             lp[:, :block] = self._first_lp[rows]

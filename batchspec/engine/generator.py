@@ -96,7 +96,9 @@ class SpecBatchGenerator:
         self._released = HostBuffer((batch_size,), self.device)
         self._rows = HostBuffer((batch_size,), self.device)  # an eager round's rows
         if self.static:
-            self._declare()
+            self._declare()  # the drafter's bind comes with the steps it declares
+        else:
+            drafter.bind(self.shapes, self.runner, self.state, self.buffers, self.acceptor)
 
     # ---- what callers read ----------------------------------------------------------------------
 
@@ -299,7 +301,7 @@ class SpecBatchGenerator:
         self.runner.declare_steps(b.drafts, self.state.tokens, from_seqs=1,
                                   trees={w: (t.depth, t.ancestors) for w, t in trees.items()})
         self.acceptor.declare_steps(self.shapes, trees)
-        self.drafter.declare_steps(self.shapes, self.runner, self.state, b)
+        self.drafter.bind(self.shapes, self.runner, self.state, b, self.acceptor)
         self.graphs.capture_all(reset=lambda: self.runner.lengths.zero_())
 
     def _step_seconds(self, kv_len: int) -> list[float]:

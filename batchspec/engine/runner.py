@@ -40,8 +40,12 @@ class ModelRunner:
 
     def __init__(self, model: PreTrainedModel, *, num_slots: int, capacity: int, max_position: int,
                  graphs: StepGraphs, widths: Iterable[int] = (1,), buckets: list[int] | None = None,
-                 name: str = "model"):
+                 name: str = "model", feature_layers: tuple[int, ...] = ()):
         self.model, self.name, self.graphs = model, name, graphs
+        # Hidden states a drafter reads (EAGLE-3): output_hidden_states indices, concatenated per token.
+        self.feature_layers = tuple(feature_layers)
+        self.features: torch.Tensor | None = None  # [b, T, F] of the last forward (static: a buffer view)
+        self._features_out: torch.Tensor | None = None
         self.device = model.device
         self.num_slots, self.capacity, self.max_position = num_slots, capacity, max_position
         self.scratch = num_slots  # the extra slot
@@ -82,21 +86,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, rows: list[int], ids: torch.Tensor, starts: list[int], lengths: list[int], *,
-                all_logits: bool = False) -> torch.Tensor:
+                all_logits: bool = False, extra: dict | None = None) -> torch.Tensor:
         """Eagerly write ids[i, :lengths[i]] ([b, W], right-padded) at positions starts[i].. of slot rows[i]
         and set that slot's length to the end of it. Returns the logits after each row's last token [b, V]
-        (all_logits: after every token, [b, W, V])."""
+        (all_logits: after every token, [b, W, V]). extra: more model inputs, [b, W, ...] each (an EAGLE
+        head's hidden states)."""
         ends = [s + n for s, n in zip(starts, lengths)]
         self._check(max(ends))
         rows_t = torch.tensor(rows, device=self.device)
         if all_logits:
-            logits = self._call(ids, torch.tensor(starts, device=self.device), max(ends), 0, rows=rows_t)
+            logits = self._call(ids, torch.tensor(starts, device=self.device), max(ends), 0, rows=rows_t, extra=extra)
             self.lengths[rows_t] = torch.tensor(ends, device=self.device)
             return logits
         # Logits only at each row's last position: the distinct columns for every row, then each row's own.
         keep = sorted({n - 1 for n in lengths})
         logits = self._call(ids, torch.tensor(starts, device=self.device), max(ends),
-                            torch.tensor(keep, device=self.device), rows=rows_t)
+                            torch.tensor(keep, device=self.device), rows=rows_t, extra=extra)
         column = torch.tensor([keep.index(n - 1) for n in lengths], device=self.device)
         self.lengths[rows_t] = torch.tensor(ends, device=self.device)
         return logits[torch.arange(len(rows), device=self.device), column]
@@ -104,7 +109,7 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, *, kv_len: int, rows: torch.Tensor | slice | None = None,
                 last_only: bool = False, tree: TreeShape | None = None, seqs: torch.Tensor | None = None,
-                from_seqs: int = 0) -> torch.Tensor:
+                from_seqs: int = 0, extra: dict | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
         """tokens [b, T] written at cache indices lengths[row] + t -> logits [b, T, V] ([.., 1, V] with
         last_only). Lengths are not changed: `set_lengths` decides what stays.
 
@@ -114,15 +119,16 @@ class ModelRunner:
         pending token) and then tokens [num_slots, T - from_seqs], and returns a view of the output buffer.
         kv_len: an upper bound, known on the host, of lengths[row] + T over the rows that matter.
         tree: the tokens are a tree per row (tree.py): position ids lengths + depth, and each query sees
-        the prefix and its own ancestors; None is a chain (causal).
+        the prefix and its own ancestors; None is a chain (causal). extra: more model inputs [b, T, ...]
+        (eager only); keep [b, n]: per row, the positions whose logits come back (eager only).
         """
         self._check(kv_len)
         depth, ancestors = (tree.depth, tree.ancestors) if tree is not None else (None, None)
         if rows is not None:
             span = rows if isinstance(rows, slice) else None
             index = self.slot_index[span] if span is not None else rows
-            return self._call(tokens, self.lengths[index], kv_len, 1 if last_only else 0, depth, ancestors,
-                              index, span)
+            to_keep = keep if keep is not None else 1 if last_only else 0
+            return self._call(tokens, self.lengths[index], kv_len, to_keep, depth, ancestors, index, span, extra)
         width = from_seqs + tokens.shape[1]
         out = self.output(1 if last_only else width)
         bucket = self.bucket(kv_len)
@@ -131,6 +137,8 @@ class ModelRunner:
         args = (seqs, tokens, out) if tree is None else (seqs, tokens, out, depth, ancestors)
         self.graphs.run(self._key(width, bucket, last_only, window, from_seqs),
                         partial(self._step, kv_len=bucket, last_only=last_only, from_seqs=from_seqs), args)
+        if self.feature_layers:
+            self.features = self.features_buffer(width)
         return out
 
     def _key(self, width: int, bucket: int, last_only: bool, window: int, from_seqs: int) -> tuple:
@@ -148,12 +156,26 @@ class ModelRunner:
 
     def _step(self, seqs, tokens, out, depth=None, ancestors=None, *, kv_len: int, last_only: bool,
               from_seqs: int) -> None:
-        """The static forward of every slot, into the output buffer: what is captured."""
+        """The static forward of every slot, into the output buffer (and the features buffer): what is captured."""
         out.copy_(self.step_logits(seqs, tokens, depth, ancestors, kv_len=kv_len, last_only=last_only,
                                    from_seqs=from_seqs))
+        if self.feature_layers:
+            width = self.features.shape[1]
+            self.features_buffer(width).copy_(self.features)
+
+    def features_buffer(self, width: int) -> torch.Tensor:
+        """The static steps' features as [num_slots, width, F] (a prefix of one buffer, like `output`)."""
+        if self._features_out is None:
+            size = sum(self._feature_width(i) for i in self.feature_layers)
+            self._features_out = torch.zeros(self.num_slots, max(self.widths + [1]), size, dtype=self.model.dtype,
+                                             device=self.device)
+        return self._features_out[:, :width]
+
+    def _feature_width(self, index: int) -> int:
+        return self.model.config.get_text_config().hidden_size
 
     def step_logits(self, seqs, tokens, depth=None, ancestors=None, *, kv_len: int, last_only: bool = False,
-                    from_seqs: int = 0) -> torch.Tensor:
+                    from_seqs: int = 0, extra: dict | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The static forward of every slot (positions and mask from `lengths` on the device), feeding
         `from_seqs` tokens of seqs [num_slots, S] at lengths + t, then tokens [num_slots, T']: logits
         [num_slots, T, V] (or [.., 1, V]). A building block of other static steps (a draft step)."""
@@ -162,10 +184,11 @@ class ModelRunner:
         if from_seqs:
             head = seqs.gather(1, (starts[:, None] + self._arange[:from_seqs]).clamp(max=seqs.shape[1] - 1))
             tokens = torch.cat([head, tokens], dim=1)
-        return self._call(tokens, starts, kv_len, 1 if last_only else 0, depth, ancestors, self.slot_index, span)
+        to_keep = keep if keep is not None else 1 if last_only else 0
+        return self._call(tokens, starts, kv_len, to_keep, depth, ancestors, self.slot_index, span, extra)
 
     def _call(self, tokens, starts, kv_len, logits_to_keep, depth=None, ancestors=None, rows=None,
-              span: slice | None = None) -> torch.Tensor:
+              span: slice | None = None, extra: dict | None = None) -> torch.Tensor:
         """One forward writing tokens [b, T] at cache indices starts [b] + t: causal, or a tree."""
         plan = self.cache.plan
         width = tokens.shape[1]
@@ -186,7 +209,11 @@ class ModelRunner:
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
+            output_hidden_states=bool(self.feature_layers),
+            **(extra or {}),
         )
+        if self.feature_layers:
+            self.features = torch.cat([out.hidden_states[i] for i in self.feature_layers], dim=-1)
         return out.logits
 
     def _check(self, kv_len: int) -> None:

@@ -59,7 +59,8 @@ class Drafter(Protocol):
                path: list[int] | None = None) -> None: ...
     def release(self, slots: list[int]) -> None: ...
     def draft_seconds(self, k: int, kv_len: int) -> float: ...  # device time of proposing k tokens (static steps)
-    def declare_steps(self, shapes: list[RoundShape], target, state, buffers) -> None: ...  # static steps, at start
+    def bind(self, shapes: list[RoundShape], target, state, buffers, acceptor) -> None: ...  # the generator's device
+    #    state, given once at start (a drafter with static steps declares them then)
     # Drafters whose policy says `trees`:
     #   propose_tree(round, spec) -> Draft      a tree per row in spec.nodes node slots (the verify width is
     #                                           spec.nodes + 1); round.budgets[i] bounds row i's depth
@@ -140,5 +141,5 @@ class NoDrafter:
     def draft_seconds(self, k, kv_len):
         return 0.0
 
-    def declare_steps(self, *args):
+    def bind(self, *args):
         pass

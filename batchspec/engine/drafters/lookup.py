@@ -100,8 +100,8 @@ class NGramDrafter:
     def draft_seconds(self, k, kv_len):
         return 0.0  # host work, the same for every k: part of the round's overhead
 
-    def declare_steps(self, *args):
-        pass  # no device steps
+    def bind(self, *args):
+        pass  # no device state
 
 
 class PromptLookupDrafter:
@@ -180,5 +180,5 @@ class PromptLookupDrafter:
     def draft_seconds(self, k, kv_len):
         return 0.0  # host work whatever k is: part of the round's overhead
 
-    def declare_steps(self, *args):
-        pass  # no device steps
+    def bind(self, *args):
+        pass  # no device state

@@ -111,38 +111,6 @@ class ModelDrafter:
 
     # ---- proposing --------------------------------------------------------------------------------
 
-    def _choose(self, logits, i: int, lengths, keys, presence, gumbel, drafts, probs, branching: int = 0,
-                rows: RowSampling | None = None):
-        """Draft i from the draft's logits [b, V_draft] after the previous one: into drafts[:, i] (a chain) or
-        level i's `branching` nodes drafts[:, i * B .. (i + 1) * B] (a tree: its spine first); under
-        rejection sampling q into probs[:, i] (chain) or probs[:, the spine node above] (tree's q_at).
-        Returns the token fed next (the spine) [b]. rows: each row's sampling transforms (None: greedy)."""
-        s = scores(self._align(logits.float()), self.sampling, presence, rows)
-        if self.sampling.greedy or self.sampling.coupled:
-            noise = gumbel[:, i] if gumbel is not None else None
-            if not branching:
-                token = choose(s, noise, rows)
-                drafts[:, i] = token
-                return token
-            if noise is not None and rows is not None:
-                noise = noise.masked_fill(rows.greedy[:, None], 0.0)
-            level = (s if noise is None else s + noise).topk(branching, dim=-1).indices  # [b, B]: spine first
-            drafts[:, i * branching : (i + 1) * branching] = level
-            return level[:, 0]
-        q = probs_of(s, rows)
-        if not branching:
-            token = sample(q, uniforms(keys, (lengths + i)[:, None], STREAM_DRAFT)[:, 0])
-            probs[:, i] = q
-            drafts[:, i] = token
-            return token
-        u = torch.stack([uniforms(keys, (lengths + i)[:, None], STREAM_DRAFT + 64 * c)[:, 0]
-                         for c in range(branching)], dim=1)  # c = 0 is the chain's own draw
-        b = q.shape[0]
-        level = sample(q.repeat_interleave(branching, dim=0), u.reshape(-1)).reshape(b, branching)
-        drafts[:, i * branching : (i + 1) * branching] = level
-        probs[:, 0 if i == 0 else (i - 1) * branching + 1] = q  # q_at: the root, then each spine node
-        return level[:, 0]
-
     @torch.inference_mode()
     def propose(self, round: Round) -> Draft:
         return self._propose(round, None)
@@ -163,7 +131,7 @@ class ModelDrafter:
         steps = min(depth, max(round.budgets, default=0))
         if steps == 0:
             self._round = None
-            return empty_draft(buffers, b) if spec is None else _no_tree(buffers, b, spec)
+            return empty_draft(buffers, b) if spec is None else no_tree(buffers, b, spec)
         num = buffers.put_num_drafts([min(k, depth) for k in round.budgets])  # the budgets, on the device
         self._catch_up(round, round.state.tokens)
         kv_len = max(round.lengths) + steps - 1
@@ -185,21 +153,9 @@ class ModelDrafter:
         if round.static:  # the first step laid out the tree
             return Draft(tokens=buffers.drafts[:, :n], num_tokens=num, parents=buffers.parents[:, :n],
                          valid=buffers.valid[:, :n], q_at=probs[:, : n + 1] if probs is not None else None, spec=spec)
-        parents, valid = self._layout(spec, num, buffers.drafts[:b, :n], steps)
+        parents, valid = layout_tree(spec, num, buffers.drafts[:b, :n], self.device)
         return Draft(tokens=buffers.drafts[:b, :n], num_tokens=valid.sum(1), parents=parents, valid=valid,
                      q_at=probs[:b, : n + 1] if probs is not None else None, spec=spec)
-
-    def _layout(self, spec: TreeSpec, budgets: torch.Tensor, tokens: torch.Tensor, steps: int):
-        """The spine-and-leaves geometry: node (d, r) at d * B + r; its parent the spine node one level up;
-        valid where d < the row's budget. Zeroes the tokens of invalid nodes (eagerly: after the steps;
-        static: before them, and only leftovers of earlier rounds remain there). -> parents, valid [b, N]."""
-        width_b, depth = spec.branching, spec.depth
-        node_depth = torch.arange(depth, device=self.device).repeat_interleave(width_b)
-        spine_above = torch.where(node_depth > 0, (node_depth - 1) * width_b, -1)
-        parents = spine_above.expand(tokens.shape[0], -1)
-        valid = node_depth[None, :] < budgets.clamp(max=depth)[:, None]
-        tokens.mul_(valid)
-        return parents, valid
 
     def _eager_steps(self, round: Round, steps: int, kv_len: int, branching: int, probs) -> None:
         """The drafting loop over the round's rows: one forward per drafted token."""
@@ -221,7 +177,7 @@ class ModelDrafter:
         gumbel = round.gumbel
         arange = torch.arange(b, device=self.device)
         for i in range(steps):
-            token = self._choose(logits, i, lengths, keys, presence, gumbel, drafts,
+            token = choose_draft(self._align(logits), i, self.sampling, lengths, keys, presence, gumbel, drafts,
                                  probs[:b] if probs is not None else None, branching, sampling)
             if presence is not None:
                 presence[arange, token] = True
@@ -252,7 +208,7 @@ class ModelDrafter:
             if self._presence is not None:
                 self._presence.copy_(state.presence)
             if spec is not None:  # the tree's geometry depends only on the budgets
-                parents, valid = self._layout(spec, num, drafts[:, : spec.nodes], 0)
+                parents, valid = layout_tree(spec, num, drafts[:, : spec.nodes], self.device)
                 buffers.parents[:, : spec.nodes] = parents
                 buffers.valid[:, : spec.nodes] = valid
                 num.copy_(valid.sum(1))
@@ -260,16 +216,19 @@ class ModelDrafter:
             fed = (i - 1) * max(branching, 1)
             runner.lengths[:n_slots] = lengths + i - 1
             logits = runner.step_logits(seqs, drafts[:, fed : fed + 1], kv_len=kv_len)[:, -1]
-        token = self._choose(logits, i, lengths, state.noise_keys, self._presence, gumbel, drafts, probs, branching,
+        token = choose_draft(self._align(logits), i, self.sampling, lengths, state.noise_keys, self._presence, gumbel,
+                             drafts, probs, branching,
                              None if self.sampling.greedy else state.sampling)
         if self._presence is not None:
             self._presence[runner.slot_index, token] = True
 
-    def declare_steps(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState,
-                      buffers: RoundBuffers) -> None:
-        """Bind the static path's buffers and declare its steps: the draft's prefill chunks, and each
-        drafting step of each shape over each bucket."""
+    def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers,
+             acceptor=None) -> None:
+        """The generator's device state; on the static path, declare the steps: the draft's prefill chunks,
+        and each drafting step of each shape over each bucket."""
         self._bound = (target.lengths, state, buffers)
+        if not self.runner.static:
+            return
         if state.presence is not None:
             self._presence = torch.zeros_like(state.presence)
         self.runner.declare_steps(buffers.drafts, state.tokens, forwards=False)  # prefill chunks only
@@ -303,10 +262,56 @@ class ModelDrafter:
             self.runner.lengths.copy_(saved)
 
 
-def _no_tree(buffers: RoundBuffers, b: int, spec: TreeSpec) -> Draft:
+def no_tree(buffers: RoundBuffers, b: int, spec: TreeSpec) -> Draft:
     """A round with no room to draft: a tree of no valid nodes."""
     n = spec.nodes
     tokens = buffers.put_drafts([[0] * n] * b, b, n)
     valid = buffers.put_tree([[-1] * n] * b, [[0] * n] * b, b, n)
     return Draft(tokens=tokens, num_tokens=buffers.put_num_drafts([0] * b), parents=buffers.parents[:b, :n],
                  valid=valid, spec=spec)
+
+
+def choose_draft(logits, i: int, sampling: SamplingParams, lengths, keys, presence, gumbel, drafts, probs,
+                 branching: int = 0, rows: RowSampling | None = None):
+    """Draft i from a draft's logits [b, V] (over the target's vocabulary) after the previous one: into
+    drafts[:, i] (a chain) or level i's `branching` nodes drafts[:, i * B .. (i + 1) * B] (a tree: its spine first); under
+    rejection sampling q into probs[:, i] (chain) or probs[:, the spine node above] (tree's q_at).
+    Returns the token fed next (the spine) [b]. rows: each row's sampling transforms (None: greedy)."""
+    s = scores(logits.float(), sampling, presence, rows)
+    if sampling.greedy or sampling.coupled:
+        noise = gumbel[:, i] if gumbel is not None else None
+        if not branching:
+            token = choose(s, noise, rows)
+            drafts[:, i] = token
+            return token
+        if noise is not None and rows is not None:
+            noise = noise.masked_fill(rows.greedy[:, None], 0.0)
+        level = (s if noise is None else s + noise).topk(branching, dim=-1).indices  # [b, B]: spine first
+        drafts[:, i * branching : (i + 1) * branching] = level
+        return level[:, 0]
+    q = probs_of(s, rows)
+    if not branching:
+        token = sample(q, uniforms(keys, (lengths + i)[:, None], STREAM_DRAFT)[:, 0])
+        probs[:, i] = q
+        drafts[:, i] = token
+        return token
+    u = torch.stack([uniforms(keys, (lengths + i)[:, None], STREAM_DRAFT + 64 * c)[:, 0]
+                     for c in range(branching)], dim=1)  # c = 0 is the chain's own draw
+    b = q.shape[0]
+    level = sample(q.repeat_interleave(branching, dim=0), u.reshape(-1)).reshape(b, branching)
+    drafts[:, i * branching : (i + 1) * branching] = level
+    probs[:, 0 if i == 0 else (i - 1) * branching + 1] = q  # q_at: the root, then each spine node
+    return level[:, 0]
+
+
+def layout_tree(spec: TreeSpec, budgets: torch.Tensor, tokens: torch.Tensor, device: torch.device):
+    """The spine-and-leaves geometry: node (d, r) at d * B + r; its parent the spine node one level up;
+    valid where d < the row's budget. Zeroes the tokens of invalid nodes (eagerly: after the steps;
+    static: before them, and only leftovers of earlier rounds remain there). -> parents, valid [b, N]."""
+    width_b, depth = spec.branching, spec.depth
+    node_depth = torch.arange(depth, device=device).repeat_interleave(width_b)
+    spine_above = torch.where(node_depth > 0, (node_depth - 1) * width_b, -1)
+    parents = spine_above.expand(tokens.shape[0], -1)
+    valid = node_depth[None, :] < budgets.clamp(max=depth)[:, None]
+    tokens.mul_(valid)
+    return parents, valid

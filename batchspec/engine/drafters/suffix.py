@@ -74,5 +74,5 @@ class SuffixDrafter:
     def draft_seconds(self, k, kv_len):
         return 0.0  # host work whatever k is: part of the round's overhead
 
-    def declare_steps(self, *args):
-        pass  # no device steps
+    def bind(self, *args):
+        pass  # no device state

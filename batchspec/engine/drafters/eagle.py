@@ -1,0 +1,206 @@
+"""An EAGLE-3 head as the drafter: one decoder layer over the target's own hidden states (batchspec/eagle).
+
+Alignment (batchspec/eagle/head.py): the head's entry at position p reads the target's features of
+position p and the token at p + 1, and predicts the token at p + 2. A round over a row of length L (the
+pending token at L - 1) needs the head's entries up to L - 2: the first step computes every entry the
+head lacks, valid .. L - 2, from the target features the last verify pass left (stashed per slot, along
+the accepted path) and the tokens after them; its output at L - 2 is the first draft. Each later step
+feeds the draft just made with the head's own output, one position further. After the verdict the
+head is valid up to L - 1 entries (its drafted entries are stale) and the stash holds the features of
+the accepted positions L - 1 .. L - 1 + m: exactly what the next round's first step computes. The first
+step runs every round, so the head never falls behind (k = 0 rounds cost one head step).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from ...types import TreeSpec
+from ..graphs import StepGraphs
+from ..round import Draft, Round, RoundBuffers, RoundShape
+from ..runner import ModelRunner
+from ..sampling import SamplingParams
+from ..slots import SlotState
+from .base import DrafterPolicy, empty_draft
+from .model import choose_draft, layout_tree, no_tree
+
+EAGLE_POLICY = DrafterPolicy(draft_forwards=True, trees=True)
+
+
+class HeadAsModel(nn.Module):
+    """An EagleHead behind the forward a ModelRunner drives (a causal LM's), with logits over the target's
+    vocabulary (-inf outside the draft vocabulary) and the head's output as its one hidden state."""
+
+    def __init__(self, head, target_vocab_size: int):
+        super().__init__()
+        self.head, self.target_vocab = head, target_vocab_size
+        self.config = SimpleNamespace(get_text_config=lambda: SimpleNamespace(num_hidden_layers=1,
+                                                                             hidden_size=head.config.hidden_size))
+        self.register_buffer("target_ids", head.d2t + torch.arange(len(head.d2t), device=head.d2t.device))
+        self._out = SimpleNamespace(weight=torch.empty(target_vocab_size, 0))
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.d2t.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.head.fc.weight.dtype
+
+    def get_output_embeddings(self):
+        return self._out  # its rows: the target's vocabulary
+
+    def forward(self, input_ids, position_ids, attention_mask, past_key_values, logits_to_keep=0, hidden=None,
+                **_):
+        out = self.head(input_ids, hidden, position_ids, attention_mask, past_key_values)  # [b, T, H]
+        kept = _keep(out, logits_to_keep)
+        draft = self.head.logits(kept)
+        logits = draft.new_full((*draft.shape[:-1], self.target_vocab), float("-inf"))
+        logits[..., self.target_ids] = draft
+        return SimpleNamespace(logits=logits, hidden_states=(out,))
+
+
+def _keep(x: torch.Tensor, keep) -> torch.Tensor:
+    """transformers' logits_to_keep over [b, T, H]: 0 all, int k the last k, [b, n] per-row positions."""
+    if isinstance(keep, int):
+        return x if keep == 0 else x[:, -keep:]
+    if keep.dim() == 1:
+        return x[:, keep]
+    return x.gather(1, keep[:, :, None].expand(-1, -1, x.shape[-1]))
+
+
+class EagleDrafter:
+    policy = EAGLE_POLICY
+
+    def __init__(self, head, *, num_slots: int, capacity: int, max_position: int, target_vocab_size: int,
+                 sampling: SamplingParams, graphs: StepGraphs, k_max: int, trees: tuple[TreeSpec, ...] = (),
+                 buckets: list[int] | None = None):
+        self.head = head
+        self.feature_layers = tuple(head.config.target_layer_ids)  # what the target's runner hands out
+        self.catch_up = max([k_max, *(t.depth for t in trees)]) + 1  # the most entries a first step computes
+        self.runner = ModelRunner(HeadAsModel(head, target_vocab_size), num_slots=num_slots, capacity=capacity,
+                                  max_position=max_position, graphs=graphs, widths=(1, self.catch_up),
+                                  buckets=buckets, name="eagle", feature_layers=(0,))
+        self.sampling, self.graphs, self.device = sampling, graphs, self.runner.device
+        self.num_slots = num_slots
+        width = sum([head.config.target_hidden_size] * len(self.feature_layers))
+        self.stash = torch.zeros(num_slots, self.catch_up, width, dtype=self.runner.model.dtype, device=self.device)
+        self.out = torch.zeros(num_slots, 1, head.config.hidden_size, dtype=self.runner.model.dtype, device=self.device)
+        self.valid = [0] * num_slots  # per slot: the head's entries known to be right (host)
+        self._round: tuple | None = None
+        self._target: ModelRunner | None = None
+        self._acceptor = None
+
+    def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers,
+             acceptor=None) -> None:
+        self._target, self._state, self._buffers, self._acceptor = target, state, buffers, acceptor
+
+    # ---- requests in and out ----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def admit(self, slots, prompts, features: list[torch.Tensor] | None = None):
+        """The head's entries over each prompt: position p from the target's features of p and token p + 1
+        (0 .. P - 2); the features of P - 1 wait in the stash for the first round. features: per seat, the
+        target's features of its prompt [P, F] (from its eager prefill)."""
+        todo = [(slot, p, f) for slot, p, f in zip(slots, prompts, features) if len(p) > 1]
+        if todo:
+            width = max(len(p) - 1 for _, p, _ in todo)
+            ids = torch.tensor([p[1:] + [0] * (width - len(p) + 1) for _, p, _ in todo], device=self.device)
+            hidden = torch.stack([torch.nn.functional.pad(f[:-1], (0, 0, 0, width - len(f) + 1)) for _, _, f in todo])
+            self.runner.prefill([s for s, _, _ in todo], ids, [0] * len(todo), [len(p) - 1 for _, p, _ in todo],
+                                extra={"hidden": hidden.to(self.stash.dtype)})
+        index = torch.tensor(slots, device=self.device)
+        self.stash[index, 0] = torch.stack([f[-1] for f in features]).to(self.stash.dtype)
+        for slot, prompt in zip(slots, prompts):
+            self.valid[slot] = len(prompt) - 1
+
+    def extend(self, slots, emitted, num_accepted, path=None):
+        """After the verdict: the head is valid up to L - 1 entries of each row that ran the round, and the
+        stash takes the verify pass's features along the accepted path (what the next first step reads)."""
+        if self._round is None:
+            return
+        rows, lengths = self._round
+        self._round = None
+        by_slot = dict(zip(rows, lengths))
+        for slot in slots:
+            self.valid[slot] = by_slot[slot] - 1
+        features = self._target.features  # [b, T, F]: the round's verify pass, row order = rows
+        along = self._acceptor.path_out[: len(rows), : features.shape[1]]  # [b, E] verify positions kept
+        gathered = features.gather(1, along[:, :, None].expand(-1, -1, features.shape[-1]))[:, : self.catch_up]
+        index = torch.tensor(rows, device=self.device)
+        self.stash[index, : gathered.shape[1]] = gathered.to(self.stash.dtype)
+
+    def release(self, slots):
+        pass
+
+    # ---- proposing --------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def propose(self, round: Round) -> Draft:
+        return self._propose(round, None)
+
+    @torch.inference_mode()
+    def propose_tree(self, round: Round, spec: TreeSpec) -> Draft:
+        """A spine with side branches (as the draft model's: the head's chain and its next guesses beside
+        each spine token)."""
+        return self._propose(round, spec)
+
+    def _propose(self, round: Round, spec: TreeSpec | None) -> Draft:
+        b, buffers = len(round.rows), round.buffers
+        depth = spec.depth if spec is not None else max(round.budgets, default=0)
+        steps = min(depth, max(round.budgets, default=0))
+        num = buffers.put_num_drafts([min(k, depth) for k in round.budgets])
+        branching = spec.branching if spec is not None else 0
+        rejection = not (self.sampling.greedy or self.sampling.coupled)
+        probs = (buffers.q_at if spec is not None else buffers.probs) if rejection else None
+        self._eager_steps(round, max(steps, 1), branching, probs, draft=steps > 0)
+        self._round = (list(round.rows), list(round.lengths))
+        if steps == 0:
+            return empty_draft(buffers, b) if spec is None else no_tree(buffers, b, spec)
+        if spec is None:
+            return Draft(tokens=buffers.drafts[:b, :steps], num_tokens=num,
+                         probs=probs[:b, :steps] if probs is not None else None, host_num=list(round.budgets))
+        n = spec.nodes
+        parents, valid = layout_tree(spec, num, buffers.drafts[:b, :n], self.device)
+        return Draft(tokens=buffers.drafts[:b, :n], num_tokens=valid.sum(1), parents=parents, valid=valid,
+                     q_at=probs[:b, : n + 1] if probs is not None else None, spec=spec)
+
+    def _eager_steps(self, round: Round, steps: int, branching: int, probs, draft: bool) -> None:
+        """The first step (the entries each row lacks, up to L - 2), then one drafted token per step."""
+        runner, b, state = self.runner, len(round.rows), round.state
+        rows = round.rows_t
+        starts = [self.valid[r] for r in round.rows]
+        counts = [n - 1 - v for n, v in zip(round.lengths, starts)]
+        width = max(counts)
+        start_t = torch.tensor(starts, device=self.device)
+        positions = (start_t[:, None] + 1 + torch.arange(width, device=self.device)).clamp(max=state.tokens.shape[1] - 1)
+        ids = state.tokens[rows[:, None], positions]
+        hidden = self.stash[rows, :width]
+        runner.set_lengths(rows, start_t)
+        last = torch.tensor(counts, device=self.device)[:, None] - 1
+        kv_len = max(round.lengths) - 1 + steps
+        logits = runner.forward(ids, kv_len=kv_len, rows=rows, extra={"hidden": hidden}, keep=last)[:, 0]
+        out = runner.features.gather(1, last[:, :, None].expand(-1, -1, runner.features.shape[-1]))
+        if not draft:
+            return
+        presence = state.presence[rows].clone() if state.presence is not None else None
+        keys, drafts = state.noise_keys[rows], round.buffers.drafts[:b]
+        sampling = None if self.sampling.greedy else state.sampling[rows]
+        lengths = round.lengths_t
+        arange = torch.arange(b, device=self.device)
+        for i in range(steps):
+            token = choose_draft(logits, i, self.sampling, lengths, keys, presence, round.gumbel, drafts,
+                                 probs[:b] if probs is not None else None, branching, sampling)
+            if presence is not None:
+                presence[arange, token] = True
+            if i + 1 < steps:
+                runner.set_lengths(rows, lengths - 2 + i + 1)
+                logits = runner.forward(token[:, None], kv_len=kv_len, rows=rows, extra={"hidden": out})[:, -1]
+                out = runner.features
+
+    def draft_seconds(self, k: int, kv_len: int) -> float:
+        return 0.0  # eager rounds are timed whole (adaptive's RoundTimes)
