@@ -1,0 +1,47 @@
+"""A reduced draft vocabulary: the target tokens the head can propose, chosen by frequency.
+
+As SpecForge's `process_token_dict_to_mappings`: count the tokens the target emits in the training
+data, keep the `size` most frequent (ties to the lower id), sort them by target id; draft id d is
+target id used[d], stored as d2t[d] = used[d] - d, and t2d[t] says whether target token t is kept.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftVocab:
+    target_ids: torch.Tensor  # [draft_vocab] ascending target ids
+    coverage: float  # share of the counted tokens the draft vocabulary contains
+
+    @property
+    def size(self) -> int:
+        return len(self.target_ids)
+
+
+def choose_vocab(counts: Counter, size: int, target_vocab_size: int, always: tuple[int, ...] = ()) -> DraftVocab:
+    """The `size` most frequent target tokens of `counts` (padded with the lowest unseen ids when fewer
+    were seen), plus the ids in `always` (e.g. EOS), which replace the rarest picks."""
+    if size >= target_vocab_size:
+        return DraftVocab(torch.arange(target_vocab_size), 1.0)
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))
+    picked = [t for t in always if 0 <= t < target_vocab_size]
+    picked += [t for t in ranked if t not in picked][: size - len(picked)]
+    unseen = (t for t in range(target_vocab_size) if t not in counts and t not in picked)
+    while len(picked) < size:
+        picked.append(next(unseen))
+    total = sum(counts.values())
+    coverage = sum(counts[t] for t in picked) / total if total else 1.0
+    return DraftVocab(torch.tensor(sorted(picked)), coverage)
+
+
+def d2t_t2d(target_ids: torch.Tensor, target_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The maps as files store them: d2t [draft_vocab] int64 offsets, t2d [target_vocab] bool."""
+    d2t = target_ids.long() - torch.arange(len(target_ids))
+    t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
+    t2d[target_ids.long()] = True
+    return d2t, t2d
