@@ -68,6 +68,7 @@ def build_generator(
     keep_stop: bool = False,
     corpus: str | list[list[int]] | None = None,
     corpus_max_tokens: int = 200_000,
+    head=None,
     **sampling_fields,
 ) -> SpecBatchGenerator:
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
@@ -100,6 +101,7 @@ def build_generator(
     completion text keeps the stop string that ended it. Requests override the job's settings through
     Request.params (RowParams); sampling.varied must be set for them to set their own temperature etc.
 
+    head: drafter "eagle"'s EagleHead (default: models.head, which load_models loads for drafter "eagle").
     corpus, corpus_max_tokens: the suffix drafter's warm start (a path load_corpus reads: an earlier
     output folder, or Parquet/JSONL texts; or token lists) and the bound of its job-wide structure.
 
@@ -131,7 +133,8 @@ def build_generator(
     draft = make_drafter(
         drafter, graphs=graphs, num_slots=batch_size, capacity=capacity, max_position=max_seq_len,
         target_vocab_size=target_vocab, sampling=sampling, draft_model=models.draft, trees=trees, buckets=buckets,
-        corpus=corpus or (), corpus_max_tokens=corpus_max_tokens,
+        corpus=corpus or (), corpus_max_tokens=corpus_max_tokens, head=head if head is not None else models.head,
+        k_max=k,
     )
     defaults = Defaults(sampling, max_new_tokens, tuple(stop), n=n, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                         max_logprobs=max_logprobs if max_logprobs is not None else
@@ -234,11 +237,11 @@ def generate(
     ids = [str(i) for i in (ids if ids is not None else range(len(prompts)))]
     if len(set(ids)) != len(ids):
         raise ValueError("ids must be unique")
-    if drafter == "model" and draft is None:
-        raise ValueError("drafter='model' needs draft= (a path, hub id or loaded model)")
+    if drafter in ("model", "eagle") and draft is None:
+        raise ValueError(f"drafter={drafter!r} needs draft= (a path, hub id or loaded model; for eagle a head's folder)")
     models = load_models(
         target, draft if drafter == "model" else None, tokenizer=tokenizer, dtype=dtype, device=device,
-        trust_remote_code=trust_remote_code,
+        trust_remote_code=trust_remote_code, head=draft if drafter == "eagle" else None,
     )
     if params is not None and len(params) != len(prompts):
         raise ValueError(f"params has {len(params)} entries but prompts has {len(prompts)}")

@@ -29,6 +29,7 @@ class Models:
     draft: PreTrainedModel | None
     tokenizer: PreTrainedTokenizerBase
     eos_token_ids: list[int]
+    head: object | None = None  # an EAGLE-3 head (batchspec.eagle.EagleHead) for drafter "eagle"
 
 
 def resolve_device(device: str) -> torch.device:
@@ -129,8 +130,10 @@ def load_models(
     dtype: str = "auto",
     device: str = "auto",
     trust_remote_code: bool = False,
+    head=None,
 ) -> Models:
-    """Load target, optional draft and the target's tokenizer; check the pair is compatible.
+    """Load target, optional draft and the target's tokenizer; check the pair is compatible. head: an
+    EAGLE-3 head's folder (or a loaded EagleHead) for drafter "eagle", checked against the target.
 
     `target`/`draft` are a local directory or hub id, or an already-loaded model (then `tokenizer`
     must be given, and dtype/device are left as they are).
@@ -162,4 +165,8 @@ def load_models(
         )
         if draft_model.config._attn_implementation not in SUPPORTED_ATTENTION:
             raise ModelLoadError(f"draft attention {draft_model.config._attn_implementation!r} is not supported")
-    return Models(target=target_model, draft=draft_model, tokenizer=tokenizer, eos_token_ids=eos)
+    if head is not None and not isinstance(head, torch.nn.Module):
+        from .eagle.formats import load_head  # deferred: only eagle jobs need it
+
+        head = load_head(head, target_model, dtype=torch_dtype, device=torch_device)
+    return Models(target=target_model, draft=draft_model, tokenizer=tokenizer, eos_token_ids=eos, head=head)

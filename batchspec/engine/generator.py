@@ -70,9 +70,11 @@ class SpecBatchGenerator:
         self.shapes = [RoundShape(drafts=k) for k in range(k_max + 1)] + [RoundShape(tree=t) for t in self.trees]
         widest = max(shape.width for shape in self.shapes)
         capacity = kv_capacity(max_seq_len, k_max, self.trees)
+        # A drafter that reads the target's hidden states (EAGLE-3) names the layers: every forward hands them out.
+        self.feature_layers = tuple(getattr(drafter, "feature_layers", ()))
         self.runner = ModelRunner(target, num_slots=batch_size, capacity=capacity, max_position=max_seq_len,
                                   graphs=graphs, widths={shape.width for shape in self.shapes}, buckets=buckets,
-                                  name="target")
+                                  name="target", feature_layers=self.feature_layers)
         vocab = self.runner.vocab_size
         self.state = SlotState(batch_size, capacity, vocab, self.device,
                                track_presence=sampling.repetition_penalty != 1.0)
@@ -175,12 +177,15 @@ class SpecBatchGenerator:
             primary.setdefault(seat.admission.group, seat.slot)
         sources = [primary[s.admission.group] for s in seats]
         first = [s for s in seats if primary[s.admission.group] == s.slot]
-        last = self._prefill(first)
+        last, features = self._prefill(first)
         copies = [(src, s.slot) for src, s in zip(sources, seats) if src != s.slot]
         if copies:
             self.runner.copy_prefix([a for a, _ in copies], [b for _, b in copies],
                                     max(len(s.prompt_ids) for s in seats))
-        self.drafter.admit(slots, prompts)
+        if features is None:
+            self.drafter.admit(slots, prompts)
+        else:
+            self.drafter.admit(slots, prompts, [features[src] for src in sources])
         if self.static:
             self.acceptor.first_tokens(slots, last, static=True)
             return []
@@ -194,37 +199,41 @@ class SpecBatchGenerator:
             self.drafter.extend([s for s, _ in going], [[t] for _, t in going], [0] * len(going))
         return self._release(finished)
 
-    def _prefill(self, seats: list[Seat]) -> torch.Tensor:
+    def _prefill(self, seats: list[Seat]) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
         """The target's prefill of the seats' prompts: eager and ragged ([n, V] after each prompt), or static
-        chunks ([B + 1, V] by slot). Rows that want their prompt's logprobs are prefilled eagerly with every
-        position's logits (also on the static path: a documented exception), which the Scheduler keeps."""
-        scored = [s for s in seats if s.admission.prompt_logprobs is not None]
-        plain = [s for s in seats if s.admission.prompt_logprobs is None]
+        chunks ([B + 1, V] by slot). Eagerly also, whatever the path (a documented exception on the static
+        path), rows that want their prompt's logprobs (every position's logits, kept by the Scheduler) and
+        every row when the drafter reads the target's features (returned by slot: [P, F] each)."""
+        needs_features = bool(self.feature_layers)
+        eager = [s for s in seats if needs_features or s.admission.prompt_logprobs is not None or not self.static]
+        chunked = [s for s in seats if s not in eager]
         last = None
-        if self.static:
-            if plain:
-                last = self.runner.prefill_static(self.state.tokens, [s.slot for s in plain], [0] * len(plain),
-                                                  [len(s.prompt_ids) for s in plain])
-            last = self.runner.last_logits() if last is None else last
-        elif plain:
-            last = self._eager_prefill(plain)
+        if chunked:
+            last = self.runner.prefill_static(self.state.tokens, [s.slot for s in chunked], [0] * len(chunked),
+                                              [len(s.prompt_ids) for s in chunked])
+        if not eager:
+            return last, None
+        scored = any(s.admission.prompt_logprobs is not None for s in eager)
+        logits = self._eager_prefill(eager, all_logits=scored)  # [n, W, V] or [n, V]
+        ends = torch.tensor([len(s.prompt_ids) - 1 for s in eager], device=self.device)
+        at_end = logits[torch.arange(len(eager), device=self.device), ends] if scored else logits
+        features = None
+        if needs_features:
+            features = {s.slot: self.runner.features[i, : len(s.prompt_ids)] for i, s in enumerate(eager)}
         if scored:
-            logits = self._eager_prefill(scored, all_logits=True)  # [n, W, V]
-            k = max(s.admission.prompt_logprobs for s in scored)
+            k = max(s.admission.prompt_logprobs or 0 for s in eager)
             width = logits.shape[1]
-            ids = torch.tensor([s.prompt_ids[1:] + [0] * (width - len(s.prompt_ids)) for s in scored], device=self.device)
-            blocks = logprobs_at(logits[:, :-1].float(), ids, k) if width > 1 else logits.new_zeros(len(scored), 0, 1)
-            ends = torch.tensor([len(s.prompt_ids) - 1 for s in scored], device=self.device)
-            at_end = logits[torch.arange(len(scored), device=self.device), ends]
-            for seat, row in zip(scored, blocks.tolist()):
-                self.scheduler.set_prompt_logprobs(seat.slot, row[: len(seat.prompt_ids) - 1])
-            if self.static:
-                last[torch.tensor([s.slot for s in scored], device=self.device)] = at_end.to(last.dtype)
-            else:
-                order = {s.slot: i for i, s in enumerate(plain)}
-                merged = [last[order[s.slot]] if s.slot in order else at_end[scored.index(s)] for s in seats]
-                last = torch.stack(merged)
-        return last
+            ids = torch.tensor([s.prompt_ids[1:] + [0] * (width - len(s.prompt_ids)) for s in eager], device=self.device)
+            blocks = logprobs_at(logits[:, :-1].float(), ids, k).tolist() if width > 1 else [[] for _ in eager]
+            for seat, row in zip(eager, blocks):
+                if seat.admission.prompt_logprobs is not None:
+                    self.scheduler.set_prompt_logprobs(seat.slot, row[: len(seat.prompt_ids) - 1],
+                                                       seat.admission.prompt_logprobs)
+        if self.static:
+            last = self.runner.last_logits()
+            last[torch.tensor([s.slot for s in eager], device=self.device)] = at_end.to(last.dtype)
+            return last, features
+        return at_end, features
 
     def _eager_prefill(self, seats: list[Seat], all_logits: bool = False) -> torch.Tensor:
         width = max(len(s.prompt_ids) for s in seats)

@@ -200,12 +200,13 @@ class Scheduler:
             self.adaptive.observe(round.shape, seconds, emitted.slots, emitted.budgets,
                                   [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts])
 
-    def set_prompt_logprobs(self, slot: int, blocks: list[list[float]]) -> None:
-        """A row's prompt logprobs (blocks for prompt tokens 1..; the first token has none)."""
+    def set_prompt_logprobs(self, slot: int, blocks: list[list[float]], k: int) -> None:
+        """A row's prompt logprobs: blocks [logprob, K best, their ids] for prompt tokens 1.. (the first has
+        none), of which the row keeps k alternatives."""
         record = self.slots[slot]
-        k = (len(blocks[0]) - 1) // 2 if blocks else 0
+        width = (len(blocks[0]) - 1) // 2 if blocks else 0
         record.prompt_logprobs = ([None] + [b[0] for b in blocks], [[]] + [b[1 : 1 + k] for b in blocks],
-                                  [[]] + [[int(x) for x in b[1 + k :]] for b in blocks])
+                                  [[]] + [[int(x) for x in b[1 + width : 1 + width + k]] for b in blocks])
 
     # ---- results ------------------------------------------------------------------------------------
 

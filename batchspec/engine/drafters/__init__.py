@@ -13,27 +13,36 @@ from transformers import PreTrainedModel
 from ..graphs import StepGraphs
 from ..sampling import SamplingParams
 from .base import LOOKUP_POLICY, MODEL_POLICY, Drafter, DrafterPolicy, NoDrafter
+from .eagle import EagleDrafter
 from .lookup import NGramDrafter, PromptLookupDrafter
 from .model import ModelDrafter
 from .suffix import SuffixDrafter
 
 __all__ = ["Drafter", "DrafterPolicy", "LOOKUP_POLICY", "MODEL_POLICY", "NoDrafter", "NGramDrafter",
-           "PromptLookupDrafter", "ModelDrafter", "SuffixDrafter", "make_drafter", "DRAFTERS"]
+           "PromptLookupDrafter", "ModelDrafter", "SuffixDrafter", "EagleDrafter", "make_drafter",
+           "DRAFTERS"]
 
-DRAFTERS = ("none", "model", "ngram", "prompt_lookup", "suffix")
+DRAFTERS = ("none", "model", "ngram", "prompt_lookup", "suffix", "eagle")
 
 
 def make_drafter(name: str, *, graphs: StepGraphs, num_slots: int, capacity: int, max_position: int,
                  target_vocab_size: int, sampling: SamplingParams, draft_model: PreTrainedModel | None = None,
                  trees: tuple = (), buckets: list[int] | None = None, corpus: list[list[int]] = (),
-                 corpus_max_tokens: int = 200_000) -> Drafter:
-    """corpus, corpus_max_tokens: the suffix drafter's warm start and job-wide bound (suffix.py)."""
+                 corpus_max_tokens: int = 200_000, head=None, k_max: int = 4) -> Drafter:
+    """draft_model: drafter "model"'s; head: drafter "eagle"'s EagleHead (batchspec/eagle); corpus,
+    corpus_max_tokens: drafter "suffix"'s warm start and job-wide bound (suffix.py)."""
     if name == "none":
         return NoDrafter()
     if name == "ngram":
         return NGramDrafter()
     if name == "prompt_lookup":
         return PromptLookupDrafter()
+    if name == "eagle":
+        if head is None:
+            raise ValueError("drafter 'eagle' needs an EAGLE-3 head (model.draft / draft=: its folder)")
+        return EagleDrafter(head, num_slots=num_slots, capacity=capacity, max_position=max_position,
+                            target_vocab_size=target_vocab_size, sampling=sampling, graphs=graphs, k_max=k_max,
+                            trees=trees, buckets=buckets)
     if name == "suffix":
         return SuffixDrafter(corpus=corpus, corpus_max_tokens=corpus_max_tokens)
     if name == "model":

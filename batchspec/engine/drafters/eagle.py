@@ -173,8 +173,9 @@ class EagleDrafter:
         """The first step (the entries each row lacks, up to L - 2), then one drafted token per step."""
         runner, b, state = self.runner, len(round.rows), round.state
         rows = round.rows_t
-        starts = [self.valid[r] for r in round.rows]
-        counts = [n - 1 - v for n, v in zip(round.lengths, starts)]
+        # An idle slot on the static path (L = 1) computes one throwaway entry at 0.
+        starts = [min(self.valid[r], max(n - 2, 0)) for r, n in zip(round.rows, round.lengths)]
+        counts = [max(n - 1 - v, 1) for n, v in zip(round.lengths, starts)]
         width = max(counts)
         start_t = torch.tensor(starts, device=self.device)
         positions = (start_t[:, None] + 1 + torch.arange(width, device=self.device)).clamp(max=state.tokens.shape[1] - 1)
@@ -190,7 +191,7 @@ class EagleDrafter:
         presence = state.presence[rows].clone() if state.presence is not None else None
         keys, drafts = state.noise_keys[rows], round.buffers.drafts[:b]
         sampling = None if self.sampling.greedy else state.sampling[rows]
-        lengths = round.lengths_t
+        lengths = round.lengths_t if round.lengths_t is not None else self._target.lengths[rows] + 1
         arange = torch.arange(b, device=self.device)
         for i in range(steps):
             token = choose_draft(logits, i, self.sampling, lengths, keys, presence, round.gumbel, drafts,
