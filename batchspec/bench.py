@@ -179,7 +179,8 @@ def contenders(args, has_draft: bool) -> list[Contender]:
         if has_draft:
             out.append(Contender("hf assisted (batch 1)", "hf_assisted", k=k_max))
         out.append(Contender("hf prompt lookup (batch 1)", "hf_prompt_lookup", k=k_max))
-    drafters = [d for d in (["model"] if has_draft else []) + ["ngram", "prompt_lookup", "suffix"] if d in args.drafters]
+    drafters = [d for d in (["model"] if has_draft else []) + ["eagle", "ngram", "prompt_lookup", "suffix"]
+                if d in args.drafters]
     for mode, verify in variants(args):
         tag = variant_tag(args, mode, verify)
         out.append(Contender(f"batchspec none{tag}", "batchspec", "none", compile=mode, verify=verify))
@@ -250,6 +251,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated drafters to run besides none: model, ngram, prompt_lookup, suffix "
                              "(default: model,ngram,prompt_lookup)")
     parser.add_argument("--corpus", help="the suffix drafter's warm start: an earlier output folder, or texts")
+    parser.add_argument("--head", default=str(DEMO / "eagle"), help="the eagle drafter's EAGLE-3 head folder "
+                        "(default: the demo's; with --drafters eagle)")
     parser.add_argument("--random-draft", action="store_true",
                         help="replace the draft's weights by random ones (same shapes, seed 0): a useless draft, "
                              "to check that adaptive speculation then costs next to nothing")
@@ -291,7 +294,8 @@ def main(argv: list[str] | None = None) -> None:
         prompts = read_prompts(args.prompts, args.num_prompts, args.prompt_column, args.split)
     except ValueError as e:  # SourceError included
         parser.error(f"--prompts: {e}")
-    models = load_models(args.target, args.draft or None, dtype=args.dtype, device=args.device)
+    models = load_models(args.target, args.draft or None, dtype=args.dtype, device=args.device,
+                         head=args.head if "eagle" in args.drafters else None)
     if args.random_draft:
         if models.draft is None:
             parser.error("--random-draft needs --draft")
@@ -355,7 +359,8 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
         rate = statistics.median(c.tokens_per_s)
         none_rate = statistics.median(nones.get((c.compile, c.verify), first_none).tokens_per_s)
         predicted = None
-        if c.kind == "batchspec" and c.drafter != "none" and c.tokens_per_forward and not c.adaptive and not c.tree:
+        if c.kind == "batchspec" and c.drafter not in ("none", "eagle") and c.tokens_per_forward and not c.adaptive \
+                and not c.tree:
             draft_cost = c.k * t_draft if c.drafter == "model" else 0.0
             predicted = c.tokens_per_forward * t_verify1 / (t_verify[c.k] + draft_cost)
         mismatches = sum(a != b for a, b in zip(c.outputs, reference))

@@ -54,6 +54,26 @@ def forward_ms(model, batch_size: int, width: int, context: int, repeats: int = 
     return 1000 * time_step(runner, width, context + width, repeats=repeats)
 
 
+@torch.inference_mode()
+def head_ms(head, target_vocab: int, batch_size: int, context: int, repeats: int = 5) -> float:
+    """Median ms of one EAGLE-3 head step (1 token per row, its own hidden state in) over `context` cached
+    entries: the eagle drafter's cost per drafted token."""
+    from .engine.drafters.eagle import HeadAsModel
+    from .engine.timing import median_seconds
+
+    model = HeadAsModel(head, target_vocab)
+    runner = ModelRunner(model, num_slots=batch_size, capacity=context + 2, max_position=context + 2,
+                         graphs=StepGraphs(None, model.device), name="head")
+    hidden = torch.zeros(batch_size, context, head.config.feature_size, dtype=model.dtype, device=model.device)
+    ids = torch.randint(3, 100, (batch_size, context), device=model.device)
+    rows = list(range(batch_size))
+    runner.prefill(rows, ids, [0] * batch_size, [context] * batch_size, extra={"hidden": hidden})
+    own = torch.zeros(batch_size, 1, head.config.hidden_size, dtype=model.dtype, device=model.device)
+    rows_t = torch.arange(batch_size, device=model.device)
+    step = lambda: runner.forward(ids[:, :1], kv_len=context + 1, rows=rows_t, extra={"hidden": own})  # noqa: E731
+    return 1000 * median_seconds(step, model.device, repeats)
+
+
 def expected_tokens(alpha: float, k: int) -> float:
     """Tokens per round with k drafts each kept with probability alpha until the first rejection."""
     return k + 1.0 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
@@ -104,7 +124,9 @@ def calibrate(models: Models, prompts: list[str], *, drafter: str, k_max: int, b
     curves = {}
     for b in batch_sizes:
         target_ms = [forward_ms(models.target, b, t, context) for t in range(1, k_max + 2)]
-        draft_ms = forward_ms(models.draft, b, 1, context) if drafter == "model" else 0.0
+        draft_ms = (forward_ms(models.draft, b, 1, context) if drafter == "model" else
+                    head_ms(models.head, models.target.get_output_embeddings().weight.shape[0], b, context)
+                    if drafter == "eagle" else 0.0)
         speedups = [predicted_speedup(alpha, k, target_ms, draft_ms) for k in range(k_max + 1)]
         best = max(range(k_max + 1), key=lambda k: speedups[k])
         curves[b] = {"target_ms": target_ms, "draft_ms": draft_ms, "c": draft_ms / target_ms[0],
@@ -156,7 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=str(DEMO / "target"))
     parser.add_argument("--draft", default=str(DEMO / "draft"))
-    parser.add_argument("--drafter", default="model", choices=["model", "ngram", "prompt_lookup", "suffix"])
+    parser.add_argument("--drafter", default="model", choices=["model", "eagle", "ngram", "prompt_lookup", "suffix"])
+    parser.add_argument("--head", default=str(DEMO / "eagle"), help="the eagle drafter's EAGLE-3 head folder")
     parser.add_argument("--prompts", default=str(DEMO / "prompts.parquet"),
                         help="any job source: Parquet file/folder/glob, saved or local HF dataset, JSONL")
     parser.add_argument("--prompt-column", default="prompt")
@@ -175,7 +198,8 @@ def main(argv: list[str] | None = None) -> None:
         prompts = read_prompts(args.prompts, args.num_prompts, args.prompt_column, args.split)
     except ValueError as e:  # SourceError included
         parser.error(f"--prompts: {e}")
-    models = load_models(args.target, args.draft if args.drafter == "model" else None, dtype=args.dtype, device=args.device)
+    models = load_models(args.target, args.draft if args.drafter == "model" else None, dtype=args.dtype,
+                         device=args.device, head=args.head if args.drafter == "eagle" else None)
     result = calibrate(
         models, prompts, drafter=args.drafter, k_max=args.k_max,
         batch_sizes=[int(b) for b in args.batch_sizes.split(",")], max_new_tokens=args.max_new_tokens,
