@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ...types import TreeSpec
-from ..graphs import StepGraphs
+from ..graphs import HostBuffer, StepGraphs
 from ..round import Draft, Round, RoundBuffers, RoundShape
 from ..runner import ModelRunner
 from ..sampling import SamplingParams
@@ -94,10 +94,29 @@ class EagleDrafter:
         self._round: tuple | None = None
         self._target: ModelRunner | None = None
         self._acceptor = None
+        self._presence: torch.Tensor | None = None  # [B, V] the drafts' growing repetition context (static)
 
     def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers,
              acceptor=None) -> None:
+        """The generator's device state; on the static path, declare the steps: each drafting step of each
+        shape over each bucket, and the stash's update for each verify width."""
         self._target, self._state, self._buffers, self._acceptor = target, state, buffers, acceptor
+        if not self.runner.static:
+            return
+        self._where = HostBuffer((2, self.num_slots), self.device)  # each slot's first entry to compute, and how many
+        self._where_args = torch.zeros(2, self.num_slots, dtype=torch.long, device=self.device)
+        if state.presence is not None:
+            self._presence = torch.zeros_like(state.presence)
+        specs = [None] + sorted({shape.tree for shape in shapes if shape.tree is not None}, key=str)
+        k_max = max((shape.drafts for shape in shapes if shape.tree is None), default=0)
+        for bucket in self.runner.buckets:
+            for spec in specs:
+                for i in range(max(spec.depth if spec is not None else k_max, 1)):
+                    self.graphs.declare(self._key(i, bucket, spec), partial(self._static_step, i=i, kv_len=bucket,
+                                        spec=spec), self._static_args(spec), size=bucket * self.num_slots)
+        for shape in shapes:
+            width = shape.width
+            self.graphs.declare(("eagle", "stash", width), self._stash_step, self._stash_args(width))
 
     # ---- requests in and out ----------------------------------------------------------------------
 
@@ -129,10 +148,22 @@ class EagleDrafter:
         for slot in slots:
             self.valid[slot] = by_slot[slot] - 1
         features = self._target.features  # [b, T, F]: the round's verify pass, row order = rows
+        if self.runner.static:
+            self.graphs.run(("eagle", "stash", features.shape[1]), self._stash_step, self._stash_args(features.shape[1]))
+            return
         along = self._acceptor.path_out[: len(rows), : features.shape[1]]  # [b, E] verify positions kept
         gathered = features.gather(1, along[:, :, None].expand(-1, -1, features.shape[-1]))[:, : self.catch_up]
         index = torch.tensor(rows, device=self.device)
         self.stash[index, : gathered.shape[1]] = gathered.to(self.stash.dtype)
+
+    def _stash_args(self, width: int) -> tuple:
+        return (self._target.features_buffer(width), self._acceptor.path_out)
+
+    def _stash_step(self, features: torch.Tensor, path: torch.Tensor) -> None:
+        """Every slot's stash from the verify pass's features along its accepted path (static)."""
+        along = path[:, : min(features.shape[1], path.shape[1])]
+        gathered = features.gather(1, along[:, :, None].expand(-1, -1, features.shape[-1]))[:, : self.catch_up]
+        self.stash[:, : gathered.shape[1]] = gathered.to(self.stash.dtype)
 
     def release(self, slots):
         pass
@@ -157,7 +188,10 @@ class EagleDrafter:
         branching = spec.branching if spec is not None else 0
         rejection = not (self.sampling.greedy or self.sampling.coupled)
         probs = (buffers.q_at if spec is not None else buffers.probs) if rejection else None
-        self._eager_steps(round, max(steps, 1), branching, probs, draft=steps > 0)
+        if round.static:
+            self._static_steps(round, max(steps, 1), spec)
+        else:
+            self._eager_steps(round, max(steps, 1), branching, probs, draft=steps > 0)
         self._round = (list(round.rows), list(round.lengths))
         if steps == 0:
             return empty_draft(buffers, b) if spec is None else no_tree(buffers, b, spec)
@@ -165,6 +199,9 @@ class EagleDrafter:
             return Draft(tokens=buffers.drafts[:b, :steps], num_tokens=num,
                          probs=probs[:b, :steps] if probs is not None else None, host_num=list(round.budgets))
         n = spec.nodes
+        if round.static:  # the first step laid out the tree
+            return Draft(tokens=buffers.drafts[:, :n], num_tokens=num, parents=buffers.parents[:, :n],
+                         valid=buffers.valid[:, :n], q_at=probs[:, : n + 1] if probs is not None else None, spec=spec)
         parents, valid = layout_tree(spec, num, buffers.drafts[:b, :n], self.device)
         return Draft(tokens=buffers.drafts[:b, :n], num_tokens=valid.sum(1), parents=parents, valid=valid,
                      q_at=probs[:b, : n + 1] if probs is not None else None, spec=spec)
@@ -173,9 +210,7 @@ class EagleDrafter:
         """The first step (the entries each row lacks, up to L - 2), then one drafted token per step."""
         runner, b, state = self.runner, len(round.rows), round.state
         rows = round.rows_t
-        # An idle slot on the static path (L = 1) computes one throwaway entry at 0.
-        starts = [min(self.valid[r], max(n - 2, 0)) for r, n in zip(round.rows, round.lengths)]
-        counts = [max(n - 1 - v, 1) for n, v in zip(round.lengths, starts)]
+        starts, counts = self._first_entries(round)
         width = max(counts)
         start_t = torch.tensor(starts, device=self.device)
         positions = (start_t[:, None] + 1 + torch.arange(width, device=self.device)).clamp(max=state.tokens.shape[1] - 1)
@@ -203,5 +238,68 @@ class EagleDrafter:
                 logits = runner.forward(token[:, None], kv_len=kv_len, rows=rows, extra={"hidden": out})[:, -1]
                 out = runner.features
 
+    def _first_entries(self, round: Round) -> tuple[list[int], list[int]]:
+        """Per row, the first head entry the first step computes and how many (up to L - 2). An idle slot on
+        the static path (L = 1) computes one throwaway entry at 0."""
+        starts = [min(self.valid[r], max(n - 2, 0)) for r, n in zip(round.rows, round.lengths)]
+        return starts, [max(n - 1 - v, 1) for n, v in zip(round.lengths, starts)]
+
+    # ---- the static path: one captured step per drafted token --------------------------------------
+
+    def _key(self, i: int, bucket: int, spec: TreeSpec | None) -> tuple:
+        return ("eagle", i, bucket, str(spec) if spec is not None else "chain")
+
+    def _static_args(self, spec: TreeSpec | None) -> tuple:
+        b = self._buffers
+        rejection = not (self.sampling.greedy or self.sampling.coupled)
+        probs = (b.q_at if spec is not None else b.probs) if rejection else None
+        return (self._state.tokens, self._where_args, b.drafts, b.num_drafts, b.gumbel, probs)
+
+    def _static_steps(self, round: Round, steps: int, spec: TreeSpec | None) -> None:
+        starts, counts = self._first_entries(round)
+        where = self._where.put([starts, counts])
+        bucket = self.runner.bucket(min(max(round.lengths) + steps, self.runner.capacity))
+        for i in range(steps):
+            args = self._static_args(spec)
+            self.graphs.run(self._key(i, bucket, spec), partial(self._static_step, i=i, kv_len=bucket, spec=spec),
+                            (args[0], where) + args[2:])
+
+    def _static_step(self, seqs, where, drafts, num, gumbel, probs, *, i: int, kv_len: int,
+                     spec: TreeSpec | None) -> None:
+        """Draft i of every slot (static shapes): step 0 computes each slot's missing entries (where [2, B]:
+        the first, and how many) from the stash and returns the draft after them; step i feeds draft i - 1
+        with the head's own output."""
+        runner, state, n_slots = self.runner, self._state, self.num_slots
+        lengths = self._target.lengths[:n_slots] + 1
+        branching = spec.branching if spec is not None else 0
+        if i == 0:
+            starts, counts = where[0], where[1]
+            width = self.catch_up
+            positions = (starts[:, None] + 1 + torch.arange(width, device=self.device)).clamp(max=seqs.shape[1] - 1)
+            runner.lengths[:n_slots] = starts
+            last = (counts - 1).clamp(min=0)[:, None]
+            logits = runner.step_logits(seqs, seqs.gather(1, positions), kv_len=kv_len,
+                                        extra={"hidden": self.stash}, keep=last)[:, 0]
+            self.out.copy_(runner.features.gather(1, last[:, :, None].expand(-1, -1, runner.features.shape[-1])))
+            if self._presence is not None:
+                self._presence.copy_(state.presence)
+            if spec is not None:
+                parents, valid = layout_tree(spec, num, drafts[:, : spec.nodes], self.device)
+                self._buffers.parents[:, : spec.nodes] = parents
+                self._buffers.valid[:, : spec.nodes] = valid
+                num.copy_(valid.sum(1))
+        else:
+            fed = (i - 1) * max(branching, 1)
+            runner.lengths[:n_slots] = lengths - 2 + i
+            logits = runner.step_logits(seqs, drafts[:, fed : fed + 1], kv_len=kv_len,
+                                        extra={"hidden": self.out})[:, -1]
+            self.out.copy_(runner.features)
+        token = choose_draft(logits, i, self.sampling, lengths, state.noise_keys, self._presence, gumbel, drafts,
+                             probs, branching, None if self.sampling.greedy else state.sampling)
+        if self._presence is not None:
+            self._presence[runner.slot_index, token] = True
+
     def draft_seconds(self, k: int, kv_len: int) -> float:
-        return 0.0  # eager rounds are timed whole (adaptive's RoundTimes)
+        """Static: k drafted tokens cost about k head steps (the first computes a few entries more); the
+        head's steps are not timed separately (0: adaptive's overhead estimate absorbs them)."""
+        return 0.0
