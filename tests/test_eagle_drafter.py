@@ -1,0 +1,94 @@
+"""drafter=eagle in the engine: exact with any head (a random one proposes nonsense, which must never change
+a token), through the API's head folder, on Llama, Qwen2 and GPT-2 targets, eager and static."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import batchspec
+from batchspec.eagle.config import HeadError
+from batchspec.eagle.formats import head_for_target, save_head
+from batchspec.engine.graphs import LaunchCounter
+from conftest import MAX_NEW
+from tiny import PROMPTS
+
+
+def head_dir(path, target_dir, seed: int = 0, vocab: torch.Tensor | None = None):
+    """A random head for the target, saved as an EAGLE-3 folder; the head's fc scaled down so that its
+    hidden state is dominated by the token embedding (a random head that still guesses some tokens)."""
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    torch.manual_seed(seed)
+    head = head_for_target(target, draft_target_ids=vocab)
+    with torch.no_grad():
+        head.fc.weight.mul_(0.01)
+    return save_head(head, path)
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory, pair):
+    root = tmp_path_factory.mktemp(f"heads-{pair.arch}")
+    reduced = torch.arange(0, pair.tokenizer.vocab_size, 2)  # a draft vocabulary of every other token
+    return head_dir(root / "full", pair.target), head_dir(root / "reduced", pair.target, seed=1, vocab=reduced)
+
+
+# batch, k, tree, compile, adaptive, reduced vocabulary
+CASES = [(1, 3, None, "off", False, False), (3, 4, None, "static", False, True), (8, 2, None, "off", True, True),
+         (3, 4, "2x3", "off", False, False), (8, 4, "3x2", "static", True, False)]
+
+
+@pytest.mark.parametrize("batch_size,k,tree,compile,adaptive,reduced", CASES,
+                         ids=[f"b{b}-k{k}-{t or 'chain'}-{c}-{'adaptive' if a else 'fixed'}{'-reduced' if r else ''}"
+                              for b, k, t, c, a, r in CASES])
+def test_greedy_parity(pair, heads, batch_size, k, tree, compile, adaptive, reduced):
+    results = batchspec.generate(PROMPTS, target=str(pair.target), draft=str(heads[int(reduced)]), drafter="eagle",
+                                 k=k, batch_size=batch_size, max_new_tokens=MAX_NEW, tree=tree, compile=compile,
+                                 adaptive=adaptive)
+    assert [r.completion_token_ids for r in results] == pair.reference
+    assert sum(r.draft_tokens for r in results) > 0
+
+
+@pytest.mark.parametrize("tree", [None, "2x3"])
+def test_eager_and_static_draft_the_same_with_the_demo_head(tree):
+    """The captured path's head steps are the eager ones: the same drafts, so the same acceptance per round,
+    with the shipped demo head (which guesses most tokens)."""
+    from batchspec.calibrate import DEMO, read_prompts
+
+    prompts = read_prompts(str(DEMO / "prompts.parquet"), 8)
+    runs = [batchspec.generate(prompts, target=str(DEMO / "target"), draft=str(DEMO / "eagle"), drafter="eagle", k=4,
+                               batch_size=4, max_new_tokens=24, compile=c, adaptive=False, tree=tree)
+            for c in ("off", "static")]
+    assert [r.accepted_per_round for r in runs[0]] == [r.accepted_per_round for r in runs[1]]
+    assert [r.completion_token_ids for r in runs[0]] == [r.completion_token_ids for r in runs[1]]
+    assert sum(r.accepted_tokens for r in runs[0]) > 0.5 * sum(r.draft_tokens for r in runs[0])
+
+
+def test_coupled_sampling_is_plain_decodings(llama_pair, tmp_path):
+    head = head_dir(tmp_path / "head", llama_pair.target)
+    common = dict(target=str(llama_pair.target), max_new_tokens=16, temperature=0.9, top_p=0.95, seed=3)
+    plain = batchspec.generate(PROMPTS, drafter="none", **common)
+    for tree, compile in ((None, "off"), ("2x2", "static")):
+        got = batchspec.generate(PROMPTS, draft=str(head), drafter="eagle", k=3, batch_size=5, tree=tree,
+                                 compile=compile, **common)
+        assert [r.completion_token_ids for r in got] == [r.completion_token_ids for r in plain]
+
+
+def test_launches_are_bounded(llama_pair, tmp_path):
+    head = head_dir(tmp_path / "head", llama_pair.target)
+    models = batchspec.load_models(str(llama_pair.target), head=str(head))
+    counter = LaunchCounter()
+    generator = batchspec.build_generator(models, drafter="eagle", k=3, batch_size=4, max_new_tokens=MAX_NEW,
+                                          compile="static", launches=counter, adaptive=False)
+    with counter:
+        list(generator.run(batchspec.Request(str(i), p) for i, p in enumerate(PROMPTS)))
+    rounds = generator.stats.rounds
+    assert sum(n for phase, n in counter.ops.items() if phase != "admit") / rounds <= 8, counter.ops
+    assert counter.in_step == [] and counter.syncs.get("accept") == rounds
+
+
+def test_a_head_for_another_target_is_one_line(pair, llama_pair, tmp_path):
+    head = head_dir(tmp_path / "head", llama_pair.target)
+    other = llama_pair.target.parent / "draft"  # a 1-layer, hidden-32 model: another hidden size and depth
+    with pytest.raises(HeadError, match="hidden size|layer"):
+        batchspec.load_models(str(other), head=str(head))
