@@ -22,7 +22,7 @@ from .engine.graphs import LaunchCounter, StepGraphs, resolve_capture
 from .engine.intake import Defaults
 from .engine.memory import Shape, fit_buckets
 from .engine.memory import estimate as memory_estimate
-from .engine.runner import kv_buckets, kv_capacity
+from .engine.shapes import kv_buckets, kv_capacity
 from .engine.sampling import SamplingParams
 from .types import TreeSpec
 from .corpus import load_corpus

@@ -15,7 +15,8 @@ import torch
 
 import batchspec
 from batchspec.calibrate import read_prompts
-from batchspec.engine.sampling import SamplingParams, coupled_tokens, gumbel_noise, to_probs
+from batchspec.engine.noise import gumbel_noise
+from batchspec.engine.sampling import SamplingParams, coupled_tokens, to_probs
 from batchspec.jobs.config import ASSETS_DIR
 from conftest_jobs import read_output, run_inprocess, tiny_job, tiny_models, write_job  # noqa: F401
 from tiny import PROMPTS

@@ -6,10 +6,9 @@ import pytest
 import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-from batchspec.engine.sampling import (
-    STREAM_ACCEPT, STREAM_DRAFT, SamplingParams, apply_repetition_penalty, growing_presence, request_key, sample,
-    to_probs, uniforms, verify_greedy, verify_sampling,
-)
+from batchspec.engine.acceptance import sample, verify_greedy, verify_sampling
+from batchspec.engine.noise import STREAM_ACCEPT, STREAM_DRAFT, request_key, uniforms
+from batchspec.engine.sampling import SamplingParams, apply_repetition_penalty, growing_presence, to_probs
 
 P = torch.tensor([0.5, 0.3, 0.2, 0.0])
 Q = torch.tensor([0.2, 0.2, 0.3, 0.3])

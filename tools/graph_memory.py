@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic_pair import SHAPES, target_config  # noqa: E402
 
 from batchspec.engine.memory import MiB, Shape, estimate, fit_buckets  # noqa: E402
-from batchspec.engine.runner import kv_buckets, kv_capacity  # noqa: E402
+from batchspec.engine.shapes import kv_buckets, kv_capacity  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

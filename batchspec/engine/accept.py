@@ -15,11 +15,12 @@ from functools import partial
 
 import torch
 
+from .acceptance import sample
 from .graphs import HostBuffer, LaunchCounter, StepGraphs, host_lists
 from .noise import STREAM_RESAMPLE, gumbel_noise, uniforms
 from .round import Draft, Round, RoundBuffers, RoundShape
 from .runner import ModelRunner
-from .sampling import RowSampling, SamplingParams, choose, logprobs_at, probs_of, sample, scores
+from .sampling import RowSampling, SamplingParams, choose, logprobs_at, probs_of, scores
 from .slots import SlotState
 from .stops import StopRules
 from .tree import TreeShape, compaction, tree_shape

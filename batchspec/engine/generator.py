@@ -25,14 +25,15 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..types import Request, Result, TreeSpec
 from .accept import Acceptor
+from .admission import Admitter
 from .adaptive import AdaptiveK
 from .costs import RoundTimes, StepTable
 from .drafters import Drafter
 from .graphs import HostBuffer, StepGraphs
 from .intake import Defaults
 from .round import Round, RoundBuffers, RoundShape
-from .runner import ModelRunner, kv_capacity
-from .sampling import SamplingParams, logprobs_at
+from .runner import ModelRunner
+from .shapes import kv_capacity
 from .scheduler import Scheduler, Seat
 from .slots import SlotState
 from .stops import StopRules
@@ -95,6 +96,7 @@ class SpecBatchGenerator:
         self.timings = dict.fromkeys(PHASES, 0.0)  # seconds per phase (exact on a GPU only with profile)
         self.noise_s = 0.0  # seconds making coupled sampling's noise (inside the draft phase)
         self._sync_phases = profile and self.device.type == "cuda"
+        self.admitter = Admitter(self.runner, self.state, self.acceptor, drafter)
         self._released = HostBuffer((batch_size,), self.device)
         self._rows = HostBuffer((batch_size,), self.device)  # an eager round's rows
         if self.static:
@@ -166,80 +168,20 @@ class SpecBatchGenerator:
             return errors + (self._seat(seats) if seats else [])
 
     def _seat(self, seats: list[Seat]) -> list[Result]:
-        """The device side of admission: the prompts into the slots' sequences, the target's prefill (once
-        per prompt: samples of one request admitted together copy its cache), the first tokens, the
-        drafter's admission. Eagerly the first tokens come back at once (one sync, free on a CPU); on the
-        static path the next round's verdict carries them."""
-        slots, prompts = [s.slot for s in seats], [s.prompt_ids for s in seats]
-        self.state.seat(slots, prompts, [s.admission.key for s in seats], [s.admission.sampling for s in seats])
-        primary: dict[int, int] = {}  # group -> the slot that prefills for it
-        for seat in seats:
-            primary.setdefault(seat.admission.group, seat.slot)
-        sources = [primary[s.admission.group] for s in seats]
-        first = [s for s in seats if primary[s.admission.group] == s.slot]
-        last, features = self._prefill(first)
-        copies = [(src, s.slot) for src, s in zip(sources, seats) if src != s.slot]
-        if copies:
-            self.runner.copy_prefix([a for a, _ in copies], [b for _, b in copies],
-                                    max(len(s.prompt_ids) for s in seats))
-        if features is None:
-            self.drafter.admit(slots, prompts)
-        else:
-            self.drafter.admit(slots, prompts, [features[src] for src in sources])
-        if self.static:
-            self.acceptor.first_tokens(slots, last, static=True)
+        """Admission's device side (admission.py), then the host's: prompt logprobs, and eagerly the first
+        tokens at once (on the static path the next round's verdict carries them)."""
+        seated = self.admitter.seat(seats)
+        for slot, blocks, k in seated.prompt_logprobs:
+            self.scheduler.set_prompt_logprobs(slot, blocks, k)
+        if seated.tokens is None:
             return []
-        index = {seat.slot: i for i, seat in enumerate(first)}
-        logits = last[torch.tensor([index[src] for src in sources], device=self.device)]
-        tokens, logprobs = self.acceptor.first_tokens(slots, logits, static=False)
-        finished = self.scheduler.first_tokens(slots, tokens, logprobs)
+        slots = [s.slot for s in seats]
+        finished = self.scheduler.first_tokens(slots, seated.tokens, seated.logprobs)
         done = {slot for slot, _ in finished}
-        going = [(slot, token) for slot, token in zip(slots, tokens) if slot not in done]
+        going = [(slot, token) for slot, token in zip(slots, seated.tokens) if slot not in done]
         if going:
             self.drafter.extend([s for s, _ in going], [[t] for _, t in going], [0] * len(going))
         return self._release(finished)
-
-    def _prefill(self, seats: list[Seat]) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
-        """The target's prefill of the seats' prompts: eager and ragged ([n, V] after each prompt), or static
-        chunks ([B + 1, V] by slot). Eagerly also, whatever the path (a documented exception on the static
-        path), rows that want their prompt's logprobs (every position's logits, kept by the Scheduler) and
-        every row when the drafter reads the target's features (returned by slot: [P, F] each)."""
-        needs_features = bool(self.feature_layers)
-        eager = [s for s in seats if needs_features or s.admission.prompt_logprobs is not None or not self.static]
-        chunked = [s for s in seats if s not in eager]
-        last = None
-        if chunked:
-            last = self.runner.prefill_static(self.state.tokens, [s.slot for s in chunked], [0] * len(chunked),
-                                              [len(s.prompt_ids) for s in chunked])
-        if not eager:
-            return last, None
-        scored = any(s.admission.prompt_logprobs is not None for s in eager)
-        logits = self._eager_prefill(eager, all_logits=scored)  # [n, W, V] or [n, V]
-        ends = torch.tensor([len(s.prompt_ids) - 1 for s in eager], device=self.device)
-        at_end = logits[torch.arange(len(eager), device=self.device), ends] if scored else logits
-        features = None
-        if needs_features:
-            features = {s.slot: self.runner.features[i, : len(s.prompt_ids)] for i, s in enumerate(eager)}
-        if scored:
-            k = max(s.admission.prompt_logprobs or 0 for s in eager)
-            width = logits.shape[1]
-            ids = torch.tensor([s.prompt_ids[1:] + [0] * (width - len(s.prompt_ids)) for s in eager], device=self.device)
-            blocks = logprobs_at(logits[:, :-1].float(), ids, k).tolist() if width > 1 else [[] for _ in eager]
-            for seat, row in zip(eager, blocks):
-                if seat.admission.prompt_logprobs is not None:
-                    self.scheduler.set_prompt_logprobs(seat.slot, row[: len(seat.prompt_ids) - 1],
-                                                       seat.admission.prompt_logprobs)
-        if self.static:
-            last = self.runner.last_logits()
-            last[torch.tensor([s.slot for s in eager], device=self.device)] = at_end.to(last.dtype)
-            return last, features
-        return at_end, features
-
-    def _eager_prefill(self, seats: list[Seat], all_logits: bool = False) -> torch.Tensor:
-        width = max(len(s.prompt_ids) for s in seats)
-        ids = torch.tensor([s.prompt_ids + [0] * (width - len(s.prompt_ids)) for s in seats], device=self.device)
-        return self.runner.prefill([s.slot for s in seats], ids, [0] * len(seats), [len(s.prompt_ids) for s in seats],
-                                   all_logits=all_logits)
 
     def _release(self, finished: list[tuple[int, Result]]) -> list[Result]:
         """Free the finished rows' slots: idle slots ride along from position 0."""

@@ -30,8 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..types import TreeSpec  # noqa: F401 (a record, kept torch-free for the job runner's checks)
-from .sampling import sample
+from .acceptance import sample
 
 
 @dataclass(slots=True)

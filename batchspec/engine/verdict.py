@@ -12,10 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from .round import Draft
-from .sampling import (
-    STREAM_ACCEPT, STREAM_RESAMPLE, RowSampling, SamplingParams, choose, growing_presence, logprobs_at, probs_of,
-    scores, uniforms, verify_greedy, verify_sampling,
-)
+from .acceptance import verify_greedy, verify_sampling
+from .noise import STREAM_ACCEPT, STREAM_RESAMPLE, uniforms
+from .sampling import RowSampling, SamplingParams, choose, growing_presence, logprobs_at, probs_of, scores
 from .stops import StopRules
 from .tree import TreeShape, follow, follow_rejection, node_noise
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
-
 from ...types import TreeSpec
 from ..round import Draft, Round, RoundBuffers, RoundShape
 

@@ -26,7 +26,7 @@ from ..runner import ModelRunner
 from ..sampling import SamplingParams
 from ..slots import SlotState
 from .base import DrafterPolicy, empty_draft
-from .model import choose_draft, layout_tree, no_tree
+from .choosing import choose_draft, layout_tree, no_tree
 
 EAGLE_POLICY = DrafterPolicy(draft_forwards=True, trees=True)
 

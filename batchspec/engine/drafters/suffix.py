@@ -65,9 +65,9 @@ class SuffixDrafter:
         for slot, k in zip(round.rows, round.budgets):
             depth = min(k, spec.depth)
             if depth > 0:
-                tokens, parents, probs = self.index.propose_tree(self.keys[slot], spec.nodes, depth)
+                tokens, parents, _ = self.index.propose_tree(self.keys[slot], spec.nodes, depth)
             else:
-                tokens, parents, probs = [], [], []
+                tokens, parents = [], []
             rows.append((tokens, parents))
         return host_tree_nodes(round.buffers, rows, spec)
 

@@ -1,0 +1,106 @@
+"""The device side of admission: new rows' prompts into their slots, the target's prefill (once per prompt:
+the samples of one request admitted together copy its cache), the drafter's admission, the first tokens.
+
+The prefill is eager and ragged on the eager path, captured chunks on the static path; eagerly also on
+the static path (a documented exception) for rows that want their prompt's logprobs (every position's
+logits) and for every row when the drafter reads the target's hidden states (EAGLE: its head is
+prefilled over them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .accept import Acceptor
+from .drafters import Drafter
+from .runner import ModelRunner
+from .sampling import logprobs_at
+from .slots import SlotState
+
+
+@dataclass(slots=True)
+class Seated:
+    """What admission hands the host: eagerly the first tokens and their logprobs blocks (None on the static
+    path, where the next round's verdict carries them), and (slot, blocks, k) of rows that asked for their
+    prompt's logprobs."""
+
+    tokens: list[int] | None = None
+    logprobs: list[list[float]] | None = None
+    prompt_logprobs: list[tuple[int, list, int]] = field(default_factory=list)
+
+
+class Admitter:
+    def __init__(self, runner: ModelRunner, state: SlotState, acceptor: Acceptor, drafter: Drafter):
+        self.runner, self.state, self.acceptor, self.drafter = runner, state, acceptor, drafter
+        self.device, self.static = runner.device, runner.static
+
+    def seat(self, seats) -> Seated:
+        """seats: scheduler.Seat records (slot, admission) of the new rows."""
+        slots, prompts = [s.slot for s in seats], [s.prompt_ids for s in seats]
+        self.state.seat(slots, prompts, [s.admission.key for s in seats], [s.admission.sampling for s in seats])
+        primary: dict[int, int] = {}  # group -> the slot that prefills for it
+        for seat in seats:
+            primary.setdefault(seat.admission.group, seat.slot)
+        sources = [primary[s.admission.group] for s in seats]
+        first = [s for s in seats if primary[s.admission.group] == s.slot]
+        seated = Seated()
+        last, features = self._prefill(first, seated)
+        copies = [(src, s.slot) for src, s in zip(sources, seats) if src != s.slot]
+        if copies:
+            self.runner.copy_prefix([a for a, _ in copies], [b for _, b in copies], max(map(len, prompts)))
+        if features is None:
+            self.drafter.admit(slots, prompts)
+        else:
+            self.drafter.admit(slots, prompts, [features[src] for src in sources])
+        if self.static:
+            self.acceptor.first_tokens(slots, last, static=True)
+            return seated
+        index = {seat.slot: i for i, seat in enumerate(first)}
+        logits = last[torch.tensor([index[src] for src in sources], device=self.device)]
+        seated.tokens, seated.logprobs = self.acceptor.first_tokens(slots, logits, static=False)
+        return seated
+
+    def _prefill(self, seats, seated: Seated) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
+        """The target's prefill of the seats' prompts -> the logits after each prompt ([n, V] eagerly, [B + 1, V]
+        by slot on the static path) and, for a drafter that reads them, the prompts' features by slot."""
+        needs_features = bool(self.runner.feature_layers)
+        eager = [s for s in seats if needs_features or s.admission.prompt_logprobs is not None or not self.static]
+        chunked = [s for s in seats if s not in eager]
+        last = None
+        if chunked:
+            last = self.runner.prefill_static(self.state.tokens, [s.slot for s in chunked], [0] * len(chunked),
+                                              [len(s.prompt_ids) for s in chunked])
+        if not eager:
+            return last, None
+        scored = [s for s in eager if s.admission.prompt_logprobs is not None]
+        logits = self._eager_prefill(eager, all_logits=bool(scored))  # [n, W, V] or [n, V]
+        ends = torch.tensor([len(s.prompt_ids) - 1 for s in eager], device=self.device)
+        at_end = logits[torch.arange(len(eager), device=self.device), ends] if scored else logits
+        features = None
+        if needs_features:
+            features = {s.slot: self.runner.features[i, : len(s.prompt_ids)] for i, s in enumerate(eager)}
+        if scored:
+            self._prompt_logprobs(eager, logits, seated)
+        if self.static:
+            last = self.runner.last_logits()
+            last[torch.tensor([s.slot for s in eager], device=self.device)] = at_end.to(last.dtype)
+            return last, features
+        return at_end, features
+
+    def _prompt_logprobs(self, seats, logits: torch.Tensor, seated: Seated) -> None:
+        """The raw model's log-probabilities of each prompt token after the ones before it (the first has none)."""
+        k = max(s.admission.prompt_logprobs or 0 for s in seats)
+        width = logits.shape[1]
+        ids = torch.tensor([s.prompt_ids[1:] + [0] * (width - len(s.prompt_ids)) for s in seats], device=self.device)
+        blocks = logprobs_at(logits[:, :-1].float(), ids, k).tolist() if width > 1 else [[] for _ in seats]
+        for seat, row in zip(seats, blocks):
+            if seat.admission.prompt_logprobs is not None:
+                seated.prompt_logprobs.append((seat.slot, row[: len(seat.prompt_ids) - 1], seat.admission.prompt_logprobs))
+
+    def _eager_prefill(self, seats, all_logits: bool = False) -> torch.Tensor:
+        width = max(len(s.prompt_ids) for s in seats)
+        ids = torch.tensor([s.prompt_ids + [0] * (width - len(s.prompt_ids)) for s in seats], device=self.device)
+        return self.runner.prefill([s.slot for s in seats], ids, [0] * len(seats), [len(s.prompt_ids) for s in seats],
+                                   all_logits=all_logits)

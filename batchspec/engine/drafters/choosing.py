@@ -1,0 +1,68 @@
+"""What a drafting model's step does with its logits, shared by the draft model and the EAGLE head: choose
+the drafts (a chain's token, a tree level's nodes) under greedy, coupled or rejection sampling, and lay
+out the spine-and-leaves tree geometry."""
+
+from __future__ import annotations
+
+import torch
+
+from ...types import TreeSpec
+from ..noise import STREAM_DRAFT, uniforms
+from ..round import Draft, RoundBuffers
+from ..acceptance import sample
+from ..sampling import RowSampling, SamplingParams, choose, probs_of, scores
+
+
+def no_tree(buffers: RoundBuffers, b: int, spec: TreeSpec) -> Draft:
+    """A round with no room to draft: a tree of no valid nodes."""
+    n = spec.nodes
+    tokens = buffers.put_drafts([[0] * n] * b, b, n)
+    valid = buffers.put_tree([[-1] * n] * b, [[0] * n] * b, b, n)
+    return Draft(tokens=tokens, num_tokens=buffers.put_num_drafts([0] * b), parents=buffers.parents[:b, :n],
+                 valid=valid, spec=spec)
+
+
+def choose_draft(logits, i: int, sampling: SamplingParams, lengths, keys, presence, gumbel, drafts, probs,
+                 branching: int = 0, rows: RowSampling | None = None):
+    """Draft i from a draft's logits [b, V] (over the target's vocabulary) after the previous one: into
+    drafts[:, i] (a chain) or level i's `branching` nodes drafts[:, i * B .. (i + 1) * B] (a tree: its spine first); under
+    rejection sampling q into probs[:, i] (chain) or probs[:, the spine node above] (tree's q_at).
+    Returns the token fed next (the spine) [b]. rows: each row's sampling transforms (None: greedy)."""
+    s = scores(logits.float(), sampling, presence, rows)
+    if sampling.greedy or sampling.coupled:
+        noise = gumbel[:, i] if gumbel is not None else None
+        if not branching:
+            token = choose(s, noise, rows)
+            drafts[:, i] = token
+            return token
+        if noise is not None and rows is not None:
+            noise = noise.masked_fill(rows.greedy[:, None], 0.0)
+        level = (s if noise is None else s + noise).topk(branching, dim=-1).indices  # [b, B]: spine first
+        drafts[:, i * branching : (i + 1) * branching] = level
+        return level[:, 0]
+    q = probs_of(s, rows)
+    if not branching:
+        token = sample(q, uniforms(keys, (lengths + i)[:, None], STREAM_DRAFT)[:, 0])
+        probs[:, i] = q
+        drafts[:, i] = token
+        return token
+    u = torch.stack([uniforms(keys, (lengths + i)[:, None], STREAM_DRAFT + 64 * c)[:, 0]
+                     for c in range(branching)], dim=1)  # c = 0 is the chain's own draw
+    b = q.shape[0]
+    level = sample(q.repeat_interleave(branching, dim=0), u.reshape(-1)).reshape(b, branching)
+    drafts[:, i * branching : (i + 1) * branching] = level
+    probs[:, 0 if i == 0 else (i - 1) * branching + 1] = q  # q_at: the root, then each spine node
+    return level[:, 0]
+
+
+def layout_tree(spec: TreeSpec, budgets: torch.Tensor, tokens: torch.Tensor, device: torch.device):
+    """The spine-and-leaves geometry: node (d, r) at d * B + r; its parent the spine node one level up;
+    valid where d < the row's budget. Zeroes the tokens of invalid nodes (eagerly: after the steps;
+    static: before them, and only leftovers of earlier rounds remain there). -> parents, valid [b, N]."""
+    width_b, depth = spec.branching, spec.depth
+    node_depth = torch.arange(depth, device=device).repeat_interleave(width_b)
+    spine_above = torch.where(node_depth > 0, (node_depth - 1) * width_b, -1)
+    parents = spine_above.expand(tokens.shape[0], -1)
+    valid = node_depth[None, :] < budgets.clamp(max=depth)[:, None]
+    tokens.mul_(valid)
+    return parents, valid
