@@ -51,17 +51,18 @@ def test_greedy_parity(pair, heads, batch_size, k, tree, compile, adaptive, redu
 
 @pytest.mark.parametrize("tree", [None, "2x3"])
 def test_eager_and_static_draft_the_same_with_the_demo_head(tree):
-    """The captured path's head steps are the eager ones: the same drafts, so the same acceptance per round,
-    with the shipped demo head (which guesses most tokens)."""
+    """The captured path's head steps are the eager ones, with the shipped demo head (which guesses most
+    tokens): the same text and the same acceptance within float noise. (Round boundaries differ: on the
+    static path a new row learns its first token with its first round, which therefore drafts nothing.)"""
     from batchspec.calibrate import DEMO, read_prompts
 
     prompts = read_prompts(str(DEMO / "prompts.parquet"), 8)
     runs = [batchspec.generate(prompts, target=str(DEMO / "target"), draft=str(DEMO / "eagle"), drafter="eagle", k=4,
                                batch_size=4, max_new_tokens=24, compile=c, adaptive=False, tree=tree)
             for c in ("off", "static")]
-    assert [r.accepted_per_round for r in runs[0]] == [r.accepted_per_round for r in runs[1]]
     assert [r.completion_token_ids for r in runs[0]] == [r.completion_token_ids for r in runs[1]]
-    assert sum(r.accepted_tokens for r in runs[0]) > 0.5 * sum(r.draft_tokens for r in runs[0])
+    rates = [sum(r.accepted_tokens for r in run) / sum(r.draft_tokens for r in run) for run in runs]
+    assert rates[0] > 0.5 and abs(rates[0] - rates[1]) < 0.05, rates
 
 
 def test_coupled_sampling_is_plain_decodings(llama_pair, tmp_path):
