@@ -7,10 +7,10 @@ import os as _os
 # before anything imports torch, and only where the user has not chosen.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .types import Request, Result, RunStats  # noqa: E402
+from .types import Request, Result, RowParams, RunStats  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["generate", "load_models", "build_generator", "Request", "Result", "RunStats", "__version__"]
+__all__ = ["generate", "load_models", "build_generator", "Request", "Result", "RowParams", "RunStats", "__version__"]
 _API = ("generate", "load_models", "build_generator")
 
 

@@ -6,7 +6,8 @@
 1. Parity, fp32: the shipped demo pair on held-out prompts, Hugging Face `generate` on each prompt
    alone against batchspec with every drafter, batch 1 and 8, fixed k and adaptive, compile on (CUDA
    graphs), static (the same shapes, eager) and off (eager, busy rows only). Every output must be
-   identical; the report counts mismatches per configuration and the capture time.
+   identical; the report counts mismatches per configuration and the capture time. With the demo's
+   EAGLE-3 head (batchspec/assets/demo/eagle) the eagle drafter too.
 2. Step times (with --pair, a `tools/synthetic_pair.py` pair in bf16): one static step of T = 1..5
    tokens per slot for the target and T = 1, 2 for the draft, at several batch sizes, eager against
    a CUDA-graph replay (median of timed runs), which is the cost table adaptive k uses on a GPU.
@@ -48,14 +49,18 @@ def hf_reference(models, prompts: list[str], max_new_tokens: int) -> list[list[i
 
 
 def parity(lines: list[str], report: dict, num_prompts: int, max_new_tokens: int, device: str) -> None:
-    models = batchspec.load_models(str(DEMO / "target"), str(DEMO / "draft"), dtype="float32", device=device)
+    head = DEMO / "eagle"
+    models = batchspec.load_models(str(DEMO / "target"), str(DEMO / "draft"), dtype="float32", device=device,
+                                   head=str(head) if head.is_dir() else None)
     prompts = read_prompts(str(DEMO / "prompts.parquet"), num_prompts)
     reference = hf_reference(models, prompts, max_new_tokens)
     lines += ["## Parity, fp32, demo pair: outputs identical to HF generate on each prompt alone", "",
               "| compile | drafter | batch | k | identical | capture s | wall s |", "|---|---|---:|---|---:|---:|---:|"]
     report["parity"] = []
     for compile in ("on", "static", "off"):
-        for drafter in ("none", "model", "ngram", "prompt_lookup"):
+        for drafter in ("none", "model", "eagle", "ngram", "prompt_lookup", "suffix"):
+            if drafter == "eagle" and models.head is None:
+                continue
             for batch_size, adaptive in ((8, False), (8, True), (1, False)):
                 if drafter == "none" and adaptive:
                     continue
