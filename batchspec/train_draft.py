@@ -41,10 +41,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                  "bfloat16, float16")
     p.add_argument("--resume", action="store_true", help="continue the run in --out after a kill")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW, warmup then cosine)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per training step")
-    p.add_argument("--ttt-steps", type=int, default=5, help="draft steps unrolled in training (EAGLE-3's test)")
+    p.add_argument("--batch-size", type=int, default=4, help="sequences per training step")
+    p.add_argument("--ttt-steps", type=int, default=4,
+                   help="draft steps unrolled in training (EAGLE-3's test); chains deeper than this are untrained")
     p.add_argument("--draft-vocab-size", type=int, default=None,
-                   help="draft vocabulary: the most frequent target tokens (default: full up to 32768, else 32000)")
+                   help="draft vocabulary: the most frequent target tokens (default: as many as cover 99%% of the "
+                        "training tokens, in multiples of 256, at most 32000)")
     p.add_argument("--heldout", type=float, default=0.05, help="share of prompts held out for acceptance")
     p.add_argument("--max-heldout", type=int, default=32, help="at most this many held-out prompts")
     p.add_argument("--max-prompt-tokens", type=int, default=512, help="skip longer prompts")
@@ -55,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--labels", choices=["auto", "hard", "soft"], default="auto",
                    help="learn the target's greedy token (hard) or its distribution (soft); auto: hard for "
                         "greedy continuations, soft at --temperature otherwise")
-    p.add_argument("--data-fraction", type=float, default=0.4, help="share of --minutes generation may use")
+    p.add_argument("--data-fraction", type=float, default=0.2, help="share of --minutes generation may use")
     p.add_argument("--gen-batch-size", type=int, default=32, help="batch size of the generation")
     p.add_argument("--no-prompt-loss", action="store_true", help="learn only at positions the target wrote")
     p.add_argument("--layers", type=layer_ids, default=None,

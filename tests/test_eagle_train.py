@@ -20,7 +20,7 @@ from batchspec.eagle.evaluate import acceptance, next_token_chains, replay
 from batchspec.eagle.formats import load_head
 from batchspec.eagle.summary import render
 from batchspec.eagle.train import TrainDraftError, TrainDraftOptions, run
-from batchspec.eagle.vocab import choose_vocab, d2t_t2d
+from batchspec.eagle.vocab import choose_vocab, d2t_t2d, size_for_coverage
 from tiny import PROMPTS, build_tokenizer, save_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,6 +139,9 @@ def test_choose_vocab():
     assert v.coverage == pytest.approx(20 / 31)
     assert choose_vocab(counts, 7, 12).target_ids.tolist() == [0, 1, 2, 3, 5, 7, 9]  # padded with unseen ids
     assert choose_vocab(counts, 12, 12).target_ids.tolist() == list(range(12))
+    assert size_for_coverage(Counter({t: 1 for t in range(1000)}), 4096) == 1024  # 990 tokens, rounded up
+    assert size_for_coverage(Counter({t: 1 for t in range(1000)}), 700) == 700
+    assert size_for_coverage(counts, 12, coverage=0.6, multiple=1) == 2
     d2t, t2d = d2t_t2d(torch.tensor([3, 5, 11]), 12)
     assert d2t.tolist() == [3, 4, 9] and t2d.nonzero().flatten().tolist() == [3, 5, 11]
 

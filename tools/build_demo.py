@@ -44,7 +44,8 @@ import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (AutoModelForCausalLM, DynamicCache, LlamaConfig, PreTrainedModel, PreTrainedTokenizerFast,
+                          Qwen2Config)
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"  # ids 0, 1, 2
 # Stdlib folders left out: tests, GUI/tools, deprecated copies, codec tables and generated data.
@@ -122,18 +123,20 @@ def token_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.
 
 # ----------------------------------------------------------------------------------------------- models
 
-def llama_config(vocab_size: int, hidden: int, layers: int, intermediate: int, heads: int, kv_heads: int,
-                 max_positions: int) -> LlamaConfig:
-    return LlamaConfig(
+def model_config(arch: str, vocab_size: int, hidden: int, layers: int, intermediate: int, heads: int, kv_heads: int,
+                 max_positions: int):
+    """A Llama (the shipped demo) or Qwen2-shaped config (`--arch qwen2`: a second architecture to try tools on)."""
+    config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
+    return config_class(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
         tie_word_embeddings=True, bos_token_id=0, eos_token_id=1, pad_token_id=2,
     )
 
 
-def new_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
+def new_model(config, seed: int) -> PreTrainedModel:
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32)
     model.generation_config.bos_token_id = 0
     model.generation_config.eos_token_id = 1
     model.generation_config.pad_token_id = 2
@@ -168,7 +171,7 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 
 
 @torch.inference_mode()
-def eval_loss(model: LlamaForCausalLM, windows: torch.Tensor, batch: int = 8) -> float:
+def eval_loss(model: PreTrainedModel, windows: torch.Tensor, batch: int = 8) -> float:
     """Mean next-token cross-entropy (nats) over all predicted positions of `windows`."""
     model.eval()
     total, count = 0.0, 0
@@ -196,8 +199,8 @@ def sequence_batches(sequences: list[list[int]], batch: int, pad: int):
     return sample
 
 
-def train(model: LlamaForCausalLM, sample, *, steps: int, lr: float, seed: int, name: str,
-          eval_windows: torch.Tensor, teacher: LlamaForCausalLM | None = None, log_every: int = 25) -> float:
+def train(model: PreTrainedModel, sample, *, steps: int, lr: float, seed: int, name: str,
+          eval_windows: torch.Tensor, teacher: PreTrainedModel | None = None, log_every: int = 25) -> float:
     """AdamW on batches from `sample(gen) -> (input_ids, mask or None)`; next-token CE, or the KL to
     `teacher`'s next-token distribution at every real position if a teacher is given.
 
@@ -405,8 +408,8 @@ def compare_on_heldout(out: Path, n: int, new_tokens: int = 64) -> dict:
     from batchspec.eagle.formats import load_head
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "target")
-    target = LlamaForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
-    draft = LlamaForCausalLM.from_pretrained(out / "draft", dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(out / "draft", dtype=torch.float32).eval()
     head = load_head(out / "eagle", target)
     texts = [row["prompt"] for row in pq.read_table(out / "prompts.parquet").to_pylist()[:n]]
     results = batchspec.generate(texts, target=target, draft=draft, tokenizer=tokenizer, drafter="model", k=4,
@@ -498,6 +501,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-prompts", type=int, default=200)
     p.add_argument("--n-agree", type=int, default=32, help="held-out prompts for the greedy agreement measure")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arch", choices=["llama", "qwen2"], default="llama",
+                   help="architecture of the target and draft (the shipped demo is llama)")
     p.add_argument("--eagle", action="store_true",
                    help="also train the target's EAGLE-3 head with batchspec.train_draft and ship it in OUT/eagle")
     p.add_argument("--eagle-only", action="store_true",
@@ -529,7 +534,7 @@ def main(argv=None) -> None:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(args.reuse_target / "target")
         for key in ("is_local", "local_files_only"):  # load-time options: save it as a fresh tokenizer would be
             tokenizer.init_kwargs.pop(key, None)
-        reused = LlamaForCausalLM.from_pretrained(args.reuse_target / "target", dtype=torch.float32)
+        reused = AutoModelForCausalLM.from_pretrained(args.reuse_target / "target", dtype=torch.float32)
     else:
         tokenizer = train_tokenizer(train_texts, args.vocab_size)
     train_stream, heldout_stream = token_stream(tokenizer, train_texts), token_stream(tokenizer, heldout_texts)
@@ -542,8 +547,8 @@ def main(argv=None) -> None:
 
     vocab = len(tokenizer)
     (th, tl, tm), (dh, dl, dm) = (map(int, shape.split("x")) for shape in (args.target_shape, args.draft_shape))
-    target = reused if args.reuse_target else new_model(llama_config(vocab, th, tl, tm, 4, 2, 1024), seed=args.seed)
-    draft = new_model(llama_config(vocab, dh, dl, dm, 4, 2, 1024), seed=args.seed + 1)
+    target = reused if args.reuse_target else new_model(model_config(args.arch, vocab, th, tl, tm, 4, 2, 1024), seed=args.seed)
+    draft = new_model(model_config(args.arch, vocab, dh, dl, dm, 4, 2, 1024), seed=args.seed + 1)
     print(f"target {n_params(target) / 1e6:.2f}M params, draft {n_params(draft) / 1e6:.2f}M params", flush=True)
 
     t_train = time.time()
@@ -585,8 +590,8 @@ def main(argv=None) -> None:
         tokenizer.save_pretrained(out / name)
     pq.write_table(pa.Table.from_pylist(prompts, schema=pa.schema(
         [("id", pa.string()), ("prompt", pa.string()), ("source_file", pa.string())])), out / "prompts.parquet")
-    target = LlamaForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
-    draft = LlamaForCausalLM.from_pretrained(out / "draft", dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(out / "draft", dtype=torch.float32).eval()
 
     m = {
         "target_train_loss": target_train, "draft_train_kl": draft_kl, "continuation_kl": continuation_kl,
@@ -639,7 +644,8 @@ def write_readme(out: Path, args, argv, *, files, tokens, params, steps, train_m
     tc, dc = target.config, draft.config
 
     def shape(c):
-        return (f"Llama, hidden {c.hidden_size}, {c.num_hidden_layers} layers, {c.num_attention_heads} heads "
+        arch = {"llama": "Llama", "qwen2": "Qwen2"}[c.model_type]
+        return (f"{arch}, hidden {c.hidden_size}, {c.num_hidden_layers} layers, {c.num_attention_heads} heads "
                 f"({c.num_key_value_heads} KV), MLP {c.intermediate_size}, vocab {c.vocab_size}, "
                 f"max positions {c.max_position_embeddings}, tied embeddings")
 

@@ -102,7 +102,7 @@ def generate_data(target, tokenizer, prompts: Prompts, store: SampleStore, *, ma
                   eval_new_tokens: int, temperature: float, seed: int, batch_size: int, chunk: int,
                   deadline: float, progress=None) -> GeneratedData:
     """Held-out continuations first (greedy), then training ones chunk by chunk until all prompts are done
-    or time.time() passes `deadline`; whatever is on disk is reused."""
+    or the next chunk would end after `deadline` (time.time()); whatever is on disk is reused."""
     done = store.read("done.json")
     heldout = store.read("heldout.json")
     seconds = sum(c.get("seconds", 0.0) for c in store.chunks()) + (heldout or {}).get("seconds", 0.0)
@@ -115,7 +115,8 @@ def generate_data(target, tokenizer, prompts: Prompts, store: SampleStore, *, ma
         seconds += heldout["seconds"]
     chunks = store.chunks()
     position = sum(c["prompts"] for c in chunks)
-    while done is None and position < len(prompts.train) and (time.time() < deadline or not chunks):
+    last = 0.0  # seconds the latest chunk took: start another only if it should end before the deadline
+    while done is None and position < len(prompts.train) and (time.time() + last < deadline or not chunks):
         t0 = time.time()
         part = prompts.train[position: position + chunk]
         samples = continue_prompts(target, tokenizer, part, max_new_tokens=max_new_tokens,
@@ -125,6 +126,7 @@ def generate_data(target, tokenizer, prompts: Prompts, store: SampleStore, *, ma
         chunks.append(payload)
         position += len(part)
         seconds += payload["seconds"]
+        last = payload["seconds"]
         if progress is not None:
             progress(len(part), sum(s.new_tokens for s in store.unpack(payload)))
     if done is None:

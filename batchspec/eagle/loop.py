@@ -38,7 +38,7 @@ class LoopOptions:
     warmup: float = 0.03  # share of training spent warming up the learning rate
     steps: int = 0  # stop after this many steps (0: only the time budget stops it)
     seconds: float = 600.0  # training time budget (0: only `steps` stops it)
-    eval_every: int = 50  # steps between held-out checks in the progress bar
+    eval_every: int = 100  # steps between held-out checks in the progress bar
     checkpoint_every: float = 60.0  # seconds between checkpoints
     train_on_prompt: bool = True  # also learn at prompt positions (the target's states are real there too)
     labels: str = "hard"  # "hard": the target's greedy token; "soft": its distribution at label_temperature
@@ -78,21 +78,20 @@ def pick_batch(order: list[int], step: int, options: LoopOptions) -> list[int]:
 
 
 class TargetHead:
-    """The target's LM head restricted to the draft vocabulary: final hidden [..., Ht] -> logits."""
+    """The target's LM head restricted to the draft vocabulary (final hidden [..., Ht] -> logits [..., Vd]),
+    and target id -> draft id (-1 outside the draft vocabulary)."""
 
     def __init__(self, target, t2d: torch.Tensor, device):
         module = target.get_output_embeddings()
-        weight = module.weight.detach().to(device, torch.float32)[: len(t2d)]
-        bias = getattr(module, "bias", None)
-        bias = None if bias is None else bias.detach().to(device, torch.float32)[: len(t2d)]
-        self.reduced = not bool(t2d.all())
         self.t2d = t2d.to(device)
-        self.full = (weight, bias)
-        self.draft = (weight[self.t2d], None if bias is None else bias[self.t2d])
+        weight = module.weight.detach().to(device, torch.float32)[: len(t2d)][self.t2d]
+        bias = getattr(module, "bias", None)
+        self.weight = weight
+        self.bias = None if bias is None else bias.detach().to(device, torch.float32)[: len(t2d)][self.t2d]
+        self.draft_id = torch.where(self.t2d, self.t2d.long().cumsum(0) - 1, -1)
 
-    def __call__(self, final: torch.Tensor, full: bool = False) -> torch.Tensor:
-        weight, bias = self.full if full else self.draft
-        return F.linear(final.float(), weight, bias)
+    def __call__(self, final: torch.Tensor) -> torch.Tensor:
+        return F.linear(final.float(), self.weight, self.bias)
 
 
 def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, options: LoopOptions, device):
@@ -103,18 +102,15 @@ def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, 
     ids, _ = pad_batch([s.ids for s in part], 0)
     feats = torch.nn.utils.rnn.pad_sequence([states[i][0] for i in rows], batch_first=True)
     final = torch.nn.utils.rnn.pad_sequence([states[i][1] for i in rows], batch_first=True)
+    greedy = torch.nn.utils.rnn.pad_sequence([states[i][2] for i in rows], batch_first=True)
     ids, feats, final = ids.to(device), feats.to(device, head.fc.weight.dtype), final.to(device)
     length = ids.shape[1] - 1
     lengths = torch.tensor([len(s.ids) for s in part], device=device)[:, None]
     prompt = torch.tensor([s.prompt_len for s in part], device=device)[:, None]
     rows_i = torch.arange(length, device=device)[None]
-    with torch.no_grad():
-        # The target's logits over the draft vocabulary for the token at position p+1, p = 1..N-1.
-        target_logits = target_head(final[:, 1:])  # [b, N-1, Vd]
-        greedy = target_logits.argmax(-1)  # [b, N-1], draft ids
-        usable = torch.ones_like(greedy, dtype=torch.bool)
-        if target_head.reduced:  # positions whose greedy token the draft vocabulary cannot propose
-            usable = target_head.t2d[target_head(final[:, 1:], full=True).argmax(-1)]
+    # The target's greedy token after position p, p = 1..N-1, as a draft id (-1: not in the draft vocabulary).
+    greedy = target_head.draft_id[greedy[:, 1:].to(device)]  # [b, N-1]
+    usable = greedy >= 0
     losses, agree = [], []
     for j, out in enumerate(unroll(head, ids, feats, options.ttt_steps)):
         # row i of step j predicts the token at position i+2+j: the target's logits at i+1+j
@@ -126,8 +122,9 @@ def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, 
         label = F.pad(greedy[:, j:], (0, j))[ok]
         if options.labels == "hard":
             losses.append(F.cross_entropy(logits, label) if len(label) else logits.sum() * 0)
-        else:
-            p = F.softmax(F.pad(target_logits[:, j:], (0, 0, 0, j))[ok] / options.label_temperature, dim=-1)
+        else:  # the target's distribution over the draft vocabulary (renormalised), at the label temperature
+            with torch.no_grad():
+                p = F.softmax(target_head(F.pad(final[:, 1 + j:], (0, 0, 0, j))[ok]) / options.label_temperature, -1)
             losses.append(-(p * F.log_softmax(logits, dim=-1)).sum() / max(len(p), 1))
         agree.append(float((logits.argmax(-1) == label).sum()) / max(len(label), 1))
     weights = [options.step_weight ** j for j in range(len(losses))]

@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 
 from .config import HeadError
-from .data import SampleStore, generate_data, split_prompts
+from .data import Prompts, SampleStore, generate_data, split_prompts
 from .evaluate import acceptance, head_matches, measure_costs
 from .features import sequence_states
 from .formats import atomic_write, save_head
 from .init import head_for_target, scale_fc
 from .loop import LoopOptions, train_loop
 from .summary import Summary, render
-from .vocab import choose_vocab
+from .vocab import choose_vocab, size_for_coverage
 
 # Options whose change makes the saved samples or checkpoint meaningless for a resumed run.
 DATA_KEYS = ("target", "prompts", "prompt_column", "split", "limit", "max_prompt_tokens", "max_new_tokens",
@@ -49,9 +49,9 @@ class TrainDraftOptions:
     dtype: str = "auto"
     resume: bool = False
     lr: float = 3e-3
-    batch_size: int = 8
-    ttt_steps: int = 5
-    draft_vocab_size: int | None = None  # None: the full vocabulary up to 32768 tokens, else 32000
+    batch_size: int = 4
+    ttt_steps: int = 4
+    draft_vocab_size: int | None = None  # None: the most frequent tokens covering 99% of the data (vocab.py)
     heldout: float = 0.05
     max_heldout: int = 32
     max_prompt_tokens: int = 512
@@ -59,7 +59,7 @@ class TrainDraftOptions:
     eval_new_tokens: int = 64
     temperature: float = 0.0
     labels: str = "auto"  # auto: hard for greedy continuations, else soft at the sampling temperature
-    data_fraction: float = 0.4
+    data_fraction: float = 0.2
     gen_batch_size: int = 32
     train_on_prompt: bool = True
     layers: tuple[int, int, int] | None = None
@@ -94,10 +94,6 @@ def start_run_folder(state_dir: Path, record: dict) -> None:
     atomic_write(state_dir / "run.json", lambda tmp: Path(tmp).write_text(json.dumps(record, indent=2)))
 
 
-def default_draft_vocab(target_vocab: int) -> int:
-    return target_vocab if target_vocab <= 32768 else 32000
-
-
 def run(options: TrainDraftOptions, log=print) -> Summary:
     """Generate, train, evaluate and save; returns the summary (also written to OUT/train_summary.*)."""
     from ..calibrate import read_prompts  # reads every job source (Parquet, JSONL, datasets)
@@ -109,13 +105,47 @@ def run(options: TrainDraftOptions, log=print) -> Summary:
     record = check_run_folder(options, state_dir)
     models = load_models(options.target, dtype=options.dtype, device=options.device)
     start_run_folder(state_dir, record)
-    target, tokenizer = models.target, models.tokenizer
-    device = target.device
-    budget = options.minutes * 60
-    store = SampleStore(state_dir / "samples")
+    target, device, budget = models.target, models.target.device, options.minutes * 60
+    split = encode_prompts(options, texts, models.tokenizer, log)
 
+    store = SampleStore(state_dir / "samples")
+    deadline = time.time() + (options.data_fraction * budget if budget else float("inf")) - store_seconds(store)
+    data = generate_data(
+        target, models.tokenizer, split, store, max_new_tokens=options.max_new_tokens,
+        eval_new_tokens=options.eval_new_tokens, temperature=options.temperature, seed=options.seed,
+        batch_size=options.gen_batch_size, chunk=4 * options.gen_batch_size, deadline=deadline,
+        progress=lambda n, tokens: log(f"  generated {n} continuations, {tokens} tokens ({time.time() - t_start:.0f}s)"))
+    log(f"data: {len(data.train)} training samples from {data.prompts_used}/{data.prompts_total} prompts, "
+        f"{sum(len(s.ids) for s in data.train)} tokens; generation {data.seconds / 60:.1f} min")
+
+    checkpoint_path = state_dir / "checkpoint.pt"
+    resume = torch.load(checkpoint_path, map_location="cpu", weights_only=False) if checkpoint_path.exists() else None
+    head = new_head(options, target, data, models.eos_token_ids, resume)
+    t_feat = time.time()
+    layer_ids = head.config.target_layer_ids
+    states = sequence_states(target, [s.ids for s in data.train], layer_ids,
+                             dtype=torch.float32 if device.type == "cpu" else target.dtype)
+    heldout_states = sequence_states(target, [s.ids for s in data.heldout], layer_ids, dtype=torch.float32)
+    feature_seconds = time.time() - t_feat
+    log(f"target features: {feature_seconds / 60:.1f} min")
+    if resume is None:
+        scale_fc(head, torch.cat([st[0] for st in states[:64]]))
+
+    labels = options.labels if options.labels != "auto" else ("hard" if options.temperature == 0 else "soft")
+    loop = LoopOptions(lr=options.lr, batch_size=options.batch_size, ttt_steps=options.ttt_steps, steps=options.steps,
+                       train_on_prompt=options.train_on_prompt, seed=options.seed, labels=labels,
+                       label_temperature=options.temperature or 1.0, **options.loop)
+    reserve = min(60.0, 0.05 * budget)  # for the evaluation below
+    loop.seconds = max(1.0, budget - data.seconds - feature_seconds - reserve) if budget else 0.0
+    state = train_loop(head, target, data.train, states, data.heldout, heldout_states, loop, checkpoint_path,
+                       resume=resume, device=device)
+    return finish(options, head, target, data, heldout_states, state, loop, feature_seconds)
+
+
+def encode_prompts(options: TrainDraftOptions, texts: list[str], tokenizer, log) -> Prompts:
+    """Tokenize, drop prompts over max_prompt_tokens, split off the held-out ones."""
     encoded = [tokenizer(t)["input_ids"] for t in texts]
-    encoded = [e if len(e) <= options.max_prompt_tokens else [] for e in encoded]  # too long: skipped
+    encoded = [e if len(e) <= options.max_prompt_tokens else [] for e in encoded]
     split = split_prompts(encoded, options.heldout, options.max_heldout)
     split.train = [p for p in split.train if p[1]]
     split.heldout = [p for p in split.heldout if p[1]]
@@ -123,69 +153,47 @@ def run(options: TrainDraftOptions, log=print) -> Summary:
         raise TrainDraftError(f"--prompts {options.prompts}: no prompt of at most {options.max_prompt_tokens} tokens")
     log(f"prompts: {len(split.train)} for training, {len(split.heldout)} held out "
         f"({sum(1 for e in encoded if not e)} longer than {options.max_prompt_tokens} tokens skipped)")
+    return split
 
-    deadline = time.time() + (options.data_fraction * budget if budget else float("inf"))
-    data = generate_data(
-        target, tokenizer, split, store, max_new_tokens=options.max_new_tokens, eval_new_tokens=options.eval_new_tokens,
-        temperature=options.temperature, seed=options.seed, batch_size=options.gen_batch_size,
-        chunk=4 * options.gen_batch_size, deadline=deadline - store_seconds(store),
-        progress=lambda n, tokens: log(f"  generated {n} continuations, {tokens} tokens ({time.time() - t_start:.0f}s)"))
-    log(f"data: {len(data.train)} training samples from {data.prompts_used}/{data.prompts_total} prompts, "
-        f"{sum(len(s.ids) for s in data.train)} tokens; generation {data.seconds / 60:.1f} min")
 
-    checkpoint_path = state_dir / "checkpoint.pt"
-    resume = torch.load(checkpoint_path, map_location="cpu", weights_only=False) if checkpoint_path.exists() else None
+def new_head(options: TrainDraftOptions, target, data, eos_ids, resume: dict | None):
+    """A head for `target` over the checkpoint's draft vocabulary, or one chosen from the training data."""
     if resume is not None:
         d2t = resume["head"]["d2t"]
         draft_ids = d2t + torch.arange(len(d2t))
     else:
         counts = Counter(t for s in data.train for t in s.ids[1 if options.train_on_prompt else s.prompt_len:])
-        size = options.draft_vocab_size or default_draft_vocab(target.config.get_text_config().vocab_size)
-        draft_ids = choose_vocab(counts, size, target.config.get_text_config().vocab_size,
-                                 always=tuple(models.eos_token_ids)).target_ids
+        vocab = target.config.get_text_config().vocab_size
+        size = options.draft_vocab_size or size_for_coverage(counts, vocab)
+        draft_ids = choose_vocab(counts, size, vocab, always=tuple(eos_ids)).target_ids
     torch.manual_seed(options.seed)
-    head = head_for_target(target, draft_target_ids=draft_ids, layer_ids=options.layers)
+    return head_for_target(target, draft_target_ids=draft_ids, layer_ids=options.layers)
 
-    t_feat = time.time()
-    layer_ids, dtype = head.config.target_layer_ids, torch.float32 if device.type == "cpu" else target.dtype
-    states = sequence_states(target, [s.ids for s in data.train], layer_ids, dtype=dtype)
-    heldout_states = sequence_states(target, [s.ids for s in data.heldout], layer_ids, dtype=torch.float32)
-    feature_seconds = time.time() - t_feat
-    log(f"target features: {feature_seconds / 60:.1f} min")
-    if resume is None:
-        scale_fc(head, torch.cat([f for f, _ in states[:64]]))
 
-    labels = options.labels if options.labels != "auto" else ("hard" if options.temperature == 0 else "soft")
-    loop = LoopOptions(lr=options.lr, batch_size=options.batch_size, ttt_steps=options.ttt_steps, steps=options.steps,
-                       train_on_prompt=options.train_on_prompt, seed=options.seed, labels=labels,
-                       label_temperature=options.temperature or 1.0, **options.loop)
-    reserve = min(60.0, 0.05 * budget)
-    loop.seconds = max(1.0, budget - data.seconds - feature_seconds - reserve) if budget else 0.0
-    state = train_loop(head, target, data.train, states, data.heldout, heldout_states, loop, checkpoint_path,
-                       resume=resume, device=device)
-
+def finish(options: TrainDraftOptions, head, target, data, heldout_states, state, loop: LoopOptions,
+           feature_seconds: float) -> Summary:
+    """Held-out replay, step costs, the saved head and the summary files."""
     t_eval = time.time()
-    head.to(device=device, dtype=torch.float32).eval()
-    matches = head_matches(head, data.heldout, heldout_states, 5)
-    result = acceptance(matches, data.heldout, k_max=5)
-    context = int(sum(len(s.ids) for s in data.heldout) / max(1, len(data.heldout))) if data.heldout else 128
+    out = Path(options.out)
+    head.to(device=target.device, dtype=torch.float32).eval()
+    result = acceptance(head_matches(head, data.heldout, heldout_states, 5), data.heldout, k_max=5)
+    context = int(sum(len(s.ids) for s in data.heldout) / len(data.heldout)) if data.heldout else 128
     costs = measure_costs(target, head, batch=8, context=context, k_max=5)
-    saved = save_head(head.to(getattr(torch, options.save_dtype)), out, format=options.format, target_name=options.target,
-                      target_architectures=list(target.config.architectures or []))
+    trained = sum(p.numel() for p in head.parameters() if p.requires_grad)
+    save_head(head.to(getattr(torch, options.save_dtype)), out, format=options.format, target_name=options.target,
+              target_architectures=list(target.config.architectures or []))
     summary = Summary(
-        target=options.target, out=str(saved), format=options.format, config=head.config.to_dict(),
-        trained_parameters=sum(p.numel() for p in head.parameters() if p.requires_grad),
-        prompts_used=data.prompts_used, prompts_total=data.prompts_total, train_samples=len(data.train),
-        train_tokens=sum(len(s.ids) for s in data.train), generated_tokens=sum(s.new_tokens for s in data.train),
-        temperature=options.temperature, labels=labels, heldout_samples=len(data.heldout), eval_new_tokens=options.eval_new_tokens,
-        generation_seconds=data.seconds, feature_seconds=feature_seconds, train_seconds=state.seconds,
-        eval_seconds=time.time() - t_eval, steps=state.step, batch_size=loop.batch_size, ttt_steps=loop.ttt_steps,
-        final_loss=state.loss, agreement=state.agreement, history=state.history,
-        acceptance=asdict(result), costs=asdict(costs),
+        target=options.target, out=str(out), format=options.format, config=head.config.to_dict(),
+        trained_parameters=trained, prompts_used=data.prompts_used, prompts_total=data.prompts_total,
+        train_samples=len(data.train), train_tokens=sum(len(s.ids) for s in data.train),
+        generated_tokens=sum(s.new_tokens for s in data.train), temperature=options.temperature, labels=loop.labels,
+        heldout_samples=len(data.heldout), eval_new_tokens=options.eval_new_tokens, generation_seconds=data.seconds,
+        feature_seconds=feature_seconds, train_seconds=state.seconds, eval_seconds=time.time() - t_eval,
+        steps=state.step, batch_size=loop.batch_size, ttt_steps=loop.ttt_steps, final_loss=state.loss,
+        agreement=state.agreement, history=state.history, acceptance=asdict(result), costs=asdict(costs),
     )
     (out / "train_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
-    text = render(summary)
-    (out / "train_summary.txt").write_text(text + "\n")
+    (out / "train_summary.txt").write_text(render(summary) + "\n")
     return summary
 
 
