@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from batchspec.eagle import HeadError
-from batchspec.eagle.formats import head_for_target, load_head, save_head
+from batchspec.eagle.formats import load_head, save_head
+from batchspec.eagle.init import head_for_target
 from tiny import model_config
 
 

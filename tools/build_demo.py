@@ -44,7 +44,8 @@ import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (AutoModelForCausalLM, DynamicCache, LlamaConfig, PreTrainedModel, PreTrainedTokenizerFast,
+                          Qwen2Config)
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"  # ids 0, 1, 2
 # Stdlib folders left out: tests, GUI/tools, deprecated copies, codec tables and generated data.
@@ -122,18 +123,20 @@ def token_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.
 
 # ----------------------------------------------------------------------------------------------- models
 
-def llama_config(vocab_size: int, hidden: int, layers: int, intermediate: int, heads: int, kv_heads: int,
-                 max_positions: int) -> LlamaConfig:
-    return LlamaConfig(
+def model_config(arch: str, vocab_size: int, hidden: int, layers: int, intermediate: int, heads: int, kv_heads: int,
+                 max_positions: int):
+    """A Llama (the shipped demo) or Qwen2-shaped config (`--arch qwen2`: a second architecture to try tools on)."""
+    config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
+    return config_class(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
         tie_word_embeddings=True, bos_token_id=0, eos_token_id=1, pad_token_id=2,
     )
 
 
-def new_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
+def new_model(config, seed: int) -> PreTrainedModel:
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32)
     model.generation_config.bos_token_id = 0
     model.generation_config.eos_token_id = 1
     model.generation_config.pad_token_id = 2
@@ -168,7 +171,7 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 
 
 @torch.inference_mode()
-def eval_loss(model: LlamaForCausalLM, windows: torch.Tensor, batch: int = 8) -> float:
+def eval_loss(model: PreTrainedModel, windows: torch.Tensor, batch: int = 8) -> float:
     """Mean next-token cross-entropy (nats) over all predicted positions of `windows`."""
     model.eval()
     total, count = 0.0, 0
@@ -196,8 +199,8 @@ def sequence_batches(sequences: list[list[int]], batch: int, pad: int):
     return sample
 
 
-def train(model: LlamaForCausalLM, sample, *, steps: int, lr: float, seed: int, name: str,
-          eval_windows: torch.Tensor, teacher: LlamaForCausalLM | None = None, log_every: int = 25) -> float:
+def train(model: PreTrainedModel, sample, *, steps: int, lr: float, seed: int, name: str,
+          eval_windows: torch.Tensor, teacher: PreTrainedModel | None = None, log_every: int = 25) -> float:
     """AdamW on batches from `sample(gen) -> (input_ids, mask or None)`; next-token CE, or the KL to
     `teacher`'s next-token distribution at every real position if a teacher is given.
 
@@ -365,6 +368,113 @@ def forward_ms(model, context: torch.Tensor, batch: int, new_tokens: int, reps: 
     return 1000 * statistics.median(times[3:])
 
 
+# ------------------------------------------------------------------------------------------------ eagle
+
+EAGLE_START, EAGLE_END = "<!-- eagle:start -->", "<!-- eagle:end -->"
+
+
+def build_eagle(args, root: Path, train_files: list[Path], out: Path) -> dict:
+    """Train the demo target's EAGLE-3 head with `python -m batchspec.train_draft` (its own time budget,
+    prompts cut from the TRAIN files as the held-out prompts are cut) and ship it in OUT/eagle."""
+    import tempfile
+
+    from batchspec.eagle.train import TrainDraftOptions, run
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "target")
+    prompts = [p for rel in train_files for p in file_prompts(read_text(root, rel), tokenizer, 20, 150)]
+    random.Random(args.seed + 20).shuffle(prompts)
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "train_prompts.parquet"
+        pq.write_table(pa.table({"prompt": prompts}), source)
+        options = TrainDraftOptions(target=str(out / "target"), prompts=str(source), out=str(Path(tmp) / "head"),
+                                    minutes=args.eagle_minutes, draft_vocab_size=args.eagle_vocab, seed=args.seed,
+                                    device="cpu", dtype="float32")
+        summary = run(options)
+        (out / "eagle").mkdir(exist_ok=True)
+        for name in ("config.json", "model.safetensors", "train_summary.txt"):
+            shutil.copy(Path(tmp) / "head" / name, out / "eagle" / name)
+    print((out / "eagle" / "train_summary.txt").read_text(), flush=True)
+    return {"summary": summary, "prompts": len(prompts), "heldout": compare_on_heldout(out, args.eagle_compare)}
+
+
+@torch.inference_mode()
+def compare_on_heldout(out: Path, n: int, new_tokens: int = 64) -> dict:
+    """Greedy chain drafting replayed on the target's greedy continuations of the first n shipped held-out
+    prompts, for the EAGLE head and the draft model alike: acceptance by position and tokens per forward."""
+    import batchspec
+    from batchspec.eagle.data import Sample
+    from batchspec.eagle.evaluate import acceptance, head_matches, next_token_chains
+    from batchspec.eagle.features import sequence_states
+    from batchspec.eagle.formats import load_head
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "target")
+    target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(out / "draft", dtype=torch.float32).eval()
+    head = load_head(out / "eagle", target)
+    texts = [row["prompt"] for row in pq.read_table(out / "prompts.parquet").to_pylist()[:n]]
+    results = batchspec.generate(texts, target=target, draft=draft, tokenizer=tokenizer, drafter="model", k=4,
+                                 batch_size=16, max_new_tokens=new_tokens)
+    samples = [Sample(tokenizer(t)["input_ids"] + r.completion_token_ids, len(tokenizer(t)["input_ids"]))
+               for t, r in zip(texts, results)]
+    states = sequence_states(target, [s.ids for s in samples], head.config.target_layer_ids)
+    eagle = acceptance(head_matches(head, samples, states, 5), samples, k_max=5)
+    draft_matches = []
+    for s in samples:
+        ids = torch.tensor([s.ids])
+        draft_matches.append(next_token_chains(draft(input_ids=ids).logits[0, :-1].argmax(-1) == ids[0, 1:], 5))
+    model = acceptance(draft_matches, samples, k_max=5)
+    return {"prompts": len(samples), "new_tokens": new_tokens, "eagle": eagle, "draft": model}
+
+
+def eagle_section(result: dict, command: str) -> str:
+    s, cmp = result["summary"], result["heldout"]
+    e, d = cmp["eagle"], cmp["draft"]
+    c = s.config
+
+    def row(name, a):
+        return (f"| {name} | " + " | ".join(f"{v:.2f}" for v in a.cumulative) + " | "
+                + " | ".join(f"{a.tokens_per_forward[k]:.2f}" for k in (2, 4)) + " |")
+
+    return f"""{EAGLE_START}
+## EAGLE-3 head (`eagle/`)
+
+`eagle/` is an EAGLE-3 head for the target ({s.trained_parameters / 1e6:.2f}M trained parameters, fp32;
+hidden {c['hidden_size']}, reads the target's hidden states {tuple(c['target_layer_ids'])}, draft vocabulary
+{c['draft_vocab_size']} of {c['target_vocab_size']}) in the EAGLE / SpecForge layout (`config.json`,
+`model.safetensors`; the target's embeddings are shared), trained by `python -m batchspec.train_draft`
+with a budget of {result['minutes']:g} minutes on 2 CPU cores
+({command}): the target continued {s.prompts_used} of {result['prompts']} prompts cut from the train files
+({s.generated_tokens:,} tokens, greedy) in {s.generation_seconds / 60:.1f} min, its features took
+{s.feature_seconds / 60:.1f} min, training {s.train_seconds / 60:.1f} min ({s.steps} steps of {s.batch_size}
+sequences, {s.ttt_steps} unrolled draft steps), the evaluation {s.eval_seconds / 60:.1f} min:
+{s.total_seconds / 60:.1f} min in all. `eagle/train_summary.txt` is its summary.
+
+Greedy chain drafting replayed on the target's greedy continuations ({cmp['new_tokens']} tokens) of the
+first {cmp['prompts']} held-out prompts (`prompts.parquet`), both drafters on the same text:
+
+| drafter | accepted through draft 1 | 2 | 3 | 4 | 5 | tokens per target forward, k=2 | k=4 |
+|---|---|---|---|---|---|---|---|
+{row("EAGLE-3 head", e)}
+{row("draft model", d)}
+
+Tokens per forward count the prefill, as the engine does.
+{EAGLE_END}
+"""
+
+
+def update_readme_eagle(out: Path, section: str) -> None:
+    """Put the eagle section (and the table row) into OUT/README.md, replacing an earlier one."""
+    path = out / "README.md"
+    text = path.read_text()
+    if EAGLE_START in text:
+        text = text[: text.index(EAGLE_START)] + text[text.index(EAGLE_END) + len(EAGLE_END) + 1:]
+    row = "| `eagle/` | EAGLE-3 draft head for the target (see [below](#eagle-3-head-eagle)) |\n"
+    if row not in text:
+        anchor = text.index("| `prompts.parquet`")
+        text = text[:anchor] + row + text[anchor:]
+    path.write_text(text.rstrip("\n") + "\n\n" + section)
+
+
 # ------------------------------------------------------------------------------------------------- main
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -391,6 +501,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-prompts", type=int, default=200)
     p.add_argument("--n-agree", type=int, default=32, help="held-out prompts for the greedy agreement measure")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arch", choices=["llama", "qwen2"], default="llama",
+                   help="architecture of the target and draft (the shipped demo is llama)")
+    p.add_argument("--eagle", action="store_true",
+                   help="also train the target's EAGLE-3 head with batchspec.train_draft and ship it in OUT/eagle")
+    p.add_argument("--eagle-only", action="store_true",
+                   help="only the --eagle stage, on the target already in OUT (nothing else is rebuilt)")
+    p.add_argument("--eagle-minutes", type=float, default=15.0, help="train_draft's time budget for the head")
+    p.add_argument("--eagle-vocab", type=int, default=None, help="draft vocabulary of the head (default: full)")
+    p.add_argument("--eagle-compare", type=int, default=200, help="held-out prompts for the eagle/draft comparison")
     return p.parse_args(argv)
 
 
@@ -402,6 +521,9 @@ def main(argv=None) -> None:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = stdlib_files(root)
     train_files, heldout_files = split_files(files)
+    if args.eagle_only:
+        run_eagle(args, argv, root, train_files)
+        return
     train_texts = [read_text(root, f) for f in train_files]
     heldout_texts = [read_text(root, f) for f in heldout_files]
     print(f"corpus: Python {platform.python_version()} stdlib {root}: {len(train_files)} train files "
@@ -412,7 +534,7 @@ def main(argv=None) -> None:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(args.reuse_target / "target")
         for key in ("is_local", "local_files_only"):  # load-time options: save it as a fresh tokenizer would be
             tokenizer.init_kwargs.pop(key, None)
-        reused = LlamaForCausalLM.from_pretrained(args.reuse_target / "target", dtype=torch.float32)
+        reused = AutoModelForCausalLM.from_pretrained(args.reuse_target / "target", dtype=torch.float32)
     else:
         tokenizer = train_tokenizer(train_texts, args.vocab_size)
     train_stream, heldout_stream = token_stream(tokenizer, train_texts), token_stream(tokenizer, heldout_texts)
@@ -425,8 +547,8 @@ def main(argv=None) -> None:
 
     vocab = len(tokenizer)
     (th, tl, tm), (dh, dl, dm) = (map(int, shape.split("x")) for shape in (args.target_shape, args.draft_shape))
-    target = reused if args.reuse_target else new_model(llama_config(vocab, th, tl, tm, 4, 2, 1024), seed=args.seed)
-    draft = new_model(llama_config(vocab, dh, dl, dm, 4, 2, 1024), seed=args.seed + 1)
+    target = reused if args.reuse_target else new_model(model_config(args.arch, vocab, th, tl, tm, 4, 2, 1024), seed=args.seed)
+    draft = new_model(model_config(args.arch, vocab, dh, dl, dm, 4, 2, 1024), seed=args.seed + 1)
     print(f"target {n_params(target) / 1e6:.2f}M params, draft {n_params(draft) / 1e6:.2f}M params", flush=True)
 
     t_train = time.time()
@@ -457,6 +579,7 @@ def main(argv=None) -> None:
 
     # Save, then measure the saved models as users will load them.
     out: Path = args.out
+    old_readme = (out / "README.md").read_text() if (out / "README.md").exists() else ""
     for name in ("target", "draft"):
         if (out / name).exists():
             shutil.rmtree(out / name)
@@ -467,8 +590,8 @@ def main(argv=None) -> None:
         tokenizer.save_pretrained(out / name)
     pq.write_table(pa.Table.from_pylist(prompts, schema=pa.schema(
         [("id", pa.string()), ("prompt", pa.string()), ("source_file", pa.string())])), out / "prompts.parquet")
-    target = LlamaForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
-    draft = LlamaForCausalLM.from_pretrained(out / "draft", dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(out / "draft", dtype=torch.float32).eval()
 
     m = {
         "target_train_loss": target_train, "draft_train_kl": draft_kl, "continuation_kl": continuation_kl,
@@ -495,9 +618,22 @@ def main(argv=None) -> None:
                  params=(n_params(target), n_params(draft)), steps=(args.steps, args.draft_steps),
                  train_minutes=train_minutes, losses=m, agreement=agreement, n_agree=len(agree_prompts),
                  timings=timings, n_prompts=len(prompts), wall=wall, target=target, draft=draft)
+    if args.eagle:
+        run_eagle(args, argv, root, train_files)
+    elif (out / "eagle").is_dir() and args.reuse_target and EAGLE_START in old_readme:  # the head still fits
+        update_readme_eagle(out, old_readme[old_readme.index(EAGLE_START): old_readme.index(EAGLE_END)] + EAGLE_END + "\n")
+    elif (out / "eagle").is_dir():  # a head for an earlier target: stale
+        shutil.rmtree(out / "eagle")
     sizes = {p.relative_to(out).as_posix(): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
     print(f"assets: {sum(sizes.values()) / 1e6:.2f} MB in {out}", flush=True)
     print(f"wall time: {wall:.1f} min", flush=True)
+
+
+def run_eagle(args, argv, root: Path, train_files: list[Path]) -> None:
+    result = build_eagle(args, root, train_files, args.out)
+    result["minutes"] = args.eagle_minutes
+    command = "`python tools/build_demo.py " + " ".join(sys.argv[1:] if argv is None else argv) + "`"
+    update_readme_eagle(args.out, eagle_section(result, command))
 
 
 def write_readme(out: Path, args, argv, *, files, tokens, params, steps, train_minutes, losses, agreement,
@@ -508,7 +644,8 @@ def write_readme(out: Path, args, argv, *, files, tokens, params, steps, train_m
     tc, dc = target.config, draft.config
 
     def shape(c):
-        return (f"Llama, hidden {c.hidden_size}, {c.num_hidden_layers} layers, {c.num_attention_heads} heads "
+        arch = {"llama": "Llama", "qwen2": "Qwen2"}[c.model_type]
+        return (f"{arch}, hidden {c.hidden_size}, {c.num_hidden_layers} layers, {c.num_attention_heads} heads "
                 f"({c.num_key_value_heads} KV), MLP {c.intermediate_size}, vocab {c.vocab_size}, "
                 f"max positions {c.max_position_embeddings}, tied embeddings")
 

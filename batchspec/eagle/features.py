@@ -63,8 +63,9 @@ def pad_batch(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
 
 
 def sequence_states(target, sequences: list[list[int]], layer_ids, *, batch_size: int = 16, pad_id: int = 0,
-                    dtype: torch.dtype | None = None, progress=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(features [n, 3*Ht], final [n, Ht]) for each sequence, kept on the CPU in `dtype`.
+                    dtype: torch.dtype | None = None, progress=None) -> list[tuple[torch.Tensor, ...]]:
+    """(features [n, 3*Ht], final [n, Ht], greedy [n]) for each sequence, kept on the CPU (the first two
+    in `dtype`); greedy[p] is the target's greedy token after position p (its logits' argmax).
 
     Sequences are batched in length order (less padding), results returned in input order.
     """
@@ -75,9 +76,12 @@ def sequence_states(target, sequences: list[list[int]], layer_ids, *, batch_size
         rows = order[start: start + batch_size]
         ids, mask = pad_batch([sequences[i] for i in rows], pad_id)
         states = target_states(target, ids.to(device), mask.to(device), layer_ids)
+        with torch.no_grad():
+            greedy = target_logits(target, states.final).argmax(-1)
         for r, i in enumerate(rows):
             n = len(sequences[i])
-            out[i] = (states.features[r, :n].to("cpu", dtype), states.final[r, :n].to("cpu", dtype))
+            out[i] = (states.features[r, :n].to("cpu", dtype), states.final[r, :n].to("cpu", dtype),
+                      greedy[r, :n].cpu())
         if progress is not None:
             progress(len(rows))
     return out

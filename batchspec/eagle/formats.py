@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from .config import EagleConfig, HeadError, default_layer_ids, target_num_layers, text_config
+from .config import EagleConfig, HeadError, default_layer_ids, target_num_layers
 from .head import EagleHead
 
 FORMATS = ("eagle", "speculators")
@@ -182,6 +182,9 @@ def atomic_write(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; the result should be like any new file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -252,17 +255,3 @@ def save_head(head: EagleHead, path: str | os.PathLike, *, format: str = "eagle"
     atomic_write(path / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
     return path
 
-
-def head_for_target(target, *, draft_target_ids: torch.Tensor | None = None,
-                    layer_ids: tuple[int, int, int] | None = None) -> EagleHead:
-    """A new (random) head shaped for `target`, with the target's embeddings and, as a warm start, its LM
-    head rows for the draft vocabulary."""
-    vocab = text_config(target.config).vocab_size
-    ids = torch.arange(vocab) if draft_target_ids is None else draft_target_ids
-    config = EagleConfig.for_target(target.config, draft_vocab_size=len(ids), layer_ids=layer_ids)
-    head = EagleHead(config)
-    head.set_vocab(ids)
-    head.set_embeddings(target.get_input_embeddings().weight.detach().float().cpu())
-    with torch.no_grad():
-        head.lm_head.weight.copy_(target.get_output_embeddings().weight.detach().float().cpu()[ids])
-    return head

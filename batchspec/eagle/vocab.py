@@ -39,6 +39,20 @@ def choose_vocab(counts: Counter, size: int, target_vocab_size: int, always: tup
     return DraftVocab(torch.tensor(sorted(picked)), coverage)
 
 
+def size_for_coverage(counts: Counter, target_vocab_size: int, coverage: float = 0.99, multiple: int = 256,
+                      cap: int = 32000) -> int:
+    """The smallest draft vocabulary holding `coverage` of the counted tokens, rounded up to a multiple
+    of `multiple`, at most `cap` (SpecForge's usual 32,000) and the target's vocabulary."""
+    total, running, size = sum(counts.values()), 0, 0
+    for _, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        if total == 0 or running >= coverage * total:
+            break
+        running += n
+        size += 1
+    size = -(-max(size, 1) // multiple) * multiple
+    return min(size, cap, target_vocab_size)
+
+
 def d2t_t2d(target_ids: torch.Tensor, target_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The maps as files store them: d2t [draft_vocab] int64 offsets, t2d [target_vocab] bool."""
     d2t = target_ids.long() - torch.arange(len(target_ids))

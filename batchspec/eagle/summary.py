@@ -1,0 +1,81 @@
+"""The record of a `train_draft` run and its one-screen summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .evaluate import StepCosts
+
+
+@dataclass
+class Summary:
+    target: str
+    out: str
+    format: str
+    config: dict
+    trained_parameters: int
+    prompts_used: int
+    prompts_total: int
+    train_samples: int
+    train_tokens: int
+    generated_tokens: int
+    temperature: float
+    labels: str
+    heldout_samples: int
+    eval_new_tokens: int
+    generation_seconds: float
+    feature_seconds: float
+    train_seconds: float
+    eval_seconds: float
+    steps: int
+    batch_size: int
+    ttt_steps: int
+    final_loss: float | None
+    agreement: list[float] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)
+    acceptance: dict = field(default_factory=dict)  # evaluate.Acceptance as a dict
+    costs: dict = field(default_factory=dict)  # evaluate.StepCosts as a dict
+
+    @property
+    def total_seconds(self) -> float:
+        return self.generation_seconds + self.feature_seconds + self.train_seconds + self.eval_seconds
+
+    def speedups(self) -> dict[int, float]:
+        costs = StepCosts(**self.costs)
+        return {k: costs.speedup(self.acceptance["tokens_per_round"][k], k) for k in self.acceptance["tokens_per_round"]}
+
+
+def render(s: Summary) -> str:
+    c, a = s.config, s.acceptance
+    k_max = a["k_max"]
+    row = lambda values: "".join(f"{v:7.2f}" for v in values)  # noqa: E731
+    tpf = "  ".join(f"k={k} {v:.2f}" for k, v in a["tokens_per_forward"].items())
+    speedups = s.speedups()
+    best = max(speedups, key=speedups.get)
+    costs = s.costs
+    draws = "greedy" if s.temperature == 0 else f"sampled at temperature {s.temperature:g}"
+    lines = [
+        f"EAGLE-3 head for {s.target} -> {s.out} ({s.format} layout)",
+        f"  head: hidden {c['hidden_size']}, MLP {c['intermediate_size']}, reads target hidden states "
+        f"{tuple(c['target_layer_ids'])} of {c['target_num_layers']} layers, draft vocabulary "
+        f"{c['draft_vocab_size']} of {c['target_vocab_size']}, {s.trained_parameters / 1e6:.2f}M trained parameters",
+        f"  data: {s.train_samples} samples from {s.prompts_used} of {s.prompts_total} training prompts "
+        f"({s.train_tokens:,} tokens, {s.generated_tokens:,} generated, {draws}); {s.heldout_samples} held-out "
+        f"prompts x {s.eval_new_tokens} greedy tokens",
+        f"  time: generation {s.generation_seconds / 60:.1f} min, target features {s.feature_seconds / 60:.1f} min, "
+        f"training {s.train_seconds / 60:.1f} min ({s.steps} steps x {s.batch_size} sequences, {s.ttt_steps} "
+        f"unrolled steps), evaluation {s.eval_seconds / 60:.1f} min; total {s.total_seconds / 60:.1f} min",
+        f"  training loss ({s.labels} labels) {s.final_loss:.3f}; top-1 agreement with the target by unrolled step: "
+        + " ".join(f"{v:.2f}" for v in s.agreement) if s.final_loss is not None else "  no training steps ran",
+        f"  held-out acceptance (greedy chains replayed on the target's continuations, {a['chains']:,} chain starts):",
+        "    draft position          " + "".join(f"{j:7d}" for j in range(1, k_max + 1)),
+        "    all accepted up to it   " + row(a["cumulative"]),
+        "    given the earlier ones  " + row(a["conditional"]),
+        f"  tokens per target forward (prefill counted): {tpf}",
+        f"  cost at batch {costs['batch']}, {costs['context']} tokens cached: target {costs['target_ms'][0]:.2f} ms "
+        f"(1 token) .. {costs['target_ms'][-1]:.2f} ms ({len(costs['target_ms'])} tokens); head "
+        f"{costs['head_step_ms']:.2f} ms per draft step (c = {costs['head_step_ms'] / costs['target_ms'][0]:.3f})",
+        "  predicted speedup over plain decoding: " + "  ".join(f"k={k} {v:.2f}x" for k, v in speedups.items())
+        + f"; best k={best}",
+    ]
+    return "\n".join(lines)

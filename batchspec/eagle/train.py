@@ -1,0 +1,206 @@
+"""Train an EAGLE-3 head for any Hugging Face target by self-distillation (`python -m batchspec.train_draft`).
+
+    prompts -> the target's own continuations (data.py) -> its hidden states (features.py)
+            -> training-time-test training (loop.py) -> held-out replay and step costs (evaluate.py)
+            -> the head in the EAGLE / SpecForge layout (formats.py) and a one-screen summary (summary.py)
+
+Everything the run needs to continue after a kill lives in OUT/.train: the generated samples (chunks,
+atomic), the options that shaped them (run.json) and the latest checkpoint; `--resume` picks them up.
+The time budget (`minutes`) covers the whole run: generation may use `data_fraction` of it, the
+target's features are computed once, training gets what is left (less a reserve for the evaluation).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .config import HeadError
+from .data import Prompts, SampleStore, generate_data, split_prompts
+from .evaluate import acceptance, head_matches, measure_costs
+from .features import sequence_states
+from .formats import atomic_write, save_head
+from .init import head_for_target, scale_fc
+from .loop import LoopOptions, train_loop
+from .summary import Summary, render
+from .vocab import choose_vocab, size_for_coverage
+
+# Options whose change makes the saved samples or checkpoint meaningless for a resumed run.
+DATA_KEYS = ("target", "prompts", "prompt_column", "split", "limit", "max_prompt_tokens", "max_new_tokens",
+             "eval_new_tokens", "temperature", "heldout", "max_heldout", "seed", "layers", "draft_vocab_size")
+
+
+@dataclass
+class TrainDraftOptions:
+    target: str
+    prompts: str
+    out: str
+    prompt_column: str = "prompt"
+    split: str = "train"
+    limit: int | None = None
+    minutes: float = 15.0  # budget for the whole run (0: no time limit; then give steps)
+    steps: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    resume: bool = False
+    lr: float = 3e-3
+    batch_size: int = 4
+    ttt_steps: int = 4
+    draft_vocab_size: int | None = None  # None: the most frequent tokens covering 99% of the data (vocab.py)
+    heldout: float = 0.05
+    max_heldout: int = 32
+    max_prompt_tokens: int = 512
+    max_new_tokens: int = 96
+    eval_new_tokens: int = 64
+    temperature: float = 0.0
+    labels: str = "auto"  # auto: hard for greedy continuations, else soft at the sampling temperature
+    data_fraction: float = 0.2
+    gen_batch_size: int = 32
+    train_on_prompt: bool = True
+    layers: tuple[int, int, int] | None = None
+    format: str = "eagle"
+    save_dtype: str = "float32"
+    seed: int = 0
+    loop: dict = field(default_factory=dict)  # extra LoopOptions fields
+
+
+class TrainDraftError(ValueError):
+    """A run that cannot start as asked; one line."""
+
+
+def check_run_folder(options: TrainDraftOptions, state_dir: Path) -> dict:
+    """Refuse an earlier run's folder unless resuming it with the same data options; returns the record
+    that `start_run_folder` writes."""
+    record = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items() if k in DATA_KEYS}
+    run_file = state_dir / "run.json"
+    if run_file.exists():
+        if not options.resume:
+            raise TrainDraftError(f"{options.out} holds an earlier run ({state_dir}); pass --resume to continue it "
+                                  "or choose another --out")
+        stored = json.loads(run_file.read_text())
+        changed = [k for k in DATA_KEYS if stored.get(k) != record[k]]
+        if changed:
+            raise TrainDraftError(f"--resume with different {', '.join(changed)} than the run in {options.out}")
+    return record
+
+
+def start_run_folder(state_dir: Path, record: dict) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(state_dir / "run.json", lambda tmp: Path(tmp).write_text(json.dumps(record, indent=2)))
+
+
+def run(options: TrainDraftOptions, log=print) -> Summary:
+    """Generate, train, evaluate and save; returns the summary (also written to OUT/train_summary.*)."""
+    from ..calibrate import read_prompts  # reads every job source (Parquet, JSONL, datasets)
+    from ..models import load_models
+
+    t_start = time.time()
+    out, state_dir = Path(options.out), Path(options.out) / ".train"
+    texts = read_prompts(options.prompts, options.limit, options.prompt_column, options.split)
+    record = check_run_folder(options, state_dir)
+    models = load_models(options.target, dtype=options.dtype, device=options.device)
+    start_run_folder(state_dir, record)
+    target, device, budget = models.target, models.target.device, options.minutes * 60
+    split = encode_prompts(options, texts, models.tokenizer, log)
+
+    store = SampleStore(state_dir / "samples")
+    deadline = time.time() + (options.data_fraction * budget if budget else float("inf")) - store_seconds(store)
+    data = generate_data(
+        target, models.tokenizer, split, store, max_new_tokens=options.max_new_tokens,
+        eval_new_tokens=options.eval_new_tokens, temperature=options.temperature, seed=options.seed,
+        batch_size=options.gen_batch_size, chunk=4 * options.gen_batch_size, deadline=deadline,
+        progress=lambda n, tokens: log(f"  generated {n} continuations, {tokens} tokens ({time.time() - t_start:.0f}s)"))
+    log(f"data: {len(data.train)} training samples from {data.prompts_used}/{data.prompts_total} prompts, "
+        f"{sum(len(s.ids) for s in data.train)} tokens; generation {data.seconds / 60:.1f} min")
+
+    checkpoint_path = state_dir / "checkpoint.pt"
+    resume = torch.load(checkpoint_path, map_location="cpu", weights_only=False) if checkpoint_path.exists() else None
+    head = new_head(options, target, data, models.eos_token_ids, resume)
+    t_feat = time.time()
+    layer_ids = head.config.target_layer_ids
+    states = sequence_states(target, [s.ids for s in data.train], layer_ids,
+                             dtype=torch.float32 if device.type == "cpu" else target.dtype)
+    heldout_states = sequence_states(target, [s.ids for s in data.heldout], layer_ids, dtype=torch.float32)
+    feature_seconds = time.time() - t_feat
+    log(f"target features: {feature_seconds / 60:.1f} min")
+    if resume is None:
+        scale_fc(head, torch.cat([st[0] for st in states[:64]]))
+
+    labels = options.labels if options.labels != "auto" else ("hard" if options.temperature == 0 else "soft")
+    loop = LoopOptions(lr=options.lr, batch_size=options.batch_size, ttt_steps=options.ttt_steps, steps=options.steps,
+                       train_on_prompt=options.train_on_prompt, seed=options.seed, labels=labels,
+                       label_temperature=options.temperature or 1.0, **options.loop)
+    reserve = min(60.0, 0.05 * budget)  # for the evaluation below
+    loop.seconds = max(1.0, budget - data.seconds - feature_seconds - reserve) if budget else 0.0
+    state = train_loop(head, target, data.train, states, data.heldout, heldout_states, loop, checkpoint_path,
+                       resume=resume, device=device)
+    return finish(options, head, target, data, heldout_states, state, loop, feature_seconds)
+
+
+def encode_prompts(options: TrainDraftOptions, texts: list[str], tokenizer, log) -> Prompts:
+    """Tokenize, drop prompts over max_prompt_tokens, split off the held-out ones."""
+    encoded = [tokenizer(t)["input_ids"] for t in texts]
+    encoded = [e if len(e) <= options.max_prompt_tokens else [] for e in encoded]
+    split = split_prompts(encoded, options.heldout, options.max_heldout)
+    split.train = [p for p in split.train if p[1]]
+    split.heldout = [p for p in split.heldout if p[1]]
+    if not split.train:
+        raise TrainDraftError(f"--prompts {options.prompts}: no prompt of at most {options.max_prompt_tokens} tokens")
+    log(f"prompts: {len(split.train)} for training, {len(split.heldout)} held out "
+        f"({sum(1 for e in encoded if not e)} longer than {options.max_prompt_tokens} tokens skipped)")
+    return split
+
+
+def new_head(options: TrainDraftOptions, target, data, eos_ids, resume: dict | None):
+    """A head for `target` over the checkpoint's draft vocabulary, or one chosen from the training data."""
+    if resume is not None:
+        d2t = resume["head"]["d2t"]
+        draft_ids = d2t + torch.arange(len(d2t))
+    else:
+        counts = Counter(t for s in data.train for t in s.ids[1 if options.train_on_prompt else s.prompt_len:])
+        vocab = target.config.get_text_config().vocab_size
+        size = options.draft_vocab_size or size_for_coverage(counts, vocab)
+        draft_ids = choose_vocab(counts, size, vocab, always=tuple(eos_ids)).target_ids
+    torch.manual_seed(options.seed)
+    return head_for_target(target, draft_target_ids=draft_ids, layer_ids=options.layers)
+
+
+def finish(options: TrainDraftOptions, head, target, data, heldout_states, state, loop: LoopOptions,
+           feature_seconds: float) -> Summary:
+    """Held-out replay, step costs, the saved head and the summary files."""
+    t_eval = time.time()
+    out = Path(options.out)
+    head.to(device=target.device, dtype=torch.float32).eval()
+    result = acceptance(head_matches(head, data.heldout, heldout_states, 5), data.heldout, k_max=5)
+    context = int(sum(len(s.ids) for s in data.heldout) / len(data.heldout)) if data.heldout else 128
+    costs = measure_costs(target, head, batch=8, context=context, k_max=5)
+    trained = sum(p.numel() for p in head.parameters() if p.requires_grad)
+    save_head(head.to(getattr(torch, options.save_dtype)), out, format=options.format, target_name=options.target,
+              target_architectures=list(target.config.architectures or []))
+    summary = Summary(
+        target=options.target, out=str(out), format=options.format, config=head.config.to_dict(),
+        trained_parameters=trained, prompts_used=data.prompts_used, prompts_total=data.prompts_total,
+        train_samples=len(data.train), train_tokens=sum(len(s.ids) for s in data.train),
+        generated_tokens=sum(s.new_tokens for s in data.train), temperature=options.temperature, labels=loop.labels,
+        heldout_samples=len(data.heldout), eval_new_tokens=options.eval_new_tokens, generation_seconds=data.seconds,
+        feature_seconds=feature_seconds, train_seconds=state.seconds, eval_seconds=time.time() - t_eval,
+        steps=state.step, batch_size=loop.batch_size, ttt_steps=loop.ttt_steps, final_loss=state.loss,
+        agreement=state.agreement, history=state.history, acceptance=asdict(result), costs=asdict(costs),
+    )
+    (out / "train_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
+    (out / "train_summary.txt").write_text(render(summary) + "\n")
+    return summary
+
+
+def store_seconds(store: SampleStore) -> float:
+    """Generation time already spent in earlier sessions of this run."""
+    held = store.read("heldout.json") or {}
+    return held.get("seconds", 0.0) + sum(c.get("seconds", 0.0) for c in store.chunks())
+
+
+__all__ = ["TrainDraftOptions", "TrainDraftError", "run", "HeadError"]

@@ -1,0 +1,103 @@
+"""Train an EAGLE-3 draft head for a Hugging Face target on its own continuations of your prompts.
+
+    python -m batchspec.train_draft TARGET --prompts SOURCE --out DIR [--minutes 15] [--resume]
+
+SOURCE is anything a job reads (Parquet file/folder/glob, JSONL, a saved or hub dataset). The head is
+written to DIR in the EAGLE / SpecForge layout (SGLang and vLLM load it; --format speculators for
+vLLM's speculators layout), with DIR/train_summary.txt. A killed run continues with --resume.
+The training logic is in batchspec/eagle/train.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: idle OpenMP threads sleep on a shared CPU
+
+
+def layer_ids(text: str) -> tuple[int, int, int]:
+    ids = tuple(int(x) for x in text.split(","))
+    if len(ids) != 3:
+        raise argparse.ArgumentTypeError("give three comma-separated hidden-state indices, e.g. 2,7,11")
+    return ids  # type: ignore[return-value]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m batchspec.train_draft", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("target", help="target model: local directory or hub id")
+    p.add_argument("--prompts", required=True, help="prompt source: Parquet, JSONL, saved or hub dataset")
+    p.add_argument("--out", required=True, help="directory for the head, its summary and the run's state")
+    p.add_argument("--prompt-column", default="prompt")
+    p.add_argument("--split", default="train", help="dataset split (Hugging Face datasets)")
+    p.add_argument("--limit", type=int, default=None, help="read at most this many prompts")
+    p.add_argument("--minutes", type=float, default=15.0,
+                   help="time budget for the whole run, generation included (0: none; then give --steps)")
+    p.add_argument("--steps", type=int, default=0, help="stop training after this many steps (0: the budget decides)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="auto", help="target dtype: auto (bfloat16 on a GPU, float32 on CPU), float32, "
+                                                 "bfloat16, float16")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out after a kill")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW, warmup then cosine)")
+    p.add_argument("--batch-size", type=int, default=4, help="sequences per training step")
+    p.add_argument("--ttt-steps", type=int, default=4,
+                   help="draft steps unrolled in training (EAGLE-3's test); chains deeper than this are untrained")
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="draft vocabulary: the most frequent target tokens (default: as many as cover 99%% of the "
+                        "training tokens, in multiples of 256, at most 32000)")
+    p.add_argument("--heldout", type=float, default=0.05, help="share of prompts held out for acceptance")
+    p.add_argument("--max-heldout", type=int, default=32, help="at most this many held-out prompts")
+    p.add_argument("--max-prompt-tokens", type=int, default=512, help="skip longer prompts")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="tokens the target writes per training prompt")
+    p.add_argument("--eval-new-tokens", type=int, default=64, help="greedy tokens per held-out prompt")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample the training continuations at this temperature (0: greedy)")
+    p.add_argument("--labels", choices=["auto", "hard", "soft"], default="auto",
+                   help="learn the target's greedy token (hard) or its distribution (soft); auto: hard for "
+                        "greedy continuations, soft at --temperature otherwise")
+    p.add_argument("--data-fraction", type=float, default=0.2, help="share of --minutes generation may use")
+    p.add_argument("--gen-batch-size", type=int, default=32, help="batch size of the generation")
+    p.add_argument("--no-prompt-loss", action="store_true", help="learn only at positions the target wrote")
+    p.add_argument("--layers", type=layer_ids, default=None,
+                   help="target hidden-state indices to read (default 2,L//2,L-3)")
+    p.add_argument("--format", choices=["eagle", "speculators"], default="eagle", help="layout of the saved head")
+    p.add_argument("--save-dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--checkpoint-every", type=float, default=60.0, help="seconds between checkpoints")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.minutes <= 0 and args.steps <= 0:
+        sys.exit("train_draft: with --minutes 0 give --steps")
+    from .eagle.train import TrainDraftOptions, run
+
+    options = TrainDraftOptions(
+        target=args.target, prompts=args.prompts, out=args.out, prompt_column=args.prompt_column, split=args.split,
+        limit=args.limit, minutes=args.minutes, steps=args.steps, device=args.device, dtype=args.dtype,
+        resume=args.resume, lr=args.lr, batch_size=args.batch_size, ttt_steps=args.ttt_steps,
+        draft_vocab_size=args.draft_vocab_size, heldout=args.heldout, max_heldout=args.max_heldout,
+        max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
+        eval_new_tokens=args.eval_new_tokens, temperature=args.temperature, labels=args.labels,
+        data_fraction=args.data_fraction,
+        gen_batch_size=args.gen_batch_size, train_on_prompt=not args.no_prompt_loss, layers=args.layers,
+        format=args.format, save_dtype=args.save_dtype, seed=args.seed,
+        loop={"checkpoint_every": args.checkpoint_every},
+    )
+    from .eagle.config import HeadError
+    from .eagle.summary import render
+    from .eagle.train import TrainDraftError
+    from .jobs.sources import SourceError
+    from .models import ModelLoadError
+
+    try:
+        print(render(run(options)))
+    except (HeadError, TrainDraftError, ModelLoadError, SourceError) as e:  # each a one-line message
+        sys.exit(f"train_draft: {e}")
+
+
+if __name__ == "__main__":
+    main()

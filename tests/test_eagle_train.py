@@ -1,0 +1,166 @@
+"""`python -m batchspec.train_draft`: a run end to end on a tiny target, kill -9 and --resume, refusals,
+and the pieces with exact answers (draft vocabulary, greedy replay)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from batchspec.eagle.data import Sample, split_prompts
+from batchspec.eagle.evaluate import acceptance, next_token_chains, replay
+from batchspec.eagle.formats import load_head
+from batchspec.eagle.summary import render
+from batchspec.eagle.train import TrainDraftError, TrainDraftOptions, run
+from batchspec.eagle.vocab import choose_vocab, d2t_t2d, size_for_coverage
+from tiny import PROMPTS, build_tokenizer, save_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Llama target and a JSONL of prompts."""
+    folder = tmp_path_factory.mktemp("eagle_train")
+    tokenizer = build_tokenizer()
+    target = save_model(folder / "target", "llama", tokenizer, seed=3, vocab_size=len(tokenizer), layers=4)
+    prompts = folder / "prompts.jsonl"
+    rows = [{"prompt": p} for p in PROMPTS] + [{"prompt": p + " " + q} for p in PROMPTS[:6] for q in PROMPTS[6:9]]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return target, prompts
+
+
+def options(tiny, out, **kw) -> TrainDraftOptions:
+    target, prompts = tiny
+    base = dict(target=str(target), prompts=str(prompts), out=str(out), minutes=0, steps=12, device="cpu",
+                max_new_tokens=12, eval_new_tokens=12, heldout=0.25, max_heldout=4, gen_batch_size=8,
+                batch_size=4, ttt_steps=3, lr=3e-3, loop={"eval_every": 5})
+    base.update(kw)
+    return TrainDraftOptions(**base)
+
+
+def test_run_end_to_end(tiny, tmp_path):
+    summary = run(options(tiny, tmp_path / "head", format="speculators"), log=lambda *a: None)
+    head = load_head(tmp_path / "head", _target(tiny))
+    assert head.config.target_layer_ids == (2, 2, 1)  # (2, L//2, L-3) for 4 layers
+    assert summary.steps == 12 and summary.heldout_samples == 4 and summary.train_samples == 26
+    assert summary.history and summary.final_loss < summary.history[0]["loss"] * 1.5
+    acc = summary.acceptance
+    assert len(acc["cumulative"]) == 5 and all(0 <= a <= 1 for a in acc["cumulative"])
+    assert all(a >= b for a, b in zip(acc["cumulative"], acc["cumulative"][1:]))
+    assert 1.0 <= acc["tokens_per_forward"][4] <= 5.0
+    text = render(summary)
+    assert "predicted speedup" in text and len(text.splitlines()) <= 16
+    assert json.loads((tmp_path / "head" / "train_summary.json").read_text())["steps"] == 12
+
+
+def _target(tiny):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(tiny[0], dtype=torch.float32)
+
+
+def test_refuses_an_earlier_run_without_resume(tiny, tmp_path):
+    run(options(tiny, tmp_path, steps=2), log=lambda *a: None)
+    with pytest.raises(TrainDraftError, match="pass --resume"):
+        run(options(tiny, tmp_path, steps=2), log=lambda *a: None)
+    with pytest.raises(TrainDraftError, match="different max_new_tokens"):
+        run(options(tiny, tmp_path, steps=2, resume=True, max_new_tokens=5), log=lambda *a: None)
+
+
+def cli(tiny, out, *extra) -> list[str]:
+    target, prompts = tiny
+    return [sys.executable, "-m", "batchspec.train_draft", str(target), "--prompts", str(prompts), "--out", str(out),
+            "--minutes", "0", "--device", "cpu", "--max-new-tokens", "12", "--eval-new-tokens", "12",
+            "--heldout", "0.25", "--max-heldout", "4", "--batch-size", "4", "--ttt-steps", "3",
+            "--checkpoint-every", "0", *extra]
+
+
+@pytest.mark.slow
+def test_kill_and_resume_gives_the_uninterrupted_result(tiny, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    steps = "80"
+    subprocess.run(cli(tiny, tmp_path / "whole", "--steps", steps), check=True, env=env, capture_output=True, cwd=ROOT)
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(cli(tiny, out, "--steps", steps), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    checkpoint, killed_at = out / ".train" / "checkpoint.pt", 0
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if checkpoint.exists():
+            killed_at = torch.load(checkpoint, weights_only=False)["state"]["step"]
+            if killed_at >= 15:
+                proc.send_signal(signal.SIGKILL)
+                break
+        time.sleep(0.05)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL and 15 <= killed_at < 80, (proc.returncode, killed_at)
+    assert not (out / "model.safetensors").exists()
+    chunks = sorted((out / ".train" / "samples").glob("train-*.json"))
+    stamps = [c.stat().st_mtime_ns for c in chunks]
+
+    done = subprocess.run(cli(tiny, out, "--steps", steps, "--resume"), env=env, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "predicted speedup" in done.stdout
+    assert [c.stat().st_mtime_ns for c in chunks] == stamps  # the samples were reused, not regenerated
+    a = torch.load(tmp_path / "whole" / ".train" / "checkpoint.pt", weights_only=False)
+    b = torch.load(out / ".train" / "checkpoint.pt", weights_only=False)
+    assert a["state"]["step"] == b["state"]["step"] == 80
+    for key, value in a["head"].items():
+        assert torch.equal(value, b["head"][key]), key
+
+
+def test_cli_one_line_errors(tiny, tmp_path, capsys):
+    from batchspec.train_draft import main
+
+    for argv, words in (
+        ([str(tiny[0]), "--prompts", str(tmp_path / "none.jsonl")], "does not exist"),
+        ([str(tmp_path / "no-model"), "--prompts", str(tiny[1])], "cannot load model"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            main([*argv, "--out", str(tmp_path / "o"), "--steps", "1", "--device", "cpu"])
+        message = str(info.value)
+        assert message.startswith("train_draft:") and words in message and "\n" not in message, message
+    assert not (tmp_path / "o").exists()  # nothing written: the same command works once fixed
+
+
+def test_choose_vocab():
+    counts = Counter({5: 10, 3: 10, 9: 7, 1: 1, 7: 3})
+    v = choose_vocab(counts, 3, 12, always=(11,))
+    assert v.target_ids.tolist() == [3, 5, 11]  # EOS kept; ties to the lower id
+    assert v.coverage == pytest.approx(20 / 31)
+    assert choose_vocab(counts, 7, 12).target_ids.tolist() == [0, 1, 2, 3, 5, 7, 9]  # padded with unseen ids
+    assert choose_vocab(counts, 12, 12).target_ids.tolist() == list(range(12))
+    assert size_for_coverage(Counter({t: 1 for t in range(1000)}), 4096) == 1024  # 990 tokens, rounded up
+    assert size_for_coverage(Counter({t: 1 for t in range(1000)}), 700) == 700
+    assert size_for_coverage(counts, 12, coverage=0.6, multiple=1) == 2
+    d2t, t2d = d2t_t2d(torch.tensor([3, 5, 11]), 12)
+    assert d2t.tolist() == [3, 4, 9] and t2d.nonzero().flatten().tolist() == [3, 5, 11]
+
+
+def test_replay_and_acceptance_are_exact():
+    # 3 prompt tokens, 6 new: rows 2.. start chains; the draft-model view: next_ok[q] for q = 0..7
+    next_ok = torch.tensor([0, 0, 1, 1, 0, 1, 1, 1], dtype=torch.bool)
+    m = next_token_chains(next_ok, 4)
+    assert m[2].tolist() == [True, False, True, True]  # the chain from row 2 drafts positions 4.. = next_ok[3..]
+    # the prefill emits token 1; the chain from row 2 keeps 1 draft (3 emitted); from row 4 only 2 drafts fit
+    # before the end, both kept (6 emitted): 3 forwards, 2 rounds
+    assert replay(m, 3, 6, 4) == (3, 2)
+    assert replay(m, 3, 6, 1) == (4, 3)
+    sample = Sample(list(range(9)), 3)
+    result = acceptance([m], [sample], k_max=2)
+    # chain rows 2..6: first draft kept at rows 2, 4, 5, 6 (of 5); the second has room at rows 2..5, kept at 4, 5
+    assert result.cumulative == [4 / 5, 2 / 4] and result.conditional[1] == pytest.approx(2 / 3)
+
+
+def test_split_prompts():
+    split = split_prompts([[i] for i in range(40)], 0.1, 3)
+    assert [i for i, _ in split.heldout] == [9, 19, 29] and len(split.train) == 37
