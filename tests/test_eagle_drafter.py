@@ -9,7 +9,8 @@ from transformers import AutoModelForCausalLM
 
 import batchspec
 from batchspec.eagle.config import HeadError
-from batchspec.eagle.formats import head_for_target, save_head
+from batchspec.eagle.formats import save_head
+from batchspec.eagle.init import head_for_target
 from batchspec.engine.graphs import LaunchCounter
 from conftest import MAX_NEW
 from tiny import PROMPTS
@@ -56,13 +57,13 @@ def test_eager_and_static_draft_the_same_with_the_demo_head(tree):
     static path a new row learns its first token with its first round, which therefore drafts nothing.)"""
     from batchspec.calibrate import DEMO, read_prompts
 
-    prompts = read_prompts(str(DEMO / "prompts.parquet"), 8)
+    prompts = read_prompts(str(DEMO / "prompts.parquet"), 16)
     runs = [batchspec.generate(prompts, target=str(DEMO / "target"), draft=str(DEMO / "eagle"), drafter="eagle", k=4,
-                               batch_size=4, max_new_tokens=24, compile=c, adaptive=False, tree=tree)
+                               batch_size=4, max_new_tokens=32, compile=c, adaptive=False, tree=tree)
             for c in ("off", "static")]
     assert [r.completion_token_ids for r in runs[0]] == [r.completion_token_ids for r in runs[1]]
-    rates = [sum(r.accepted_tokens for r in run) / sum(r.draft_tokens for r in run) for run in runs]
-    assert rates[0] > 0.5 and abs(rates[0] - rates[1]) < 0.05, rates
+    per_forward = [sum(r.completion_tokens for r in run) / sum(r.target_forwards for r in run) for run in runs]
+    assert per_forward[0] > 2.5 and abs(per_forward[0] - per_forward[1]) < 0.15 * per_forward[0], per_forward
 
 
 def test_coupled_sampling_is_plain_decodings(llama_pair, tmp_path):
