@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             chosen, m = fit_buckets(buckets, args.budget_mib * MiB, memory)
             print(f"  within {args.budget_mib:,} MiB: buckets {chosen}: {m}")
-        except MemoryError as e:
+        except ValueError as e:  # CaptureError
             print(f"  within {args.budget_mib:,} MiB: {e}")
 
 

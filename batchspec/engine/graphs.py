@@ -37,8 +37,9 @@ log = logging.getLogger("batchspec")
 CAPTURE_MODES = (None, "static", "cuda_graphs", "inductor")
 
 
-class CaptureError(RuntimeError):
-    """Capturing a step failed: the message is one line naming the step, the error and what to do."""
+class CaptureError(ValueError):
+    """The captured steps cannot be made (a capture failed, or they do not fit the memory budget): a setup
+    error, one line naming the step or the sizes, the error and what to do."""
 
 
 def resolve_capture(compile: str | bool | None, device: torch.device) -> str | None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .graphs import CaptureError
+
 GRAPH_BYTES = 2 << 20  # per captured graph, beyond the pool (assumed)
 MiB = 1 << 20
 
@@ -94,12 +96,12 @@ def estimate(target: Shape, *, num_slots: int, widths: list[int], buckets: list[
 def fit_buckets(buckets: list[int], budget: int | None, estimate_for) -> tuple[list[int], GraphMemory]:
     """The buckets to capture within `budget` bytes (None: no budget): every other bucket below the
     capacity is dropped until the estimate fits (fewer buckets, fewer graphs; a row then attends over a
-    longer padded length). Raises MemoryError when even the capacity alone does not fit."""
+    longer padded length). Raises CaptureError when even the capacity alone does not fit."""
     memory = estimate_for(buckets)
     while budget is not None and memory.total > budget and len(buckets) > 1:
         buckets = buckets[:-1][1::2] + buckets[-1:]
         memory = estimate_for(buckets)
     if budget is not None and memory.total > budget:
-        raise MemoryError(f"the captured steps need about {memory}, over the budget of {budget / MiB:,.0f} MiB: "
+        raise CaptureError(f"the captured steps need about {memory}, over the budget of {budget / MiB:,.0f} MiB: "
                           "lower batch_size or max_seq_len, or run with compile=off")
     return buckets, memory
