@@ -35,6 +35,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 log = logging.getLogger("batchspec")
 
 CAPTURE_MODES = (None, "static", "cuda_graphs", "inductor")
+# Every inductor step compiles the same code object (a runner's `_step`, its shape fixed by the partial's
+# arguments), and dynamo counts each (width, bucket) as a recompile of that object, across all runners in
+# the process: past torch's default of 8, fullgraph=True turns that into a hard failure. Each key is one
+# deliberate specialization, so the limit is raised while ours compile.
+RECOMPILE_LIMIT = 4096
 
 
 class CaptureError(ValueError):
@@ -242,13 +247,14 @@ class StepGraphs:
                             "the captured ones)", key)
             if self.mode == "inductor" and declared is not None and declared.compile:
                 compiled = self.compiled.get(key)
+                started = time.perf_counter() if compiled is None else None
                 if compiled is None:
-                    started = time.perf_counter()
                     compiled = self.compiled[key] = torch.compile(fn, fullgraph=True, dynamic=False)
+                with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT,
+                                                accumulated_recompile_limit=RECOMPILE_LIMIT):
                     compiled(*args)
+                if started is not None:
                     self.capture_s += time.perf_counter() - started
-                    return
-                compiled(*args)
                 return
             fn(*args)
 
