@@ -3,7 +3,7 @@
     python -m batchspec.calibrate                              # demo pair, model drafter
     python -m batchspec.calibrate --target T --draft D --prompts p.parquet --drafter ngram --batch-sizes 1,8,32
 
-Seed 000's tuning checklist as a command:
+The tuning checklist as a command:
   1. measure alpha (the per-draft acceptance probability) on a sample of the job's prompts;
   2. measure the cost curve: one target forward of T = 1..k_max+1 tokens per row, and one draft
      forward of 1 token, at each batch size;

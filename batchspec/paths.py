@@ -21,3 +21,20 @@ def missing_local_path(name_or_path: str) -> str | None:
     if not looks_local or path.exists():
         return None
     return f"no such local directory {name_or_path!r} (resolved to {path.resolve()})"
+
+
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".gz", ".csv", ".arrow")
+
+
+def missing_source_path(path: str) -> str | None:
+    """Like missing_local_path for `source.path`, where a file name (a data suffix) or a glob also means
+    local: such a path that matches nothing is refused at once instead of being looked up on the hub."""
+    if "://" in path:  # a URL (hf://, s3://): the reader's business
+        return None
+    problem = missing_local_path(path)
+    if problem is None and (path.lower().endswith(DATA_SUFFIXES) or any(c in path for c in "*?[")):
+        import glob
+
+        if not glob.glob(os.path.expanduser(path)):
+            problem = f"no such local file {path!r} (resolved to {Path(path).expanduser().resolve()})"
+    return problem

@@ -30,19 +30,19 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .jobs.sink import PART_NAME, first_line, foreign_files, part_files, part_problem, read_json
+from .jobs.sink import FAILED_LISTED, PART_NAME, first_line, foreign_files, part_files, part_problem, read_json
 from .types import FINISH_ERROR
 
 MARKER = re.compile(r"^shard-(\d+)-of-(\d+)\.json$")
 
 
 def read_checked_part(path: Path) -> pa.Table:
-    """The id, finish_reason and error columns of a part; ValueError if the file is not a part."""
+    """The id, sample_index, finish_reason and error columns of a part; ValueError if the file is not a part."""
     with pq.ParquetFile(path) as f:
         problem = part_problem(f.schema_arrow)
         if problem:
             raise ValueError(f"named like a part file but is not one: {problem}")
-        return f.read(columns=["id", "finish_reason", "error"], use_threads=False)
+        return f.read(columns=["id", "sample_index", "finish_reason", "error"], use_threads=False)
 
 
 def status(out_dir: Path) -> dict[str, Any]:
@@ -53,8 +53,10 @@ def status(out_dir: Path) -> dict[str, Any]:
         return shards.setdefault((count, index), {"shard": index, "count": count, "finished": False, "rows": 0,
                                                    "errors": 0, "parts": 0, "finished_at": None, "last_run": None})
 
-    ids: Counter = Counter()
-    first_file: dict[str, str] = {}  # id -> the part file it was first seen in
+    ids: Counter = Counter()  # (id, sample_index) -> rows: a row of n samples is n distinct keys
+    first_file: dict[tuple, str] = {}  # (id, sample_index) -> the part file it was first seen in
+    failed: list[dict[str, str]] = []
+    dropped: list[str] = []  # input rows dropped as repeats of an earlier id (from the finish markers)
     duplicate_files: set[tuple[str, str]] = set()
     messages: Counter = Counter()
     problems: list[str] = []
@@ -70,8 +72,11 @@ def status(out_dir: Path) -> dict[str, Any]:
         s["rows"] += table.num_rows
         reasons = table.column("finish_reason").to_pylist()
         s["errors"] += reasons.count(FINISH_ERROR)
-        messages.update(e for e in table.column("error").to_pylist() if e is not None)
-        for row_id in table.column("id").to_pylist():
+        errors = table.column("error").to_pylist()
+        messages.update(e for e in errors if e is not None)
+        row_ids = table.column("id").to_pylist()
+        failed += [{"id": i, "error": e} for i, e in zip(row_ids, errors) if e is not None][: FAILED_LISTED - len(failed)]
+        for row_id in zip(row_ids, table.column("sample_index").to_pylist()):
             ids[row_id] += 1
             if first_file.setdefault(row_id, f.name) != f.name:
                 duplicate_files.add((first_file[row_id], f.name))
@@ -87,6 +92,7 @@ def status(out_dir: Path) -> dict[str, Any]:
             continue
         s.update(finished=True, finished_at=marker.get("finished_at"), last_run=marker.get("last_run"))
         skipped += [x for x in marker.get("skipped_files") or [] if x not in skipped]
+        dropped += [i for i in marker.get("duplicate_ids") or [] if i not in dropped]
     foreign = [p.name for p in foreign_files(out_dir)]
     if foreign:
         problems.append(f"{len(foreign)} file(s) in data/ that are not part files (readers of data/ include them; "
@@ -97,7 +103,7 @@ def status(out_dir: Path) -> dict[str, Any]:
         for index in range(count):
             shard(index, count)
     complete_counts = [n for n in counts if all(shards[(n, i)]["finished"] for i in range(n))]
-    duplicates = sorted(i for i, n in ids.items() if n > 1)
+    duplicates = sorted(f"{i}" if j == 0 else f"{i} (sample {j})" for (i, j), n in ids.items() if n > 1)
     if duplicates:
         pairs = ", ".join(f"{a} and {b}" for a, b in sorted(duplicate_files)[:3])
         problems.append(f"DUPLICATE ids in more than one part file: {len(duplicates)} (e.g. {duplicates[:5]}; in {pairs})")
@@ -108,7 +114,9 @@ def status(out_dir: Path) -> dict[str, Any]:
         "shard_counts": counts,
         "shards": [shards[key] for key in sorted(shards)],
         "rows": sum(ids.values()),
-        "distinct_ids": len(ids),
+        "distinct_ids": len({i for i, _ in ids}),
+        "failed": failed,  # the first failed rows, id and error (retry_errors=true runs them again)
+        "duplicate_input_ids_dropped": dropped,  # input rows repeating an earlier id, not run
         "duplicate_ids": duplicates[:20],
         "duplicate_id_count": len(duplicates),
         "duplicate_files": sorted({name for pair in duplicate_files for name in pair}),
@@ -146,6 +154,12 @@ def format_status(report: dict[str, Any]) -> str:
         lines.append(f"  skipped unreadable input (source.skip_unreadable): {skipped['file']}: {skipped['reason']}")
     for message, n in report["errors"].items():
         lines.append(f"  error x{n}: {message}")
+    if report["failed"]:
+        shown = ", ".join(repr(f["id"]) for f in report["failed"][:10])
+        lines.append(f"  failed ids: {shown}{', ...' if report['rows_error'] > 10 else ''} "
+                     "(rerun with retry_errors=true to run them again)")
+    if report["duplicate_input_ids_dropped"]:
+        lines.append(f"  input rows dropped as repeated ids: {', '.join(map(repr, report['duplicate_input_ids_dropped']))}")
     if report["tmp_files"]:
         lines.append(f"  {len(report['tmp_files'])} file(s) in .tmp/: parts being written, or left by a killed run")
     return "\n".join(lines)

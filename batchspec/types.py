@@ -122,7 +122,10 @@ class Result:
 
     def to_row(self) -> dict[str, Any]:
         """The output row: every field above, with `extra` flattened in (pass-through columns)."""
-        row = {name: getattr(self, name) for name in RESULT_COLUMNS}
+        row = {name: getattr(self, name) for name in RESULT_COLUMNS if name not in ("stop_reason", "stop_token_id")}
+        # One Parquet column holds one type: a stop string and an EOS token id go to two columns.
+        row["stop_reason"] = self.stop_reason if isinstance(self.stop_reason, str) else None
+        row["stop_token_id"] = self.stop_reason if isinstance(self.stop_reason, int) else None
         row.update(self.extra)
         return row
 
@@ -141,6 +144,8 @@ RESULT_COLUMNS = (
     "id", "prompt", "completion", "completion_token_ids", "finish_reason", "error", "prompt_tokens",
     "completion_tokens", "target_forwards", "draft_tokens", "accepted_tokens", "acceptance_rate",
     "tokens_per_forward", "accepted_per_round", "drafts_per_round", "tree_per_round", "latency_s",
+    "sample_index", "stop_reason", "stop_token_id", "logprobs", "top_logprobs", "top_logprob_ids",
+    "prompt_logprobs", "prompt_top_logprobs", "prompt_top_logprob_ids",
 )
 
 

@@ -312,8 +312,8 @@ def test_the_second_signal_rule(second, delay, stops_now, tmp_path):
     sent: list[float] = []
 
     class SignalAfterFirstRow(Progress):
-        def update(self, *args):
-            super().update(*args)
+        def update(self, *args, **kwargs):
+            super().update(*args, **kwargs)
             if not sent:
                 sent.append(time.monotonic())
                 os.kill(os.getpid(), signal.SIGTERM)

@@ -44,7 +44,7 @@ def test_parquet_job_with_bad_rows_then_noop_rerun(tmp_path, tiny_models, monkey
     out = tmp_path / "outputs" / "pq"
     rows = by_id(read_output(out))
     assert sorted(rows) == [f"q{i:02d}" for i in range(15)]
-    assert list(read_output(out)[0]) == [c for c in RESULT_COLUMNS if c != "latency_s"] + ["topic"]
+    assert list(read_output(out)[0]) == [c for c in RESULT_COLUMNS if c != "latency_s"] + ["position", "topic"]
     ok = [rows[f"q{i:02d}"] for i in range(12)]
     assert all(r["finish_reason"] in ("stop", "length") and r["error"] is None for r in ok)
     assert all(r["prompt"] == PROMPTS[i] and r["topic"] == f"t{i % 4}" for i, r in enumerate(ok))
@@ -61,7 +61,8 @@ def test_parquet_job_with_bad_rows_then_noop_rerun(tmp_path, tiny_models, monkey
     assert s["tokens_per_target_forward"] == pytest.approx(
         s["completion_tokens"] / sum(r["target_forwards"] for r in ok))
     assert len(s["acceptance_by_position"]) == 3 and s["shards"] == {"count": 1, "finished": [0], "complete": True}
-    assert s["config"]["drafter"] == {"name": "model", "k": 3, "adaptive": False, "tree": None}
+    assert s["config"]["drafter"] == {"name": "model", "k": 3, "adaptive": False, "tree": None, "corpus": None,
+                                      "corpus_max_tokens": 200000, "train_rows": 512, "train_minutes": 3.0}
     assert {"torch", "transformers", "pyarrow", "hydra-core", "datasets"} <= set(s["versions"])
     io = s["io"]  # this run's time reading the input and writing parts
     assert set(io) == {"read_s", "write_s", "resume_scan_s", "wall_s", "share", "encode_write_s"}

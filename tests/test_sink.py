@@ -28,8 +28,8 @@ KEEP = pa.schema([("topic", pa.string()), ("score", pa.float64())])
 
 
 def test_schema_is_the_result_fields_plus_keep_columns():
-    assert tuple(RESULT_SCHEMA.names) == RESULT_COLUMNS
-    assert output_schema(KEEP).names == [*RESULT_COLUMNS, "topic", "score"]
+    assert tuple(RESULT_SCHEMA.names) == (*RESULT_COLUMNS, "position")
+    assert output_schema(KEEP).names == [*RESULT_COLUMNS, "position", "topic", "score"]
     with pytest.raises(ValueError, match="'prompt' is also an output column"):
         output_schema(pa.schema([("prompt", pa.string())]))
 
@@ -47,7 +47,7 @@ def test_parts_of_rows_per_file_and_resume_numbering(tmp_path):
     assert [pq.read_metadata(f).num_rows for f in part_files(tmp_path)] == [4, 4, 2]
     assert list((tmp_path / ".tmp").iterdir()) == []  # temp files renamed away
     table = pads.dataset(tmp_path / "data", format="parquet").to_table()
-    assert table.schema.names == [*RESULT_COLUMNS, "topic", "score"]
+    assert table.schema.names == [*RESULT_COLUMNS, "position", "topic", "score"]
     rows = {r["id"]: r for r in table.to_pylist()}
     assert rows["r3"]["topic"] == "t0" and rows["r3"]["completion_token_ids"] == [1, 2, 3]
     assert rows["r7"]["finish_reason"] == "error" and rows["r7"]["error"] == "prompt is null"
@@ -96,7 +96,7 @@ def test_output_dir_reads_with_pandas_and_datasets(tmp_path):
     df = pd.read_parquet(tmp_path / "data")
     assert sorted(df["id"]) == [f"r{i}" for i in range(7)]
     ds = datasets.load_dataset("parquet", data_dir=str(tmp_path / "data"), split="train")
-    assert ds.num_rows == 7 and ds.column_names == [*RESULT_COLUMNS, "topic", "score"]
+    assert ds.num_rows == 7 and ds.column_names == [*RESULT_COLUMNS, "position", "topic", "score"]
     assert sorted(ds["id"]) == [f"r{i}" for i in range(7)]
 
 

@@ -79,6 +79,12 @@ def prompt_ids(request: Request, tokenizer: PreTrainedTokenizerBase, vocab_size:
     return ids
 
 
+def sample_count(request: Request, default: int) -> int:
+    """How many Results a request gives: its own n, else the job's; a bad n gives one (an error row)."""
+    n = request.params.n if request.params is not None and request.params.n is not None else default
+    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1024 else 1
+
+
 class Intake:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, *, vocab_size: int, max_seq_len: int, defaults: Defaults):
         self.tokenizer, self.vocab_size, self.max_seq_len, self.defaults = tokenizer, vocab_size, max_seq_len, defaults
@@ -115,8 +121,7 @@ class Intake:
         """Queue the request's samples, or return its error Results (one per sample when n is valid)."""
         d, p = self.defaults, request.params or RowParams()
         problem = request.error or p.problem() or self._unsupported(p)
-        n = p.n if p.n is not None else d.n
-        n = n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1024 else 1  # a bad n: one error row
+        n = sample_count(request, d.n)
         ids = prompt_ids(request, self.tokenizer, self.vocab_size, self.max_seq_len) if problem is None else problem
         if isinstance(ids, str):
             return [Result.error_result(replace(request, sample_index=i), ids) for i in range(n)]

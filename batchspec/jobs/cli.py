@@ -14,11 +14,13 @@ signal N stopped the run (rerun to resume).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import platform
+import shutil
 import signal
 import sys
 import time
@@ -39,15 +41,19 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .cmdline import split_argv, unknown_key
-from .config import CONF_DIR, ConfigError, DrafterName, JobConfig, find_jobs, job_dirs, register_configs
+from .build import build_job_generator, draft_path, load_job_models, self_training
+from .config import CONF_DIR, ConfigError, DrafterName, JobConfig, OutputOrder, Verify, find_jobs, job_dirs, register_configs
 from .iostats import TimedStream, io_summary
 from .job import Progress, pass_on_signal, resolve_progress_mode, run_job
 from .locks import ShardLock
 from .sink import (CONFIG_KEY, RESULT_SCHEMA, ParquetSink, atomic_write_text, check_output_dir, done_ids,
                    foreign_files, part_files, read_json, shard_name, shard_rows, summarize)
+from .grouping import RowGroups
 from .prompts import PromptBuilder, template_columns
+from .retry import drop_error_rows
+from .rowparams import RowParamColumns
 from .sources import RowSelector, SourceError, open_source, shard_from_env
-from ..paths import missing_local_path
+from ..paths import missing_local_path, missing_source_path
 from ..types import TreeSpec, rounds_by_k_text
 
 log = logging.getLogger("batchspec")
@@ -57,7 +63,7 @@ EXIT_SETUP_ERROR = 2
 # Keys whose values decide what the output rows contain: a resumed run must agree on them.
 FINGERPRINT_KEYS = ("drafter", "model.target", "model.draft", "model.dtype", "sampling", "source.path",
                     "source.format", "source.split", "source.prompt_column", "source.id_column",
-                    "source.template", "source.chat", "source.keep_columns", "max_seq_len")
+                    "source.template", "source.chat", "source.keep_columns", "source.row_params", "max_seq_len")
 LIBRARIES = ("batchspec", "torch", "transformers", "tokenizers", "datasets", "pyarrow", "hydra-core", "omegaconf")
 
 
@@ -97,11 +103,35 @@ def hydra_main(cfg: DictConfig) -> None:
             environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_ARRAY_")}
         code = run(job, out_dir=out_dir, composed=composed, job_name=job_name or "", environ=environ)
     except (ConfigError, SourceError, OSError) as e:
+        if hc.mode == RunMode.RUN:
+            discard_fresh_output(Path(hc.runtime.output_dir))
         fail(first_line(e))
     if code:
         if code > 128:
             pass_on_signal(code - 128)  # under submitit: checkpoint, requeue and exit
         sys.exit(code)
+
+
+# What a run that failed at setup may have made in a new output dir: its Hydra log dir and the lock files.
+SETUP_LEFTOVERS = {"logs", ".locks"}
+
+
+def discard_fresh_output(run_dir: Path) -> None:
+    """A run that failed at setup leaves no trace in an output dir it created: its log dir goes, and the
+    output dir too when nothing else is in it (a dir with data/, job.json or anything else stays)."""
+    logs = run_dir.parent
+    out = logs.parent
+    if logs.name != "logs" or not run_dir.is_dir() or set(p.name for p in out.iterdir()) - SETUP_LEFTOVERS:
+        return
+    locks = out / ".locks"
+    if locks.is_dir() and any(not p.name.endswith(".lock") for p in locks.iterdir()):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if logs.is_dir() and not any(logs.iterdir()):
+        shutil.rmtree(locks, ignore_errors=True)
+        logs.rmdir()
+        with contextlib.suppress(OSError):
+            out.rmdir()
 
 
 class OutputDirCheck(Callback):
@@ -181,9 +211,23 @@ def validate(job: JobConfig) -> None:
         (job.max_seq_len is None or job.max_seq_len >= 2, f"max_seq_len={job.max_seq_len}: need >= 2"),
         (job.drafter.name == DrafterName.none or job.drafter.k >= 1, f"drafter.k={job.drafter.k}: need >= 1"),
         (job.drafter.tree is None or job.drafter.name != DrafterName.none,
-         "drafter.tree needs a drafter: model, ngram or prompt_lookup"),
+         "drafter.tree needs a drafter: model, ngram, prompt_lookup, suffix or eagle"),
         (job.drafter.name != DrafterName.model or job.model.draft,
          "drafter=model needs model.draft (a draft model dir or hub id)"),
+        (job.drafter.name != DrafterName.eagle or job.model.draft,
+         "drafter=eagle needs model.draft: an EAGLE-3 head's folder, or train to train one in the job"),
+        (job.model.draft != "train" or job.drafter.name == DrafterName.eagle,
+         "model.draft=train trains an EAGLE-3 head: it needs drafter=eagle"),
+        (job.drafter.train_rows >= 1, f"drafter.train_rows={job.drafter.train_rows}: need >= 1"),
+        (job.drafter.train_minutes > 0, f"drafter.train_minutes={job.drafter.train_minutes}: need > 0"),
+        (job.drafter.corpus_max_tokens >= 1, f"drafter.corpus_max_tokens={job.drafter.corpus_max_tokens}: need >= 1"),
+        (s.n >= 1, f"sampling.n={s.n}: need >= 1"),
+        (s.n == 1 or s.temperature > 0 or "temperature" in src.row_params,
+         f"sampling.n={s.n} with greedy decoding (temperature 0) gives {s.n} identical copies: set "
+         "sampling.temperature > 0, or sampling.n=1"),
+        (s.logprobs is None or 0 <= s.logprobs <= 20, f"sampling.logprobs={s.logprobs}: need 0..20 (or null: off)"),
+        (s.prompt_logprobs is None or 0 <= s.prompt_logprobs <= 20,
+         f"sampling.prompt_logprobs={s.prompt_logprobs}: need 0..20 (or null: off)"),
         (s.max_new_tokens >= 1, f"sampling.max_new_tokens={s.max_new_tokens}: need >= 1"),
         (s.temperature >= 0, f"sampling.temperature={s.temperature}: need >= 0"),
         (s.top_k >= 0, f"sampling.top_k={s.top_k}: need >= 0 (0 = off)"),
@@ -203,6 +247,10 @@ def validate(job: JobConfig) -> None:
     clash = [c for c in src.keep_columns if c in RESULT_SCHEMA.names]
     if clash:
         raise ConfigError(f"source.keep_columns: {clash[0]!r} is also an output column; rename it in the input")
+    try:
+        RowParamColumns(src.row_params)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     twice = [c for i, c in enumerate(src.keep_columns) if c in src.keep_columns[:i]]
     if twice:  # Parquet would write two columns of one name, which readers refuse to open
         raise ConfigError(f"source.keep_columns lists {twice[0]!r} twice")
@@ -221,6 +269,8 @@ def needed_columns(job: JobConfig) -> dict[str, str]:
         needed.setdefault(src.id_column, "source.id_column")
     for c in src.keep_columns:
         needed.setdefault(c, "source.keep_columns")
+    for setting, c in src.row_params.items():
+        needed.setdefault(c, f"source.row_params.{setting}")
     return needed
 
 
@@ -231,10 +281,20 @@ def select(config: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
-def fingerprint(composed: Mapping[str, Any], drafter: DrafterName) -> dict[str, Any]:
+def drafter_changes_rows(job: JobConfig) -> bool:
+    """Greedy decoding and coupled sampling give the same rows whatever the drafter, k, adaptive choices,
+    trees or batch (every token is the target's own); only rejection sampling of sampled rows depends on
+    them. So a half-done greedy or coupled job may switch drafter and resume."""
+    s = job.sampling
+    return s.verify == Verify.rejection and (s.temperature > 0 or "temperature" in job.source.row_params)
+
+
+def fingerprint(composed: Mapping[str, Any], job: JobConfig) -> dict[str, Any]:
     values = {key: select(composed, key) for key in FINGERPRINT_KEYS}
-    if drafter != DrafterName.model:
-        values["model.draft"] = None  # not used, so not part of what the output depends on
+    if not drafter_changes_rows(job):
+        values["drafter"] = values["model.draft"] = None  # not part of what the output depends on
+    elif draft_path(job) is None:
+        values["model.draft"] = None  # not used
     return values
 
 
@@ -287,7 +347,7 @@ def output_config(job: JobConfig, job_name: str, generator, index: int, count: i
         "trees": [str(t) for t in generator.trees],
         "sampling": {key: getattr(value, "value", value) for key, value in asdict(job.sampling).items()},
         "batch_size": job.batch_size, "max_seq_len": generator.max_seq_len,
-        "model": {"target": job.model.target, "draft": job.model.draft if drafter == DrafterName.model else None,
+        "model": {"target": job.model.target, "draft": job.model.draft if draft_path(job) or self_training(job) else None,
                   "dtype": job.model.dtype.value, "compile": job.model.compile.value},
         "shard": {"index": index, "count": count}, "batchspec": versions()["batchspec"],
     }
@@ -328,10 +388,13 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
         if "\\n" in stop or "\\t" in stop:  # Hydra keeps a backslash and an n: the user likely meant a newline
             log.warning("sampling.stop %r holds a backslash, not a newline or tab; for a newline on the command "
                         "line write $'sampling.stop=[\"\\n\\n\"]' (bash), or stop: [\"\\n\\n\"] in a job file", stop)
+    missing = missing_source_path(src.path)
+    if missing:  # before datasets would spend ~30 s of hub retries on it
+        raise SourceError(f"source.path: {missing}")
     source = open_source(src.path, src.format.value, src.split, needed_columns(job),
                          skip_unreadable=src.skip_unreadable)
     check_output_dir(out_dir)  # before any work: a read-only dir, data/ on another filesystem
-    wanted = fingerprint(composed, job.drafter.name)
+    wanted = fingerprint(composed, job)
     layout = source.layout() if src.id_column is None else None  # positional ids: rows must not move
     check_fingerprint(out_dir, wanted, source=source if src.id_column is None else None, layout=layout)
     strays = foreign_files(out_dir)
@@ -339,6 +402,11 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
         log.warning("%s holds %d file(s) that are not this job's part files (e.g. %s): resume ignores them, "
                     "but readers of data/ do not; move them out", out_dir / "data", len(strays), strays[0].name)
     scan_started = time.perf_counter()
+    if job.retry_errors:
+        retried = drop_error_rows(out_dir, index, count)
+        if retried:
+            log.info("retry_errors: %d failed id(s) of this shard will run again (e.g. %s)", len(retried),
+                     ", ".join(map(repr, retried[:5])))
     done, own_done = done_ids(out_dir), shard_rows(out_dir, index, count)
     scan_s = time.perf_counter() - scan_started
     selector = RowSelector(source, id_column=src.id_column, shard_index=index, shard_count=count,
@@ -355,8 +423,6 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
         finish(out_dir, index, count, composed, selector, outcome=None, load_s=0.0, generator=None)
         return 0
 
-    from ..api import build_generator, load_models  # deferred: torch is only needed from here on
-
     progress_mode = resolve_progress_mode(job.progress.mode.value, sys.stderr)
     if progress_mode != "bar":
         from transformers.utils import logging as hf_logging
@@ -371,30 +437,14 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
     to_do = "an unknown number of" if selector.total is None else max(selector.total - own_done, 0)
     others = f"; {len(done) - own_done} rows of other shards in the dir" if len(done) > own_done else ""
     log.info("%s %s: %s rows to do (%d already done%s) -> %s", job_name, label, to_do, own_done, others, out_dir)
-    try:
-        models = load_models(
-            job.model.target, job.model.draft if job.drafter.name == DrafterName.model else None,
-            dtype=job.model.dtype.value, device=job.model.device, trust_remote_code=job.model.trust_remote_code,
-        )
-    except ValueError as e:  # batchspec.models.ModelLoadError: unloadable model or incompatible draft
-        raise ConfigError(first_line(e)) from e
+    models = load_job_models(job)
+    row_params = RowParamColumns(src.row_params) if src.row_params else None
     builder = PromptBuilder(
         prompt_column=src.prompt_column, template=src.template, chat=src.chat, tokenizer=models.tokenizer,
         keep_columns=src.keep_columns, keep_schema=pa_fields(source.schema, src.keep_columns),
-        check_columns=source.check_columns,
+        check_columns=source.check_columns, row_params=row_params,
     )
-    s = job.sampling
-    try:
-        generator = build_generator(
-            models, drafter=job.drafter.name.value, k=job.drafter.k, batch_size=job.batch_size,
-            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-            min_p=s.min_p, repetition_penalty=s.repetition_penalty, stop=tuple(s.stop), seed=s.seed,
-            verify=s.verify.value,
-            max_seq_len=job.max_seq_len, adaptive=job.drafter.adaptive, compile=job.model.compile.value,
-            tree=job.drafter.tree,
-        )
-    except ValueError as e:  # e.g. max_seq_len beyond the model's positions
-        raise ConfigError(first_line(e)) from e
+    generator = build_job_generator(job, models, row_params, out_dir)
     load_s = time.perf_counter() - started
     log.info("models loaded in %.1f s (drafter %s, batch %d)", load_s,
              drafter_text(composed.get("drafter", {}), composed.get("sampling") or {}), job.batch_size)
@@ -405,8 +455,9 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
     write_fingerprint(out_dir, wanted, layout)
     progress = Progress(progress_mode, total=remaining(selector), every_s=job.progress.every_s)
     requests = TimedStream(builder.request(row) for row in chain([first], rows))
+    groups = RowGroups(job.sampling.n, in_order=job.output.order == OutputOrder.input)
     try:
-        outcome = run_job(requests, generator, sink, progress, remaining=lambda: remaining(selector))
+        outcome = run_job(requests, generator, sink, progress, remaining=lambda: remaining(selector), groups=groups)
     finally:
         closing = time.perf_counter()
         sink.close()  # every part is in data/ once this returns; re-raises a write error
@@ -425,7 +476,7 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
 
 def check_model_paths(job: JobConfig) -> None:
     """A model path that looks local and does not exist fails here, at once (not after the hub retries)."""
-    draft = job.model.draft if job.drafter.name == DrafterName.model else None
+    draft = draft_path(job)
     for key, name in (("model.target", job.model.target), ("model.draft", draft)):
         problem = missing_local_path(name) if name else None
         if problem:
@@ -470,10 +521,12 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
                 "generator": generator.stats.as_dict(), "io": io, "capture_s": round(generator.capture_s, 3),
                 "round_phases_s": {name: round(t, 3) for name, t in generator.timings.items()},
             }
+            if hasattr(generator, "report"):  # model.draft=train: the self-training's before/after
+                this_run["self_training"] = generator.report()
         atomic_write_text(marker, json.dumps({
             "shard": index, "count": count, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "duplicate_ids_skipped": selector.duplicates, "skipped_files": selector.source.skipped,
-            "last_run": this_run,
+            "duplicate_ids_skipped": selector.duplicates, "duplicate_ids": selector.duplicate_ids,
+            "skipped_files": selector.source.skipped, "last_run": this_run,
         }, indent=2) + "\n")
     finished, skipped = [], []
     for path in sorted(shards_dir.glob("shard-*.json")):
@@ -485,6 +538,10 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
         if m.get("count") == count:
             finished.append(m.get("shard"))
             skipped += [f for f in m.get("skipped_files") or [] if f not in skipped]
+    if selector.duplicates:
+        log.warning("%d row(s) dropped: their id repeats an earlier row's (ids %s%s); only the first row of an "
+                    "id runs", selector.duplicates, ", ".join(map(repr, selector.duplicate_ids)),
+                    ", ..." if selector.duplicates > len(selector.duplicate_ids) else "")
     summary = summarize(out_dir)
     summary.update({
         "output_dir": str(out_dir), "data": str(out_dir / "data"),

@@ -87,6 +87,8 @@ def schema_problem(key: str) -> str | None:
         if not dataclasses.is_dataclass(node):
             if typing.get_origin(node) in (list, typing.List) and part.isdigit():
                 return None  # an item of a list key, e.g. sampling.stop.0
+            if typing.get_origin(node) in (dict, typing.Dict) and depth == len(parts) - 1:
+                return None  # an entry of a mapping key, e.g. +source.row_params.max_new_tokens=max_tokens
             return f"unknown key {key!r}: {'.'.join(parts[:depth])} has no keys"
         hints = typing.get_type_hints(node)
         if part not in hints:

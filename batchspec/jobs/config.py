@@ -17,7 +17,7 @@ import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -47,6 +47,8 @@ class DrafterName(Enum):
     model = "model"
     ngram = "ngram"
     prompt_lookup = "prompt_lookup"
+    suffix = "suffix"
+    eagle = "eagle"
 
 
 class SourceFormat(Enum):
@@ -75,6 +77,11 @@ class Compile(Enum):
     static = "static"  # the captured path's static shapes, run eagerly (to tell a capture problem from a shape one)
 
 
+class OutputOrder(Enum):
+    finish = "finish"  # each row as soon as it is done (sort by `position` for input order)
+    input = "input"  # rows written in input order within a run (held until the rows before them are done)
+
+
 class ProgressMode(Enum):
     auto = "auto"  # a tqdm bar on a terminal, periodic log lines otherwise (SLURM, cron)
     bar = "bar"
@@ -98,6 +105,13 @@ class DrafterConfig:
     k: int = 4  # most draft tokens per request per round (ignored by drafter=none)
     adaptive: Optional[bool] = None  # pick 0..k drafts per round from acceptance and measured round cost; null = on when greedy or coupled
     tree: Optional[str] = None  # tree drafts "BxD" (branching x depth), several comma-separated; null = chains only
+    # drafter=suffix: a warm start (an earlier output dir, or Parquet/JSONL texts) and the bound of its tree
+    corpus: Optional[str] = None
+    corpus_max_tokens: int = 200_000
+    # drafter=eagle with model.draft=train: the first train_rows rows decode with the ngram drafter and
+    # train an EAGLE-3 head for about train_minutes; the rest draft with it (docs/eagle.md)
+    train_rows: int = 512
+    train_minutes: float = 3.0
 
 
 @dataclass
@@ -111,6 +125,10 @@ class SamplingConfig:
     stop: List[str] = field(default_factory=list)
     seed: int = 0
     verify: Verify = Verify.coupled  # how sampled drafts are verified (README: Sampling)
+    n: int = 1  # samples per prompt: n rows per input row, by sample_index (needs temperature > 0)
+    logprobs: Optional[int] = None  # K: each completion token's logprob and its K best alternatives
+    prompt_logprobs: Optional[int] = None  # K: the same for the prompt's tokens
+    keep_stop: bool = False  # keep the stop string that ended a row in its completion
 
 
 @dataclass
@@ -127,6 +145,9 @@ class SourceConfig:
     # Skip input files that cannot be read (a corrupt Parquet file or page, a truncated .gz) instead of
     # stopping there; skipped files are listed in summary.json, the shard marker and batchspec.status.
     skip_unreadable: bool = False
+    # Per-row settings from columns: setting -> column, e.g. {max_new_tokens: max_tokens, temperature: temp}
+    # (max_new_tokens, temperature, top_p, top_k, min_p, stop, seed, n, logprobs, prompt_logprobs)
+    row_params: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -136,6 +157,7 @@ class OutputConfig:
     # Also write a part once the oldest buffered row has waited this many seconds: bounds the
     # work a SIGKILL (OOM killer, node failure) can lose when rows are slow.
     flush_every_s: float = 300.0
+    order: OutputOrder = OutputOrder.finish
 
 
 @dataclass
@@ -162,6 +184,7 @@ class JobConfig:
     batch_size: int = 8
     max_seq_len: Optional[int] = None  # prompt + completion tokens per slot; default min(model limit, 2048)
     threads: Optional[int] = None  # torch CPU threads (torch.set_num_threads); null = torch's default
+    retry_errors: bool = False  # rerun this shard's rows whose result was an error, replacing them
 
 
 def job_dirs(cwd: Path) -> list[Path]:

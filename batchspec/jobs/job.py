@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from .grouping import RowGroups
 from .sink import ParquetSink
 from ..types import FINISH_ERROR, Request, RunStats
 
@@ -118,8 +119,9 @@ class Progress:
             f"tokens/forward {'-' if tpf is None else f'{tpf:.2f}'} | errors {self.errors}"
         )
 
-    def update(self, completion_tokens: int, error: bool, stats: RunStats) -> None:
-        self.rows += 1
+    def update(self, completion_tokens: int, error: bool, stats: RunStats, rows: int = 1) -> None:
+        """`rows` input rows are done (a row of n samples counts once, when its last sample is)."""
+        self.rows += rows
         self.errors += error
         self.tokens += completion_tokens
         if self.bar is not None:
@@ -129,7 +131,7 @@ class Progress:
                 f"{self.tokens / elapsed:.0f} tok/s, acc {'-' if acc is None else f'{acc:.2f}'}, err {self.errors}",
                 refresh=False,
             )
-            self.bar.update(1)
+            self.bar.update(rows)
         elif self.mode == "log" and time.perf_counter() - self.last_log >= self.every_s:
             self.last_log = time.perf_counter()
             log.info(self.line(stats))
@@ -155,12 +157,14 @@ def pass_on_signal(signum: int) -> None:
 
 
 def run_job(requests: Iterable[Request], generator, sink: ParquetSink, progress: Progress,
-            remaining=None) -> JobOutcome:
+            remaining=None, groups: RowGroups | None = None) -> JobOutcome:
     """Drive `generator.run(requests)` into `sink` until the requests run out or a signal stops it.
 
     `generator` is a batchspec SpecBatchGenerator (run / stats / stop_admitting). `remaining`, if
-    given, is called before each progress update and returns the rows left to do (or None).
+    given, is called before each progress update and returns the rows left to do (or None). `groups`
+    (grouping.RowGroups) holds a request's samples until all are in (and, if asked, keeps input order).
     """
+    groups = groups or RowGroups(1)
     received: list[int] = []
     # StopNow is raised from a signal handler, so anywhere in the loop: never while a part is being
     # written (a part renamed into data/ but not yet cleared from the buffer would be written twice).
@@ -213,14 +217,17 @@ def run_job(requests: Iterable[Request], generator, sink: ParquetSink, progress:
     start = time.perf_counter()
     rows = errors = tokens = 0
     try:
-        for result in generator.run(requests):
-            sink.add(result)
-            rows += 1
-            errors += result.finish_reason == FINISH_ERROR
+        for result in generator.run(groups.track(requests)):
+            ready = groups.add(result)
+            for r in ready:
+                sink.add(r)
+            rows += len(ready)
+            errors += sum(r.finish_reason == FINISH_ERROR for r in ready)
             tokens += result.completion_tokens
             if remaining is not None:
                 progress.set_total(remaining())
-            progress.update(result.completion_tokens, result.finish_reason == FINISH_ERROR, generator.stats)
+            progress.update(result.completion_tokens, result.finish_reason == FINISH_ERROR, generator.stats,
+                            rows=sum(r.sample_index == 0 for r in ready))
             if sink.full:
                 flush()
                 if stop_after_write[0]:
@@ -232,6 +239,10 @@ def run_job(requests: Iterable[Request], generator, sink: ParquetSink, progress:
         # interrupt this (StopNow escaping here would skip the flush and exit 1 instead of 128+N).
         closing[0] = True
         signal.setitimer(signal.ITIMER_REAL, 0)
+        for r in groups.drain():
+            sink.add(r)
+            rows += 1
+            errors += r.finish_reason == FINISH_ERROR
         flush()
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -14,6 +14,8 @@ import pyarrow as pa
 
 from ..textcheck import text_problem
 from ..types import Request
+from .rowparams import RowParamColumns
+from .sink import POSITION_COLUMN
 from .sources import ABSENT, BadValue, Row, SourceError, one_line
 
 
@@ -52,7 +54,8 @@ class PromptBuilder:
     """Turns a Row into a Request: the prompt from `prompt_column`, or a sandboxed Jinja2 `template`
     over the row's columns (a null or missing field is an error for that row); with `chat`, the text
     (as one user message) or the column's message list goes through the tokenizer's chat template
-    with add_generation_prompt=True and the Request carries token ids. `keep_columns` go to `extra`;
+    with add_generation_prompt=True and the Request carries token ids. `keep_columns` go to `extra`, with
+    the row's input position; `row_params` (RowParamColumns) read the row's own settings from columns;
     a keep value that cannot be read (invalid UTF-8) or, for `check_columns` (types inferred or differing
     between files), does not fit the column's type exactly, is dropped (null) and makes the row an error.
     Text that is not valid Unicode (lone surrogates) is the row's error wherever it is.
@@ -60,7 +63,7 @@ class PromptBuilder:
 
     def __init__(self, *, prompt_column: str | None, template: str | None, chat: bool, tokenizer=None,
                  keep_columns: list[str] = (), keep_schema: pa.Schema | None = None,
-                 check_columns: Iterable[str] = ()):
+                 check_columns: Iterable[str] = (), row_params: "RowParamColumns | None" = None):
         if template is None and prompt_column is None:
             raise SourceError("set source.prompt_column or source.template")
         if chat and tokenizer is None:
@@ -72,17 +75,22 @@ class PromptBuilder:
         self.keep_columns = list(keep_columns)
         self.keep_types = {f.name: f.type for f in keep_schema} if keep_schema is not None else {}
         self.check_columns = frozenset(check_columns)
+        self.row_params = row_params
 
     def request(self, row: Row) -> Request:
         extra = {c: row.values.get(c) for c in self.keep_columns}
         error = row.error or self._check_keep(extra)
+        extra[POSITION_COLUMN] = row.position
+        params = None
+        if not error and self.row_params is not None:
+            params, error = self.row_params.params(row.values)
         if error:
             return Request(id=row.id, prompt=None, error=error, extra=extra)
         try:
             prompt = self.prompt(row.values)
         except PromptError as e:
             return Request(id=row.id, prompt=None, error=str(e), extra=extra)
-        return Request(id=row.id, prompt=prompt, extra=extra)
+        return Request(id=row.id, prompt=prompt, extra=extra, params=params)
 
     def _check_keep(self, extra: dict[str, Any]) -> str | None:
         """A keep value that cannot be written as its column's type is dropped (null) and makes the row an error."""

@@ -55,14 +55,26 @@ COLUMN_TYPES = {
     "drafts_per_round": pa.list_(pa.int32()),
     "tree_per_round": pa.list_(pa.string()),
     "latency_s": pa.float64(),
+    "sample_index": pa.int32(),  # which of the row's n samples (sampling.n)
+    "stop_reason": pa.string(),  # the stop string that ended the row (finish "stop"), else null
+    "stop_token_id": pa.int64(),  # the EOS token that ended it, else null
+    "logprobs": pa.list_(pa.float32()),  # sampling.logprobs: per completion token (null when not asked)
+    "top_logprobs": pa.list_(pa.list_(pa.float32())),
+    "top_logprob_ids": pa.list_(pa.list_(pa.int32())),
+    "prompt_logprobs": pa.list_(pa.float32()),  # sampling.prompt_logprobs: per prompt token, the first null
+    "prompt_top_logprobs": pa.list_(pa.list_(pa.float32())),
+    "prompt_top_logprob_ids": pa.list_(pa.list_(pa.int32())),
 }
-RESULT_SCHEMA = pa.schema([(name, COLUMN_TYPES[name]) for name in RESULT_COLUMNS])  # Result fields, same order
+POSITION_COLUMN = "position"  # the row's index in the input (from 0): sorting by it gives input order
+# Result fields in their order, then the input position (a job's rows carry it in Result.extra).
+RESULT_SCHEMA = pa.schema([(name, COLUMN_TYPES[name]) for name in RESULT_COLUMNS] + [(POSITION_COLUMN, pa.int64())])
 
 META_KEY = b"batchspec"
 CONFIG_KEY = b"batchspec.config"  # JSON: the configuration that produced a part's rows (cli.output_config)
 # The job's own part files. Anything else in data/ (a backup copy, a file dropped there by hand) is
 # "foreign": resume and the summary never read it, batchspec.status reports it.
 PART_NAME = re.compile(r"^shard-(\d+)-of-(\d+)-part-(\d+)\.parquet$")
+FAILED_LISTED = 20
 TOTAL_COLUMNS = ("prompt_tokens", "completion_tokens", "target_forwards", "draft_tokens", "accepted_tokens")
 
 
@@ -320,6 +332,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     """Totals over every part file in `out_dir` (all shards, all runs), reading only counter columns."""
     reasons: Counter = Counter()
     errors: Counter = Counter()
+    failed: list[dict[str, str]] = []  # the first FAILED_LISTED failed rows: id and error
     totals = dict.fromkeys(TOTAL_COLUMNS, 0)
     proposed: list[int] = []
     accepted: list[int] = []
@@ -328,9 +341,13 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     wall = 0.0
     files = part_files(out_dir)
     for f in files:
-        table = read_part(f, ["finish_reason", "error", *TOTAL_COLUMNS])
+        table = read_part(f, ["id", "finish_reason", "error", *TOTAL_COLUMNS])
         reasons.update(table.column("finish_reason").to_pylist())
-        errors.update(e for e in table.column("error").to_pylist() if e is not None)
+        messages = table.column("error").to_pylist()
+        errors.update(e for e in messages if e is not None)
+        if len(failed) < FAILED_LISTED and any(e is not None for e in messages):
+            ids = table.column("id").to_pylist()
+            failed += [{"id": i, "error": e} for i, e in zip(ids, messages) if e is not None][: FAILED_LISTED - len(failed)]
         for c in TOTAL_COLUMNS:
             totals[c] += int(pc.sum(table.column(c)).as_py() or 0)
         meta = json.loads((table.schema.metadata or {}).get(META_KEY, b"{}"))
@@ -350,6 +367,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "rows_error": reasons.get(FINISH_ERROR, 0),
         "finish_reasons": dict(sorted(reasons.items())),
         "errors": dict(errors.most_common(10)),  # the most frequent error messages, with counts
+        "failed": failed,  # the first failed rows (retry_errors=true runs them again)
         **totals,
         "wall_s": round(wall, 3),  # generation time summed over runs and shards
         "tokens_per_s": completion / wall if wall else None,

@@ -45,6 +45,7 @@ FORMATS = ("parquet", "hf", "jsonl")
 # Ids the runner makes up (for a row whose id is null, missing or not text) start with NUL; an input
 # id that starts with NUL is refused the same way, so a made-up id never equals a real one.
 GENERATED_ID_PREFIX = "\x00"
+DUPLICATES_LISTED = 20
 SKIP_HINT = "set source.skip_unreadable=true to skip unreadable files"
 
 
@@ -567,6 +568,7 @@ class RowSelector:
         self.done = done
         self.skipped = 0
         self.duplicates = 0
+        self.duplicate_ids: list[str] = []  # the first DUPLICATES_LISTED of them, for the warning and status
         self.read_error: str | None = None
         n = source.num_rows if limit is None or source.num_rows is None else min(limit, source.num_rows)
         self.total = None if n is None else len(range(shard_index, n, shard_count))
@@ -616,6 +618,8 @@ class RowSelector:
             if seen is not None:
                 if row_id in seen:
                     self.duplicates += 1
+                    if len(self.duplicate_ids) < DUPLICATES_LISTED:
+                        self.duplicate_ids.append(row_id)
                     self.skipped += 1
                     continue
                 seen.add(row_id)

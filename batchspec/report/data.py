@@ -53,9 +53,9 @@ class Output:
 
 
 def find_outputs(path: Path) -> list[Path]:
-    """`path` itself if it is an output dir, else the output dirs below it (a sweep's members)."""
-    if is_output(path):
-        return [path]
+    """`path` itself if it is an output dir, and the output dirs below it (a sweep's members)."""
+    # An output dir may also hold a sweep's members (output.dir=outputs/demo -m drafter.k=2,4 writes
+    # outputs/demo/drafter.k=2 ...): they are reported beside it.
     found = []
     for root, dirs, _ in os.walk(path):
         dirs[:] = sorted(d for d in dirs if d not in NOT_MEMBERS)

@@ -318,6 +318,9 @@ def terminal_summary(outs: list[Output], html_path: Path, plots: int, missing_pl
     for i, o in enumerate(outs):
         values = "  ".join(f"{cell(o, columns[h]):>9}" for h in TERMINAL)
         lines.append(f"  {o.name:<{name_width}}  {o.label:<{label_width}}  {values}" + ("  <- fastest" if i == best else ""))
+    if best is not None:
+        lines.append("  fastest: by tokens/s of runs made at different times; under different machine load they "
+                     "are not comparable (python -m batchspec.bench measures side by side)")
     reasons = sorted({o.prediction["why"] for o in outs if "why" in o.prediction})
     lines += [f"  predicted speedup: {why}" for why in reasons]
     lines += [f"  {o.name}: INCOMPLETE: {len(o.shards['finished'])} of {o.shards['count']} shards finished"

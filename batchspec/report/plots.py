@@ -21,12 +21,17 @@ class Plot:
     png: bytes
 
 
+LABEL_WIDTH = 30  # characters per line of a configuration label in the plots
+
 def figures(outs: list[Output]) -> list[Plot]:
+    import textwrap
+
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
     several = len(outs) > 1
     colors = [f"C{i % 10}" for i in range(len(outs))]
-    labels = [o.label for o in outs]
+    # Long configuration names are wrapped, not clipped: a tick label or legend entry keeps every word.
+    labels = ["\n".join(textwrap.wrap(o.label, LABEL_WIDTH, break_on_hyphens=False)) or o.label for o in outs]
     k_max = max((len(o.totals["acceptance_by_position"]) for o in outs), default=0)
     plots = []
 

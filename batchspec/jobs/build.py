@@ -1,0 +1,73 @@
+"""A job's models and generator from its JobConfig: what the drafter needs loaded, the sampling and per-row
+settings the generator must honour, and the self-training EAGLE generator for `model.draft=train`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import ConfigError, DrafterName, JobConfig
+from .rowparams import RowParamColumns
+
+ROW_MAX_LOGPROBS = 20  # RowParams' limit on logprobs / prompt_logprobs
+TRAIN = "train"  # model.draft=train with drafter=eagle: the job trains its own head
+
+
+def self_training(job: JobConfig) -> bool:
+    return job.drafter.name == DrafterName.eagle and job.model.draft == TRAIN
+
+
+def draft_path(job: JobConfig) -> str | None:
+    """model.draft where the drafter reads it (a draft model, or an EAGLE head's folder), else None."""
+    if job.drafter.name in (DrafterName.model, DrafterName.eagle) and not self_training(job):
+        return job.model.draft
+    return None
+
+
+def load_job_models(job: JobConfig):
+    from ..api import load_models  # deferred: torch is only needed once there is work to do
+
+    draft = draft_path(job)
+    eagle = job.drafter.name == DrafterName.eagle
+    try:
+        return load_models(job.model.target, None if eagle else draft, dtype=job.model.dtype.value,
+                           device=job.model.device, trust_remote_code=job.model.trust_remote_code,
+                           head=draft if eagle else None)
+    except ValueError as e:  # batchspec.models.ModelLoadError: unloadable model or incompatible draft
+        raise ConfigError(str(e).strip().splitlines()[0]) from e
+
+
+def build_job_generator(job: JobConfig, models, row_params: RowParamColumns | None, out_dir: Path):
+    """The generator for a job: its drafter, sampling and limits; with per-row settings, room for them
+    (per-row sampling, the largest logprobs a row may ask for). Raises ConfigError for a setting the
+    models cannot take (max_seq_len beyond the target's positions)."""
+    from ..api import build_generator
+    from ..engine.sampling import SamplingParams
+
+    s, d = job.sampling, job.drafter
+    varied = row_params is not None and row_params.varies_sampling
+    sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+                              repetition_penalty=s.repetition_penalty, seed=s.seed, verify=s.verify.value,
+                              varied=varied)
+    asks_logprobs = row_params is not None and any(n in row_params.mapping for n in ("logprobs", "prompt_logprobs"))
+    # When a column may ask for logprobs, any row may ask for up to RowParams' limit (20 alternatives).
+    max_logprobs = max([x for x in (s.logprobs, s.prompt_logprobs) if x is not None]
+                       + ([ROW_MAX_LOGPROBS] if asks_logprobs else []), default=None)
+
+    def build(drafter: str, head):
+        return build_generator(
+            models, drafter=drafter, k=d.k, batch_size=job.batch_size, max_new_tokens=s.max_new_tokens,
+            sampling=sampling, stop=tuple(s.stop), max_seq_len=job.max_seq_len, adaptive=d.adaptive,
+            compile=job.model.compile.value, tree=d.tree, n=s.n, logprobs=s.logprobs,
+            prompt_logprobs=s.prompt_logprobs, max_logprobs=max_logprobs, keep_stop=s.keep_stop,
+            corpus=d.corpus if drafter == "suffix" else None, corpus_max_tokens=d.corpus_max_tokens, head=head,
+        )
+
+    try:
+        if self_training(job):
+            from ..eagle.selftrain import SelfTrainingGenerator
+
+            return SelfTrainingGenerator(models, build, out_dir=out_dir, rows=d.train_rows, minutes=d.train_minutes,
+                                         seed=s.seed)
+        return build(d.name.value, None)
+    except ValueError as e:  # e.g. max_seq_len beyond the model's positions, n > 1 with greedy decoding
+        raise ConfigError(str(e).strip().splitlines()[0]) from e
