@@ -221,19 +221,20 @@ def error_output(line: BatchLine, message: str, *, key: str, status: int = 400) 
 
 
 def format_output(line: BatchLine, results: list[Result], *, key: str, model: str, created: int,
-                  token_text: Callable[[int], str], drafter: str) -> dict[str, Any]:
-    """A line's Results (its n samples) -> its output line; an error Result makes it an error line."""
+                  decode: Callable[[list[int]], str], drafter: str) -> dict[str, Any]:
+    """A line's Results (its n samples) -> its output line; an error Result makes it an error line.
+    decode: token ids -> text (the tokenizer's decode), for the logprobs' tokens and offsets."""
     failed = next((r for r in results if r.finish_reason == FINISH_ERROR), None)
     if failed is not None:
         return error_output(line, failed.error or "error", key=key)
     results = sorted(results, key=lambda r: r.sample_index)
     if line.chat:
         choices = [{"index": r.sample_index, "message": {"role": "assistant", "content": r.completion},
-                    "logprobs": chat_logprobs(r, token_text), "finish_reason": r.finish_reason,
+                    "logprobs": chat_logprobs(r, decode), "finish_reason": r.finish_reason,
                     "stop_reason": r.stop_reason} for r in results]
         kind, prefix = "chat.completion", "chatcmpl"
     else:
-        choices = [{"index": r.sample_index, "text": r.completion, "logprobs": completion_logprobs(r, token_text),
+        choices = [{"index": r.sample_index, "text": r.completion, "logprobs": completion_logprobs(r, decode),
                     "finish_reason": r.finish_reason, "stop_reason": r.stop_reason} for r in results]
         kind, prefix = "text_completion", "cmpl"
     completion_tokens = sum(r.completion_tokens for r in results)
@@ -270,31 +271,31 @@ def _tokens(result: Result) -> list[tuple[int, float, list[tuple[int, float]]]]:
             for i, (t, lp) in enumerate(zip(result.completion_token_ids, result.logprobs or []))]
 
 
-def chat_logprobs(result: Result, token_text: Callable[[int], str]) -> dict[str, Any] | None:
+def chat_logprobs(result: Result, decode: Callable[[list[int]], str]) -> dict[str, Any] | None:
     if result.logprobs is None:
         return None
 
     def entry(token: int, logprob: float) -> dict[str, Any]:
-        text = token_text(token)
+        text = decode([token])
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "replace"))}
 
     return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in alts]}
                         for t, lp, alts in _tokens(result)], "refusal": None}
 
 
-def completion_logprobs(result: Result, token_text: Callable[[int], str]) -> dict[str, Any] | None:
-    """The legacy format: tokens, token_logprobs, top_logprobs ({token: logprob}), text_offset (from the
-    completion's start)."""
+def completion_logprobs(result: Result, decode: Callable[[list[int]], str]) -> dict[str, Any] | None:
+    """The legacy format: tokens, token_logprobs, top_logprobs ({token: logprob}), text_offset (each token's
+    start in the decoded completion: len(decode(ids[:i + 1])) less the token's own length, as a tokenizer
+    may put spaces between tokens)."""
     if result.logprobs is None:
         return None
-    tokens, logprobs, tops, offsets, offset = [], [], [], [], 0
-    for t, lp, alts in _tokens(result):
-        text = token_text(t)
-        tokens.append(text)
+    tokens, logprobs, tops, offsets = [], [], [], []
+    ids = result.completion_token_ids
+    for i, (t, lp, alts) in enumerate(_tokens(result)):
+        tokens.append(decode([t]))
         logprobs.append(lp)
-        tops.append({token_text(a): alp for a, alp in alts})
-        offsets.append(offset)
-        offset += len(text)
+        tops.append({decode([a]): alp for a, alp in alts})
+        offsets.append(max(0, len(decode(ids[:i + 1])) - len(tokens[-1])))
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 

@@ -314,6 +314,9 @@ def generate_lines(lines: list[BatchLine], args: argparse.Namespace, sha: str, s
     tokenizer = models.tokenizer
     by_id = {line.custom_id: line for line in lines}
     token_text = lru_cache(maxsize=65536)(lambda t: tokenizer.decode([t]))
+
+    def decode(ids: list[int]) -> str:
+        return token_text(ids[0]) if len(ids) == 1 else tokenizer.decode(ids)
     name = args.served_model_name or args.model
 
     def requests() -> Iterator[Request]:
@@ -338,7 +341,7 @@ def generate_lines(lines: list[BatchLine], args: argparse.Namespace, sha: str, s
         for results in run_grouped(generator, requests()):
             line = by_id[results[0].id]
             sink.add(line.number, format_output(line, results, key=line_key(sha, line.number), model=name,
-                                                created=int(time.time()), token_text=token_text,
+                                                created=int(time.time()), decode=decode,
                                                 drafter=args.drafter))
     except StopNow:
         pass
