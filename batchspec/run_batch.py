@@ -163,6 +163,12 @@ class WorkDir:
         else:
             atomic_write(saved_path, json.dumps(settings, indent=1) + "\n")
 
+    def close(self) -> None:
+        """Let go of the lock (the kernel also drops it when the process dies)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
     def parts(self) -> list[Path]:
         return sorted(self.path.glob("part-*.jsonl"))
 
@@ -270,7 +276,15 @@ def run(args: argparse.Namespace) -> int:
     check_args(args)
     sha, lines = read_input(Path(args.input_file))
     workdir = WorkDir(Path(args.output_file))
-    workdir.open(settings_of(args, sha))
+    try:
+        workdir.open(settings_of(args, sha))
+        return resume(args, sha, lines, workdir)
+    finally:
+        workdir.close()
+
+
+def resume(args: argparse.Namespace, sha: str, lines: list[BatchLine], workdir: WorkDir) -> int:
+    """Run the lines not done yet (and with --retry-errors those that failed); assemble the output."""
     done = workdir.done()
     todo = [line for line in lines if line.number not in done or (args.retry_errors and is_error(done[line.number]))]
     bad = [line for line in todo if line.error is not None]
@@ -311,6 +325,7 @@ def generate_lines(lines: list[BatchLine], args: argparse.Namespace, sha: str, s
             sampling=SamplingParams(temperature=1.0, seed=args.seed, varied=True), max_logprobs=max_logprobs(lines))
     except (ModelLoadError, ValueError, OSError) as e:
         raise SetupError(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
+    sink.started = time.monotonic()  # tokens/s from here, not from the model loading
     tokenizer = models.tokenizer
     by_id = {line.custom_id: line for line in lines}
     token_text = lru_cache(maxsize=65536)(lambda t: tokenizer.decode([t]))
