@@ -438,10 +438,10 @@ def test_setup_errors_exit_2(tiny_models, tmp_path, capsys):
         assert run_batch.main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert words in err[-1] and err[-1].startswith("batchspec run-batch: error:"), err
-    held = run_batch.WorkDir(out)  # another run holds the work folder's lock
-    held.open(run_batch.settings_of(run_batch.build_parser().parse_args(cases[0][0]), "x"))
+    held = run_batch.WorkDir(tmp_path / "held.jsonl")  # another run holds the work folder's lock
+    held.open({})
     try:
-        assert run_batch.main(["-i", str(inp), "-o", str(out), "--model", str(tiny_models.target)]) == 2
+        assert run_batch.main(["-i", str(inp), "-o", str(tmp_path / "held.jsonl"), "--model", str(tiny_models.target)]) == 2
         assert "another run-batch is writing" in capsys.readouterr().err
     finally:
         held.close()
