@@ -455,3 +455,24 @@ def test_python_dash_m(tmp_path):
     assert done.returncode == 2 and done.stderr.strip() == (
         f"batchspec run-batch: error: no such input file {str(tmp_path / 'x.jsonl')!r}")
 
+
+
+DEMO = REPO / "batchspec" / "assets" / "demo"
+
+
+@pytest.mark.skipif(not (DEMO / "target").is_dir(), reason="demo assets not built")
+def test_the_documented_example(tmp_path, one_thread, capsys):
+    """docs/run_batch.md's example on the demo pair: its output is as the doc shows it."""
+    out = tmp_path / "example.jsonl"
+    assert run_batch.main(["-i", str(REPO / "docs" / "run_batch_example.jsonl"), "-o", str(out), "--model",
+                           str(DEMO / "target"), "--draft", str(DEMO / "draft")]) == 0
+    assert "4 lines, 1 errors" in capsys.readouterr().err
+    outputs = read_lines(out)
+    for o in outputs:
+        validate_batch_output(o)
+    assert [o["custom_id"] for o in outputs] == ["chat-sum", "chat-sampled", "complete-repr", "too-hot"]
+    assert len(outputs[1]["response"]["body"]["choices"]) == 2 and outputs[3]["error"]["line"] == 4
+    doc = (REPO / "docs" / "run_batch.md").read_text()
+    first = outputs[0]["response"]["body"]
+    assert f'"id": "{outputs[0]["id"]}"' in doc and f'"id": "{outputs[3]["id"]}"' in doc
+    assert json.dumps(first["usage"]) in doc and first["choices"][0]["message"]["content"].startswith("#\n#\n#\n")
