@@ -355,6 +355,33 @@ def test_resume_after_a_kill(tiny_models, inputs, tmp_path, one_thread, monkeypa
     assert [o["custom_id"] for o in read_lines(out)].count("comp-n2") == 2  # the line and its duplicate, once each
 
 
+def test_sigterm_finishes_the_lines_in_flight(tiny_models, inputs, tmp_path, one_thread, monkeypatch, capsys):
+    """SIGTERM: no new lines, the ones in flight are finished and written, exit 143; a rerun completes."""
+    import os
+    import signal
+
+    out, real_add, killed = tmp_path / "out.jsonl", run_batch.Sink.add, []
+
+    def add_then_term(self, number, output):
+        real_add(self, number, output)
+        if number <= 6 and not killed:  # the first good line: the signal comes while others are in flight
+            killed.append(number)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(run_batch.Sink, "add", add_then_term)
+    before = signal.getsignal(signal.SIGTERM)
+    assert run_batch.main(args_for(tiny_models, inputs, out, "--batch-size", "2")) == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before and not out.exists()
+    err = capsys.readouterr().err
+    assert "finishing the lines in flight" in err and "rerun the same command to resume" in err
+    done = run_batch.WorkDir(out).done()
+    assert 5 + 1 <= len(done) < 12  # the 5 bad lines, the first good line and those in flight with it, not all
+    monkeypatch.setattr(run_batch.Sink, "add", real_add)
+    assert run_batch.main(args_for(tiny_models, inputs, out)) == 0
+    assert f"{len(done)} done earlier, {12 - len(done)} to do" in capsys.readouterr().err
+    assert len(read_lines(out)) == 12
+
+
 def test_resume_refuses_other_settings(tiny_models, inputs, tmp_path, one_thread, monkeypatch, capsys):
     out = tmp_path / "out.jsonl"
     write_input(inputs, bad_lines()[:3])  # no line needs the model
