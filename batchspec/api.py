@@ -3,7 +3,8 @@
     results = batchspec.generate(["def add(a, b):"], target="path/or/hub-id", drafter="ngram")
 
 `generate` returns Results in prompt order. For streams, `load_models` + `build_generator` give a
-SpecBatchGenerator whose `run(requests)` pulls requests lazily and yields Results as they finish.
+SpecBatchGenerator whose `run(requests)` pulls requests lazily and yields Results as they finish
+(`run_grouped` yields each request's n samples together).
 """
 
 from __future__ import annotations
