@@ -3,14 +3,15 @@
     results = batchspec.generate(["def add(a, b):"], target="path/or/hub-id", drafter="ngram")
 
 `generate` returns Results in prompt order. For streams, `load_models` + `build_generator` give a
-SpecBatchGenerator whose `run(requests)` pulls requests lazily and yields Results as they finish.
+SpecBatchGenerator whose `run(requests)` pulls requests lazily and yields Results as they finish
+(`run_grouped` yields each request's n samples together).
 """
 
 from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
@@ -33,7 +34,7 @@ from .types import Request, Result, RowParams
 DEFAULT_MAX_SEQ_LEN = 2048
 log = logging.getLogger("batchspec")
 
-__all__ = ["generate", "load_models", "build_generator", "Models"]
+__all__ = ["generate", "load_models", "build_generator", "run_grouped", "Models"]
 
 
 def model_max_positions(model: PreTrainedModel) -> int | None:
@@ -269,3 +270,25 @@ def generate(
     for result in generator.run(requests):
         by_id.setdefault(result.id, []).append(result)
     return [r for i in ids for r in sorted(by_id[i], key=lambda r: r.sample_index)]
+
+
+def run_grouped(generator: SpecBatchGenerator, requests: Iterable[Request]) -> Iterator[list[Result]]:
+    """generator.run(requests) with each request's samples gathered: yields a request's Results (its n
+    samples, by sample_index; one error Result for a request whose n is not valid) as soon as its last
+    sample finishes, in completion order. Request ids must be unique."""
+    default_n = generator.scheduler.intake_.defaults.n
+    expected: dict[str, int] = {}
+
+    def counted() -> Iterator[Request]:
+        for request in requests:
+            n = request.params.n if request.params is not None and request.params.n is not None else default_n
+            expected[request.id] = n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1024 else 1
+            yield request
+
+    gathered: dict[str, list[Result]] = {}
+    for result in generator.run(counted()):
+        samples = gathered.setdefault(result.id, [])
+        samples.append(result)
+        if len(samples) == expected[result.id]:
+            del gathered[result.id]
+            yield sorted(samples, key=lambda r: r.sample_index)

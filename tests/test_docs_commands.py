@@ -10,8 +10,9 @@ of the shipped job files, then, per command:
   command line and composes and prints the config without running the job;
 - `python -m batchspec.status DIR` and `python -m batchspec.report DIR ...`: run on output dirs made by
   the demo job (2 rows) where the docs name them;
-- `python -m batchspec.bench / calibrate / bench_io FLAGS`: every flag must be one the command's
-  --help lists (their runs take minutes: tests/test_tools.py runs bench and calibrate on tiny models);
+- `python -m batchspec.bench / calibrate / bench_io / run_batch FLAGS`: every flag must be one the
+  command's --help lists (their runs take minutes: tests/test_tools.py runs bench and calibrate on tiny
+  models, tests/test_run_batch.py runs run_batch);
 - anything else is skipped by a rule in SKIP with its reason, or fails as unclassified, so a new
   kind of command in the docs needs a rule here.
 
@@ -129,7 +130,7 @@ def test_documented_command(where, command, workdir, monkeypatch, capsys):
                 assert run_inprocess(workdir, "job=demo", *TINY, f"output.dir={path}", monkeypatch=monkeypatch) == 0
         monkeypatch.chdir(workdir)
         assert report(args) == 0, capsys.readouterr()
-    elif module in ("batchspec.bench", "batchspec.calibrate", "batchspec.bench_io"):
+    elif module in ("batchspec.bench", "batchspec.calibrate", "batchspec.bench_io", "batchspec.run_batch"):
         help_text = command_help(module, capsys)
         for flag in (a.strip("[]") for a in args if a.strip("[]").startswith("--")):
             assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text), f"{module} has no {flag}"

@@ -69,6 +69,9 @@ LIBRARIES = ("batchspec", "torch", "transformers", "tokenizers", "datasets", "py
 
 def main() -> None:
     """Register the schema and the job files, check the overrides' keys, then hand over to Hydra."""
+    if sys.argv[1:2] == ["run-batch"]:  # OpenAI batch files in and out: batchspec/run_batch.py
+        from ..run_batch import main as run_batch
+        sys.exit(run_batch(sys.argv[2:]))
     try:
         try:
             register_configs(find_jobs(job_dirs(Path.cwd())))

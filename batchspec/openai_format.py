@@ -1,0 +1,308 @@
+"""OpenAI batch files <-> batchspec, as pure functions (no torch): one input line -> a BatchLine (the
+request's prompt and RowParams, or why it cannot run); a line's Results -> one output line.
+
+Input line:  {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {...}}
+Output line: {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}
+
+The body is a ChatCompletion or a Completion as OpenAI's API returns it (choices indexed by sample,
+finish_reason, usage, logprobs), plus two extensions: each choice's `stop_reason` (the stop string or
+EOS token id that ended it, as vLLM has it) and the body's `batchspec` object with the request's
+drafting statistics. A line that cannot run gets status 400, an OpenAI error body and `error`
+{code, message, line}. Defaults are OpenAI's: temperature 1, top_p 1, n 1; max_tokens 16 for
+completions and, for chat, what the context holds (the engine's max_seq_len).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
+
+from .textcheck import text_problem
+from .types import FINISH_ERROR, RowParams, Result
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+URLS = (CHAT_URL, COMPLETIONS_URL)
+COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_TOP_LOGPROBS = 20
+# Body fields that change the output if set, which batchspec does not do: refused unless at their default.
+UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
+               "logit_bias": ({},), "stream": (False,), "echo": (False,), "suffix": ("",), "tools": ([],),
+               "functions": ([],), "tool_choice": ("none",), "function_call": ("none",), "prompt_logprobs": (),
+               "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": ()}
+ROW_NAMES = {"max_new_tokens": "max_tokens", "top_logprobs": "top_logprobs"}  # RowParams field -> body field
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLine:
+    """One input line: its 1-based number, custom_id and url, the prompt (chat messages, or completion
+    text / token ids) and settings, or `error` (why it cannot run; then the rest may be None)."""
+
+    number: int
+    custom_id: str | None
+    url: str | None = None
+    messages: list[dict[str, str]] | None = None
+    prompt: str | list[int] | None = None
+    params: RowParams | None = None
+    error: str | None = None
+
+    @property
+    def chat(self) -> bool:
+        return self.url == CHAT_URL
+
+
+class BadLine(ValueError):
+    """A line that cannot run; the message names the field."""
+
+
+def parse_line(text: str | bytes, number: int) -> BatchLine:
+    """An input line -> a BatchLine; anything wrong becomes its `error`, never an exception."""
+    custom_id = None
+    try:
+        if isinstance(text, bytes):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise BadLine(f"not valid UTF-8 (byte {e.start + 1})") from None
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise BadLine(f"not valid JSON: {e.msg} (column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise BadLine(f"not a JSON object but a {type(obj).__name__}")
+        cid = obj.get("custom_id")
+        if not isinstance(cid, str) or not cid or text_problem(cid):
+            raise BadLine("no custom_id" if cid is None else "custom_id must be a non-empty string of valid Unicode")
+        custom_id = cid
+        if obj.get("method", "POST") != "POST":
+            raise BadLine(f"method {obj.get('method')!r}: only POST is supported")
+        url = obj.get("url")
+        if url not in URLS:
+            raise BadLine(f"url {url!r}: need one of {', '.join(URLS)}")
+        body = obj.get("body")
+        if not isinstance(body, dict):
+            raise BadLine("no body" if body is None else f"body must be an object, got {type(body).__name__}")
+        problem = text_problem(body)
+        if problem:
+            raise BadLine(f"body {problem}")
+        if url == CHAT_URL:
+            return BatchLine(number, custom_id, url, messages=chat_messages(body.get("messages")),
+                             params=row_params(body, chat=True))
+        return BatchLine(number, custom_id, url, prompt=completion_prompt(body.get("prompt")),
+                         params=row_params(body, chat=False))
+    except BadLine as e:
+        return BatchLine(number, custom_id, error=str(e))
+
+
+def chat_messages(messages: Any) -> list[dict[str, str]]:
+    """body.messages -> [{role, content}] with text content (a list of text parts is joined)."""
+    if not isinstance(messages, list) or not messages:
+        raise BadLine("body.messages must be a non-empty list")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadLine(f"body.messages[{i}] must be an object with a string role")
+        content = m.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise BadLine(f"body.messages[{i}].content: only text parts are supported")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise BadLine(f"body.messages[{i}].content must be a string or a list of text parts")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def completion_prompt(prompt: Any) -> str | list[int]:
+    """body.prompt: a string or a list of token ids (or a list holding one of either)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise BadLine("body.prompt is empty")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise BadLine("body.prompt holds several prompts: give each its own line")
+    raise BadLine("body.prompt must be a string or a list of token ids")
+
+
+def row_params(body: Mapping[str, Any], *, chat: bool) -> RowParams:
+    """The body's settings as RowParams (max_new_tokens None: the default for the url, see with_defaults)."""
+    for name, defaults in UNSUPPORTED.items():
+        if body.get(name) is not None and body.get(name) not in defaults:
+            raise BadLine(f"body.{name} is not supported" + (f" (only {defaults[0]!r})" if defaults else ""))
+    ints = {name: integer(body, name) for name in ("max_completion_tokens", "max_tokens", "n", "seed", "top_k",
+                                                   "top_logprobs", "best_of")}
+    max_tokens = ints["max_completion_tokens"] if ints["max_completion_tokens"] is not None else ints["max_tokens"]
+    n = ints["n"] if ints["n"] is not None else 1
+    if ints["best_of"] is not None and ints["best_of"] != n:
+        raise BadLine("body.best_of is not supported (only equal to n)")
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise BadLine("body.stop must be a string or a list of strings")
+    logprobs = body.get("logprobs")
+    if chat:
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise BadLine(f"body.logprobs={logprobs!r}: need true or false (top_logprobs sets how many alternatives)")
+        if ints["top_logprobs"] is not None and not logprobs:
+            raise BadLine("body.top_logprobs needs body.logprobs=true")
+        logprobs = (ints["top_logprobs"] or 0) if logprobs else None
+    else:
+        logprobs = integer(body, "logprobs")
+    params = RowParams(
+        max_new_tokens=max_tokens, temperature=number(body, "temperature", 1.0), top_p=number(body, "top_p", 1.0),
+        top_k=ints["top_k"] if ints["top_k"] is not None and ints["top_k"] >= 0 else 0,  # vLLM: -1 is off
+        min_p=number(body, "min_p", 0.0), stop=tuple(s for s in stop or () if s), seed=ints["seed"], n=n,
+        logprobs=logprobs)
+    problem = params.problem()
+    if problem:
+        field = problem.split("=", 1)[0]
+        if field == "logprobs" and chat:
+            field = "top_logprobs"
+        raise BadLine(f"body.{ROW_NAMES.get(field, field)}={problem.split('=', 1)[1]}")
+    if n > 1 and params.temperature == 0:
+        raise BadLine(f"body.n={n} with temperature 0 (greedy) gives {n} identical copies: set a temperature > 0")
+    return params
+
+
+def integer(body: Mapping[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise BadLine(f"body.{name}={value!r}: need an integer")
+    return value
+
+
+def number(body: Mapping[str, Any], name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise BadLine(f"body.{name}={value!r}: need a number")
+    return float(value)
+
+
+def with_defaults(line: BatchLine, max_seq_len: int) -> RowParams:
+    """The line's RowParams with max_new_tokens set: 16 for completions, the context (max_seq_len) for chat."""
+    params = line.params or RowParams()
+    if params.max_new_tokens is not None:
+        return params
+    return replace(params, max_new_tokens=max_seq_len if line.chat else COMPLETIONS_MAX_TOKENS)
+
+
+def max_logprobs(lines) -> int | None:
+    """The most logprob alternatives any of the lines asks for (None: none asks for logprobs)."""
+    return max((line.params.logprobs for line in lines if line.params is not None and line.params.logprobs
+                is not None), default=None)
+
+
+# ---- output lines ----------------------------------------------------------------------------------
+
+
+def line_key(input_sha256: str, number: int) -> str:
+    """A stable id for an input line's output (the same on every rerun of the same input)."""
+    return hashlib.sha256(f"{input_sha256}:{number}".encode()).hexdigest()[:24]
+
+
+def error_output(line: BatchLine, message: str, *, key: str, status: int = 400) -> dict[str, Any]:
+    """The output line of a line that could not run: status 400, an OpenAI error body, `error` with the line."""
+    return {"id": f"batch_req_{key}", "custom_id": line.custom_id,
+            "response": {"status_code": status, "request_id": f"req_{key}",
+                         "body": {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                            "code": None}}},
+            "error": {"code": "invalid_request", "message": message, "line": line.number}}
+
+
+def format_output(line: BatchLine, results: list[Result], *, key: str, model: str, created: int,
+                  decode: Callable[[list[int]], str], drafter: str) -> dict[str, Any]:
+    """A line's Results (its n samples) -> its output line; an error Result makes it an error line.
+    decode: token ids -> text (the tokenizer's decode), for the logprobs' tokens and offsets."""
+    failed = next((r for r in results if r.finish_reason == FINISH_ERROR), None)
+    if failed is not None:
+        return error_output(line, failed.error or "error", key=key)
+    results = sorted(results, key=lambda r: r.sample_index)
+    if line.chat:
+        choices = [{"index": r.sample_index, "message": {"role": "assistant", "content": r.completion},
+                    "logprobs": chat_logprobs(r, decode), "finish_reason": r.finish_reason,
+                    "stop_reason": r.stop_reason} for r in results]
+        kind, prefix = "chat.completion", "chatcmpl"
+    else:
+        choices = [{"index": r.sample_index, "text": r.completion, "logprobs": completion_logprobs(r, decode),
+                    "finish_reason": r.finish_reason, "stop_reason": r.stop_reason} for r in results]
+        kind, prefix = "text_completion", "cmpl"
+    completion_tokens = sum(r.completion_tokens for r in results)
+    prompt_tokens = results[0].prompt_tokens if results else 0
+    body = {"id": f"{prefix}-{key}", "object": kind, "created": created, "model": model, "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+            "batchspec": drafting_stats(results, drafter)}
+    return {"id": f"batch_req_{key}", "custom_id": line.custom_id,
+            "response": {"status_code": 200, "request_id": f"req_{key}", "body": body}, "error": None}
+
+
+def drafting_stats(results: list[Result], drafter: str) -> dict[str, Any]:
+    """The request's drafting statistics (totals over its samples; per sample too when n > 1)."""
+    def stats(rs: list[Result]) -> dict[str, Any]:
+        forwards, drafts = sum(r.target_forwards for r in rs), sum(r.draft_tokens for r in rs)
+        accepted, tokens = sum(r.accepted_tokens for r in rs), sum(r.completion_tokens for r in rs)
+        return {"target_forwards": forwards, "draft_tokens": drafts, "accepted_tokens": accepted,
+                "acceptance_rate": accepted / drafts if drafts else None,
+                "tokens_per_forward": tokens / forwards if forwards else None,
+                "latency_s": round(max((r.latency_s for r in rs), default=0.0), 6)}
+
+    out = {"drafter": drafter, **stats(results)}
+    if len(results) > 1:
+        out["samples"] = [stats([r]) for r in results]
+    return out
+
+
+def _tokens(result: Result) -> list[tuple[int, float, list[tuple[int, float]]]]:
+    """(token id, logprob, [(alternative id, logprob), ...]) per completion token that has a logprob."""
+    tops = result.top_logprobs or []
+    top_ids = result.top_logprob_ids or []
+    return [(t, lp, list(zip(top_ids[i], tops[i])) if i < len(tops) and i < len(top_ids) else [])
+            for i, (t, lp) in enumerate(zip(result.completion_token_ids, result.logprobs or []))]
+
+
+def chat_logprobs(result: Result, decode: Callable[[list[int]], str]) -> dict[str, Any] | None:
+    if result.logprobs is None:
+        return None
+
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        text = decode([token])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "replace"))}
+
+    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in alts]}
+                        for t, lp, alts in _tokens(result)], "refusal": None}
+
+
+def completion_logprobs(result: Result, decode: Callable[[list[int]], str]) -> dict[str, Any] | None:
+    """The legacy format: tokens, token_logprobs, top_logprobs ({token: logprob}), text_offset (each token's
+    start in the decoded completion: len(decode(ids[:i + 1])) less the token's own length, as a tokenizer
+    may put spaces between tokens)."""
+    if result.logprobs is None:
+        return None
+    tokens, logprobs, tops, offsets = [], [], [], []
+    ids = result.completion_token_ids
+    for i, (t, lp, alts) in enumerate(_tokens(result)):
+        tokens.append(decode([t]))
+        logprobs.append(lp)
+        tops.append({decode([a]): alp for a, alp in alts})
+        offsets.append(max(0, len(decode(ids[:i + 1])) - len(tokens[-1])))
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def is_error(output: Mapping[str, Any]) -> bool:
+    return output.get("error") is not None
+
+
+def dumps(output: Mapping[str, Any]) -> str:
+    """One JSONL line (no newline); non-ASCII text kept as is."""
+    return json.dumps(output, ensure_ascii=False, separators=(",", ":"))

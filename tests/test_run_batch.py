@@ -1,0 +1,505 @@
+"""`batchspec run-batch`: OpenAI batch files in and out (batchspec/run_batch.py, openai_format.py).
+
+Parsing and formatting as tables; then runs on the tiny Llama of conftest_jobs (it has a chat template):
+chat and completion lines, n=2, logprobs, a bad line of each kind, the openai package's own types,
+resume after a kill, --retry-errors, settings that change refused, and greedy output equal to
+batchspec.generate's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchspec import openai_format as fmt
+from batchspec import run_batch
+from batchspec.types import Result, RowParams
+from conftest_jobs import REPO, cli_env, one_thread, run_inprocess, tiny_models  # noqa: F401 (fixtures)
+
+openai = pytest.importorskip("openai", reason="the openai package checks the output's types")
+from openai.types import BatchError, Completion  # noqa: E402
+from openai.types.chat import ChatCompletion  # noqa: E402
+
+CHAT, COMP = fmt.CHAT_URL, fmt.COMPLETIONS_URL
+
+
+def line(custom_id="a", url=COMP, **body) -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+# ---- parsing ---------------------------------------------------------------------------------------------
+
+PARSED = [  # (input line, expected: RowParams fields and prompt / messages)
+    (line(prompt="hi"), dict(prompt="hi", params=RowParams(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, stop=(),
+                                                             n=1))),
+    (line(prompt=[5, 6], max_tokens=3, temperature=0, stop="x", seed=7, logprobs=2),
+     dict(prompt=[5, 6], params=RowParams(max_new_tokens=3, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0,
+                                          stop=("x",), seed=7, n=1, logprobs=2))),
+    (line(prompt=["one"], n=3, top_p=0.5, stop=["a", "", "b"], top_k=-1),
+     dict(prompt="one", params=RowParams(temperature=1.0, top_p=0.5, top_k=0, min_p=0.0, stop=("a", "b"), n=3))),
+    (line(url=CHAT, messages=[{"role": "user", "content": "hi"}], max_completion_tokens=4, max_tokens=9,
+          logprobs=True, top_logprobs=3),
+     dict(messages=[{"role": "user", "content": "hi"}],
+          params=RowParams(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, stop=(), n=1,
+                           logprobs=3))),
+    (line(url=CHAT, messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+          logprobs=False, model="ignored", user="ignored", frequency_penalty=0),
+     dict(messages=[{"role": "user", "content": "ab"}],
+          params=RowParams(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, stop=(), n=1))),
+]
+
+
+@pytest.mark.parametrize("text, expected", PARSED)
+def test_parse_line(text, expected):
+    parsed = fmt.parse_line(text, 4)
+    assert parsed.error is None and parsed.number == 4 and parsed.custom_id == "a"
+    for name, value in expected.items():
+        assert getattr(parsed, name) == value, name
+
+
+BAD = [  # (input line, custom_id in the result, words of the error)
+    ("{not json", None, "not valid JSON"),
+    (b'{"custom_id": "a\xff"}', None, "not valid UTF-8"),
+    ("[1, 2]", None, "not a JSON object"),
+    (json.dumps({"url": COMP, "body": {"prompt": "x"}}), None, "no custom_id"),
+    (json.dumps({"custom_id": 5, "url": COMP, "body": {"prompt": "x"}}), None, "custom_id must be"),
+    (json.dumps({"custom_id": "\ud800", "url": COMP, "body": {"prompt": "x"}}), None, "custom_id must be"),
+    (json.dumps({"custom_id": "a", "method": "GET", "url": COMP, "body": {}}), "a", "only POST"),
+    (json.dumps({"custom_id": "a", "url": "/v1/embeddings", "body": {}}), "a", "url '/v1/embeddings'"),
+    (json.dumps({"custom_id": "a", "url": COMP}), "a", "no body"),
+    (json.dumps({"custom_id": "a", "url": COMP, "body": "x"}), "a", "body must be an object"),
+    (line(prompt="x\ud800"), "a", "not valid Unicode"),
+    (line(), "a", "body.prompt must be"),
+    (line(prompt=""), "a", "body.prompt is empty"),
+    (line(prompt=["a", "b"]), "a", "several prompts"),
+    (line(url=CHAT), "a", "body.messages must be"),
+    (line(url=CHAT, messages=[{"content": "x"}]), "a", "messages[0] must be an object with a string role"),
+    (line(url=CHAT, messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "a", "only text parts"),
+    (line(url=CHAT, messages=[{"role": "user", "content": 3}]), "a", "messages[0].content"),
+    (line(prompt="x", temperature=-1), "a", "body.temperature=-1.0"),
+    (line(prompt="x", temperature=0.001), "a", "body.temperature"),
+    (line(prompt="x", temperature="hot"), "a", "body.temperature='hot': need a number"),
+    (line(prompt="x", top_p=0), "a", "body.top_p"),
+    (line(prompt="x", max_tokens=0), "a", "body.max_tokens=0"),
+    (line(prompt="x", max_tokens=2.0), "a", "body.max_tokens=2.0: need an integer"),
+    (line(prompt="x", n=True), "a", "body.n=True: need an integer"),
+    (line(prompt="x", n=2, temperature=0), "a", "identical copies"),
+    (line(prompt="x", stop=[1]), "a", "body.stop must be"),
+    (line(prompt="x", logprobs=21), "a", "body.logprobs=21"),
+    (line(prompt="x", logprobs=True), "a", "body.logprobs=True: need an integer"),
+    (line(url=CHAT, messages=[{"role": "user", "content": "x"}], logprobs=2), "a", "need true or false"),
+    (line(url=CHAT, messages=[{"role": "user", "content": "x"}], top_logprobs=2), "a", "needs body.logprobs=true"),
+    (line(url=CHAT, messages=[{"role": "user", "content": "x"}], logprobs=True, top_logprobs=30), "a",
+     "body.top_logprobs=30"),
+    (line(prompt="x", presence_penalty=0.5), "a", "body.presence_penalty is not supported"),
+    (line(prompt="x", stream=True), "a", "body.stream is not supported"),
+    (line(prompt="x", echo=True), "a", "body.echo is not supported"),
+    (line(prompt="x", best_of=3), "a", "body.best_of"),
+    (line(prompt="x", prompt_logprobs=1), "a", "body.prompt_logprobs is not supported"),
+]
+
+
+@pytest.mark.parametrize("text, custom_id, words", BAD)
+def test_bad_lines(text, custom_id, words):
+    parsed = fmt.parse_line(text, 9)
+    assert parsed.custom_id == custom_id and words in parsed.error, parsed.error
+
+
+def test_max_tokens_defaults():
+    chat = fmt.parse_line(line(url=CHAT, messages=[{"role": "user", "content": "x"}]), 1)
+    comp = fmt.parse_line(line(prompt="x"), 2)
+    assert fmt.with_defaults(chat, 300).max_new_tokens == 300  # chat: what the context holds
+    assert fmt.with_defaults(comp, 300).max_new_tokens == fmt.COMPLETIONS_MAX_TOKENS == 16
+    assert fmt.with_defaults(fmt.parse_line(line(prompt="x", max_tokens=5), 3), 300).max_new_tokens == 5
+    assert fmt.max_logprobs([chat, comp]) is None
+    assert fmt.max_logprobs([comp, fmt.parse_line(line(prompt="x", logprobs=3), 4)]) == 3
+
+
+# ---- formatting ------------------------------------------------------------------------------------------
+
+
+def fake_result(i: int, tokens: list[int], *, logprobs: bool = True, finish="stop", error=None) -> Result:
+    words = {1: "a", 2: " b", 3: " c", 4: "</s>"}
+    return Result(id="a", prompt="", completion="".join(words[t] for t in tokens if t != 4), completion_token_ids=tokens,
+                  finish_reason=finish, error=error, prompt_tokens=3, completion_tokens=len(tokens),
+                  target_forwards=2, draft_tokens=4, accepted_tokens=2, acceptance_rate=0.5,
+                  tokens_per_forward=len(tokens) / 2, accepted_per_round=[0, 2], drafts_per_round=[0, 4],
+                  tree_per_round=["", ""], latency_s=0.25, sample_index=i, stop_reason=4 if finish == "stop" else None,
+                  logprobs=[-0.5] * len(tokens) if logprobs else None,
+                  top_logprobs=[[-0.5, -1.5]] * len(tokens) if logprobs else None,
+                  top_logprob_ids=[[t, 3] for t in tokens] if logprobs else None)
+
+
+def decode(ids):
+    return "".join({1: "a", 2: " b", 3: " c", 4: "</s>"}[t] for t in ids)
+
+
+@pytest.mark.parametrize("url", [CHAT, COMP])
+def test_format_output_validates(url):
+    parsed = fmt.BatchLine(7, "a", url)
+    results = [fake_result(1, [2, 3], finish="length"), fake_result(0, [1, 2, 4])]
+    out = fmt.format_output(parsed, results, key="k", model="m", created=5, decode=decode, drafter="ngram")
+    assert out["custom_id"] == "a" and out["error"] is None and out["response"]["status_code"] == 200
+    body = out["response"]["body"]
+    typed = (ChatCompletion if url == CHAT else Completion).model_validate(body)
+    assert [c.index for c in typed.choices] == [0, 1]
+    assert [c.finish_reason for c in typed.choices] == ["stop", "length"]
+    assert typed.usage.prompt_tokens == 3 and typed.usage.completion_tokens == 5 and typed.usage.total_tokens == 8
+    assert body["choices"][0]["stop_reason"] == 4
+    stats = body["batchspec"]
+    assert stats["drafter"] == "ngram" and stats["target_forwards"] == 4 and stats["draft_tokens"] == 8
+    assert stats["accepted_tokens"] == 4 and stats["acceptance_rate"] == 0.5 and stats["tokens_per_forward"] == 5 / 4
+    assert len(stats["samples"]) == 2
+    if url == CHAT:
+        assert typed.choices[0].message.content == "a b"
+        content = typed.choices[0].logprobs.content
+        assert [c.token for c in content] == ["a", " b", "</s>"] and content[1].bytes == list(b" b")
+        assert [t.token for t in content[0].top_logprobs] == ["a", " c"]
+    else:
+        assert typed.choices[0].text == "a b"
+        lp = typed.choices[1].logprobs
+        assert lp.tokens == [" b", " c"] and lp.text_offset == [0, 2] and lp.top_logprobs[0] == {" b": -0.5, " c": -1.5}
+    assert json.loads(fmt.dumps(out)) == out
+
+
+def test_format_without_logprobs_and_errors():
+    parsed = fmt.BatchLine(3, "a", COMP)
+    out = fmt.format_output(parsed, [fake_result(0, [1], logprobs=False)], key="k", model="m", created=1,
+                            decode=decode, drafter="none")
+    assert out["response"]["body"]["choices"][0]["logprobs"] is None and "samples" not in out["response"]["body"]["batchspec"]
+    failed = fmt.format_output(parsed, [fake_result(0, [], error="prompt too long", finish="error")], key="k",
+                               model="m", created=1, decode=decode, drafter="none")
+    assert fmt.is_error(failed) and failed["response"]["status_code"] == 400
+    assert failed["error"] == {"code": "invalid_request", "message": "prompt too long", "line": 3}
+    assert BatchError.model_validate(failed["error"]).line == 3
+    assert failed["response"]["body"]["error"]["message"] == "prompt too long"
+    assert fmt.line_key("abc", 3) == fmt.line_key("abc", 3) != fmt.line_key("abc", 4)
+
+
+# ---- runs on a tiny model --------------------------------------------------------------------------------
+
+MESSAGES = [{"role": "user", "content": "hello world"}]
+
+
+def good_lines() -> list[str]:
+    return [
+        line("chat-greedy", CHAT, messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2),
+        line("comp-n2", COMP, prompt="the quick brown fox", max_tokens=5, n=2, logprobs=1, seed=3),
+        line("chat-n2", CHAT, messages=MESSAGES, max_completion_tokens=4, n=2, temperature=0.8, stop=["dog"]),
+        line("comp-greedy", COMP, prompt="def add ( x , y )", max_tokens=7, temperature=0),
+        line("comp-ids", COMP, prompt=[0, 10, 11, 12], max_tokens=3, temperature=0.5, top_p=0.9),
+        line("chat-default", CHAT, messages=MESSAGES),
+    ]
+
+
+def bad_lines() -> list[str]:
+    return [
+        "{this is not json",  # no custom_id
+        line("bad-url", "/v1/embeddings", input="x"),
+        json.dumps({"custom_id": "no-body", "method": "POST", "url": COMP}),
+        line("bad-value", COMP, prompt="x", temperature=-2),
+        line("comp-n2", COMP, prompt="x"),  # a duplicate custom_id
+        line("too-long", COMP, prompt="the " * 200),  # the engine refuses it: longer than max_seq_len
+    ]
+
+
+def write_input(path: Path, texts: list[str]) -> Path:
+    path.write_text("\n".join(texts) + "\n\n")  # a blank line is skipped
+    return path
+
+
+def args_for(models, inp: Path, out: Path, *extra: str) -> list[str]:
+    return ["-i", str(inp), "-o", str(out), "--model", str(models.target), "--dtype", "float32", "--device", "cpu",
+            "--batch-size", "3", "--max-seq-len", "96", *extra]
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(text) for text in path.read_text().splitlines()]
+
+
+def stable(outputs: list[dict], drafting: bool = True) -> list[dict]:
+    """The outputs without what may differ between runs: the time made, latency (and without `drafting`,
+    the drafting statistics: a resume may change the drafter)."""
+    outputs = json.loads(json.dumps(outputs))
+    for o in outputs:
+        body = (o["response"] or {}).get("body", {})
+        body.pop("created", None)
+        if not drafting:
+            body.pop("batchspec", None)
+        for stats in [body.get("batchspec", {}), *body.get("batchspec", {}).get("samples", [])]:
+            stats.pop("latency_s", None)
+    return outputs
+
+
+def differences(a, b, path="") -> list[str]:
+    """Where two JSON values differ (floats within 1e-5 are the same)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in differences(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) and isinstance(b, float) and abs(a - b) <= 1e-5:
+        return []
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    return write_input(tmp_path / "in.jsonl", good_lines() + bad_lines())
+
+
+def test_run_batch_end_to_end(tiny_models, inputs, tmp_path, one_thread, monkeypatch, capsys):
+    out = tmp_path / "out.jsonl"
+    code = run_inprocess(tmp_path, "run-batch", *args_for(tiny_models, inputs, out, "--draft", str(tiny_models.draft)),
+                         monkeypatch=monkeypatch)  # through the console script's dispatch
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert f"wrote {out}: 12 lines, 6 errors" in err
+    outputs = read_lines(out)
+    assert [o["custom_id"] for o in outputs] == ["chat-greedy", "comp-n2", "chat-n2", "comp-greedy", "comp-ids",
+                                                 "chat-default", None, "bad-url", "no-body", "bad-value", "comp-n2",
+                                                 "too-long"]
+    assert len({o["id"] for o in outputs}) == 12
+    by_id = {o["custom_id"]: o for o in outputs[:6]}
+    for o in outputs:
+        validate_batch_output(o)
+    for o in outputs[:6]:
+        assert o["error"] is None and o["response"]["status_code"] == 200
+    errors = [o["error"] for o in outputs[6:]]
+    assert errors[0]["line"] == 7 and "not valid JSON" in errors[0]["message"]
+    assert "url" in errors[1]["message"] and "no body" in errors[2]["message"]
+    assert "body.temperature" in errors[3]["message"] and "duplicate custom_id 'comp-n2' (first on line 2)" in errors[4]["message"]
+    assert "max_seq_len" in errors[5]["message"] and errors[5]["line"] == 12
+
+    chat = ChatCompletion.model_validate(by_id["chat-greedy"]["response"]["body"])
+    assert chat.object == "chat.completion" and chat.model == str(tiny_models.target) and len(chat.choices) == 1
+    assert chat.usage.completion_tokens == len(chat.choices[0].logprobs.content) <= 6
+    assert all(len(t.top_logprobs) == 2 for t in chat.choices[0].logprobs.content)
+    comp = Completion.model_validate(by_id["comp-n2"]["response"]["body"])
+    assert [c.index for c in comp.choices] == [0, 1] and comp.choices[0].text != comp.choices[1].text
+    assert all(len(c.logprobs.tokens) == len(c.logprobs.top_logprobs) for c in comp.choices)
+    chat2 = ChatCompletion.model_validate(by_id["chat-n2"]["response"]["body"])
+    assert len(chat2.choices) == 2 and chat2.choices[0].logprobs is None
+    default = ChatCompletion.model_validate(by_id["chat-default"]["response"]["body"])
+    usage, finish = default.usage, default.choices[0].finish_reason  # no max_tokens: up to the context's end
+    assert usage.completion_tokens > 16 and (usage.total_tokens == 96 if finish == "length" else finish == "stop")
+    stats = by_id["comp-greedy"]["response"]["body"]["batchspec"]
+    assert stats["drafter"] == "model" and stats["target_forwards"] >= 1 and stats["draft_tokens"] > 0
+    assert set(stats) >= {"target_forwards", "draft_tokens", "accepted_tokens", "acceptance_rate", "tokens_per_forward"}
+
+    # A rerun of a finished file is a no-op that loads no model, and leaves the output as it was.
+    before = out.read_text()
+    assert run_batch.main(args_for(tiny_models, inputs, out, "--draft", str(tiny_models.draft))) == 0
+    assert "12 done earlier, 0 to do" in capsys.readouterr().err and out.read_text() == before
+
+
+def validate_batch_output(o: dict) -> None:
+    assert set(o) == {"id", "custom_id", "response", "error"}
+    typed = getattr(openai.types, "BatchRequestOutput", None)  # in the openai packages that have it
+    if typed is not None:
+        typed.model_validate(o)
+    if o["error"] is not None:
+        BatchError.model_validate(o["error"])
+        assert o["response"]["status_code"] == 400 and o["response"]["body"]["error"]["message"] == o["error"]["message"]
+        return
+    body = o["response"]["body"]
+    (ChatCompletion if body["object"] == "chat.completion" else Completion).model_validate(body)
+
+
+def test_resume_after_a_kill(tiny_models, inputs, tmp_path, one_thread, monkeypatch, capsys):
+    whole = tmp_path / "whole.jsonl"
+    assert run_batch.main(args_for(tiny_models, inputs, whole)) == 0
+
+    out = tmp_path / "out.jsonl"
+    monkeypatch.setattr(run_batch, "FLUSH_LINES", 2)
+    real_write, writes = run_batch.WorkDir.write, []
+
+    runnable = {1, 2, 3, 4, 5, 6, 12}  # the good lines and too-long (the engine refuses it)
+
+    def write_then_die(self, records):
+        if any(runnable & set(w) for w in writes):  # the bad lines' parts, one part of finished lines: then killed
+            raise RuntimeError("killed")
+        writes.append([n for n, _ in records])
+        real_write(self, records)
+
+    monkeypatch.setattr(run_batch.WorkDir, "write", write_then_die)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_batch.main(args_for(tiny_models, inputs, out, "--batch-size", "2", "--drafter", "ngram"))
+    assert not out.exists() and len(list((tmp_path / "out.jsonl.parts").glob("part-*.jsonl"))) == len(writes)
+    monkeypatch.setattr(run_batch.WorkDir, "write", real_write)
+
+    import batchspec.api as api
+
+    real_grouped, ran = api.run_grouped, []
+
+    def spy(generator, requests):
+        def seen():
+            for r in requests:
+                ran.append(r.id)
+                yield r
+        return real_grouped(generator, seen())
+
+    monkeypatch.setattr(api, "run_grouped", spy)
+    capsys.readouterr()
+    # The drafter and batch size may change on a resume (they change no output line); the rest may not.
+    assert run_batch.main(args_for(tiny_models, inputs, out, "--batch-size", "3")) == 0
+    assert "12 lines" in capsys.readouterr().err
+    done_first = runnable & set(writes[-1])
+    ids = [fmt.parse_line(t, 0).custom_id for t in inputs.read_text().splitlines() if t.strip()]
+    assert len(done_first) == 2 and sorted(ran) == sorted(ids[n - 1] for n in runnable - done_first)
+    # Tokens are the same; logprobs agree to float noise (another batch, drafter or verify width).
+    assert differences(stable(read_lines(out), drafting=False), stable(read_lines(whole), drafting=False)) == []
+    assert [o["custom_id"] for o in read_lines(out)].count("comp-n2") == 2  # the line and its duplicate, once each
+
+
+def test_sigterm_finishes_the_lines_in_flight(tiny_models, inputs, tmp_path, one_thread, monkeypatch, capsys):
+    """SIGTERM: no new lines, the ones in flight are finished and written, exit 143; a rerun completes."""
+    import os
+    import signal
+
+    out, real_add, killed = tmp_path / "out.jsonl", run_batch.Sink.add, []
+
+    def add_then_term(self, number, output):
+        real_add(self, number, output)
+        if number <= 6 and not killed:  # the first good line: the signal comes while others are in flight
+            killed.append(number)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(run_batch.Sink, "add", add_then_term)
+    before = signal.getsignal(signal.SIGTERM)
+    assert run_batch.main(args_for(tiny_models, inputs, out, "--batch-size", "2")) == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before and not out.exists()
+    err = capsys.readouterr().err
+    assert "finishing the lines in flight" in err and "rerun the same command to resume" in err
+    done = run_batch.WorkDir(out).done()
+    assert 5 + 1 <= len(done) < 12  # the 5 bad lines, the first good line and those in flight with it, not all
+    monkeypatch.setattr(run_batch.Sink, "add", real_add)
+    assert run_batch.main(args_for(tiny_models, inputs, out)) == 0
+    assert f"{len(done)} done earlier, {12 - len(done)} to do" in capsys.readouterr().err
+    assert len(read_lines(out)) == 12
+
+
+def test_resume_refuses_other_settings(tiny_models, inputs, tmp_path, one_thread, monkeypatch, capsys):
+    out = tmp_path / "out.jsonl"
+    write_input(inputs, bad_lines()[:3])  # no line needs the model
+    assert run_batch.main(args_for(tiny_models, inputs, out)) == 0
+    capsys.readouterr()
+    assert run_batch.main(args_for(tiny_models, inputs, out, "--seed", "1")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "seed 0 -> 1" in err and "delete" in err
+    write_input(inputs, bad_lines()[:2])
+    assert run_batch.main(args_for(tiny_models, inputs, out)) == 2
+    assert "input_sha256" in capsys.readouterr().err
+    # An output file made elsewhere (no work folder) is not overwritten.
+    other = tmp_path / "other.jsonl"
+    other.write_text("mine\n")
+    assert run_batch.main(args_for(tiny_models, inputs, other)) == 2
+    assert "has no work folder" in capsys.readouterr().err and other.read_text() == "mine\n"
+
+
+def test_retry_errors(tiny_models, tmp_path, one_thread, capsys):
+    inp = write_input(tmp_path / "in.jsonl", [line("ok", COMP, prompt="hello", max_tokens=3, temperature=0),
+                                              line("bad", COMP, prompt="x", n=0)])
+    out = tmp_path / "out.jsonl"
+    assert run_batch.main(args_for(tiny_models, inp, out)) == 0
+    first = read_lines(out)
+    # Pretend "ok" failed for a passing reason (its part record becomes an error).
+    parts = tmp_path / "out.jsonl.parts"
+    for part in parts.glob("part-*.jsonl"):
+        records = [json.loads(t) for t in part.read_text().splitlines()]
+        for r in records:
+            if r["output"]["custom_id"] == "ok":
+                r["output"] = fmt.error_output(fmt.BatchLine(r["line"], "ok"), "out of memory", key="x")
+        part.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert run_batch.main(args_for(tiny_models, inp, out)) == 0
+    assert read_lines(out)[0]["error"]["message"] == "out of memory"  # without the flag: kept as it is
+    capsys.readouterr()
+    assert run_batch.main(args_for(tiny_models, inp, out, "--retry-errors")) == 0
+    assert "0 done earlier, 2 to do" in capsys.readouterr().err
+    assert stable(read_lines(out)) == stable(first)
+    assert "body.n=0" in read_lines(out)[1]["error"]["message"]
+
+
+def test_greedy_equals_generate(tiny_models, tmp_path, one_thread):
+    from batchspec import generate
+    from transformers import AutoTokenizer
+
+    prompts = ["the quick brown fox", "def add ( x , y ) :", "hello world", "one two three"]
+    chats = [[{"role": "user", "content": p}] for p in prompts[:2]]
+    texts = ([line(f"p{i}", COMP, prompt=p, max_tokens=8, temperature=0, logprobs=0) for i, p in enumerate(prompts)]
+             + [line(f"c{i}", CHAT, messages=m, max_tokens=8, temperature=0) for i, m in enumerate(chats)])
+    inp, out = write_input(tmp_path / "in.jsonl", texts), tmp_path / "out.jsonl"
+    assert run_batch.main(args_for(tiny_models, inp, out, "--draft", str(tiny_models.draft))) == 0
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models.target)
+    chat_ids = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False)
+                for m in chats]
+    expected = generate(prompts + chat_ids, target=str(tiny_models.target), dtype="float32", device="cpu",
+                        temperature=0, max_new_tokens=8, max_seq_len=96, batch_size=2, logprobs=0)
+    outputs = read_lines(out)
+    assert len(outputs) == len(expected) == 6
+    for o, r in zip(outputs, expected):
+        body = o["response"]["body"]
+        choice = body["choices"][0]
+        assert choice.get("text", (choice.get("message") or {}).get("content")) == r.completion
+        assert choice["finish_reason"] == r.finish_reason and body["usage"]["completion_tokens"] == r.completion_tokens
+        if "text" in choice:
+            assert choice["logprobs"]["token_logprobs"] == pytest.approx(r.logprobs, abs=1e-4)
+
+
+def test_setup_errors_exit_2(tiny_models, tmp_path, capsys):
+    inp = write_input(tmp_path / "in.jsonl", [line("a", COMP, prompt="hello")])
+    out = tmp_path / "out.jsonl"
+    cases = [
+        (["-i", str(tmp_path / "missing.jsonl"), "-o", str(out), "--model", str(tiny_models.target)], "no such input file"),
+        (["-i", str(inp), "-o", str(tmp_path / "no" / "out.jsonl"), "--model", "x"], "does not exist"),
+        (["-i", str(inp), "-o", str(out), "--model", str(tmp_path / "nope")], "no such local directory"),
+        (["-i", str(inp), "-o", str(out), "--model", str(tiny_models.target), "--drafter", "model"], "needs --draft"),
+        (["-i", str(inp), "-o", str(out), "--model", str(tiny_models.not_a_model)], "cannot load model"),
+        (["-i", str(inp), "-o", str(tmp_path / "o2.jsonl"), "--model", str(tiny_models.target), "--max-seq-len", "9999",
+          "--device", "cpu"], "exceeds"),
+    ]
+    for argv, words in cases:
+        assert run_batch.main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert words in err[-1] and err[-1].startswith("batchspec run-batch: error:"), err
+    held = run_batch.WorkDir(tmp_path / "held.jsonl")  # another run holds the work folder's lock
+    held.open({})
+    try:
+        assert run_batch.main(["-i", str(inp), "-o", str(tmp_path / "held.jsonl"), "--model", str(tiny_models.target)]) == 2
+        assert "another run-batch is writing" in capsys.readouterr().err
+    finally:
+        held.close()
+
+
+def test_python_dash_m(tmp_path):
+    """`python -m batchspec.run_batch` is the same command (one line, exit 2, for a missing input)."""
+    done = subprocess.run([sys.executable, "-m", "batchspec.run_batch", "-i", str(tmp_path / "x.jsonl"), "-o",
+                           str(tmp_path / "y.jsonl"), "--model", "m"], cwd=tmp_path, env=cli_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"batchspec run-batch: error: no such input file {str(tmp_path / 'x.jsonl')!r}")
+
+
+
+DEMO = REPO / "batchspec" / "assets" / "demo"
+
+
+@pytest.mark.skipif(not (DEMO / "target").is_dir(), reason="demo assets not built")
+def test_the_documented_example(tmp_path, one_thread, capsys):
+    """docs/run_batch.md's example on the demo pair: its output is as the doc shows it."""
+    out = tmp_path / "example.jsonl"
+    assert run_batch.main(["-i", str(REPO / "docs" / "run_batch_example.jsonl"), "-o", str(out), "--model",
+                           str(DEMO / "target"), "--draft", str(DEMO / "draft")]) == 0
+    assert "4 lines, 1 errors" in capsys.readouterr().err
+    outputs = read_lines(out)
+    for o in outputs:
+        validate_batch_output(o)
+    assert [o["custom_id"] for o in outputs] == ["chat-sum", "chat-sampled", "complete-repr", "too-hot"]
+    assert len(outputs[1]["response"]["body"]["choices"]) == 2 and outputs[3]["error"]["line"] == 4
+    doc = (REPO / "docs" / "run_batch.md").read_text()
+    first = outputs[0]["response"]["body"]
+    assert f'"id": "{outputs[0]["id"]}"' in doc and f'"id": "{outputs[3]["id"]}"' in doc
+    assert json.dumps(first["usage"]) in doc and first["choices"][0]["message"]["content"].startswith("#\n#\n#\n")
