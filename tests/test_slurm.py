@@ -25,8 +25,8 @@ from conftest_slurm import Slurm, log_times, slurm_cluster  # noqa: F401 (fixtur
 pytestmark = pytest.mark.skipif(not (ASSETS_DIR / "demo" / "target").is_dir(), reason="the demo pair is not built")
 
 SCRIPT = str(REPO / "jobs" / "slurm_array.sh")
-ROWS = 200  # the whole demo input: long enough (~10 s of generation) to signal a task mid-run
-DEMO = ["job=demo", "sampling.max_new_tokens=32", "output.rows_per_file=6"]
+ROWS = 120  # of the demo's 200 prompts: long enough (~6 s of generation) to signal a task mid-run
+DEMO = ["job=demo", f"source.limit={ROWS}", "sampling.max_new_tokens=32", "output.rows_per_file=6"]
 TASK = ["-c", "1", "--mem=1G"]  # the script asks for 4 CPUs and 16G; the test node has 2 CPUs
 ARRAY = ["--array=0-2", *TASK]
 
@@ -168,7 +168,7 @@ def test_submitit_multirun_over_two_k_values_with_a_preempted_member(uninterrupt
     proc = subprocess.Popen([sys.executable, "-m", "batchspec", "-m", *DEMO, *launcher, "drafter.k=2,4"], cwd=tmp_path,
                             env=slurm_cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        name = "drafter.k={k}/output.rows_per_file=6/sampling.max_new_tokens=32"  # key=value folders
+        name = f"drafter.k={{k}}/output.rows_per_file=6/sampling.max_new_tokens=32/source.limit={ROWS}"  # key=value folders
         k2 = tmp_path / "outputs" / "demo" / name.format(k=2)
         deadline = time.monotonic() + 300
         while parts(k2) < 2:
@@ -203,7 +203,8 @@ def test_submitit_local_multirun(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher not installed")
     from conftest_jobs import cli_env
 
-    proc = subprocess.run([sys.executable, "-m", "batchspec", "-m", *DEMO, "source.limit=8", "hydra/launcher=submitit_local",
+    demo = [o for o in DEMO if not o.startswith("source.limit=")]
+    proc = subprocess.run([sys.executable, "-m", "batchspec", "-m", *demo, "source.limit=8", "hydra/launcher=submitit_local",
                            "drafter.k=2,4"], cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     demo = tmp_path / "outputs" / "demo"
