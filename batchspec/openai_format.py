@@ -60,7 +60,6 @@ class BadLine(ValueError):
 
 def parse_line(text: str | bytes, number: int) -> BatchLine:
     """An input line -> a BatchLine; anything wrong becomes its `error`, never an exception."""
-    custom_id = None
     try:
         if isinstance(text, bytes):
             try:
@@ -71,6 +70,19 @@ def parse_line(text: str | bytes, number: int) -> BatchLine:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
             raise BadLine(f"not valid JSON: {e.msg} (column {e.colno})") from None
+        except RecursionError:
+            raise BadLine("not readable: JSON nested too deeply") from None
+        except ValueError as e:  # e.g. an integer beyond Python's 4,300-digit conversion limit
+            raise BadLine(f"not readable: {str(e).splitlines()[0]}") from None
+    except BadLine as e:
+        return BatchLine(number, None, error=str(e))
+    return parse_request(obj, number)
+
+
+def parse_request(obj: Any, number: int) -> BatchLine:
+    """A parsed input line (a JSON object) -> a BatchLine; anything wrong becomes its `error`."""
+    custom_id = None
+    try:
         if not isinstance(obj, dict):
             raise BadLine(f"not a JSON object but a {type(obj).__name__}")
         cid = obj.get("custom_id")

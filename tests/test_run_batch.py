@@ -503,3 +503,38 @@ def test_the_documented_example(tmp_path, one_thread, capsys):
     first = outputs[0]["response"]["body"]
     assert f'"id": "{outputs[0]["id"]}"' in doc and f'"id": "{outputs[3]["id"]}"' in doc
     assert json.dumps(first["usage"]) in doc and first["choices"][0]["message"]["content"].startswith("#\n#\n#\n")
+
+
+def test_the_job_runner_reads_and_writes_the_same_files(tiny_models, tmp_path, one_thread, monkeypatch, capsys):
+    """source.format=openai and output.format=openai: a job over an OpenAI batch input file writes the
+    answers run-batch writes (the same text, logprobs and finish per line, in input order), as Parquet
+    parts and results.jsonl; a line that cannot run is an error line; a rerun resumes as any job does."""
+    from conftest_jobs import write_job
+
+    texts = good_lines() + bad_lines()[:4]
+    inp = write_input(tmp_path / "in.jsonl", texts)
+    out = tmp_path / "out.jsonl"
+    assert run_batch.main(args_for(tiny_models, inp, out)) == 0
+    expected = read_lines(out)
+    write_job(tmp_path, "ob", {
+        "model": {"target": str(tiny_models.target), "dtype": "float32", "device": "cpu"},
+        "source": {"path": "in.jsonl", "format": "openai", "prompt_column": None},
+        "output": {"format": "openai"}, "batch_size": 3, "max_seq_len": 96, "progress": {"mode": "off"},
+    })
+    assert run_inprocess(tmp_path, "job=ob", monkeypatch=monkeypatch) == 0, capsys.readouterr().err
+    got = read_lines(tmp_path / "outputs" / "ob" / "results.jsonl")
+    assert [o["custom_id"] for o in got] == [o["custom_id"] for o in expected]
+    for mine, theirs in zip(got, expected):
+        validate_batch_output(mine)
+        assert (mine["error"] is None) == (theirs["error"] is None), (mine, theirs)
+        if mine["error"] is None:
+            a, b = mine["response"]["body"], theirs["response"]["body"]
+            assert [c.get("text", c.get("message")) for c in a["choices"]] == \
+                [c.get("text", c.get("message")) for c in b["choices"]]
+            assert not differences([c["logprobs"] for c in a["choices"]], [c["logprobs"] for c in b["choices"]])
+            assert a["usage"] == b["usage"]
+    assert run_inprocess(tmp_path, "job=ob", monkeypatch=monkeypatch) == 0  # nothing to do, file rewritten
+    assert [o["custom_id"] for o in read_lines(tmp_path / "outputs" / "ob" / "results.jsonl")] == \
+        [o["custom_id"] for o in expected]
+    assert run_inprocess(tmp_path, "job=ob", "output.dir=pq", "output.format=parquet", "source.format=jsonl",
+                         monkeypatch=monkeypatch) == 2  # a plain JSONL job over these lines has no prompt column

@@ -36,19 +36,22 @@ def load_job_models(job: JobConfig):
         raise ConfigError(str(e).strip().splitlines()[0]) from e
 
 
-def build_job_generator(job: JobConfig, models, row_params: RowParamColumns | None, out_dir: Path):
+def build_job_generator(job: JobConfig, models, row_params: RowParamColumns | None, out_dir: Path,
+                        openai_lines: bool = False):
     """The generator for a job: its drafter, sampling and limits; with per-row settings, room for them
-    (per-row sampling, the largest logprobs a row may ask for). Raises ConfigError for a setting the
+    (per-row sampling, the largest logprobs a row may ask for); `openai_lines`: the rows are OpenAI batch
+    lines, each with its own sampling and logprobs. Raises ConfigError for a setting the
     models cannot take (max_seq_len beyond the target's positions)."""
     from ..api import build_generator
     from ..engine.sampling import SamplingParams
 
     s, d = job.sampling, job.drafter
-    varied = row_params is not None and row_params.varies_sampling
+    varied = openai_lines or (row_params is not None and row_params.varies_sampling)
     sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
                               repetition_penalty=s.repetition_penalty, seed=s.seed, verify=s.verify.value,
                               varied=varied)
-    asks_logprobs = row_params is not None and any(n in row_params.mapping for n in ("logprobs", "prompt_logprobs"))
+    asks_logprobs = openai_lines or (row_params is not None and
+                                     any(n in row_params.mapping for n in ("logprobs", "prompt_logprobs")))
     # When a column may ask for logprobs, any row may ask for up to RowParams' limit (20 alternatives).
     max_logprobs = max([x for x in (s.logprobs, s.prompt_logprobs) if x is not None]
                        + ([ROW_MAX_LOGPROBS] if asks_logprobs else []), default=None)

@@ -42,12 +42,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .cmdline import split_argv, unknown_key
 from .build import build_job_generator, draft_path, load_job_models, self_training
-from .config import CONF_DIR, ConfigError, DrafterName, JobConfig, OutputOrder, Verify, find_jobs, job_dirs, register_configs
+from .config import (CONF_DIR, ConfigError, DrafterName, JobConfig, OutputFormat, OutputOrder, SourceFormat, Verify,
+                     find_jobs, job_dirs, register_configs)
 from .iostats import TimedStream, io_summary
 from .job import Progress, pass_on_signal, resolve_progress_mode, run_job
 from .locks import ShardLock
 from .sink import (CONFIG_KEY, RESULT_SCHEMA, ParquetSink, atomic_write_text, check_output_dir, done_ids,
                    foreign_files, part_files, read_json, shard_name, shard_rows, summarize)
+from . import openai_batch
 from .grouping import RowGroups
 from .prompts import PromptBuilder, template_columns
 from .retry import drop_error_rows
@@ -237,7 +239,8 @@ def validate(job: JobConfig) -> None:
         (0 < s.top_p <= 1, f"sampling.top_p={s.top_p}: need 0 < top_p <= 1"),
         (0 <= s.min_p <= 1, f"sampling.min_p={s.min_p}: need 0 <= min_p <= 1"),
         (s.repetition_penalty > 0, f"sampling.repetition_penalty={s.repetition_penalty}: need > 0"),
-        (src.template is not None or src.prompt_column, "set source.prompt_column or source.template"),
+        (src.template is not None or src.prompt_column or openai_lines(job),
+         "set source.prompt_column or source.template"),
         (src.limit is None or src.limit >= 0, f"source.limit={src.limit}: need >= 0"),
         (job.output.rows_per_file >= 1, f"output.rows_per_file={job.output.rows_per_file}: need >= 1"),
         (job.output.flush_every_s > 0, f"output.flush_every_s={job.output.flush_every_s}: need > 0"),
@@ -250,6 +253,18 @@ def validate(job: JobConfig) -> None:
     clash = [c for c in src.keep_columns if c in RESULT_SCHEMA.names]
     if clash:
         raise ConfigError(f"source.keep_columns: {clash[0]!r} is also an output column; rename it in the input")
+    if job.output.format.value == "openai" and not openai_lines(job):
+        raise ConfigError("output.format=openai writes answers to OpenAI batch request lines: it needs "
+                          "source.format=openai")
+    if openai_lines(job):
+        clashing = [key for key, bad in (("source.template", src.template is not None), ("source.chat", src.chat),
+                                         ("source.row_params", bool(src.row_params)),
+                                         ("source.keep_columns", bool(src.keep_columns)),
+                                         ("source.id_column", src.id_column not in (None, "custom_id")))
+                    if bad]
+        if clashing:
+            raise ConfigError(f"source.format=openai reads each line's custom_id, messages or prompt and settings "
+                              f"itself: unset {clashing[0]}")
     try:
         RowParamColumns(src.row_params)
     except ValueError as e:
@@ -263,6 +278,8 @@ def needed_columns(job: JobConfig) -> dict[str, str]:
     """Input column -> the config key that needs it (a template's fields, else the prompt column)."""
     src = job.source
     needed: dict[str, str] = {}
+    if openai_lines(job):
+        return {c: "source.format=openai" for c in openai_batch.LINE_COLUMNS}
     if src.template is not None:
         for c in template_columns(src.template):
             needed[c] = "source.template"
@@ -275,6 +292,10 @@ def needed_columns(job: JobConfig) -> dict[str, str]:
     for setting, c in src.row_params.items():
         needed.setdefault(c, f"source.row_params.{setting}")
     return needed
+
+
+def openai_lines(job: JobConfig) -> bool:
+    return job.source.format == SourceFormat.openai
 
 
 def select(config: Mapping[str, Any], dotted: str) -> Any:
@@ -394,12 +415,13 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
     missing = missing_source_path(src.path)
     if missing:  # before datasets would spend ~30 s of hub retries on it
         raise SourceError(f"source.path: {missing}")
-    source = open_source(src.path, src.format.value, src.split, needed_columns(job),
-                         skip_unreadable=src.skip_unreadable)
+    source = open_source(src.path, "jsonl" if openai_lines(job) else src.format.value, src.split,
+                         needed_columns(job), skip_unreadable=src.skip_unreadable)
+    id_column = "custom_id" if openai_lines(job) else src.id_column
     check_output_dir(out_dir)  # before any work: a read-only dir, data/ on another filesystem
     wanted = fingerprint(composed, job)
-    layout = source.layout() if src.id_column is None else None  # positional ids: rows must not move
-    check_fingerprint(out_dir, wanted, source=source if src.id_column is None else None, layout=layout)
+    layout = source.layout() if id_column is None else None  # positional ids: rows must not move
+    check_fingerprint(out_dir, wanted, source=source if id_column is None else None, layout=layout)
     strays = foreign_files(out_dir)
     if strays:
         log.warning("%s holds %d file(s) that are not this job's part files (e.g. %s): resume ignores them, "
@@ -412,7 +434,7 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
                      ", ".join(map(repr, retried[:5])))
     done, own_done = done_ids(out_dir), shard_rows(out_dir, index, count)
     scan_s = time.perf_counter() - scan_started
-    selector = RowSelector(source, id_column=src.id_column, shard_index=index, shard_count=count,
+    selector = RowSelector(source, id_column=id_column, shard_index=index, shard_count=count,
                            limit=src.limit, done=done)
     rows = iter(selector)
     peek_started = time.perf_counter()
@@ -423,7 +445,7 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
         if selector.read_error:
             raise SourceError(selector.read_error)
         log.info("nothing to do: every row of %s %s is already in %s", job_name, label, out_dir / "data")
-        finish(out_dir, index, count, composed, selector, outcome=None, load_s=0.0, generator=None)
+        finish(out_dir, index, count, composed, selector, outcome=None, load_s=0.0, generator=None, job=job)
         return 0
 
     progress_mode = resolve_progress_mode(job.progress.mode.value, sys.stderr)
@@ -442,18 +464,22 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
     log.info("%s %s: %s rows to do (%d already done%s) -> %s", job_name, label, to_do, own_done, others, out_dir)
     models = load_job_models(job)
     row_params = RowParamColumns(src.row_params) if src.row_params else None
-    builder = PromptBuilder(
-        prompt_column=src.prompt_column, template=src.template, chat=src.chat, tokenizer=models.tokenizer,
-        keep_columns=src.keep_columns, keep_schema=pa_fields(source.schema, src.keep_columns),
-        check_columns=source.check_columns, row_params=row_params,
-    )
-    generator = build_job_generator(job, models, row_params, out_dir)
+    generator = build_job_generator(job, models, row_params, out_dir, openai_lines=openai_lines(job))
+    if openai_lines(job):
+        builder = openai_batch.OpenAIRequests(models.tokenizer, generator.max_seq_len)
+    else:
+        builder = PromptBuilder(
+            prompt_column=src.prompt_column, template=src.template, chat=src.chat, tokenizer=models.tokenizer,
+            keep_columns=src.keep_columns, keep_schema=pa_fields(source.schema, src.keep_columns),
+            check_columns=source.check_columns, row_params=row_params,
+        )
     load_s = time.perf_counter() - started
     log.info("models loaded in %.1f s (drafter %s, batch %d)", load_s,
              drafter_text(composed.get("drafter", {}), composed.get("sampling") or {}), job.batch_size)
+    keep_schema = openai_batch.keep_schema() if openai_lines(job) else pa_fields(source.schema, src.keep_columns)
     sink = ParquetSink(out_dir, shard_index=index, shard_count=count, rows_per_file=job.output.rows_per_file,
                        flush_every_s=job.output.flush_every_s,
-                       keep_schema=pa_fields(source.schema, src.keep_columns), background=True,
+                       keep_schema=keep_schema, background=True,
                        file_metadata={CONFIG_KEY: json.dumps(output_config(job, job_name, generator, index, count))})
     write_fingerprint(out_dir, wanted, layout)
     progress = Progress(progress_mode, total=remaining(selector), every_s=job.progress.every_s)
@@ -473,7 +499,8 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
         return 128 + outcome.interrupted_by
     if selector.read_error:  # the rows read before the error ran and are written; the shard is not finished
         raise SourceError(f"{selector.read_error} ({outcome.rows} rows before it written this run)")
-    finish(out_dir, index, count, composed, selector, outcome=outcome, load_s=load_s, generator=generator, io=io)
+    finish(out_dir, index, count, composed, selector, outcome=outcome, load_s=load_s, generator=generator, io=io,
+           job=job)
     return 0
 
 
@@ -509,7 +536,7 @@ def remaining(selector: RowSelector) -> int | None:
 
 
 def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], selector: RowSelector, *, outcome,
-           load_s: float, generator, io: dict[str, Any] | None = None) -> dict[str, Any]:
+           load_s: float, generator, io: dict[str, Any] | None = None, job: JobConfig | None = None) -> dict[str, Any]:
     """Mark the shard finished, rewrite summary.json over the whole output dir, print it."""
     shards_dir = out_dir / "shards"
     shards_dir.mkdir(exist_ok=True)
@@ -552,6 +579,12 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
         "duplicate_ids_skipped": selector.duplicates, "skipped_files": skipped, "io": io,
         "config": composed, "versions": versions(),
     })
+    if job is not None and job.output.format == OutputFormat.openai and summary["shards"]["complete"]:
+        from ..models import load_tokenizer
+
+        tokenizer = load_tokenizer(job.model.target, trust_remote_code=job.model.trust_remote_code)
+        summary["openai_results"] = str(openai_batch.write_results(
+            out_dir, job.source.path, tokenizer, model=job.model.target, drafter=job.drafter.name.value))
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     print(format_summary(summary, outcome), flush=True)
     errors = summary["rows_error"]

@@ -56,6 +56,7 @@ class SourceFormat(Enum):
     parquet = "parquet"
     hf = "hf"
     jsonl = "jsonl"
+    openai = "openai"  # an OpenAI batch input file: custom_id, url, body per line (docs/run_batch.md)
 
 
 class Dtype(Enum):
@@ -75,6 +76,11 @@ class Compile(Enum):
     on = "on"  # CUDA graphs on a GPU, torch.compile (inductor) on CPU
     off = "off"  # eager forwards everywhere
     static = "static"  # the captured path's static shapes, run eagerly (to tell a capture problem from a shape one)
+
+
+class OutputFormat(Enum):
+    parquet = "parquet"
+    openai = "openai"  # also results.jsonl in the OpenAI batch output format, once every shard has finished
 
 
 class OutputOrder(Enum):
@@ -158,6 +164,7 @@ class OutputConfig:
     # work a SIGKILL (OOM killer, node failure) can lose when rows are slow.
     flush_every_s: float = 300.0
     order: OutputOrder = OutputOrder.finish
+    format: OutputFormat = OutputFormat.parquet
 
 
 @dataclass

@@ -1,0 +1,118 @@
+"""OpenAI batch files in jobs: `source.format=openai` reads the request lines of an OpenAI batch input
+file (what `batchspec run-batch` reads), `output.format=openai` also writes the output file.
+
+Each line is a row: its id is `custom_id`, its prompt the body's `messages` (through the target's chat
+template) or `prompt`, its settings the body's (openai_format.row_params: OpenAI's defaults, temperature
+1). A line that cannot run is that row's error. The Parquet parts stay the job's resumable store; once
+every shard has finished, `results.jsonl` in the output dir is (re)written from them atomically, one
+OpenAI batch output line per input line, in input order (openai_format.format_output).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ..openai_format import BatchLine, dumps, error_output, format_output, line_key, parse_request, with_defaults
+from ..types import Request, Result
+from .prompts import PromptBuilder
+from .sink import POSITION_COLUMN, part_files, read_part
+from .sources import ABSENT, Row
+
+LINE_COLUMNS = ("custom_id", "url", "body")  # read from every line ("method" is optional, POST)
+URL_COLUMN = "url"  # kept in the output rows: it tells a chat line from a completion line
+RESULTS_FILE = "results.jsonl"
+RESULT_FIELDS = tuple(f.name for f in fields(Result) if f.name not in ("extra", "stop_reason"))
+
+
+class OpenAIRequests:
+    """Rows of an OpenAI batch input file -> Requests. max_seq_len: the generator's (a chat line without
+    max_tokens may use the whole context, as OpenAI's API does)."""
+
+    def __init__(self, tokenizer, max_seq_len: int):
+        self.tokenizer, self.max_seq_len = tokenizer, max_seq_len
+        self._chat: PromptBuilder | None = None
+
+    def request(self, row: Row) -> Request:
+        extra = {POSITION_COLUMN: row.position, URL_COLUMN: None}
+        if row.error:
+            return Request(id=row.id, prompt=None, error=row.error, extra=extra)
+        obj = {k: v for k, v in row.values.items() if v is not ABSENT}
+        line = parse_request(obj, row.position + 1)
+        extra[URL_COLUMN] = line.url
+        if line.error:
+            return Request(id=row.id, prompt=None, error=line.error, extra=extra)
+        params = with_defaults(line, self.max_seq_len)
+        if not line.chat:
+            return Request(id=row.id, prompt=line.prompt, extra=extra, params=params)
+        if not getattr(self.tokenizer, "chat_template", None):
+            return Request(id=row.id, prompt=None, error="a chat line, but the target's tokenizer has no chat template",
+                           extra=extra)
+        if self._chat is None:
+            self._chat = PromptBuilder(prompt_column="messages", template=None, chat=True, tokenizer=self.tokenizer)
+        try:
+            prompt = self._chat.prompt({"messages": line.messages})
+        except ValueError as e:  # PromptError: the chat template refused the messages
+            return Request(id=row.id, prompt=None, error=str(e), extra=extra)
+        return Request(id=row.id, prompt=prompt, extra=extra, params=params)
+
+
+def keep_schema() -> pa.Schema:
+    return pa.schema([(URL_COLUMN, pa.string())])
+
+
+def write_results(out_dir: Path, input_path: str, tokenizer, *, model: str, drafter: str) -> Path:
+    """results.jsonl from every part of `out_dir`: one output line per input row, in input order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for path in part_files(out_dir):
+        for row in read_part(path, [*RESULT_FIELDS, "stop_reason", "stop_token_id", POSITION_COLUMN, URL_COLUMN]).to_pylist():
+            groups.setdefault(row["id"], []).append(row)
+    digest = file_digest(input_path)
+    token_text = lru_cache(maxsize=65536)(lambda t: tokenizer.decode([t]))
+
+    def decode(ids: list[int]) -> str:
+        return token_text(ids[0]) if len(ids) == 1 else tokenizer.decode(ids)
+
+    created = int(time.time())
+    lines = []
+    for rows in sorted(groups.values(), key=lambda rs: rs[0][POSITION_COLUMN]):
+        first = rows[0]
+        number = first[POSITION_COLUMN] + 1
+        custom_id = None if first["id"].startswith("\x00") else first["id"]  # a made-up id: the line had none
+        line = BatchLine(number, custom_id, first[URL_COLUMN])
+        key = line_key(digest, number)
+        results = [as_result(r) for r in rows]
+        if line.url is None:  # the line never parsed: no url to format a body for
+            lines.append(error_output(line, results[0].error or "error", key=key))
+        else:
+            lines.append(format_output(line, results, key=key, model=model, created=created, decode=decode,
+                                       drafter=drafter))
+    target = out_dir / RESULTS_FILE
+    tmp = out_dir / f".{RESULTS_FILE}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(dumps(line) + "\n" for line in lines)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+    return target
+
+
+def as_result(row: dict[str, Any]) -> Result:
+    stop = row["stop_reason"] if row["stop_reason"] is not None else row["stop_token_id"]
+    return Result(**{name: row[name] for name in RESULT_FIELDS}, stop_reason=stop)
+
+
+def file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
