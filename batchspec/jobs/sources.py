@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,25 +186,32 @@ def describe(entry: dict[str, Any]) -> str:
     return f"{name!r} ({details})"
 
 
+# Values Arrow holds but Python cannot: invalid UTF-8, a timestamp or date beyond Python's datetime
+# range (timestamp('ms') of 2**63-1, date32 of 10**8 days) raise OverflowError or ValueError.
+CONVERT_ERRORS = (UnicodeDecodeError, OverflowError, ValueError)
+
+
 def _value(column, i: int) -> Any:
     try:
         return column[i].as_py()
     except UnicodeDecodeError as e:
         return BadValue(f"is not valid UTF-8 (byte 0x{e.object[e.start]:02x} at offset {e.start})")
+    except (OverflowError, ValueError) as e:
+        return BadValue(f"holds a {column.type} value Python cannot represent ({one_line(e)})")
 
 
 def _pylist(table: pa.Table | pa.RecordBatch) -> list[dict[str, Any]]:
-    """Rows as dicts; a string value that is not valid UTF-8 becomes a BadValue (that row's error)
-    instead of failing the whole chunk."""
+    """Rows as dicts; a value that cannot be converted (invalid UTF-8, a date out of Python's range)
+    becomes a BadValue (that row's error) instead of failing the whole chunk."""
     try:
         return table.to_pylist()
-    except UnicodeDecodeError:
+    except CONVERT_ERRORS:
         columns = []
         for name in table.column_names:
             column = table.column(name)
             try:
                 columns.append(column.to_pylist())
-            except UnicodeDecodeError:
+            except CONVERT_ERRORS:
                 columns.append([_value(column, i) for i in range(len(column))])
         return [dict(zip(table.column_names, values)) for values in zip(*columns)]
 
@@ -342,20 +350,43 @@ def _lines(path: str) -> Iterator[bytes]:
             yield line
 
 
+class LineError(ValueError):
+    """A JSONL line that is valid JSON but cannot be read (nested too deeply); completes "line N ..."."""
+
+
+def _big_int(digits: str) -> Any:
+    """An integer literal; one longer than Python converts (sys.get_int_max_str_digits) is a BadValue,
+    so it is that row's error where the job reads it and ignored where it does not."""
+    try:
+        return int(digits)
+    except ValueError:
+        return BadValue(f"is an integer of {len(digits.lstrip('-'))} digits, more than Python reads "
+                        f"({sys.get_int_max_str_digits()})")
+
+
 def _parse(line: bytes) -> Any:
     """One JSONL line; bytes that are not UTF-8 become lone surrogates (surrogateescape), which the
-    value checks then report as that row's error, so the rest of the row (its id) is still read."""
+    value checks then report as that row's error, so the rest of the row (its id) is still read.
+    Raises json.JSONDecodeError (not JSON) or LineError (JSON nested deeper than the reader recurses)."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
         text = line.decode("utf-8", "surrogateescape")
-    return json.loads(text)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise LineError("nests values too deeply for Python's JSON reader (about 1,000 levels)") from None
+    except ValueError:  # an integer of more than 4,300 digits: read again, that integer as a BadValue
+        return json.loads(text, parse_int=_big_int)
 
 
 def infer_type(values: list[Any]) -> pa.DataType:
     """The Arrow type all `values` share, else the first convertible value's type; string if none
     (null, absent and invalid-text values are left out; ints beyond int64 do not decide it)."""
-    values = [v for v in values if v is not None and v is not ABSENT and text_problem(v) is None]
+    values = [v for v in values if v is not None and v is not ABSENT and not isinstance(v, BadValue)
+              and text_problem(v) is None]
     for candidate in [values] + [[v] for v in values]:
         try:
             return pa.array(candidate).type if candidate else pa.string()
@@ -394,7 +425,7 @@ class JsonlSource(Source):
                 if len(sample) < INFER_ROWS:
                     try:
                         obj = _parse(line)
-                    except json.JSONDecodeError:
+                    except ValueError:  # not JSON, or nested too deeply: that row's error in rows()
                         continue
                     if isinstance(obj, dict):
                         sample.append(obj)
@@ -448,6 +479,9 @@ class JsonlSource(Source):
                     obj = _parse(line)
                 except json.JSONDecodeError as e:
                     yield position, f"line {number} is not valid JSON: {e}"
+                    continue
+                except LineError as e:
+                    yield position, f"line {number} {e}"
                     continue
                 if not isinstance(obj, dict):
                     yield position, f"line {number} is a JSON {type(obj).__name__}, not an object"

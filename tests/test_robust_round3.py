@@ -1,0 +1,99 @@
+"""Issue 21: no row lost, duplicated or silently wrong, round 3. Values that killed the job (deep JSON,
+huge integers, dates Python cannot hold, a huge chat prompt), settings that passed silently (concurrent
+shards with other settings, reordered inputs, a JSONL line extended by an append, an output inside its
+input, tiny temperatures, checkpoints missing weights), setup errors that were tracebacks, and the
+decisions of item 13. Each test failed on the code before its fix."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchspec.jobs.prompts import PromptBuilder
+from batchspec.jobs.sources import RowSelector, open_source
+from conftest_jobs import one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def by_id(out_dir):
+    return {r["id"]: r for r in read_output(out_dir)}
+
+
+def last_error_line(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("batchspec: error: ")]
+    assert len(err) == 1, err
+    return err[0].removeprefix("batchspec: error: ")
+
+
+def requests(path, needed, **builder):
+    """The Requests a job would build from `path` (position ids), as {id: error}."""
+    source = open_source(str(path), "auto", "train", needed)
+    selector = RowSelector(source, id_column=builder.pop("id_column", None), shard_index=0, shard_count=1,
+                           limit=None, done=set())
+    b = PromptBuilder(prompt_column="text", template=None, chat=False, **builder,
+                      keep_schema=pa.schema([source.schema.field(c) for c in builder.get("keep_columns", [])]),
+                      check_columns=source.check_columns)
+    return {r.id: r.error for r in map(b.request, selector)}
+
+
+# ---- items 1-3: one value never stops the job -----------------------------------------------------
+
+DEEP = "[" * 1000 + "]" * 1000  # a 2 KB value nested 1,000 levels deep
+HUGE = "9" * 5000  # an integer of more than 4,300 digits
+
+
+@pytest.mark.parametrize("line, needed, error", [
+    ('{"text": "a", "x": %s}' % DEEP, {"text": "p"},
+     "line 2 nests values too deeply for Python's JSON reader (about 1,000 levels)"),
+    ('{"text": "a", "x": %s}' % HUGE, {"text": "p"}, None),  # a column the job does not read: ignored
+    ('{"text": "a", "x": %s}' % HUGE, {"text": "p", "x": "k"},
+     "keep column 'x': the value is an integer of 5000 digits, more than Python reads (4300)"),
+    ('{"text": %s}' % HUGE, {"text": "p"},
+     "source.prompt_column 'text' is an integer of 5000 digits, more than Python reads (4300)"),
+    ('{"text": "a", "id": -%s}' % HUGE, {"text": "p", "id": "i"},
+     "source.id_column 'id' is an integer of 5000 digits, more than Python reads (4300) in row 1"),
+])
+def test_jsonl_values_python_cannot_read_are_row_errors(tmp_path, line, needed, error):
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": "first", "x": 1, "id": 0}\n' + line + '\n{"text": "last", "x": 2, "id": 2}\n')
+    keep = [c for c, key in needed.items() if key == "k"]
+    id_column = "id" if "id" in needed else None
+    got = requests(path, needed, keep_columns=keep, id_column=id_column)
+    assert list(got.values()) == [None, error, None]  # the rows around it are read too
+
+
+@pytest.mark.parametrize("column, array", [
+    ("ts", pa.array([0, 2**63 - 1, 5], pa.timestamp("ms"))),
+    ("day", pa.array([0, 10**8, 5], pa.date32())),
+])
+@pytest.mark.parametrize("role", ["keep", "id"])
+def test_parquet_dates_python_cannot_hold_are_row_errors(tmp_path, column, array, role):
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": ["a", "b", "c"], column: array}), path)
+    if role == "keep":
+        got = requests(path, {"text": "p", column: "k"}, keep_columns=[column])
+        assert got["0"] is None and got["2"] is None
+        assert got["1"].startswith(f"keep column {column!r}: the value holds a {array.type} value Python cannot "
+                                   "represent (")
+    else:
+        got = requests(path, {"text": "p", column: "i"}, id_column=column)
+        assert len(got) == 3 and list(got.values())[0] is None and list(got.values())[2] is None
+        assert got["\x00row-1"].startswith(f"source.id_column {column!r} holds a {array.type} value Python")
+        assert got["\x00row-1"].endswith("in row 1")
+
+
+def test_a_job_writes_the_rows_around_values_python_cannot_read(tmp_path, tiny_models, monkeypatch):
+    lines = ['{"text": "hello world"}', '{"text": "the dog", "x": %s}' % DEEP, '{"text": "a cat", "x": %s}' % HUGE,
+             '{"text": %s}' % HUGE, '{"text": "the fox"}']
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    write_job(tmp_path, "j", tiny_job(tiny_models, {"path": "in.jsonl", "prompt_column": "text"},
+                                      sampling={"max_new_tokens": 2}))
+    assert run_inprocess(tmp_path, "job=j", monkeypatch=monkeypatch) == 0
+    rows = by_id(tmp_path / "outputs" / "j")
+    assert sorted(rows) == ["0", "1", "2", "3", "4"]
+    assert [rows[i]["error"] is None for i in "01234"] == [True, False, True, False, True]
+    assert rows["1"]["error"].startswith("line 2 nests values too deeply")
