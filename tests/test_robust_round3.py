@@ -97,3 +97,23 @@ def test_a_job_writes_the_rows_around_values_python_cannot_read(tmp_path, tiny_m
     assert sorted(rows) == ["0", "1", "2", "3", "4"]
     assert [rows[i]["error"] is None for i in "01234"] == [True, False, True, False, True]
     assert rows["1"]["error"].startswith("line 2 nests values too deeply")
+
+
+# ---- item 4: a huge chat prompt is refused before it is tokenized ---------------------------------
+
+
+@pytest.mark.parametrize("prompt", ["hello " * 30_000, [{"role": "user", "content": "hello " * 30_000}]])
+def test_a_huge_chat_prompt_is_refused_before_tokenizing(prompt):
+    from conftest_jobs import build_tokenizer
+    from batchspec.jobs.sources import Row
+
+    tokenizer = build_tokenizer()
+    tokenized = []
+    real = tokenizer.apply_chat_template
+    tokenizer.apply_chat_template = lambda messages, **kw: tokenized.append(messages) or real(messages, **kw)
+    builder = PromptBuilder(prompt_column="text", template=None, chat=True, tokenizer=tokenizer, max_seq_len=256)
+    request = builder.request(Row("0", 0, {"text": prompt}))
+    assert request.error == "chat messages have 180,004 characters, far more than max_seq_len=256 tokens hold"
+    assert tokenized == []
+    short = builder.request(Row("1", 1, {"text": "hello world"}))
+    assert short.error is None and len(tokenized) == 1

@@ -378,11 +378,6 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
         )
     except ValueError as e:  # batchspec.models.ModelLoadError: unloadable model or incompatible draft
         raise ConfigError(first_line(e)) from e
-    builder = PromptBuilder(
-        prompt_column=src.prompt_column, template=src.template, chat=src.chat, tokenizer=models.tokenizer,
-        keep_columns=src.keep_columns, keep_schema=pa_fields(source.schema, src.keep_columns),
-        check_columns=source.check_columns,
-    )
     s = job.sampling
     try:
         generator = build_generator(
@@ -395,6 +390,11 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
         )
     except ValueError as e:  # e.g. max_seq_len beyond the model's positions
         raise ConfigError(first_line(e)) from e
+    builder = PromptBuilder(
+        prompt_column=src.prompt_column, template=src.template, chat=src.chat, tokenizer=models.tokenizer,
+        keep_columns=src.keep_columns, keep_schema=pa_fields(source.schema, src.keep_columns),
+        check_columns=source.check_columns, max_seq_len=generator.max_seq_len,
+    )
     load_s = time.perf_counter() - started
     log.info("models loaded in %.1f s (drafter %s, batch %d)", load_s,
              drafter_text(composed.get("drafter", {}), composed.get("sampling") or {}), job.batch_size)
