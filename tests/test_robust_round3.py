@@ -117,3 +117,32 @@ def test_a_huge_chat_prompt_is_refused_before_tokenizing(prompt):
     assert tokenized == []
     short = builder.request(Row("1", 1, {"text": "hello world"}))
     assert short.error is None and len(tokenized) == 1
+
+
+# ---- items 9, 11, 12: settings that cannot run are one line and exit 2 ----------------------------
+
+
+@pytest.fixture
+def workdir(tmp_path, tiny_models):
+    pq.write_table(pa.table({"text": ["hello world", "the quick brown fox"]}), tmp_path / "in.parquet")
+    write_job(tmp_path, "tiny", tiny_job(tiny_models, {"path": "in.parquet", "prompt_column": "text"}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("value", ["1e-40", "1e-38", "1e-45", "0.001"])
+def test_temperatures_whose_scaled_logits_overflow_are_refused(capsys, monkeypatch, workdir, value):
+    assert run_inprocess(workdir, "job=tiny", f"sampling.temperature={value}", monkeypatch=monkeypatch) == 2
+    assert last_error_line(capsys) == (f"sampling.temperature={float(value)}: need 0 (greedy) or >= 0.01; "
+                                       "smaller temperatures overflow the scaled logits")
+    assert not (workdir / "outputs" / "tiny" / "data").exists()
+    from batchspec.engine.sampling import SamplingParams
+
+    with pytest.raises(ValueError, match="sampling.temperature"):
+        SamplingParams(temperature=float(value))
+
+
+def test_a_job_name_that_is_not_a_plain_name_is_refused(capsys, monkeypatch, workdir):
+    (workdir / "jobs" / "...yaml").write_text((workdir / "jobs" / "tiny.yaml").read_text())
+    assert run_inprocess(workdir, "job=..", monkeypatch=monkeypatch) == 2
+    assert last_error_line(capsys).startswith("job=..: a job name must be a plain name")
+    assert not (workdir / "data").exists() and not (workdir / "logs").exists()  # outputs/.. is the workdir

@@ -39,7 +39,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .cmdline import split_argv, unknown_key
-from .config import CONF_DIR, ConfigError, DrafterName, JobConfig, find_jobs, job_dirs, register_configs
+from .config import (CONF_DIR, ConfigError, DrafterName, JobConfig, find_jobs, job_dirs, plain_job_name,
+                     register_configs)
 from .iostats import TimedStream, io_summary
 from .job import Progress, pass_on_signal, resolve_progress_mode, run_job
 from .locks import ShardLock
@@ -48,7 +49,7 @@ from .sink import (CONFIG_KEY, RESULT_SCHEMA, ParquetSink, atomic_write_text, ch
 from .prompts import PromptBuilder, template_columns
 from .sources import RowSelector, SourceError, open_source, shard_from_env
 from ..paths import missing_local_path
-from ..types import TreeSpec, rounds_by_k_text
+from ..types import MIN_TEMPERATURE, TreeSpec, rounds_by_k_text
 
 log = logging.getLogger("batchspec")
 
@@ -73,6 +74,10 @@ def main() -> None:
         problem = unknown_key(overrides)
         if problem:
             fail(problem, code=EXIT_CONFIG_ERROR)
+        bad = [name for name in job_choices(overrides) if not plain_job_name(name)]
+        if bad:  # before Hydra, whose callback would create outputs/<name> (outputs/.. is the current dir)
+            fail(f"job={bad[0]}: a job name must be a plain name (no '/', not starting with '.'), since the "
+                 "default output.dir is outputs/NAME; rename the job file")
         hydra_main()
     except KeyboardInterrupt:
         # Ctrl-C outside the job loop (which handles it itself): while starting or loading the models.
@@ -126,6 +131,16 @@ class OutputDirCheck(Callback):
 
 
 # ---- config -> plain objects -------------------------------------------------------------------
+
+
+def job_choices(overrides: list[str]) -> list[str]:
+    """The job names that `job=NAME` overrides select (several in a sweep: job=a,b)."""
+    names: list[str] = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep and key.lstrip("+~") == "job":
+            names += [v.strip().strip("'\"") for v in value.split(",")]
+    return names
 
 
 def sweep_subdir(overrides: list[str], exclude_keys: list[str]) -> str:
@@ -186,6 +201,9 @@ def validate(job: JobConfig) -> None:
          "drafter=model needs model.draft (a draft model dir or hub id)"),
         (s.max_new_tokens >= 1, f"sampling.max_new_tokens={s.max_new_tokens}: need >= 1"),
         (s.temperature >= 0, f"sampling.temperature={s.temperature}: need >= 0"),
+        # logits / T overflows float32 below this (1e-40 gave garbage text, no error): 0 is greedy
+        (s.temperature == 0 or s.temperature >= MIN_TEMPERATURE, f"sampling.temperature={s.temperature}: need 0 "
+         f"(greedy) or >= {MIN_TEMPERATURE}; smaller temperatures overflow the scaled logits"),
         (s.top_k >= 0, f"sampling.top_k={s.top_k}: need >= 0 (0 = off)"),
         (0 < s.top_p <= 1, f"sampling.top_p={s.top_p}: need 0 < top_p <= 1"),
         (0 <= s.min_p <= 1, f"sampling.min_p={s.min_p}: need 0 <= min_p <= 1"),
