@@ -146,3 +146,38 @@ def test_a_job_name_that_is_not_a_plain_name_is_refused(capsys, monkeypatch, wor
     assert run_inprocess(workdir, "job=..", monkeypatch=monkeypatch) == 2
     assert last_error_line(capsys).startswith("job=..: a job name must be a plain name")
     assert not (workdir / "data").exists() and not (workdir / "logs").exists()  # outputs/.. is the workdir
+
+
+# ---- item 7: a line appended to a JSONL file whose last line had no newline -----------------------
+
+
+@pytest.mark.parametrize("before, appended, joined", [
+    ('{"text": "a"}\n{"text": "b"}', '{"text": "c"}\n', True),
+    ('{"text": "a"}\n{"text": "b"}  ', '{"text": "c"}\n', True),
+    ('{"text": "a"}\n{"text": "b"}', '\n{"text": "c"}\n', False),
+    ('{"text": "a"}\n{"text": "b"}\n', '{"text": "c"}\n', False),
+    ('{"text": "a"}\n  ', '{"text": "c"}\n', False),  # the old last line was blank: no row
+])
+def test_an_append_that_joins_the_last_line_is_a_change(tmp_path, before, appended, joined):
+    path = tmp_path / "in.jsonl"
+    path.write_text(before)
+    stored = open_source(str(path), "jsonl", "train", {"text": "p"}).layout()
+    with open(path, "a") as f:
+        f.write(appended)
+    source = open_source(str(path), "jsonl", "train", {"text": "p"})
+    change = source.layout_change(stored, source.layout())
+    assert (change is not None) == joined
+    if joined:
+        assert change == (f"the last line of {str(path)!r} had no newline, so what was appended joined it (its row "
+                          f"changed); put a newline between the old end (byte {len(before)}) and the appended lines")
+
+
+def test_a_resume_after_an_append_joined_the_last_line_is_refused(tmp_path, tiny_models, monkeypatch, capsys):
+    (tmp_path / "in.jsonl").write_text('{"text": "hello world"}\n{"text": "the dog"}')
+    write_job(tmp_path, "j", tiny_job(tiny_models, {"path": "in.jsonl", "prompt_column": "text"},
+                                      sampling={"max_new_tokens": 2}))
+    assert run_inprocess(tmp_path, "job=j", monkeypatch=monkeypatch) == 0
+    with open(tmp_path / "in.jsonl", "a") as f:
+        f.write('{"text": "a cat"}\n')  # echo >> in.jsonl
+    assert run_inprocess(tmp_path, "job=j", monkeypatch=monkeypatch) == 2
+    assert "the last line of 'in.jsonl' had no newline" in last_error_line(capsys)

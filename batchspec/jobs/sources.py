@@ -453,7 +453,30 @@ class JsonlSource(Source):
         digest = new["sha256"] if new["bytes"] == old["bytes"] else self._digest(old["bytes"])
         if digest != old["sha256"]:
             return f"the first {old['bytes']} bytes of {self.path!r} changed"
+        if new["bytes"] > old["bytes"] and self._joined_last_line(old["bytes"]):
+            return (f"the last line of {self.path!r} had no newline, so what was appended joined it (its row "
+                    f"changed); put a newline between the old end (byte {old['bytes']}) and the appended lines")
         return None
+
+    def _joined_last_line(self, old_size: int) -> bool:
+        """Bytes appended after a last line that had no newline extend that line: the row at its position
+        is another row now. (A last line of only spaces was no row; a .gz file's bytes are compressed: not
+        checked.)"""
+        if self.path.endswith(".gz"):
+            return False
+        with open(self.path, "rb") as f:
+            f.seek(old_size)
+            if f.read(1) in (b"\n", b"\r"):  # the appended bytes start a new line
+                return False
+            end = old_size
+            while end > 0:  # back from the old end, past trailing spaces: a newline (blank line) or text?
+                start = max(0, end - 4096)
+                f.seek(start)
+                tail = f.read(end - start).rstrip(b" \t")
+                if tail:
+                    return tail[-1:] not in (b"\n", b"\r")
+                end = start
+        return False
 
     def _digest(self, nbytes: int) -> str:
         h, left = hashlib.sha256(), nbytes
