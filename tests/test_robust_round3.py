@@ -181,3 +181,25 @@ def test_a_resume_after_an_append_joined_the_last_line_is_refused(tmp_path, tiny
         f.write('{"text": "a cat"}\n')  # echo >> in.jsonl
     assert run_inprocess(tmp_path, "job=j", monkeypatch=monkeypatch) == 2
     assert "the last line of 'in.jsonl' had no newline" in last_error_line(capsys)
+
+
+# ---- item 8: an output inside its input, or an input inside its output ----------------------------
+
+
+@pytest.mark.parametrize("source_path, out, message", [
+    ("in", "in/out", "output.dir in/out is inside the input folder of source.path='in'"),
+    ("in/**/*.parquet", "in/sub/out", "output.dir in/sub/out is inside the input folder of source.path='in/**/*.parquet'"),
+    ("in", "in", "output.dir in is inside the input folder of source.path='in'"),
+    ("outs/x/in.parquet", "outs/x", "source.path='outs/x/in.parquet' is inside output.dir outs/x"),
+])
+def test_an_output_inside_its_input_is_refused(tmp_path, tiny_models, monkeypatch, capsys, source_path, out, message):
+    for folder in ("in", "outs/x"):
+        (tmp_path / folder).mkdir(parents=True)
+    table = pa.table({"text": ["hello world", "the dog"]})
+    pq.write_table(table, tmp_path / "in" / "a.parquet")
+    pq.write_table(table, tmp_path / "outs" / "x" / "in.parquet")
+    write_job(tmp_path, "n", tiny_job(tiny_models, {"path": source_path, "prompt_column": "text"},
+                                      sampling={"max_new_tokens": 2}, output={"dir": out}))
+    assert run_inprocess(tmp_path, "job=n", monkeypatch=monkeypatch) == 2
+    assert last_error_line(capsys).startswith(message)
+    assert not (tmp_path / out / "data").exists()

@@ -47,7 +47,7 @@ from .locks import ShardLock
 from .sink import (CONFIG_KEY, RESULT_SCHEMA, ParquetSink, atomic_write_text, check_output_dir, done_ids,
                    foreign_files, part_files, read_json, shard_name, shard_rows, summarize)
 from .prompts import PromptBuilder, template_columns
-from .sources import RowSelector, SourceError, open_source, shard_from_env
+from .sources import RowSelector, SourceError, nesting_problem, open_source, shard_from_env
 from ..paths import missing_local_path
 from ..types import MIN_TEMPERATURE, TreeSpec, rounds_by_k_text
 
@@ -346,6 +346,9 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
         if "\\n" in stop or "\\t" in stop:  # Hydra keeps a backslash and an n: the user likely meant a newline
             log.warning("sampling.stop %r holds a backslash, not a newline or tab; for a newline on the command "
                         "line write $'sampling.stop=[\"\\n\\n\"]' (bash), or stop: [\"\\n\\n\"] in a job file", stop)
+    nested = nesting_problem(src.path, out_dir)  # before listing the input, which may hold the output's parts
+    if nested:
+        raise ConfigError(nested)
     source = open_source(src.path, src.format.value, src.split, needed_columns(job),
                          skip_unreadable=src.skip_unreadable)
     check_output_dir(out_dir)  # before any work: a read-only dir, data/ on another filesystem

@@ -110,6 +110,33 @@ def detect_format(path: str) -> str:
     return "hf"
 
 
+def input_root(path: str) -> Path | None:
+    """The local file or folder an input path reads (for a glob, the folder before its first wildcard),
+    resolved; None for a name that is not a local path (a dataset on the hub)."""
+    if glob.has_magic(path):
+        parts = Path(path).parts
+        fixed = parts[:next(i for i, p in enumerate(parts) if glob.has_magic(p))]
+        return Path(*fixed).resolve() if fixed else Path.cwd()
+    return Path(path).resolve() if os.path.exists(path) else None
+
+
+def nesting_problem(path: str, out_dir: Path) -> str | None:
+    """Why an output dir and an input may not be used together: an output inside the input folder is
+    read back as input by the next run (its parts are Parquet files), an input inside the output dir
+    sits among the job's own files. None if neither holds the other."""
+    root = input_root(path)
+    if root is None:
+        return None
+    out = Path(out_dir).resolve()
+    if root.is_dir() and (out == root or root in out.parents):
+        return (f"output.dir {out_dir} is inside the input folder of source.path={path!r}: every run would read "
+                "its own part files back as input rows; choose an output.dir outside the input folder")
+    if out in root.parents:
+        return (f"source.path={path!r} is inside output.dir {out_dir}: the input would sit among the job's own "
+                "files; move the input or choose another output.dir")
+    return None
+
+
 def open_source(path: str, fmt: str, split: str, needed: Mapping[str, str], *,
                 skip_unreadable: bool = False) -> "Source":
     """Open `path` and check that every needed column exists (in every file of a Parquet input).
