@@ -203,3 +203,53 @@ def test_an_output_inside_its_input_is_refused(tmp_path, tiny_models, monkeypatc
     assert run_inprocess(tmp_path, "job=n", monkeypatch=monkeypatch) == 2
     assert last_error_line(capsys).startswith(message)
     assert not (tmp_path / out / "data").exists()
+
+
+# ---- items 10, 11: checkpoints that load wrong, and sizes that cannot fit ---------------------------
+
+
+def broken_model(tiny_models, root, kind):
+    """A copy of the tiny target whose weights file is broken in one way."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    path = root / kind
+    shutil.copytree(tiny_models.target, path)
+    weights = path / "model.safetensors"
+    tensors = load_file(weights)
+    if kind == "missing-layer":
+        save_file({k: v for k, v in tensors.items() if ".layers.1." not in k}, weights, metadata={"format": "pt"})
+    elif kind == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif kind == "other-shapes":
+        save_file({k: v.repeat(2, *[1] * (v.dim() - 1)) for k, v in tensors.items()}, weights,
+                  metadata={"format": "pt"})
+    elif kind == "unexpected":
+        save_file({**tensors, "model.layers.7.extra.weight": tensors["model.norm.weight"].clone()}, weights,
+                  metadata={"format": "pt"})
+    return path
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("missing-layer", "the checkpoint lacks 9 weight(s) the model needs (e.g. model.layers.1.input_layernorm.weight), "
+                      "which would be random: is a weights file missing or cut short?"),
+    ("truncated", "Error while deserializing header"),
+    ("other-shapes", "21 weight(s) have other shapes than config.json says (e.g. lm_head.weight: [138, 32] in the "
+                     "checkpoint, [69, 32] in the model): are these another model's weights?"),
+    ("unexpected", "the checkpoint holds 1 weight(s) the model does not have (e.g. model.layers.7.extra.weight)"),
+])
+def test_a_checkpoint_that_does_not_load_exactly_is_one_line(tmp_path, tiny_models, monkeypatch, capsys, workdir,
+                                                           kind, message):
+    model = broken_model(tiny_models, tmp_path / "models", kind)
+    assert run_inprocess(workdir, "job=tiny", f"model.target={model}", "drafter=none", monkeypatch=monkeypatch) == 2
+    line = last_error_line(capsys)
+    assert line.startswith(f"cannot load model {str(model)!r}: ") and message in line
+    assert not list((workdir / "outputs" / "tiny" / "data").glob("*.parquet"))
+
+
+def test_kv_caches_that_cannot_fit_are_refused_before_allocating(capsys, monkeypatch, workdir):
+    assert run_inprocess(workdir, "job=tiny", "batch_size=1000000000", "drafter=none", monkeypatch=monkeypatch) == 2
+    line = last_error_line(capsys)
+    assert line.startswith("batch_size=1000000000 with max_seq_len=256: the KV caches need ")
+    assert line.endswith("GiB of memory of cpu; lower batch_size or max_seq_len")
