@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .jobs.sink import PART_NAME, first_line, foreign_files, part_files, part_problem, read_json
+from .jobs.sink import CONFIG_KEY, PART_NAME, first_line, foreign_files, part_files, part_problem, read_json
 from .types import FINISH_ERROR
 
 MARKER = re.compile(r"^shard-(\d+)-of-(\d+)\.json$")
@@ -43,6 +43,53 @@ def read_checked_part(path: Path) -> pa.Table:
         if problem:
             raise ValueError(f"named like a part file but is not one: {problem}")
         return f.read(columns=["id", "finish_reason", "error"], use_threads=False)
+
+
+class PartSettings:
+    """Compares the configuration each part file records (`batchspec.config` in its metadata): parts made
+    under other settings (shards started together with different ones, or a job.json deleted by hand)
+    mean the rows do not belong together. The job.json fingerprint a part records is compared between the
+    parts that have one; the recorded config, less what may change between runs, between all parts."""
+
+    MAY_CHANGE = ("job", "batch_size", "shard.index", "shard.count", "batchspec", "model.compile")
+
+    def __init__(self):
+        self.seen: dict[str, tuple[str, dict[str, Any]]] = {}  # "fingerprint" / "config" -> (first file, values)
+        self.differences: dict[str, str] = {}  # part file -> how it differs from the first
+
+    def add(self, name: str, metadata: dict[bytes, bytes] | None) -> None:
+        try:
+            config = json.loads((metadata or {}).get(CONFIG_KEY, b"{}"))
+        except ValueError:
+            return
+        if not isinstance(config, dict):
+            return
+        values = {"fingerprint": flatten(config.pop("fingerprint", None) or {}),
+                  "config": {k: v for k, v in flatten(config).items() if k not in self.MAY_CHANGE}}
+        for what, flat in values.items():
+            if not flat:
+                continue
+            first, reference = self.seen.setdefault(what, (name, flat))
+            key = next((k for k in sorted(set(reference) | set(flat)) if reference.get(k) != flat.get(k)), None)
+            if key is not None:
+                self.differences.setdefault(name, f"{key} is {reference.get(key)!r} in {first} but "
+                                                  f"{flat.get(key)!r} in {name}")
+
+    def problems(self) -> list[str]:
+        if not self.differences:
+            return []
+        return [f"parts made with DIFFERENT SETTINGS: {len(self.differences)} part file(s) differ from the first "
+                f"(e.g. {next(iter(self.differences.values()))}); their rows do not belong in one output dir"]
+
+
+def flatten(values: Any, prefix: str = "") -> dict[str, Any]:
+    """{"sampling": {"seed": 1}} -> {"sampling.seed": 1}."""
+    if not isinstance(values, dict):
+        return {prefix.rstrip("."): values} if prefix else {}
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        flat.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
 
 
 def status(out_dir: Path) -> dict[str, Any]:
@@ -58,6 +105,7 @@ def status(out_dir: Path) -> dict[str, Any]:
     duplicate_files: set[tuple[str, str]] = set()
     messages: Counter = Counter()
     problems: list[str] = []
+    settings = PartSettings()
     for f in part_files(out_dir):
         try:
             table = read_checked_part(f)
@@ -75,6 +123,8 @@ def status(out_dir: Path) -> dict[str, Any]:
             ids[row_id] += 1
             if first_file.setdefault(row_id, f.name) != f.name:
                 duplicate_files.add((first_file[row_id], f.name))
+        settings.add(f.name, table.schema.metadata)
+    problems += settings.problems()
     skipped: list[dict[str, Any]] = []
     for f in sorted((out_dir / "shards").glob("shard-*.json")):
         if (m := MARKER.match(f.name)) is None:

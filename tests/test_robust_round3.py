@@ -253,3 +253,53 @@ def test_kv_caches_that_cannot_fit_are_refused_before_allocating(capsys, monkeyp
     line = last_error_line(capsys)
     assert line.startswith("batch_size=1000000000 with max_seq_len=256: the KV caches need ")
     assert line.endswith("GiB of memory of cpu; lower batch_size or max_seq_len")
+
+
+# ---- item 5: shards of one output dir started together with different settings --------------------
+
+
+def test_a_shard_started_beside_a_running_one_with_other_settings_is_refused(tmp_path, monkeypatch, capsys,
+                                                                             workdir):
+    import shutil
+
+    from batchspec.jobs.locks import ShardLock
+
+    shard = ["shard.count=2", "drafter=none"]
+    # What shard 0 has done by the time it loads its models: its lock taken, job.json written.
+    assert run_inprocess(workdir, "job=tiny", "shard.index=0", *shard, "sampling.max_new_tokens=4",
+                         "output.dir=first", monkeypatch=monkeypatch) == 0
+    out = workdir / "outputs" / "tiny"
+    out.mkdir(parents=True)
+    shutil.copy(workdir / "first" / "job.json", out / "job.json")
+    with ShardLock(out, 0, 2):
+        assert run_inprocess(workdir, "job=tiny", "shard.index=1", *shard, "sampling.max_new_tokens=2",
+                             monkeypatch=monkeypatch) == 2
+        assert last_error_line(capsys).startswith(
+            "output.dir outputs/tiny is being written by another run with a different sampling.max_new_tokens (4, now 2)")
+        assert run_inprocess(workdir, "job=tiny", "shard.index=1", *shard, "sampling.max_new_tokens=4",
+                             monkeypatch=monkeypatch) == 0  # the same settings are welcome
+    # With nothing running and no parts, job.json is a leftover: a run with other settings replaces it.
+    shutil.rmtree(out / "data")
+    assert run_inprocess(workdir, "job=tiny", "shard.index=1", *shard, "sampling.max_new_tokens=2",
+                         monkeypatch=monkeypatch) == 0
+
+
+def test_status_compares_the_settings_every_part_records(tmp_path, monkeypatch, capsys, workdir):
+    from batchspec import status
+
+    shard = ["shard.count=2", "drafter=none"]
+    out = workdir / "outputs" / "tiny"
+    assert run_inprocess(workdir, "job=tiny", "shard.index=0", *shard, "sampling.max_new_tokens=4",
+                         monkeypatch=monkeypatch) == 0
+    assert status.main([str(out)]) == 1  # shard 1 is missing
+    (out / "job.json").unlink()  # as if shard 1 had started beside shard 0, or the refusal was overridden
+    assert run_inprocess(workdir, "job=tiny", "shard.index=1", *shard, "sampling.max_new_tokens=2",
+                         "batch_size=2", monkeypatch=monkeypatch) == 0
+    capsys.readouterr()
+    assert status.main([str(out)]) == 1
+    report = status.status(out)
+    assert not report["complete"]
+    assert report["problems"] == [
+        "parts made with DIFFERENT SETTINGS: 1 part file(s) differ from the first (e.g. sampling.max_new_tokens is 4 "
+        "in shard-00000-of-00002-part-000000.parquet but 2 in shard-00001-of-00002-part-000000.parquet); "
+        "their rows do not belong in one output dir"]

@@ -43,7 +43,7 @@ from .config import (CONF_DIR, ConfigError, DrafterName, JobConfig, find_jobs, j
                      register_configs)
 from .iostats import TimedStream, io_summary
 from .job import Progress, pass_on_signal, resolve_progress_mode, run_job
-from .locks import ShardLock
+from .locks import DirLock, ShardLock, other_runs
 from .sink import (CONFIG_KEY, RESULT_SCHEMA, ParquetSink, atomic_write_text, check_output_dir, done_ids,
                    foreign_files, part_files, read_json, shard_name, shard_rows, summarize)
 from .prompts import PromptBuilder, template_columns
@@ -268,18 +268,21 @@ def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def check_fingerprint(out_dir: Path, current: dict[str, Any], *, source=None,
-                      layout: list[dict[str, Any]] | None = None) -> None:
+                      layout: list[dict[str, Any]] | None = None, running: bool = False) -> None:
     """Refuse to resume into an output dir whose rows were made under a config that changes them, or,
-    with positional ids (`source` and its `layout` given), from an input whose rows have moved since."""
+    with positional ids (`source` and its `layout` given), from an input whose rows have moved since.
+    `running`: another run is writing the dir now, so its job.json counts even before it has parts."""
     path = out_dir / "job.json"
-    if not path.exists() or not part_files(out_dir):
+    has_parts = bool(part_files(out_dir))
+    if not path.exists() or not (has_parts or running):
         return
     job = read_json(path, "it records the config the rows were made with; delete it to resume anyway")
     stored, now = flatten(job.get("fingerprint", {})), flatten(current)
     for key in list(now) + [k for k in stored if k not in now]:
         if stored.get(key) != now.get(key):
+            made = "holds rows made with" if has_parts else "is being written by another run with"
             raise ConfigError(
-                f"output.dir {out_dir} holds rows made with a different {key} ({stored.get(key)!r}, now "
+                f"output.dir {out_dir} {made} a different {key} ({stored.get(key)!r}, now "
                 f"{now.get(key)!r}): choose another output.dir, or delete {path} to add to it anyway"
             )
     change = source.layout_change(job["input"], layout) if source is not None and job.get("input") else None
@@ -354,7 +357,10 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
     check_output_dir(out_dir)  # before any work: a read-only dir, data/ on another filesystem
     wanted = fingerprint(composed, job.drafter.name)
     layout = source.layout() if src.id_column is None else None  # positional ids: rows must not move
-    check_fingerprint(out_dir, wanted, source=source if src.id_column is None else None, layout=layout)
+    with DirLock(out_dir):  # compare and write job.json in one step: shards starting together see each other
+        check_fingerprint(out_dir, wanted, source=source if src.id_column is None else None, layout=layout,
+                          running=bool(other_runs(out_dir, index, count)))
+        write_fingerprint(out_dir, wanted, layout)
     strays = foreign_files(out_dir)
     if strays:
         log.warning("%s holds %d file(s) that are not this job's part files (e.g. %s): resume ignores them, "
@@ -422,8 +428,8 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
     sink = ParquetSink(out_dir, shard_index=index, shard_count=count, rows_per_file=job.output.rows_per_file,
                        flush_every_s=job.output.flush_every_s,
                        keep_schema=pa_fields(source.schema, src.keep_columns), background=True,
-                       file_metadata={CONFIG_KEY: json.dumps(output_config(job, job_name, generator, index, count))})
-    write_fingerprint(out_dir, wanted, layout)
+                       file_metadata={CONFIG_KEY: json.dumps({**output_config(job, job_name, generator, index, count),
+                                                              "fingerprint": wanted})})
     progress = Progress(progress_mode, total=remaining(selector), every_s=job.progress.every_s)
     requests = TimedStream(builder.request(row) for row in chain([first], rows))
     try:
