@@ -303,3 +303,58 @@ def test_status_compares_the_settings_every_part_records(tmp_path, monkeypatch, 
         "parts made with DIFFERENT SETTINGS: 1 part file(s) differ from the first (e.g. sampling.max_new_tokens is 4 "
         "in shard-00000-of-00002-part-000000.parquet but 2 in shard-00001-of-00002-part-000000.parquet); "
         "their rows do not belong in one output dir"]
+
+
+# ---- item 6: rows swapped within a file that keeps its footer (or its size) ------------------------
+
+
+def swap_rows(path, write):
+    """Write `path` with its first two rows swapped, the same way as before."""
+    rows = pq.read_table(path).to_pylist()
+    rows[0], rows[1] = rows[1], rows[0]
+    write(pa.Table.from_pylist(rows), path)
+
+
+@pytest.mark.parametrize("options", [
+    {"compression": "none"},
+    {"compression": "none", "use_dictionary": False},
+    {"compression": "none", "use_dictionary": False, "write_statistics": False},
+])
+def test_parquet_rows_swapped_under_the_same_footer_are_a_change(tmp_path, options):
+    path = tmp_path / "in.parquet"
+
+    def write(table, p):
+        pq.write_table(table, p, **options)
+
+    write(pa.table({"text": ["hello world", "the dog is", "a cat"]}), path)
+    stored = open_source(str(path), "auto", "train", {"text": "p"}).layout()
+    swap_rows(path, write)
+    source = open_source(str(path), "auto", "train", {"text": "p"})
+    current = source.layout()
+    assert current[0]["footer"] == stored[0]["footer"]  # what the check compared before
+    assert source.layout_change(stored, current).startswith(f"{str(path)!r} (rows 3, footer ")
+    stored_before_digests = [{k: v for k, v in stored[0].items() if k != "columns"}]
+    assert source.layout_change(stored_before_digests, source.layout()) is None  # an older job.json still resumes
+
+
+def test_a_json_folder_read_by_datasets_with_lines_swapped_is_a_change(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.json").write_text('{"text": "hello"}\n{"text": "world"}\n')
+    stored = open_source(str(folder), "hf", "train", {"text": "p"}).layout()
+    (folder / "a.json").write_text('{"text": "world"}\n{"text": "hello"}\n')  # same name, same size
+    source = open_source(str(folder), "hf", "train", {"text": "p"})
+    assert source.layout_change(stored, source.layout()).startswith("'a.json' (bytes 36, sha256 ")
+
+
+def test_a_resume_over_rows_swapped_in_a_parquet_file_is_refused(tmp_path, tiny_models, monkeypatch, capsys):
+    def write(table, p):
+        pq.write_table(table, p, compression="none")
+
+    write(pa.table({"text": ["hello world", "the dog is", "a cat"]}), tmp_path / "in.parquet")
+    write_job(tmp_path, "s", tiny_job(tiny_models, {"path": "in.parquet", "prompt_column": "text", "limit": 2},
+                                      sampling={"max_new_tokens": 2}))
+    assert run_inprocess(tmp_path, "job=s", monkeypatch=monkeypatch) == 0
+    swap_rows(tmp_path / "in.parquet", write)
+    assert run_inprocess(tmp_path, "job=s", "source.limit=3", monkeypatch=monkeypatch) == 2
+    assert last_error_line(capsys).startswith("the input changed since the rows in outputs/s were made: 'in.parquet'")
