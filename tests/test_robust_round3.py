@@ -358,3 +358,33 @@ def test_a_resume_over_rows_swapped_in_a_parquet_file_is_refused(tmp_path, tiny_
     swap_rows(tmp_path / "in.parquet", write)
     assert run_inprocess(tmp_path, "job=s", "source.limit=3", monkeypatch=monkeypatch) == 2
     assert last_error_line(capsys).startswith("the input changed since the rows in outputs/s were made: 'in.parquet'")
+
+
+# ---- item 13: decisions ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [
+    '[{"text": "a"}, {"text": "b"}]\n',
+    '[\n  {"text": "a"},\n  {"text": "b"}\n]\n',
+    '\n[\n{"text": "a"}\n,\n{"text": "b"}\n]\n',  # before: its objects were rows 1 and 3, the brackets row errors
+])
+def test_a_json_file_holding_an_array_is_refused(tmp_path, text):
+    from batchspec.jobs.sources import SourceError
+
+    path = tmp_path / "in.json"
+    path.write_text(text)
+    with pytest.raises(SourceError) as e:
+        open_source(str(path), "auto", "train", {"text": "p"})
+    assert str(e.value) == (f"{str(path)!r} holds a JSON array, not JSON Lines (one object per line): convert it, "
+                            f"e.g. jq -c '.[]' {path} > rows.jsonl")
+
+
+def test_jsonl_ids_are_compared_as_text(tmp_path):
+    """Decided (docs/jobs.md): an id is its value as text, so 7 and "7" are one id; the later row is skipped
+    and counted as a duplicate, as for any repeated id. (This test passed before: it pins the decision.)"""
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"id": 7, "text": "a"}\n{"id": "7", "text": "b"}\n{"id": 7.0, "text": "c"}\n')
+    source = open_source(str(path), "auto", "train", {"text": "p", "id": "i"})
+    selector = RowSelector(source, id_column="id", shard_index=0, shard_count=1, limit=None, done=set())
+    assert [(r.id, r.values["text"]) for r in selector] == [("7", "a"), ("7.0", "c")]
+    assert selector.duplicates == 1

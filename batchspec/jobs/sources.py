@@ -443,6 +443,14 @@ def _parse(line: bytes) -> Any:
         return json.loads(text, parse_int=_big_int)
 
 
+def first_char(path: str) -> bytes:
+    """The first byte of a JSONL file that is not white space or a byte order mark (b"" if none)."""
+    for line in _lines(path):
+        if line.strip():
+            return line.strip()[:1]
+    return b""
+
+
 def infer_type(values: list[Any]) -> pa.DataType:
     """The Arrow type all `values` share, else the first convertible value's type; string if none
     (null, absent and invalid-text values are left out; ints beyond int64 do not decide it)."""
@@ -494,6 +502,9 @@ class JsonlSource(Source):
             if not lines:  # nothing readable at all: the input as a whole is unreadable
                 raise SourceError(f"cannot read JSONL input {path!r}: {one_line(e)}") from e
             # Read up to the break now; rows() reports it (or skips the rest) once the rows before it are run.
+        if first_char(path) == b"[":  # a .json file holding one array: its lines are no rows (or wrong ones)
+            raise SourceError(f"{path!r} holds a JSON array, not JSON Lines (one object per line): convert it, "
+                              f"e.g. jq -c '.[]' {path} > rows.jsonl")
         if self.num_rows and not sample:
             raise SourceError(f"cannot read JSONL input {path!r}: none of its first lines is a JSON object")
         self.available = list(dict.fromkeys(k for row in sample for k in row))
