@@ -4,7 +4,8 @@ Reads only the output dir: each shard's part files (`data/shard-I-of-N-part-*.pa
 `finish_reason` columns) and finish markers (`shards/shard-I-of-N.json`, written when shard I has gone
 through all its rows). Prints one line per shard (finished or not, rows, errors, parts, its last run)
 and the total, checks that no id is in two part files, lists the problems it found (files in data/
-that are not part files, unreadable parts or markers, ids in more than one part file) and input files
+that are not part files, unreadable parts or markers, ids in more than one part file, parts made
+with different settings) and input files
 the shards skipped as unreadable, and exits
 
     0  complete: every shard 0..N-1 of some shard count N has finished, and no problem was found

@@ -10,8 +10,8 @@ Sharding is round-robin on that position: shard i of n takes the rows with posit
 the split depends only on the input and the union of all shards is every row exactly once.
 `limit` keeps the first `limit` positions of the input, before sharding.
 
-Anything wrong with a single row (a JSONL line that is not JSON, a value that is not valid UTF-8, an
-id that cannot be one; and in prompts.py null or non-string prompts, template fields missing in that
+Anything wrong with a single row (a JSONL line that is not JSON or nests too deeply, a value that is
+not valid UTF-8, an integer Python cannot read, a date Python cannot hold, an id that cannot be one; and in prompts.py null or non-string prompts, template fields missing in that
 row, malformed chat messages, text that is not valid Unicode) becomes that row's error; problems with the input as a whole (unreadable path, missing column) raise SourceError.
 A file that becomes unreadable part-way (a corrupt Parquet page, a truncated .gz) raises SourceError
 when the reader reaches it, so the rows before it are still run and written; with
