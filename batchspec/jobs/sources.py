@@ -11,8 +11,9 @@ the split depends only on the input and the union of all shards is every row exa
 `limit` keeps the first `limit` positions of the input, before sharding.
 
 Anything wrong with a single row (a JSONL line that is not JSON or nests too deeply, a value that is
-not valid UTF-8, an integer Python cannot read, a date Python cannot hold, an id that cannot be one; and in prompts.py null or non-string prompts, template fields missing in that
-row, malformed chat messages, text that is not valid Unicode) becomes that row's error; problems with the input as a whole (unreadable path, missing column) raise SourceError.
+not valid UTF-8, an integer Python cannot read, a date Python cannot hold, an id that cannot be one;
+and in prompts.py null or non-string prompts, template fields missing in that row, malformed chat
+messages, text that is not valid Unicode) becomes that row's error; problems with the input as a whole (unreadable path, missing column) raise SourceError.
 A file that becomes unreadable part-way (a corrupt Parquet page, a truncated .gz) raises SourceError
 when the reader reaches it, so the rows before it are still run and written; with
 `skip_unreadable` it is skipped instead and listed in `Source.skipped`.
@@ -292,7 +293,8 @@ def column_digest(path: str, columns: list[str]) -> str:
             group = meta.row_group(r)
             for c in range(group.num_columns):
                 chunk = group.column(c)
-                if chunk.path_in_schema.split(".")[0] not in columns:
+                name = chunk.path_in_schema  # a nested column's chunks are "name.child...."
+                if not any(name == c or name.startswith(f"{c}.") for c in columns):
                     continue
                 offsets = [chunk.data_page_offset] + ([chunk.dictionary_page_offset] if chunk.has_dictionary_page
                                                       and chunk.dictionary_page_offset else [])
