@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .jobs.sink import CONFIG_KEY, PART_NAME, first_line, foreign_files, part_files, part_problem, read_json
+from .jobs.sink import CONFIG_KEY, FINGERPRINT_KEY, PART_NAME, first_line, foreign_files, part_files, part_problem, read_json
 from .types import FINISH_ERROR
 
 MARKER = re.compile(r"^shard-(\d+)-of-(\d+)\.json$")
@@ -47,10 +47,10 @@ def read_checked_part(path: Path) -> pa.Table:
 
 
 class PartSettings:
-    """Compares the configuration each part file records (`batchspec.config` in its metadata): parts made
-    under other settings (shards started together with different ones, or a job.json deleted by hand)
-    mean the rows do not belong together. The job.json fingerprint a part records is compared between the
-    parts that have one; the recorded config, less what may change between runs, between all parts."""
+    """Compares the configuration each part file records in its metadata: parts made under other settings
+    (shards started together with different ones, or a job.json deleted by hand) mean the rows do not
+    belong together. `batchspec.fingerprint` (job.json's keys) is compared between the parts that have
+    one; `batchspec.config`, less what may change between runs, between all parts."""
 
     MAY_CHANGE = ("job", "batch_size", "shard.index", "shard.count", "batchspec", "model.compile")
 
@@ -59,14 +59,9 @@ class PartSettings:
         self.differences: dict[str, str] = {}  # part file -> how it differs from the first
 
     def add(self, name: str, metadata: dict[bytes, bytes] | None) -> None:
-        try:
-            config = json.loads((metadata or {}).get(CONFIG_KEY, b"{}"))
-        except ValueError:
-            return
-        if not isinstance(config, dict):
-            return
-        values = {"fingerprint": flatten(config.pop("fingerprint", None) or {}),
-                  "config": {k: v for k, v in flatten(config).items() if k not in self.MAY_CHANGE}}
+        values = {"fingerprint": flatten(recorded(metadata, FINGERPRINT_KEY)),
+                  "config": {k: v for k, v in flatten(recorded(metadata, CONFIG_KEY)).items()
+                             if k not in self.MAY_CHANGE}}
         for what, flat in values.items():
             if not flat:
                 continue
@@ -81,6 +76,15 @@ class PartSettings:
             return []
         return [f"parts made with DIFFERENT SETTINGS: {len(self.differences)} part file(s) differ from the first "
                 f"(e.g. {next(iter(self.differences.values()))}); their rows do not belong in one output dir"]
+
+
+def recorded(metadata: dict[bytes, bytes] | None, key: bytes) -> dict[str, Any]:
+    """The JSON object a part's metadata holds under `key` ({} if none, or not an object)."""
+    try:
+        value = json.loads((metadata or {}).get(key, b"{}"))
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def flatten(values: Any, prefix: str = "") -> dict[str, Any]:

@@ -44,7 +44,7 @@ from .config import (CONF_DIR, ConfigError, DrafterName, JobConfig, find_jobs, j
 from .iostats import TimedStream, io_summary
 from .job import Progress, pass_on_signal, resolve_progress_mode, run_job
 from .locks import DirLock, ShardLock, other_runs
-from .sink import (CONFIG_KEY, RESULT_SCHEMA, ParquetSink, atomic_write_text, check_output_dir, done_ids,
+from .sink import (CONFIG_KEY, FINGERPRINT_KEY, RESULT_SCHEMA, ParquetSink, atomic_write_text, check_output_dir, done_ids,
                    foreign_files, part_files, read_json, shard_name, shard_rows, summarize)
 from .prompts import PromptBuilder, template_columns
 from .sources import RowSelector, SourceError, nesting_problem, open_source, shard_from_env
@@ -428,8 +428,8 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
     sink = ParquetSink(out_dir, shard_index=index, shard_count=count, rows_per_file=job.output.rows_per_file,
                        flush_every_s=job.output.flush_every_s,
                        keep_schema=pa_fields(source.schema, src.keep_columns), background=True,
-                       file_metadata={CONFIG_KEY: json.dumps({**output_config(job, job_name, generator, index, count),
-                                                              "fingerprint": wanted})})
+                       file_metadata={CONFIG_KEY: json.dumps(output_config(job, job_name, generator, index, count)),
+                                      FINGERPRINT_KEY: json.dumps(wanted)})
     progress = Progress(progress_mode, total=remaining(selector), every_s=job.progress.every_s)
     requests = TimedStream(builder.request(row) for row in chain([first], rows))
     try:
