@@ -21,7 +21,7 @@ from .engine.drafters import make_drafter
 from .engine.generator import SpecBatchGenerator
 from .engine.graphs import LaunchCounter, StepGraphs, resolve_capture
 from .engine.intake import Defaults
-from .engine.memory import Shape, fit_buckets
+from .engine.memory import Shape, fit_buckets, kv_problem
 from .engine.memory import estimate as memory_estimate
 from .engine.shapes import kv_buckets, kv_capacity
 from .engine.sampling import SamplingParams
@@ -128,6 +128,9 @@ def build_generator(
     device = models.target.device
     graphs = StepGraphs(resolve_capture(compile, device), device, launches)
     capacity = kv_capacity(max_seq_len, k, trees)
+    problem = kv_problem(models, num_slots=batch_size, capacity=capacity, max_seq_len=max_seq_len)
+    if problem:  # before anything is allocated: the caches are allocated at the first forward
+        raise ValueError(problem)
     buckets = capture_buckets(models, graphs.mode, capacity, batch_size=batch_size, k=k, trees=trees,
                               sampling=sampling, drafter=drafter, budget=graph_memory)
     target_vocab = models.target.get_output_embeddings().weight.shape[0]

@@ -63,12 +63,16 @@ def load_model(
     if problem:
         raise ModelLoadError(f"cannot load model {name_or_path!r}: {problem}")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code
+        model, info = AutoModelForCausalLM.from_pretrained(
+            name_or_path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code,
+            output_loading_info=True, ignore_mismatched_sizes=True,  # both checked below, in one line
         )
-    except (OSError, ValueError, KeyError, ImportError) as e:
+    except Exception as e:  # OSError, ValueError, safetensors' SafetensorError for a truncated file, ...
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"cannot load model {name_or_path!r}: {first_line}") from e
+    problem = loading_problem(info)
+    if problem:
+        raise ModelLoadError(f"cannot load model {name_or_path!r}: {problem}")
     attn = model.config._attn_implementation
     if attn not in SUPPORTED_ATTENTION:
         raise ModelLoadError(
@@ -76,6 +80,26 @@ def load_model(
             "(per-request cache lengths are expressed as an explicit 4D mask)"
         )
     return model.to(device).eval()
+
+
+def loading_problem(info: dict) -> str | None:
+    """What from_pretrained's loading info says is wrong with a checkpoint, or None. transformers fills
+    missing and wrongly shaped weights with random values and only warns: the rows would be garbage.
+    (Tied weights, such as an lm_head tied to the embeddings, are not listed as missing.)"""
+    missing, unexpected = sorted(info.get("missing_keys") or ()), sorted(info.get("unexpected_keys") or ())
+    mismatched = sorted(info.get("mismatched_keys") or ())
+    if missing:
+        return (f"the checkpoint lacks {len(missing)} weight(s) the model needs (e.g. {missing[0]}), which would be "
+                "random: is a weights file missing or cut short?")
+    if mismatched:
+        key, stored, wanted = mismatched[0]
+        return (f"{len(mismatched)} weight(s) have other shapes than config.json says (e.g. {key}: "
+                f"{list(stored)} in the checkpoint, {list(wanted)} in the model): are these another model's weights?")
+    if unexpected:
+        return (f"the checkpoint holds {len(unexpected)} weight(s) the model does not have (e.g. {unexpected[0]}): "
+                "are these another model's weights, or is config.json another model's?")
+    errors = info.get("error_msgs") or []
+    return str(errors[0]).strip().splitlines()[0] if errors else None
 
 
 def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:

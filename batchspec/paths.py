@@ -31,10 +31,12 @@ def missing_source_path(path: str) -> str | None:
     local: such a path that matches nothing is refused at once instead of being looked up on the hub."""
     if "://" in path:  # a URL (hf://, s3://): the reader's business
         return None
-    problem = missing_local_path(path)
-    if problem is None and (path.lower().endswith(DATA_SUFFIXES) or any(c in path for c in "*?[")):
+    pattern = any(c in path for c in "*?[")
+    problem = None if pattern else missing_local_path(path)
+    if problem is None and (pattern or path.lower().endswith(DATA_SUFFIXES)):
         import glob
 
-        if not glob.glob(os.path.expanduser(path)):
-            problem = f"no such local file {path!r} (resolved to {Path(path).expanduser().resolve()})"
+        if not glob.glob(os.path.expanduser(path), recursive=True):
+            what = "file matches" if pattern else "such local file"
+            problem = f"no {what} {path!r} (resolved to {Path(path).expanduser().resolve()})"
     return problem

@@ -4,7 +4,8 @@ Reads only the output dir: each shard's part files (`data/shard-I-of-N-part-*.pa
 `finish_reason` columns) and finish markers (`shards/shard-I-of-N.json`, written when shard I has gone
 through all its rows). Prints one line per shard (finished or not, rows, errors, parts, its last run)
 and the total, checks that no id is in two part files, lists the problems it found (files in data/
-that are not part files, unreadable parts or markers, ids in more than one part file) and input files
+that are not part files, unreadable parts or markers, ids in more than one part file, parts made
+with different settings) and input files
 the shards skipped as unreadable, and exits
 
     0  complete: every shard 0..N-1 of some shard count N has finished, and no problem was found
@@ -30,7 +31,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .jobs.sink import FAILED_LISTED, PART_NAME, first_line, foreign_files, part_files, part_problem, read_json
+from .jobs.sink import (CONFIG_KEY, FAILED_LISTED, FINGERPRINT_KEY, PART_NAME, first_line, foreign_files, part_files,
+                        part_problem, read_json)
 from .types import FINISH_ERROR
 
 MARKER = re.compile(r"^shard-(\d+)-of-(\d+)\.json$")
@@ -43,6 +45,59 @@ def read_checked_part(path: Path) -> pa.Table:
         if problem:
             raise ValueError(f"named like a part file but is not one: {problem}")
         return f.read(columns=["id", "sample_index", "finish_reason", "error"], use_threads=False)
+
+
+class PartSettings:
+    """Compares the configuration each part file records in its metadata: parts made under other settings
+    (shards started together with different ones, or a job.json deleted by hand) mean the rows do not
+    belong together. `batchspec.fingerprint` (job.json's keys) is compared between the parts that have
+    one; `batchspec.config`, less what may change between runs, between older parts that have none."""
+
+    MAY_CHANGE = ("job", "batch_size", "shard.index", "shard.count", "batchspec", "model.compile")
+
+    def __init__(self):
+        self.seen: dict[str, tuple[str, dict[str, Any]]] = {}  # "fingerprint" / "config" -> (first file, values)
+        self.differences: dict[str, str] = {}  # part file -> how it differs from the first
+
+    def add(self, name: str, metadata: dict[bytes, bytes] | None) -> None:
+        # A part that records its fingerprint is compared on it alone: it says what decides the rows (a greedy
+        # job may switch drafter, k or batch between runs). Older parts have only their configuration.
+        fingerprint = flatten(recorded(metadata, FINGERPRINT_KEY))
+        values = {"fingerprint": fingerprint} if fingerprint else {
+            "config": {k: v for k, v in flatten(recorded(metadata, CONFIG_KEY)).items() if k not in self.MAY_CHANGE}}
+        for what, flat in values.items():
+            if not flat:
+                continue
+            first, reference = self.seen.setdefault(what, (name, flat))
+            key = next((k for k in sorted(set(reference) | set(flat)) if reference.get(k) != flat.get(k)), None)
+            if key is not None:
+                self.differences.setdefault(name, f"{key} is {reference.get(key)!r} in {first} but "
+                                                  f"{flat.get(key)!r} in {name}")
+
+    def problems(self) -> list[str]:
+        if not self.differences:
+            return []
+        return [f"parts made with DIFFERENT SETTINGS: {len(self.differences)} part file(s) differ from the first "
+                f"(e.g. {next(iter(self.differences.values()))}); their rows do not belong in one output dir"]
+
+
+def recorded(metadata: dict[bytes, bytes] | None, key: bytes) -> dict[str, Any]:
+    """The JSON object a part's metadata holds under `key` ({} if none, or not an object)."""
+    try:
+        value = json.loads((metadata or {}).get(key, b"{}"))
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def flatten(values: Any, prefix: str = "") -> dict[str, Any]:
+    """{"sampling": {"seed": 1}} -> {"sampling.seed": 1}."""
+    if not isinstance(values, dict):
+        return {prefix.rstrip("."): values} if prefix else {}
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        flat.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
 
 
 def status(out_dir: Path) -> dict[str, Any]:
@@ -60,6 +115,7 @@ def status(out_dir: Path) -> dict[str, Any]:
     duplicate_files: set[tuple[str, str]] = set()
     messages: Counter = Counter()
     problems: list[str] = []
+    settings = PartSettings()
     for f in part_files(out_dir):
         try:
             table = read_checked_part(f)
@@ -80,6 +136,8 @@ def status(out_dir: Path) -> dict[str, Any]:
             ids[row_id] += 1
             if first_file.setdefault(row_id, f.name) != f.name:
                 duplicate_files.add((first_file[row_id], f.name))
+        settings.add(f.name, table.schema.metadata)
+    problems += settings.problems()
     skipped: list[dict[str, Any]] = []
     for f in sorted((out_dir / "shards").glob("shard-*.json")):
         if (m := MARKER.match(f.name)) is None:

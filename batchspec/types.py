@@ -12,6 +12,10 @@ FINISH_LENGTH = "length"  # max_new_tokens or max_seq_len reached
 FINISH_ERROR = "error"  # the request could not run; `error` says why
 
 
+# A token covers at most this many characters of text, loosely: a prompt with more characters than
+# max_seq_len * MAX_CHARS_PER_TOKEN cannot fit, and is refused before it is tokenized (which would
+# cost time and memory in proportion to its length: a 34 MB prompt took 6 GB).
+MAX_CHARS_PER_TOKEN = 64
 MIN_TEMPERATURE = 1e-2  # below it logits/T overflows float32 (T = 1e-40 gives inf - inf = NaN): use 0 for greedy
 
 

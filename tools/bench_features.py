@@ -13,15 +13,18 @@ Medians over the repeats; ratios are within one run on one machine, never agains
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: idle threads sleep (shared machines)
 
-import batchspec
-from batchspec.types import Request
+import pyarrow.parquet as pq  # noqa: E402
+import torch  # noqa: E402
+
+import batchspec  # noqa: E402
+from batchspec.types import Request  # noqa: E402
 
 DEMO = Path(batchspec.__file__).parent / "assets" / "demo"
 
@@ -43,12 +46,15 @@ def main(argv=None) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--prompt-times", type=int, default=1, help="each prompt repeated this many times: longer "
+                   "prompts, where the shared prefill of n samples matters more")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = pq.read_table(DEMO / "prompts.parquet").column("prompt").to_pylist()[: args.prompts]
+    prompts = ["\n".join([p] * args.prompt_times) for p in prompts]
     models = batchspec.load_models(str(DEMO / "target"), str(DEMO / "draft"), dtype="float32", device="cpu")
-    common = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, max_seq_len=512)
+    common = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, max_seq_len=1024)
 
     def build(**kw):
         return batchspec.build_generator(models, **{**common, **kw})
@@ -65,7 +71,8 @@ def main(argv=None) -> None:
     prompt_tokens = sum(len(models.tokenizer(t)["input_ids"]) for t in prompts)
     med = {name: {key: statistics.median(r[key] for r in rs[1:]) for key in ("wall", "admit", "tokens")}
            for name, rs in runs.items()}
-    print(f"n samples: {args.prompts} prompts x n={args.n}, drafter model k=4, T=0.8, batch {args.batch_size}, "
+    print(f"n samples: {args.prompts} prompts ({prompt_tokens / args.prompts:.0f} tokens on average) x n={args.n}, "
+          f"drafter model k=4, T=0.8, batch {args.batch_size}, "
           f"{args.max_new_tokens} new tokens, median of {args.repeats}")
     print(f"  {'':<22}{'wall s':>9}{'admit s':>9}{'tok/s':>9}{'prompt tokens prefilled':>26}")
     for name, label, prefilled in (("n", f"n={args.n}", prompt_tokens), ("copies", f"{args.n} copies, n=1",

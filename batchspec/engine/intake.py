@@ -9,7 +9,7 @@ from typing import Iterable, Iterator
 
 from transformers import PreTrainedTokenizerBase
 
-from ..types import Request, Result, RowParams
+from ..types import MAX_CHARS_PER_TOKEN, Request, Result, RowParams
 from .noise import sample_key
 from .sampling import RowSampling, SamplingParams
 
@@ -62,7 +62,7 @@ def prompt_ids(request: Request, tokenizer: PreTrainedTokenizerBase, vocab_size:
     if isinstance(prompt, str):
         if not prompt.strip():
             return "prompt is empty"
-        if len(prompt) > 64 * max_seq_len:
+        if len(prompt) > MAX_CHARS_PER_TOKEN * max_seq_len:
             return f"prompt has {len(prompt):,} characters, far more than max_seq_len={max_seq_len} tokens hold"
         ids = tokenizer(prompt)["input_ids"]
     elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

@@ -105,3 +105,36 @@ def fit_buckets(buckets: list[int], budget: int | None, estimate_for) -> tuple[l
         raise CaptureError(f"the captured steps need about {memory}, over the budget of {budget / MiB:,.0f} MiB: "
                           "lower batch_size or max_seq_len, or run with compile=off")
     return buckets, memory
+
+
+def kv_bytes(m: Shape, *, num_slots: int, capacity: int, dtype_bytes: int) -> int:
+    """Bytes of one model's KV caches: keys and values of every layer for num_slots x capacity positions."""
+    return 2 * m.layers * num_slots * m.kv_heads * capacity * m.head_dim * dtype_bytes
+
+
+def device_memory(device) -> int | None:
+    """All the memory of `device` in bytes (a GPU's, or the machine's RAM for the CPU), or None if unknown."""
+    import os
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def kv_problem(models, *, num_slots: int, capacity: int, max_seq_len: int) -> str | None:
+    """Why the KV caches cannot fit on the target's device at all (they are allocated at the first
+    forward, where a failure would stop the job mid-run with a traceback), or None."""
+    need = sum(kv_bytes(Shape.of(model.config), num_slots=num_slots, capacity=capacity,
+                        dtype_bytes=model.dtype.itemsize)
+               for model in (models.target, models.draft) if model is not None)
+    have = device_memory(models.target.device)
+    if have is None or need <= have:
+        return None
+    return (f"batch_size={num_slots} with max_seq_len={max_seq_len}: the KV caches need {need / (1 << 30):,.1f} GiB, "
+            f"more than the {have / (1 << 30):,.1f} GiB of memory of {models.target.device}; lower batch_size or "
+            "max_seq_len")

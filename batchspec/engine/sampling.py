@@ -34,6 +34,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from ..types import MIN_TEMPERATURE
+
 VERIFY_MODES = ("coupled", "rejection")
 
 
@@ -54,7 +56,7 @@ class SamplingParams:
     def __post_init__(self):
         checks = {
             "verify": self.verify in VERIFY_MODES,
-            "temperature": self.temperature >= 0,
+            "temperature": self.temperature == 0 or self.temperature >= MIN_TEMPERATURE,  # smaller overflow logits/T
             "top_k": self.top_k >= 0,
             "top_p": 0 < self.top_p <= 1,
             "min_p": 0 <= self.min_p <= 1,

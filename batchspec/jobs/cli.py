@@ -43,20 +43,20 @@ from omegaconf.errors import OmegaConfBaseException
 from .cmdline import split_argv, unknown_key
 from .build import build_job_generator, draft_path, load_job_models, self_training
 from .config import (CONF_DIR, ConfigError, DrafterName, JobConfig, OutputFormat, OutputOrder, SourceFormat, Verify,
-                     find_jobs, job_dirs, register_configs)
+                     find_jobs, job_dirs, plain_job_name, register_configs)
 from .iostats import TimedStream, io_summary
 from .job import Progress, pass_on_signal, resolve_progress_mode, run_job
-from .locks import ShardLock
-from .sink import (CONFIG_KEY, RESULT_SCHEMA, ParquetSink, atomic_write_text, check_output_dir, done_ids,
+from .locks import DirLock, ShardLock, other_runs
+from .sink import (CONFIG_KEY, FINGERPRINT_KEY, RESULT_SCHEMA, ParquetSink, atomic_write_text, check_output_dir, done_ids,
                    foreign_files, part_files, read_json, shard_name, shard_rows, summarize)
 from . import openai_batch
 from .grouping import RowGroups
 from .prompts import PromptBuilder, template_columns
 from .retry import drop_error_rows
 from .rowparams import RowParamColumns
-from .sources import RowSelector, SourceError, open_source, shard_from_env
+from .sources import RowSelector, SourceError, nesting_problem, open_source, shard_from_env
 from ..paths import missing_local_path, missing_source_path
-from ..types import TreeSpec, rounds_by_k_text
+from ..types import MIN_TEMPERATURE, TreeSpec, rounds_by_k_text
 
 log = logging.getLogger("batchspec")
 
@@ -84,6 +84,10 @@ def main() -> None:
         problem = unknown_key(overrides)
         if problem:
             fail(problem, code=EXIT_CONFIG_ERROR)
+        bad = [name for name in job_choices(overrides) if not plain_job_name(name)]
+        if bad:  # before Hydra, whose callback would create outputs/<name> (outputs/.. is the current dir)
+            fail(f"job={bad[0]}: a job name must be a plain name (no '/', not starting with '.'), since the "
+                 "default output.dir is outputs/NAME; rename the job file")
         hydra_main()
     except KeyboardInterrupt:
         # Ctrl-C outside the job loop (which handles it itself): while starting or loading the models.
@@ -117,23 +121,29 @@ def hydra_main(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
-# What a run that failed at setup may have made in a new output dir: its Hydra log dir and the lock files.
-SETUP_LEFTOVERS = {"logs", ".locks"}
+# What a run that failed at setup may have made in a new output dir: its Hydra log dir, the lock files, the
+# job.json it wrote under the dir lock, and empty data/ and .tmp/ (the output dir check's probe).
+SETUP_LEFTOVERS = {"logs", ".locks", "job.json", "data", ".tmp"}
 
 
 def discard_fresh_output(run_dir: Path) -> None:
     """A run that failed at setup leaves no trace in an output dir it created: its log dir goes, and the
-    output dir too when nothing else is in it (a dir with data/, job.json or anything else stays)."""
+    output dir too when nothing else is in it and no other run is writing it (a dir with parts, another
+    run's logs or anything else stays)."""
     logs = run_dir.parent
     out = logs.parent
     if logs.name != "logs" or not run_dir.is_dir() or set(p.name for p in out.iterdir()) - SETUP_LEFTOVERS:
         return
+    if any(d.is_dir() and any(d.iterdir()) for d in (out / "data", out / ".tmp")):
+        return
     locks = out / ".locks"
-    if locks.is_dir() and any(not p.name.endswith(".lock") for p in locks.iterdir()):
+    if locks.is_dir() and (any(not p.name.endswith(".lock") for p in locks.iterdir()) or other_runs(out, -1, 0)):
         return
     shutil.rmtree(run_dir, ignore_errors=True)
     if logs.is_dir() and not any(logs.iterdir()):
-        shutil.rmtree(locks, ignore_errors=True)
+        for leftover in (locks, out / "data", out / ".tmp"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        (out / "job.json").unlink(missing_ok=True)
         logs.rmdir()
         with contextlib.suppress(OSError):
             out.rmdir()
@@ -161,6 +171,16 @@ class OutputDirCheck(Callback):
 
 
 # ---- config -> plain objects -------------------------------------------------------------------
+
+
+def job_choices(overrides: list[str]) -> list[str]:
+    """The job names that `job=NAME` overrides select (several in a sweep: job=a,b)."""
+    names: list[str] = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep and key.lstrip("+~") == "job":
+            names += [v.strip().strip("'\"") for v in value.split(",")]
+    return names
 
 
 def sweep_subdir(overrides: list[str], exclude_keys: list[str]) -> str:
@@ -235,6 +255,9 @@ def validate(job: JobConfig) -> None:
          f"sampling.prompt_logprobs={s.prompt_logprobs}: need 0..20 (or null: off)"),
         (s.max_new_tokens >= 1, f"sampling.max_new_tokens={s.max_new_tokens}: need >= 1"),
         (s.temperature >= 0, f"sampling.temperature={s.temperature}: need >= 0"),
+        # logits / T overflows float32 below this (1e-40 gave garbage text, no error): 0 is greedy
+        (s.temperature == 0 or s.temperature >= MIN_TEMPERATURE, f"sampling.temperature={s.temperature}: need 0 "
+         f"(greedy) or >= {MIN_TEMPERATURE}; smaller temperatures overflow the scaled logits"),
         (s.top_k >= 0, f"sampling.top_k={s.top_k}: need >= 0 (0 = off)"),
         (0 < s.top_p <= 1, f"sampling.top_p={s.top_p}: need 0 < top_p <= 1"),
         (0 <= s.min_p <= 1, f"sampling.min_p={s.min_p}: need 0 <= min_p <= 1"),
@@ -334,18 +357,21 @@ def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def check_fingerprint(out_dir: Path, current: dict[str, Any], *, source=None,
-                      layout: list[dict[str, Any]] | None = None) -> None:
+                      layout: list[dict[str, Any]] | None = None, running: bool = False) -> None:
     """Refuse to resume into an output dir whose rows were made under a config that changes them, or,
-    with positional ids (`source` and its `layout` given), from an input whose rows have moved since."""
+    with positional ids (`source` and its `layout` given), from an input whose rows have moved since.
+    `running`: another run is writing the dir now, so its job.json counts even before it has parts."""
     path = out_dir / "job.json"
-    if not path.exists() or not part_files(out_dir):
+    has_parts = bool(part_files(out_dir))
+    if not path.exists() or not (has_parts or running):
         return
     job = read_json(path, "it records the config the rows were made with; delete it to resume anyway")
     stored, now = flatten(job.get("fingerprint", {})), flatten(current)
     for key in list(now) + [k for k in stored if k not in now]:
         if stored.get(key) != now.get(key):
+            made = "holds rows made with" if has_parts else "is being written by another run with"
             raise ConfigError(
-                f"output.dir {out_dir} holds rows made with a different {key} ({stored.get(key)!r}, now "
+                f"output.dir {out_dir} {made} a different {key} ({stored.get(key)!r}, now "
                 f"{now.get(key)!r}): choose another output.dir, or delete {path} to add to it anyway"
             )
     change = source.layout_change(job["input"], layout) if source is not None and job.get("input") else None
@@ -412,6 +438,9 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
         if "\\n" in stop or "\\t" in stop:  # Hydra keeps a backslash and an n: the user likely meant a newline
             log.warning("sampling.stop %r holds a backslash, not a newline or tab; for a newline on the command "
                         "line write $'sampling.stop=[\"\\n\\n\"]' (bash), or stop: [\"\\n\\n\"] in a job file", stop)
+    nested = nesting_problem(src.path, out_dir)  # before listing the input, which may hold the output's parts
+    if nested:
+        raise ConfigError(nested)
     missing = missing_source_path(src.path)
     if missing:  # before datasets would spend ~30 s of hub retries on it
         raise SourceError(f"source.path: {missing}")
@@ -421,7 +450,10 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
     check_output_dir(out_dir)  # before any work: a read-only dir, data/ on another filesystem
     wanted = fingerprint(composed, job)
     layout = source.layout() if id_column is None else None  # positional ids: rows must not move
-    check_fingerprint(out_dir, wanted, source=source if id_column is None else None, layout=layout)
+    with DirLock(out_dir):  # compare and write job.json in one step: shards starting together see each other
+        check_fingerprint(out_dir, wanted, source=source if id_column is None else None, layout=layout,
+                          running=bool(other_runs(out_dir, index, count)))
+        write_fingerprint(out_dir, wanted, layout)
     strays = foreign_files(out_dir)
     if strays:
         log.warning("%s holds %d file(s) that are not this job's part files (e.g. %s): resume ignores them, "
@@ -471,7 +503,7 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
         builder = PromptBuilder(
             prompt_column=src.prompt_column, template=src.template, chat=src.chat, tokenizer=models.tokenizer,
             keep_columns=src.keep_columns, keep_schema=pa_fields(source.schema, src.keep_columns),
-            check_columns=source.check_columns, row_params=row_params,
+            check_columns=source.check_columns, row_params=row_params, max_seq_len=generator.max_seq_len,
         )
     load_s = time.perf_counter() - started
     log.info("models loaded in %.1f s (drafter %s, batch %d)", load_s,
@@ -480,8 +512,8 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
     sink = ParquetSink(out_dir, shard_index=index, shard_count=count, rows_per_file=job.output.rows_per_file,
                        flush_every_s=job.output.flush_every_s,
                        keep_schema=keep_schema, background=True,
-                       file_metadata={CONFIG_KEY: json.dumps(output_config(job, job_name, generator, index, count))})
-    write_fingerprint(out_dir, wanted, layout)
+                       file_metadata={CONFIG_KEY: json.dumps(output_config(job, job_name, generator, index, count)),
+                                      FINGERPRINT_KEY: json.dumps(wanted)})
     progress = Progress(progress_mode, total=remaining(selector), every_s=job.progress.every_s)
     requests = TimedStream(builder.request(row) for row in chain([first], rows))
     groups = RowGroups(job.sampling.n, in_order=job.output.order == OutputOrder.input)

@@ -205,12 +205,20 @@ def job_dirs(cwd: Path) -> list[Path]:
     return unique
 
 
+def plain_job_name(name: str) -> bool:
+    """A job name is a plain folder name: the default output.dir is outputs/NAME, so `..` (a file named
+    `...yaml`) would write into the current directory, and `a/b` or `.x` somewhere unexpected."""
+    return bool(name) and not name.startswith(".") and not any(c in name for c in "/\\\0")
+
+
 def find_jobs(dirs: list[Path]) -> dict[str, Path]:
-    """Job name -> file, over `dirs` (a later folder wins on a name clash)."""
+    """Job name -> file, over `dirs` (a later folder wins on a name clash). Files whose names are not
+    plain job names (plain_job_name) are left out."""
     jobs: dict[str, Path] = {}
     for d in dirs:
         for path in sorted(d.glob("*.yaml")):
-            jobs[path.stem] = path
+            if plain_job_name(path.stem):
+                jobs[path.stem] = path
     return jobs
 
 

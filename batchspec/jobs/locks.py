@@ -102,3 +102,48 @@ class ShardLock:
             log.warning("cannot lock %s (%s): this filesystem does not support flock, so a second run of "
                         "the same shard would not be refused", self.dir, e.strerror)
             return True
+
+
+class DirLock:
+    """`with DirLock(out_dir):` — an exclusive lock on `.locks/job.lock`, held only while a run compares
+    its config with job.json and writes it, so that of two runs starting together (shards of one array
+    with different settings) the second sees what the first wrote. Waits for the holder: a moment."""
+
+    def __init__(self, out_dir: Path):
+        self.path = Path(out_dir) / ".locks" / "job.lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> "DirLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in UNSUPPORTED:
+                os.close(self.fd)
+                raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)  # closing the descriptor drops its lock
+
+
+def other_runs(out_dir: Path, index: int, count: int) -> list[str]:
+    """The shard locks of this output dir that another run holds now (their holders' lines), this
+    shard's own left out: a run that holds one is running, whatever its shard count."""
+    own = f"{shard_name(index, count)}.lock"
+    holders = []
+    for path in sorted((Path(out_dir) / ".locks").glob("shard-*.lock")):
+        if path.name == own:
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holders.append(path.read_text(errors="replace").strip() or "another process")
+        except OSError as e:
+            if e.errno not in UNSUPPORTED:
+                raise
+        finally:
+            os.close(fd)  # drops the probe's lock, if it got it
+    return holders

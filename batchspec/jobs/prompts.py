@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 
 from ..textcheck import text_problem
-from ..types import Request
+from ..types import MAX_CHARS_PER_TOKEN, Request
 from .rowparams import RowParamColumns
 from .sink import POSITION_COLUMN
 from .sources import ABSENT, BadValue, Row, SourceError, one_line
@@ -58,12 +58,15 @@ class PromptBuilder:
     the row's input position; `row_params` (RowParamColumns) read the row's own settings from columns;
     a keep value that cannot be read (invalid UTF-8) or, for `check_columns` (types inferred or differing
     between files), does not fit the column's type exactly, is dropped (null) and makes the row an error.
-    Text that is not valid Unicode (lone surrogates) is the row's error wherever it is.
+    Text that is not valid Unicode (lone surrogates) is the row's error wherever it is. With
+    `max_seq_len`, chat messages holding more characters than that many tokens could cover are the
+    row's error before the chat template tokenizes them (as the generator does for text prompts).
     """
 
     def __init__(self, *, prompt_column: str | None, template: str | None, chat: bool, tokenizer=None,
                  keep_columns: list[str] = (), keep_schema: pa.Schema | None = None,
-                 check_columns: Iterable[str] = (), row_params: "RowParamColumns | None" = None):
+                 check_columns: Iterable[str] = (), row_params: "RowParamColumns | None" = None,
+                 max_seq_len: int | None = None):
         if template is None and prompt_column is None:
             raise SourceError("set source.prompt_column or source.template")
         if chat and tokenizer is None:
@@ -76,6 +79,8 @@ class PromptBuilder:
         self.keep_types = {f.name: f.type for f in keep_schema} if keep_schema is not None else {}
         self.check_columns = frozenset(check_columns)
         self.row_params = row_params
+        self.max_chars = None if max_seq_len is None else MAX_CHARS_PER_TOKEN * max_seq_len
+        self.max_seq_len = max_seq_len
 
     def request(self, row: Row) -> Request:
         extra = {c: row.values.get(c) for c in self.keep_columns}
@@ -153,6 +158,10 @@ class PromptBuilder:
         problem = check_messages(messages)
         if problem:
             raise PromptError(problem)
+        chars = text_chars(messages)
+        if self.max_chars is not None and chars > self.max_chars:  # cheap, before tokenizing it all
+            raise PromptError(f"chat messages have {chars:,} characters, far more than "
+                              f"max_seq_len={self.max_seq_len} tokens hold")
         try:
             ids = self.tokenizer.apply_chat_template(
                 [dict(m) for m in messages], add_generation_prompt=True, tokenize=True, return_dict=False
@@ -162,6 +171,17 @@ class PromptBuilder:
         if isinstance(ids, Mapping):
             ids = ids["input_ids"]
         return [int(t) for t in ids]
+
+
+def text_chars(value: Any) -> int:
+    """Characters of all the strings in `value` (chat messages: roles, contents, content parts)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(text_chars(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(text_chars(v) for v in value)
+    return 0
 
 
 class PromptError(ValueError):

@@ -10,9 +10,10 @@ Sharding is round-robin on that position: shard i of n takes the rows with posit
 the split depends only on the input and the union of all shards is every row exactly once.
 `limit` keeps the first `limit` positions of the input, before sharding.
 
-Anything wrong with a single row (a JSONL line that is not JSON, a value that is not valid UTF-8, an
-id that cannot be one; and in prompts.py null or non-string prompts, template fields missing in that
-row, malformed chat messages, text that is not valid Unicode) becomes that row's error; problems with the input as a whole (unreadable path, missing column) raise SourceError.
+Anything wrong with a single row (a JSONL line that is not JSON or nests too deeply, a value that is
+not valid UTF-8, an integer Python cannot read, a date Python cannot hold, an id that cannot be one;
+and in prompts.py null or non-string prompts, template fields missing in that row, malformed chat
+messages, text that is not valid Unicode) becomes that row's error; problems with the input as a whole (unreadable path, missing column) raise SourceError.
 A file that becomes unreadable part-way (a corrupt Parquet page, a truncated .gz) raises SourceError
 when the reader reaches it, so the rows before it are still run and written; with
 `skip_unreadable` it is skipped instead and listed in `Source.skipped`.
@@ -27,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +112,33 @@ def detect_format(path: str) -> str:
     return "hf"
 
 
+def input_root(path: str) -> Path | None:
+    """The local file or folder an input path reads (for a glob, the folder before its first wildcard),
+    resolved; None for a name that is not a local path (a dataset on the hub)."""
+    if glob.has_magic(path):
+        parts = Path(path).parts
+        fixed = parts[:next(i for i, p in enumerate(parts) if glob.has_magic(p))]
+        return Path(*fixed).resolve() if fixed else Path.cwd()
+    return Path(path).resolve() if os.path.exists(path) else None
+
+
+def nesting_problem(path: str, out_dir: Path) -> str | None:
+    """Why an output dir and an input may not be used together: an output inside the input folder is
+    read back as input by the next run (its parts are Parquet files), an input inside the output dir
+    sits among the job's own files. None if neither holds the other."""
+    root = input_root(path)
+    if root is None:
+        return None
+    out = Path(out_dir).resolve()
+    if root.is_dir() and (out == root or root in out.parents):
+        return (f"output.dir {out_dir} is inside the input folder of source.path={path!r}: every run would read "
+                "its own part files back as input rows; choose an output.dir outside the input folder")
+    if out in root.parents:
+        return (f"source.path={path!r} is inside output.dir {out_dir}: the input would sit among the job's own "
+                "files; move the input or choose another output.dir")
+    return None
+
+
 def open_source(path: str, fmt: str, split: str, needed: Mapping[str, str], *,
                 skip_unreadable: bool = False) -> "Source":
     """Open `path` and check that every needed column exists (in every file of a Parquet input).
@@ -175,7 +204,8 @@ class Source:
         for i, old in enumerate(stored):
             if i >= len(current):
                 return f"{describe(old)} is gone"
-            if current[i] != old:
+            # Only what was recorded is compared: a job.json from before a digest was added still resumes.
+            if {key: current[i].get(key) for key in old} != old:
                 return f"{describe(old)} is now {describe(current[i])}"
         return None
 
@@ -186,25 +216,32 @@ def describe(entry: dict[str, Any]) -> str:
     return f"{name!r} ({details})"
 
 
+# Values Arrow holds but Python cannot: invalid UTF-8, a timestamp or date beyond Python's datetime
+# range (timestamp('ms') of 2**63-1, date32 of 10**8 days) raise OverflowError or ValueError.
+CONVERT_ERRORS = (UnicodeDecodeError, OverflowError, ValueError)
+
+
 def _value(column, i: int) -> Any:
     try:
         return column[i].as_py()
     except UnicodeDecodeError as e:
         return BadValue(f"is not valid UTF-8 (byte 0x{e.object[e.start]:02x} at offset {e.start})")
+    except (OverflowError, ValueError) as e:
+        return BadValue(f"holds a {column.type} value Python cannot represent ({one_line(e)})")
 
 
 def _pylist(table: pa.Table | pa.RecordBatch) -> list[dict[str, Any]]:
-    """Rows as dicts; a string value that is not valid UTF-8 becomes a BadValue (that row's error)
-    instead of failing the whole chunk."""
+    """Rows as dicts; a value that cannot be converted (invalid UTF-8, a date out of Python's range)
+    becomes a BadValue (that row's error) instead of failing the whole chunk."""
     try:
         return table.to_pylist()
-    except UnicodeDecodeError:
+    except CONVERT_ERRORS:
         columns = []
         for name in table.column_names:
             column = table.column(name)
             try:
                 columns.append(column.to_pylist())
-            except UnicodeDecodeError:
+            except CONVERT_ERRORS:
                 columns.append([_value(column, i) for i in range(len(column))])
         return [dict(zip(table.column_names, values)) for values in zip(*columns)]
 
@@ -243,6 +280,39 @@ def footer_digest(path: str) -> str:
         size = int.from_bytes(f.read(4), "little")
         f.seek(-8 - size, os.SEEK_END)
         return hashlib.sha256(f.read(size)).hexdigest()[:32]
+
+
+def column_digest(path: str, columns: list[str]) -> str:
+    """A digest of the bytes `columns` are stored as in a Parquet file (each row group's column chunks,
+    as stored, not decoded). The footer alone misses rows swapped within a file when the pages keep
+    their sizes (any file written with compression='none'); this does not. Costs one read of those
+    columns' bytes, which the run reads anyway."""
+    h = hashlib.sha256()
+    with pq.ParquetFile(path) as pf, open(path, "rb") as f:
+        meta = pf.metadata
+        for r in range(meta.num_row_groups):
+            group = meta.row_group(r)
+            for c in range(group.num_columns):
+                chunk = group.column(c)
+                name = chunk.path_in_schema  # a nested column's chunks are "name.child...."
+                if not any(name == c or name.startswith(f"{c}.") for c in columns):
+                    continue
+                offsets = [chunk.data_page_offset] + ([chunk.dictionary_page_offset] if chunk.has_dictionary_page
+                                                      and chunk.dictionary_page_offset else [])
+                f.seek(min(offsets))
+                left = chunk.total_compressed_size
+                while left > 0 and (block := f.read(min(left, 1 << 20))):
+                    h.update(block)
+                    left -= len(block)
+    return h.hexdigest()[:32]
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()[:32]
 
 
 class ParquetSource(Source):
@@ -299,7 +369,8 @@ class ParquetSource(Source):
 
     def layout(self) -> list[dict[str, Any]]:
         return [{"file": f, "unreadable": True} if f in self.unreadable
-                else {"file": f, "rows": self.file_rows[f], "footer": footer_digest(f)} for f in self.files]
+                else {"file": f, "rows": self.file_rows[f], "footer": footer_digest(f),
+                      "columns": column_digest(f, self.columns)} for f in self.files]
 
     def _unreadable(self, f: str, reason: str, read: int, rows: int | None) -> None:
         where = f" after {read} of its {rows} rows" if read else ""
@@ -343,20 +414,51 @@ def _lines(path: str) -> Iterator[bytes]:
             yield line
 
 
+class LineError(ValueError):
+    """A JSONL line that is valid JSON but cannot be read (nested too deeply); completes "line N ..."."""
+
+
+def _big_int(digits: str) -> Any:
+    """An integer literal; one longer than Python converts (sys.get_int_max_str_digits) is a BadValue,
+    so it is that row's error where the job reads it and ignored where it does not."""
+    try:
+        return int(digits)
+    except ValueError:
+        return BadValue(f"is an integer of {len(digits.lstrip('-'))} digits, more than Python reads "
+                        f"({sys.get_int_max_str_digits()})")
+
+
 def _parse(line: bytes) -> Any:
     """One JSONL line; bytes that are not UTF-8 become lone surrogates (surrogateescape), which the
-    value checks then report as that row's error, so the rest of the row (its id) is still read."""
+    value checks then report as that row's error, so the rest of the row (its id) is still read.
+    Raises json.JSONDecodeError (not JSON) or LineError (JSON nested deeper than the reader recurses)."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
         text = line.decode("utf-8", "surrogateescape")
-    return json.loads(text)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise LineError("nests values too deeply for Python's JSON reader (about 1,000 levels)") from None
+    except ValueError:  # an integer of more than 4,300 digits: read again, that integer as a BadValue
+        return json.loads(text, parse_int=_big_int)
+
+
+def first_char(path: str) -> bytes:
+    """The first byte of a JSONL file that is not white space or a byte order mark (b"" if none)."""
+    for line in _lines(path):
+        if line.strip():
+            return line.strip()[:1]
+    return b""
 
 
 def infer_type(values: list[Any]) -> pa.DataType:
     """The Arrow type all `values` share, else the first convertible value's type; string if none
     (null, absent and invalid-text values are left out; ints beyond int64 do not decide it)."""
-    values = [v for v in values if v is not None and v is not ABSENT and text_problem(v) is None]
+    values = [v for v in values if v is not None and v is not ABSENT and not isinstance(v, BadValue)
+              and text_problem(v) is None]
     for candidate in [values] + [[v] for v in values]:
         try:
             return pa.array(candidate).type if candidate else pa.string()
@@ -395,7 +497,7 @@ class JsonlSource(Source):
                 if len(sample) < INFER_ROWS:
                     try:
                         obj = _parse(line)
-                    except json.JSONDecodeError:
+                    except ValueError:  # not JSON, or nested too deeply: that row's error in rows()
                         continue
                     if isinstance(obj, dict):
                         sample.append(obj)
@@ -403,6 +505,9 @@ class JsonlSource(Source):
             if not lines:  # nothing readable at all: the input as a whole is unreadable
                 raise SourceError(f"cannot read JSONL input {path!r}: {one_line(e)}") from e
             # Read up to the break now; rows() reports it (or skips the rest) once the rows before it are run.
+        if first_char(path) == b"[":  # a .json file holding one array: its lines are no rows (or wrong ones)
+            raise SourceError(f"{path!r} holds a JSON array, not JSON Lines (one object per line): convert it, "
+                              f"e.g. jq -c '.[]' {path} > rows.jsonl")
         if self.num_rows and not sample:
             raise SourceError(f"cannot read JSONL input {path!r}: none of its first lines is a JSON object")
         self.available = list(dict.fromkeys(k for row in sample for k in row))
@@ -423,7 +528,30 @@ class JsonlSource(Source):
         digest = new["sha256"] if new["bytes"] == old["bytes"] else self._digest(old["bytes"])
         if digest != old["sha256"]:
             return f"the first {old['bytes']} bytes of {self.path!r} changed"
+        if new["bytes"] > old["bytes"] and self._joined_last_line(old["bytes"]):
+            return (f"the last line of {self.path!r} had no newline, so what was appended joined it (its row "
+                    f"changed); put a newline between the old end (byte {old['bytes']}) and the appended lines")
         return None
+
+    def _joined_last_line(self, old_size: int) -> bool:
+        """Bytes appended after a last line that had no newline extend that line: the row at its position
+        is another row now. (A last line of only spaces was no row; a .gz file's bytes are compressed: not
+        checked.)"""
+        if self.path.endswith(".gz"):
+            return False
+        with open(self.path, "rb") as f:
+            f.seek(old_size)
+            if f.read(1) in (b"\n", b"\r"):  # the appended bytes start a new line
+                return False
+            end = old_size
+            while end > 0:  # back from the old end, past trailing spaces: a newline (blank line) or text?
+                start = max(0, end - 4096)
+                f.seek(start)
+                tail = f.read(end - start).rstrip(b" \t")
+                if tail:
+                    return tail[-1:] not in (b"\n", b"\r")
+                end = start
+        return False
 
     def _digest(self, nbytes: int) -> str:
         h, left = hashlib.sha256(), nbytes
@@ -449,6 +577,9 @@ class JsonlSource(Source):
                     obj = _parse(line)
                 except json.JSONDecodeError as e:
                     yield position, f"line {number} is not valid JSON: {e}"
+                    continue
+                except LineError as e:
+                    yield position, f"line {number} {e}"
                     continue
                 if not isinstance(obj, dict):
                     yield position, f"line {number} is a JSON {type(obj).__name__}, not an object"
@@ -504,8 +635,8 @@ class HFSource(Source):
         if self.typed:  # a saved dataset: its fingerprint changes with its content
             return [{"dataset": self.path, "split": self.split, "rows": self.num_rows,
                      "fingerprint": getattr(self.data, "_fingerprint", None)}]
-        if os.path.isdir(self.path):  # local files streamed by load_dataset: names and sizes
-            return [{"file": str(f.relative_to(self.path)), "bytes": f.stat().st_size}
+        if os.path.isdir(self.path):  # local files streamed by load_dataset: names, sizes and contents
+            return [{"file": str(f.relative_to(self.path)), "bytes": f.stat().st_size, "sha256": file_digest(f)}
                     for f in sorted(Path(self.path).rglob("*")) if f.is_file()
                     and not any(part.startswith(".") for part in f.relative_to(self.path).parts)]
         return None  # a dataset from the hub cache: nothing cheap to compare
