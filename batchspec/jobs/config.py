@@ -2,7 +2,7 @@
 
 conf/config.yaml starts from `batchspec_schema`, so every key below is typed and closed: a misspelled
 key or a value of the wrong type fails with Hydra's own message while the config is composed, before
-any model loads. Only cli.py reads the composed config; everything else takes plain arguments.
+any model loads. Only the job runner's entry (cli.py, checks.py) reads the composed config; everything else takes plain arguments.
 
 Job files (`job=NAME`) are registered here too: every `*.yaml` in the shipped `jobs/` folder, in
 `./jobs` of the current directory and in the folders listed in $BATCHSPEC_JOBS_DIR becomes the

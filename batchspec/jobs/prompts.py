@@ -15,8 +15,8 @@ import pyarrow as pa
 from ..textcheck import text_problem
 from ..types import MAX_CHARS_PER_TOKEN, Request
 from .rowparams import RowParamColumns
-from .sink import POSITION_COLUMN
-from .sources import ABSENT, BadValue, Row, SourceError, one_line
+from .sink import POSITION_COLUMN, first_line
+from .sources import ABSENT, BadValue, Row, SourceError
 
 
 def _sandbox():
@@ -150,9 +150,9 @@ class PromptBuilder:
         except UndefinedError as e:
             raise PromptError(f"source.template: {e.message} (null or missing in this row)") from e
         except TemplateError as e:
-            raise PromptError(f"source.template: {one_line(e)}") from e
+            raise PromptError(f"source.template: {first_line(e)}") from e
         except Exception as e:  # an error inside an expression, e.g. {{ a + b }} on a str and an int
-            raise PromptError(f"source.template: {type(e).__name__}: {one_line(e)}") from e
+            raise PromptError(f"source.template: {type(e).__name__}: {first_line(e)}") from e
 
     def _chat(self, messages: Any) -> list[int]:
         problem = check_messages(messages)
@@ -167,7 +167,7 @@ class PromptBuilder:
                 [dict(m) for m in messages], add_generation_prompt=True, tokenize=True, return_dict=False
             )
         except Exception as e:  # chat templates raise their own errors (e.g. roles must alternate)
-            raise PromptError(f"chat template: {one_line(e)}") from e
+            raise PromptError(f"chat template: {first_line(e)}") from e
         if isinstance(ids, Mapping):
             ids = ids["input_ids"]
         return [int(t) for t in ids]

@@ -70,7 +70,7 @@ POSITION_COLUMN = "position"  # the row's index in the input (from 0): sorting b
 RESULT_SCHEMA = pa.schema([(name, COLUMN_TYPES[name]) for name in RESULT_COLUMNS] + [(POSITION_COLUMN, pa.int64())])
 
 META_KEY = b"batchspec"
-CONFIG_KEY = b"batchspec.config"  # JSON: the configuration that produced a part's rows (cli.output_config)
+CONFIG_KEY = b"batchspec.config"  # JSON: the configuration that produced a part's rows (shard.output_config)
 FINGERPRINT_KEY = b"batchspec.fingerprint"  # JSON: job.json's fingerprint, the keys that decide the rows
 # The job's own part files. Anything else in data/ (a backup copy, a file dropped there by hand) is
 # "foreign": resume and the summary never read it, batchspec.status reports it.

@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..textcheck import text_problem
+from .sink import first_line
 
 log = logging.getLogger("batchspec")
 
@@ -71,11 +72,6 @@ class _Absent:
 
 
 ABSENT = _Absent()
-
-
-def one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def shard_from_env(index: int | None, count: int | None, environ: Mapping[str, str]) -> tuple[int, int]:
@@ -227,7 +223,7 @@ def _value(column, i: int) -> Any:
     except UnicodeDecodeError as e:
         return BadValue(f"is not valid UTF-8 (byte 0x{e.object[e.start]:02x} at offset {e.start})")
     except (OverflowError, ValueError) as e:
-        return BadValue(f"holds a {column.type} value Python cannot represent ({one_line(e)})")
+        return BadValue(f"holds a {column.type} value Python cannot represent ({first_line(e)})")
 
 
 def _pylist(table: pa.Table | pa.RecordBatch) -> list[dict[str, Any]]:
@@ -340,7 +336,7 @@ class ParquetSource(Source):
                     self.file_rows[f] = pf.metadata.num_rows
                     self.file_schemas[f] = pf.schema_arrow
             except (OSError, pa.ArrowException) as e:
-                self.unreadable[f] = one_line(e)
+                self.unreadable[f] = first_line(e)
         if not self.file_schemas:
             first = self.files[0]
             raise SourceError(f"cannot read Parquet file {first}: {self.unreadable[first]}")
@@ -359,7 +355,7 @@ class ParquetSource(Source):
                     types = [unified.field(c).type]
                 except (pa.ArrowException, TypeError) as e:
                     log.warning("column %r has types %s in the files of %s (%s): values that do not fit %s "
-                                "make their row an error", c, ", ".join(map(str, types)), path, one_line(e), types[0])
+                                "make their row an error", c, ", ".join(map(str, types)), path, first_line(e), types[0])
             fields.append(pa.field(c, types[0]))
         self.schema = pa.schema(fields)
         self.check_columns = frozenset(mixed)
@@ -397,7 +393,7 @@ class ParquetSource(Source):
                         yield from zip((start + read + i for i in picks), values)
                         read += batch.num_rows
             except (OSError, pa.ArrowException) as e:
-                self._unreadable(f, one_line(e), read, self.file_rows[f])
+                self._unreadable(f, first_line(e), read, self.file_rows[f])
             start += self.file_rows[f]  # from the footer: later files keep their positions
 
 
@@ -503,7 +499,7 @@ class JsonlSource(Source):
                         sample.append(obj)
         except READ_ERRORS as e:
             if not lines:  # nothing readable at all: the input as a whole is unreadable
-                raise SourceError(f"cannot read JSONL input {path!r}: {one_line(e)}") from e
+                raise SourceError(f"cannot read JSONL input {path!r}: {first_line(e)}") from e
             # Read up to the break now; rows() reports it (or skips the rest) once the rows before it are run.
         if first_char(path) == b"[":  # a .json file holding one array: its lines are no rows (or wrong ones)
             raise SourceError(f"{path!r} holds a JSON array, not JSON Lines (one object per line): convert it, "
@@ -588,9 +584,9 @@ class JsonlSource(Source):
         except READ_ERRORS as e:
             where = f"{self.path} after line {number}"
             if not self.skip_unreadable:
-                raise SourceError(f"cannot read JSONL file {where}: {one_line(e)}; {SKIP_HINT}") from e
-            log.warning("skipping the rest of %s (source.skip_unreadable): %s", where, one_line(e))
-            self.skipped.append({"file": self.path, "reason": one_line(e), "rows_read": position + 1, "rows": None})
+                raise SourceError(f"cannot read JSONL file {where}: {first_line(e)}; {SKIP_HINT}") from e
+            log.warning("skipping the rest of %s (source.skip_unreadable): %s", where, first_line(e))
+            self.skipped.append({"file": self.path, "reason": first_line(e), "rows_read": position + 1, "rows": None})
 
 
 class HFSource(Source):
@@ -615,7 +611,7 @@ class HFSource(Source):
         except SourceError:
             raise
         except Exception as e:  # datasets raises many kinds (FileNotFoundError, DatasetNotFoundError, ValueError)
-            raise SourceError(f"cannot open {path!r} as a Hugging Face dataset: {one_line(e)}") from e
+            raise SourceError(f"cannot open {path!r} as a Hugging Face dataset: {first_line(e)}") from e
         self.data = data
         self.typed = isinstance(data, datasets.Dataset)
         if self.typed:
@@ -659,7 +655,7 @@ class HFSource(Source):
                 if in_shard(position, index, count, limit):
                     yield position, row
         except Exception as e:  # a stream cannot skip ahead past a bad file, so this always stops the run
-            raise SourceError(f"cannot read {self.path} after row {position}: {one_line(e)}") from e
+            raise SourceError(f"cannot read {self.path} after row {position}: {first_line(e)}") from e
 
 
 # ---- which rows to run -------------------------------------------------------------------------

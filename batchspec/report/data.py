@@ -36,7 +36,7 @@ class NotAnOutput(ValueError):
 @dataclass
 class Output:
     path: Path
-    config: dict[str, Any]  # batchspec.config of the newest part (cli.output_config), or from summary.json
+    config: dict[str, Any]  # batchspec.config of the newest part (shard.output_config), or from summary.json
     config_source: str  # where `config` came from
     batch_sizes: list[int]  # every batch size the parts were written with (a resumed job may change it)
     totals: dict[str, Any]  # sink.summarize(): rows, tokens, wall_s, acceptance_by_position, rounds_by_k, ...

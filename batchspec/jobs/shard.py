@@ -1,0 +1,174 @@
+"""One shard of a job: read the input, skip what is done, load the models, run, write, finish."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict
+from itertools import chain
+from pathlib import Path
+from typing import Any, Mapping
+
+import pyarrow as pa
+
+from . import openai_batch
+from .build import build_job_generator, draft_path, load_job_models, self_training
+from .checks import check_model_paths, needed_columns, openai_lines
+from .config import ConfigError, JobConfig, OutputOrder
+from .fingerprint import check_fingerprint, fingerprint, write_fingerprint
+from .grouping import RowGroups
+from .iostats import TimedStream, io_summary
+from .job import Progress, resolve_progress_mode, run_job
+from .locks import DirLock, ShardLock, other_runs
+from .prompts import PromptBuilder
+from .retry import drop_error_rows
+from .rowparams import RowParamColumns
+from .sink import CONFIG_KEY, FINGERPRINT_KEY, ParquetSink, check_output_dir, done_ids, foreign_files, shard_rows
+from .sources import RowSelector, SourceError, nesting_problem, open_source, shard_from_env
+from .summary import drafter_text, finish, versions
+from ..paths import missing_source_path
+
+log = logging.getLogger("batchspec")
+
+
+def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: str,
+        environ: Mapping[str, str]) -> int:
+    """Run (or resume) one shard of a job into out_dir; returns the exit status.
+
+    The shard's lock is held for the whole run, so a second run of the same shard into the same dir (a
+    double-submitted array task, a cron job overlapping itself) is refused before it reads anything."""
+    index, count = shard_from_env(job.shard.index, job.shard.count, environ)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with ShardLock(out_dir, index, count):
+        return run_shard(job, out_dir=out_dir, composed=composed, job_name=job_name, index=index, count=count)
+
+def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: str, index: int,
+              count: int) -> int:
+    """run() with the shard's lock held."""
+    started = time.perf_counter()
+    src = job.source
+    check_model_paths(job)
+    for stop in job.sampling.stop:
+        if "\\n" in stop or "\\t" in stop:  # Hydra keeps a backslash and an n: the user likely meant a newline
+            log.warning("sampling.stop %r holds a backslash, not a newline or tab; for a newline on the command "
+                        "line write $'sampling.stop=[\"\\n\\n\"]' (bash), or stop: [\"\\n\\n\"] in a job file", stop)
+    nested = nesting_problem(src.path, out_dir)  # before listing the input, which may hold the output's parts
+    if nested:
+        raise ConfigError(nested)
+    missing = missing_source_path(src.path)
+    if missing:  # before datasets would spend ~30 s of hub retries on it
+        raise SourceError(f"source.path: {missing}")
+    source = open_source(src.path, "jsonl" if openai_lines(job) else src.format.value, src.split,
+                         needed_columns(job), skip_unreadable=src.skip_unreadable)
+    id_column = "custom_id" if openai_lines(job) else src.id_column
+    check_output_dir(out_dir)  # before any work: a read-only dir, data/ on another filesystem
+    wanted = fingerprint(composed, job)
+    layout = source.layout() if id_column is None else None  # positional ids: rows must not move
+    with DirLock(out_dir):  # compare and write job.json in one step: shards starting together see each other
+        check_fingerprint(out_dir, wanted, source=source if id_column is None else None, layout=layout,
+                          running=bool(other_runs(out_dir, index, count)))
+        write_fingerprint(out_dir, wanted, layout)
+    strays = foreign_files(out_dir)
+    if strays:
+        log.warning("%s holds %d file(s) that are not this job's part files (e.g. %s): resume ignores them, "
+                    "but readers of data/ do not; move them out", out_dir / "data", len(strays), strays[0].name)
+    scan_started = time.perf_counter()
+    if job.retry_errors:
+        retried = drop_error_rows(out_dir, index, count)
+        if retried:
+            log.info("retry_errors: %d failed id(s) of this shard will run again (e.g. %s)", len(retried),
+                     ", ".join(map(repr, retried[:5])))
+    done, own_done = done_ids(out_dir), shard_rows(out_dir, index, count)
+    scan_s = time.perf_counter() - scan_started
+    selector = RowSelector(source, id_column=id_column, shard_index=index, shard_count=count,
+                           limit=src.limit, done=done)
+    rows = iter(selector)
+    peek_started = time.perf_counter()
+    first = next(rows, None)
+    peek_s = time.perf_counter() - peek_started
+    label = f"shard {index}/{count}" if count > 1 else "job"
+    if first is None:
+        if selector.read_error:
+            raise SourceError(selector.read_error)
+        log.info("nothing to do: every row of %s %s is already in %s", job_name, label, out_dir / "data")
+        finish(out_dir, index, count, composed, selector, outcome=None, load_s=0.0, generator=None, job=job)
+        return 0
+
+    progress_mode = resolve_progress_mode(job.progress.mode.value, sys.stderr)
+    if progress_mode != "bar":
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # no "Loading weights" bars in cron / SLURM logs
+
+    if job.threads is not None:
+        import torch
+
+        torch.set_num_threads(job.threads)
+    # Done rows are skipped lazily while reading, so count this shard's from its part files.
+    to_do = "an unknown number of" if selector.total is None else max(selector.total - own_done, 0)
+    others = f"; {len(done) - own_done} rows of other shards in the dir" if len(done) > own_done else ""
+    log.info("%s %s: %s rows to do (%d already done%s) -> %s", job_name, label, to_do, own_done, others, out_dir)
+    models = load_job_models(job)
+    row_params = RowParamColumns(src.row_params) if src.row_params else None
+    generator = build_job_generator(job, models, row_params, out_dir, openai_lines=openai_lines(job))
+    if openai_lines(job):
+        builder = openai_batch.OpenAIRequests(models.tokenizer, generator.max_seq_len)
+    else:
+        builder = PromptBuilder(
+            prompt_column=src.prompt_column, template=src.template, chat=src.chat, tokenizer=models.tokenizer,
+            keep_columns=src.keep_columns, keep_schema=pa_fields(source.schema, src.keep_columns),
+            check_columns=source.check_columns, row_params=row_params, max_seq_len=generator.max_seq_len,
+        )
+    load_s = time.perf_counter() - started
+    log.info("models loaded in %.1f s (drafter %s, batch %d)", load_s,
+             drafter_text(composed.get("drafter", {}), composed.get("sampling") or {}), job.batch_size)
+    keep_schema = openai_batch.keep_schema() if openai_lines(job) else pa_fields(source.schema, src.keep_columns)
+    sink = ParquetSink(out_dir, shard_index=index, shard_count=count, rows_per_file=job.output.rows_per_file,
+                       flush_every_s=job.output.flush_every_s,
+                       keep_schema=keep_schema, background=True,
+                       file_metadata={CONFIG_KEY: json.dumps(output_config(job, job_name, generator, index, count)),
+                                      FINGERPRINT_KEY: json.dumps(wanted)})
+    progress = Progress(progress_mode, total=remaining(selector), every_s=job.progress.every_s)
+    requests = TimedStream(builder.request(row) for row in chain([first], rows))
+    groups = RowGroups(job.sampling.n, in_order=job.output.order == OutputOrder.input)
+    try:
+        outcome = run_job(requests, generator, sink, progress, remaining=lambda: remaining(selector), groups=groups)
+    finally:
+        closing = time.perf_counter()
+        sink.close()  # every part is in data/ once this returns; re-raises a write error
+    io = io_summary(read_s=peek_s + requests.seconds, write_s=sink.write_s, scan_s=scan_s,
+                    wall_s=scan_s + peek_s + outcome.wall_s + time.perf_counter() - closing,
+                    encode_write_s=sink.encode_write_s)
+    if outcome.interrupted_by is not None:
+        log.warning("stopped by signal %d: %d rows written this run (%d errors); rerun the same command to resume",
+                    outcome.interrupted_by, outcome.rows, outcome.errors)
+        return 128 + outcome.interrupted_by
+    if selector.read_error:  # the rows read before the error ran and are written; the shard is not finished
+        raise SourceError(f"{selector.read_error} ({outcome.rows} rows before it written this run)")
+    finish(out_dir, index, count, composed, selector, outcome=outcome, load_s=load_s, generator=generator, io=io,
+           job=job)
+    return 0
+
+def output_config(job: JobConfig, job_name: str, generator, index: int, count: int) -> dict[str, Any]:
+    """The configuration that produced a part's rows, in every part file's Parquet metadata under
+    `batchspec.config` (docs/jobs.md), so the files alone say which drafter, k and sampling made them.
+    k_max, adaptive and max_seq_len are the generator's: what ran after defaults were resolved."""
+    drafter = job.drafter.name
+    return {
+        "job": job_name, "drafter": drafter.value, "k_max": generator.k_max, "adaptive": generator.adaptive is not None,
+        "trees": [str(t) for t in generator.trees],
+        "sampling": {key: getattr(value, "value", value) for key, value in asdict(job.sampling).items()},
+        "batch_size": job.batch_size, "max_seq_len": generator.max_seq_len,
+        "model": {"target": job.model.target, "draft": job.model.draft if draft_path(job) or self_training(job) else None,
+                  "dtype": job.model.dtype.value, "compile": job.model.compile.value},
+        "shard": {"index": index, "count": count}, "batchspec": versions()["batchspec"],
+    }
+
+
+def pa_fields(schema: pa.Schema, names: list[str]) -> pa.Schema:
+    return pa.schema([schema.field(n) for n in names])
+
+def remaining(selector: RowSelector) -> int | None:
+    return None if selector.total is None else selector.total - selector.skipped
