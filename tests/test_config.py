@@ -50,7 +50,7 @@ def test_groups_compose_and_job_values_win(capsys, monkeypatch, workdir, drafter
     assert cfg["sampling"]["max_new_tokens"] == 12  # from the job file, over the preset
     assert (cfg["sampling"]["temperature"] == 0.0) == (sampling == "greedy")
     assert set(cfg) == {"model", "drafter", "sampling", "source", "output", "shard", "progress", "batch_size",
-                        "max_seq_len", "threads"}
+                        "max_seq_len", "threads", "retry_errors"}
 
 
 @pytest.mark.parametrize("args, message", [
@@ -63,7 +63,7 @@ def test_groups_compose_and_job_values_win(capsys, monkeypatch, workdir, drafter
     (["+nonsense=1"], "unknown key 'nonsense'; the top-level keys are model, drafter, sampling"),
     (["batch_size=eight"], "Value 'eight' of type 'str' could not be converted to Integer"),
     (["model.dtype=float23"], "Invalid value 'float23', expected one of [auto, float32, bfloat16, float16]"),
-    (["source.format=csv"], "Invalid value 'csv', expected one of [auto, parquet, hf, jsonl]"),
+    (["source.format=csv"], "Invalid value 'csv', expected one of [auto, parquet, hf, jsonl, openai]"),
     (["drafter=medusa"], "Could not find 'drafter/medusa'"),
 ])
 def test_hydra_rejects_typos_and_wrong_types(capsys, monkeypatch, workdir, args, message):
@@ -98,7 +98,7 @@ def one_line_error(capsys) -> str:
     (["job=tiny", "batch_size=0"], "batch_size=0: need >= 1"),
     (["job=tiny", "drafter=ngram", "drafter.tree=2X3"], "drafter.tree '2X3': write BxD (branching x depth), e.g. 2x4"),
     (["job=tiny", "drafter=ngram", "drafter.tree='2x3,0x1'"], "drafter.tree '0x1': branching and depth must be at least 1"),
-    (["job=tiny", "drafter=none", "drafter.tree=2x2"], "drafter.tree needs a drafter: model, ngram or prompt_lookup"),
+    (["job=tiny", "drafter=none", "drafter.tree=2x2"], "drafter.tree needs a drafter: model, ngram, prompt_lookup, suffix or eagle"),
     (["job=tiny", "source.keep_columns=[prompt]"], "source.keep_columns: 'prompt' is also an output column"),
     (["job=tiny", "source.template='{{ text '"], "source.template: unexpected end of template"),
     (["job=tiny", "source.prompt_column=question"],

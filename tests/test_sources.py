@@ -170,7 +170,7 @@ def request(builder, values, row_id="r"):
 def test_prompt_column_values():
     b = PromptBuilder(prompt_column="p", template=None, chat=False, keep_columns=["k"])
     ok = request(b, {"p": "hello", "k": 7})
-    assert (ok.prompt, ok.error, ok.extra) == ("hello", None, {"k": 7})
+    assert (ok.prompt, ok.error, ok.extra) == ("hello", None, {"k": 7, "position": 0})  # position: the row's index
     assert request(b, {"p": [5, 6, 7]}).prompt == [5, 6, 7]  # pre-tokenized
     assert request(b, {"p": None}).error == "source.prompt_column 'p' is null"
     assert request(b, {"p": 3}).error == "source.prompt_column 'p' holds a int, not a string"

@@ -239,7 +239,7 @@ def train(model: PreTrainedModel, sample, *, steps: int, lr: float, seed: int, n
                 msg += f" held-out loss {eval_loss(model, eval_windows):.3f}"
             print(f"{msg} ({time.time() - start:.0f}s)", flush=True)
     model.eval()
-    return statistics.mean(losses[-max(1, steps // 10):])
+    return statistics.mean(losses[-max(1, steps // 10):]) if losses else None  # steps=0: not trained
 
 
 # ---------------------------------------------------------------------------------------------- prompts
