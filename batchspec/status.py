@@ -201,6 +201,10 @@ def format_status(report: dict[str, Any]) -> str:
         if s["finished"]:
             note = f"finished {s['finished_at']}" + (
                 f": {run['rows']} rows in {run['wall_s']:.1f} s" if run else ": nothing left to do")
+            trained = (run or {}).get("self_training")
+            if trained:
+                note += (f"; self-trained head: {trained['tokens_per_s_before'] or 0:.1f} -> "
+                         f"{trained['tokens_per_s_after'] or 0:.1f} tokens/s, trained {trained['train_s']:.0f} s")
         else:
             note = "no finish marker: running, stopped or cancelled (resubmit the array to resume)"
         state = "finished" if s["finished"] else "missing"

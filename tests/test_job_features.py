@@ -337,6 +337,15 @@ def test_self_training_eagle_job(tmp_path, tiny_models, monkeypatch):
     report = marker["last_run"]["self_training"]
     assert report["rows_before"] == 24 and report["rows_after"] == len(PROMPTS) * 5 - 24
     assert (Path(report["head"]) / "config.json").exists()
+    assert summary(out)["self_training"]["0"]["rows_before"] == 24  # summary.json, status and the report show it
+    from batchspec.report.data import load_output
+    from batchspec.report.page import output_section, terminal_summary
+    from batchspec.status import format_status, status
+
+    assert "self-trained head:" in format_status(status(out))
+    loaded = load_output(out)
+    assert "Self-trained EAGLE head" in output_section(loaded, several=False)
+    assert "self-trained head" in terminal_summary([loaded], out / "report.html", 0)
     assert run_inprocess(tmp_path, "job=st", "drafter=none", "output.dir=plain", monkeypatch=monkeypatch) == 0
     assert [r["completion_token_ids"] for r in read_output(out)] == \
         [r["completion_token_ids"] for r in read_output(tmp_path / "plain")]

@@ -43,7 +43,7 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
             "duplicate_ids_skipped": selector.duplicates, "duplicate_ids": selector.duplicate_ids,
             "skipped_files": selector.source.skipped, "last_run": this_run,
         }, indent=2) + "\n")
-    finished, skipped = [], []
+    finished, skipped, trained = [], [], {}
     for path in sorted(shards_dir.glob("shard-*.json")):
         try:
             m = read_json(path)
@@ -53,6 +53,8 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
         if m.get("count") == count:
             finished.append(m.get("shard"))
             skipped += [f for f in m.get("skipped_files") or [] if f not in skipped]
+            if (m.get("last_run") or {}).get("self_training"):
+                trained[str(m.get("shard"))] = m["last_run"]["self_training"]
     if selector.duplicates:
         log.warning("%d row(s) dropped: their id repeats an earlier row's (ids %s%s); only the first row of an "
                     "id runs", selector.duplicates, ", ".join(map(repr, selector.duplicate_ids)),
@@ -64,6 +66,8 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
         "duplicate_ids_skipped": selector.duplicates, "skipped_files": skipped, "io": io,
         "config": composed, "versions": versions(),
     })
+    if trained:  # model.draft=train: each shard's before / after, training time and break-even row
+        summary["self_training"] = trained
     if job is not None and job.output.format == OutputFormat.openai and summary["shards"]["complete"]:
         from ..models import load_tokenizer
 
@@ -107,6 +111,11 @@ def format_summary(summary: dict[str, Any], outcome) -> str:
         f"  tokens per target forward {num(summary['tokens_per_target_forward'])}",
         f"  shards finished           {len(summary['shards']['finished'])}/{summary['shards']['count']}",
     ]
+    for shard, t in (summary.get("self_training") or {}).items():
+        lines.append(f"  self-trained EAGLE head    shard {shard}: {t['rows_before']} rows before "
+                     f"{num(t['tokens_per_s_before'], '.1f')} tokens/s, trained {t['train_s']:.0f} s, "
+                     f"{t['rows_after']} rows after {num(t['tokens_per_s_after'], '.1f')} tokens/s"
+                     + (f", break-even row {t['break_even_row']}" if t.get("break_even_row") else ""))
     if summary.get("skipped_files"):
         lines.append(f"  unreadable input skipped  {', '.join(f['file'] for f in summary['skipped_files'])}")
     io = summary.get("io")

@@ -50,6 +50,7 @@ class Output:
     label: str = ""  # its configuration, as far as it tells it apart from the others in the report
     name: str = ""  # its path, relative to the outputs' common folder
     prediction: dict[str, Any] = field(default_factory=dict)  # predicted speedup, or why there is none
+    self_training: dict[str, Any] = field(default_factory=dict)  # model.draft=train: per shard, before / after
 
 
 def find_outputs(path: Path) -> list[Path]:
@@ -112,6 +113,7 @@ def load_output(path: Path, top: int = 5) -> Output:
         tokens_per_forward=np.concatenate(per_forward) if per_forward else np.zeros(0),
         latency_s=np.concatenate(latency) if latency else np.zeros(0),
         accepted_per_round=[int(n) for n in by_accepted] if totals["draft_tokens"] else [],  # nothing drafted
+        self_training=summary.get("self_training") or {},
     )
     if candidates:
         c = np.concatenate(candidates, axis=1)

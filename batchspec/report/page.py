@@ -242,6 +242,13 @@ def output_section(o: Output, several: bool) -> str:
                      + (f"; draft forward {c.draft_ms:.2f} ms" if c.draft_ms else "") + ".</p>")
     else:
         parts.append(f"<p class=note>Predicted speedup: none — {esc(pred.get('why', ''))}.</p>")
+    if o.self_training:
+        rows = [[shard, str(x["rows_before"]), fmt(x["tokens_per_s_before"], ".1f"), f"{x['train_s']:.0f}",
+                 str(x["rows_after"]), fmt(x["tokens_per_s_after"], ".1f"), str(x.get("break_even_row") or "–")]
+                for shard, x in o.self_training.items()]
+        parts.append("<h3>Self-trained EAGLE head (model.draft=train)</h3>" + table(
+            ["shard", "rows before", "tokens/s before", "training s", "rows after", "tokens/s after",
+             "break-even row"], rows, numeric=set(range(1, 7))))
     reasons = t["finish_reasons"]
     parts.append("<h3>Finish reasons and errors</h3>" + table(
         ["finish reason", "rows"], [[k, str(v)] for k, v in sorted(reasons.items())] or [["–", "0"]], numeric={1}))
@@ -309,6 +316,9 @@ def terminal_summary(outs: list[Output], html_path: Path, plots: int, missing_pl
         pred = o.prediction
         lines.append(f"  {'predicted speedup':<28} " + (f"{pred['speedup']:.2f}x" if "speedup" in pred else
                                                          f"- ({pred.get('why', '')})"))
+        for shard, x in o.self_training.items():
+            lines.append(f"  {'self-trained head':<28} shard {shard}: {fmt(x['tokens_per_s_before'], '.1f')} -> "
+                         f"{fmt(x['tokens_per_s_after'], '.1f')} tokens/s, trained {x['train_s']:.0f} s")
         return "\n".join(lines)
     headers = [SHORT.get(h, h) for h in TERMINAL]
     name_width = max(len(o.name) for o in outs)
@@ -326,3 +336,7 @@ def terminal_summary(outs: list[Output], html_path: Path, plots: int, missing_pl
     lines += [f"  {o.name}: INCOMPLETE: {len(o.shards['finished'])} of {o.shards['count']} shards finished"
               for o in outs if len(o.shards["finished"]) < o.shards["count"]]
     return "\n".join(lines)
+
+
+def fmt(x, spec: str) -> str:
+    return "–" if x is None else format(x, spec)
