@@ -179,3 +179,20 @@ def test_tree_bound_runs_on_the_demo_pair(capsys):
     assert "2 prompts, 16 positions" in out and "r1 " in out
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit() and "[" in line]
     assert [r[0] for r in rows] == ["1", "4"]
+
+
+def test_bench_features_prints_both_tables(capsys):
+    """tools/bench_features.py on the demo pair at its smallest: the n-samples table (prompt tokens
+    prefilled: n=2 prefills each prompt once, the copies twice) and the logprobs table, whose greedy
+    outputs it checks are identical at every setting."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import bench_features
+
+    bench_features.main(["--prompts", "2", "--n", "2", "--repeats", "1", "--max-new-tokens", "4", "--threads", "1"])
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  n=2") or "copies" in line}
+    assert int(rows["2"][-1]) == 2 * int(rows["n=2"][-1])  # the copies prefill every prompt twice
+    assert "output identical at every setting" in out and "20" in out.split("logprobs:")[1]
