@@ -43,6 +43,7 @@ class LoopOptions:
     train_on_prompt: bool = True  # also learn at prompt positions (the target's states are real there too)
     labels: str = "hard"  # "hard": the target's greedy token; "soft": its distribution at label_temperature
     label_temperature: float = 1.0
+    show_progress: bool = True  # the tqdm bar (off inside a job, whose own progress lines go to its log)
     seed: int = 0
 
 
@@ -157,7 +158,8 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
         payload = {"head": head.state_dict(), "optimizer": opt.state_dict(), "state": asdict(state)}
         atomic_write(checkpoint_path, lambda tmp: torch.save(payload, tmp))
 
-    bar = tqdm(total=1000, desc="training", bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} {postfix}")
+    bar = tqdm(total=1000, desc="training", bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} {postfix}",
+               disable=not options.show_progress)
     last_save, recent, shown = time.time(), [], {}
     while progress_of(state, options) < 1.0:
         t0 = time.time()

@@ -157,7 +157,10 @@ class SelfTrainingGenerator:
         heldout_states = sequence_states(target, [s.ids for s in heldout], layer_ids, dtype=torch.float32)
         scale_fc(head, torch.cat([st[0] for st in states[:64]]))
         spent = time.perf_counter() - started
-        options = LoopOptions(seconds=max(1.0, self.minutes * 60 - spent), eval_every=10**9, seed=self.seed)
+        # No tqdm bar inside a job: its own progress (bar or log lines) reports the rows, and this logs the start/end.
+        options = LoopOptions(seconds=max(1.0, self.minutes * 60 - spent), eval_every=10**9, seed=self.seed,
+                              show_progress=False)
+        log.info("training an EAGLE-3 head on %d rows for about %.1f min", len(train), options.seconds / 60)
         self.head_dir.mkdir(parents=True, exist_ok=True)
         train_loop(head, target, train, states, [], [], options, self.head_dir / "checkpoint.pt", device=target.device)
         head.to(device=target.device, dtype=torch.float32).eval()
