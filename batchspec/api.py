@@ -259,7 +259,7 @@ def generate(
         most = max([max_new_tokens] + [p.max_new_tokens for p in params or () if p and isinstance(p.max_new_tokens, int)])
         max_seq_len = max(2, longest + most if limit is None else min(limit, longest + most))
     rows = [p for p in params or () if p is not None]
-    varied = any(getattr(p, f) is not None for p in rows for f in ("temperature", "top_k", "top_p", "min_p"))
+    varied = any(getattr(p, f) is not None for p in rows for f in RowParams.SAMPLING)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repetition_penalty=repetition_penalty, seed=seed, verify=verify, varied=varied)
     asked = [x for p in rows for x in (p.logprobs, p.prompt_logprobs) if isinstance(x, int)]

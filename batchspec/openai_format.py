@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 from .textcheck import text_problem
@@ -27,7 +28,6 @@ CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 URLS = (CHAT_URL, COMPLETIONS_URL)
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-MAX_TOP_LOGPROBS = 20
 # Body fields that change the output if set, which batchspec does not do: refused unless at their default.
 UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
                "logit_bias": ({},), "stream": (False,), "echo": (False,), "suffix": ("",), "tools": ([],),
@@ -309,6 +309,17 @@ def completion_logprobs(result: Result, decode: Callable[[list[int]], str]) -> d
         tops.append({decode([a]): alp for a, alp in alts})
         offsets.append(max(0, len(decode(ids[:i + 1])) - len(tokens[-1])))
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def token_decoder(tokenizer) -> Callable[[list[int]], str]:
+    """The `decode` that format_output takes: a tokenizer's decode, single tokens cached (logprobs decode
+    every alternative of every token one by one)."""
+    token_text = lru_cache(maxsize=65536)(lambda t: tokenizer.decode([t]))
+
+    def decode(ids: list[int]) -> str:
+        return token_text(ids[0]) if len(ids) == 1 else tokenizer.decode(ids)
+
+    return decode
 
 
 def is_error(output: Mapping[str, Any]) -> bool:

@@ -30,12 +30,12 @@ import signal
 import sys
 import time
 from dataclasses import replace
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
+from .jobs.sink import atomic_write_text
 from .openai_format import (BatchLine, dumps, error_output, format_output, is_error, line_key, max_logprobs,
-                            parse_line, with_defaults)
+                            parse_line, token_decoder, with_defaults)
 from .paths import missing_local_path
 
 EXIT_SETUP = 2
@@ -161,7 +161,7 @@ class WorkDir:
                 raise SetupError(f"{self.path}/ was started with other settings ({'; '.join(changed)}): rerun with "
                                  f"the same input and settings, or delete {self.path}/ to start over")
         else:
-            atomic_write(saved_path, json.dumps(settings, indent=1) + "\n")
+            atomic_write_text(saved_path, json.dumps(settings, indent=1) + "\n")
 
     def close(self) -> None:
         """Let go of the lock (the kernel also drops it when the process dies)."""
@@ -187,20 +187,11 @@ class WorkDir:
     def write(self, records: list[tuple[int, dict[str, Any]]]) -> None:
         parts = self.parts()
         number = int(parts[-1].stem.split("-")[1]) + 1 if parts else 1
-        atomic_write(self.path / f"part-{number:06d}.jsonl",
+        atomic_write_text(self.path / f"part-{number:06d}.jsonl",
                      "".join(dumps({"line": n, "output": o}) + "\n" for n, o in records))
 
     def assemble(self, lines: list[BatchLine], done: dict[int, dict[str, Any]]) -> None:
-        atomic_write(self.output, "".join(dumps(done[line.number]) + "\n" for line in lines))
-
-
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        atomic_write_text(self.output, "".join(dumps(done[line.number]) + "\n" for line in lines))
 
 
 class Sink:
@@ -328,10 +319,7 @@ def generate_lines(lines: list[BatchLine], args: argparse.Namespace, sha: str, s
     sink.started = time.monotonic()  # tokens/s from here, not from the model loading
     tokenizer = models.tokenizer
     by_id = {line.custom_id: line for line in lines}
-    token_text = lru_cache(maxsize=65536)(lambda t: tokenizer.decode([t]))
-
-    def decode(ids: list[int]) -> str:
-        return token_text(ids[0]) if len(ids) == 1 else tokenizer.decode(ids)
+    decode = token_decoder(tokenizer)
     name = args.served_model_name or args.model
 
     def requests() -> Iterator[Request]:

@@ -16,6 +16,7 @@ FINISH_ERROR = "error"  # the request could not run; `error` says why
 # max_seq_len * MAX_CHARS_PER_TOKEN cannot fit, and is refused before it is tokenized (which would
 # cost time and memory in proportion to its length: a 34 MB prompt took 6 GB).
 MAX_CHARS_PER_TOKEN = 64
+MAX_LOGPROBS = 20  # the most alternatives a request's logprobs / prompt_logprobs may ask for
 MIN_TEMPERATURE = 1e-2  # below it logits/T overflows float32 (T = 1e-40 gives inf - inf = NaN): use 0 for greedy
 
 
@@ -36,6 +37,8 @@ class RowParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
 
+    # Settings a generator honours per request only when built for it (SamplingParams.varied).
+    SAMPLING = ("temperature", "top_k", "top_p", "min_p")
     LIMITS = {  # field -> (type, test, what it must be)
         "max_new_tokens": (int, lambda v: v >= 1, "an integer >= 1"),
         "temperature": (float, lambda v: 0 <= v < math.inf and (v == 0 or v >= MIN_TEMPERATURE),
@@ -45,8 +48,8 @@ class RowParams:
         "min_p": (float, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
         "seed": (int, lambda v: -(1 << 63) <= v < (1 << 63), "a 64-bit integer"),
         "n": (int, lambda v: 1 <= v <= 1024, "an integer in [1, 1024]"),
-        "logprobs": (int, lambda v: 0 <= v <= 20, "an integer in [0, 20]"),
-        "prompt_logprobs": (int, lambda v: 0 <= v <= 20, "an integer in [0, 20]"),
+        "logprobs": (int, lambda v: 0 <= v <= MAX_LOGPROBS, f"an integer in [0, {MAX_LOGPROBS}]"),
+        "prompt_logprobs": (int, lambda v: 0 <= v <= MAX_LOGPROBS, f"an integer in [0, {MAX_LOGPROBS}]"),
     }
 
     def problem(self) -> str | None:

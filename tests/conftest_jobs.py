@@ -153,3 +153,10 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def one_line_error(capsys) -> str:
+    """The one `batchspec: error: ...` line a failed run printed on stderr, without its prefix."""
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("batchspec: error: ")]
+    assert len(err) == 1, err
+    return err[0].removeprefix("batchspec: error: ")

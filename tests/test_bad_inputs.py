@@ -17,7 +17,9 @@ from batchspec.jobs.sink import ParquetSink, part_files
 from batchspec.jobs.prompts import PromptBuilder
 from batchspec.jobs.sources import Row, RowSelector, SourceError, open_source
 from batchspec.types import Request, Result
-from conftest_jobs import one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job  # noqa: F401
+from conftest_jobs import (  # noqa: F401 (fixtures)
+    one_line_error as last_error_line, one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -28,12 +30,6 @@ def by_id(out_dir):
 
 def summary(out_dir):
     return json.loads((out_dir / "summary.json").read_text())
-
-
-def last_error_line(capsys) -> str:
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("batchspec: error: ")]
-    assert len(err) == 1, err
-    return err[0].removeprefix("batchspec: error: ")
 
 
 # ---- 1. text that is not valid Unicode ----------------------------------------------------------

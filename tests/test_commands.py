@@ -23,7 +23,7 @@ import yaml
 import batchspec
 from batchspec.jobs.config import ASSETS_DIR
 from conftest_jobs import (  # noqa: F401 (fixtures)
-    REPO, WORDS, cli_env, one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job,
+    REPO, WORDS, cli_env, one_line_error, one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -31,12 +31,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPTS = [" ".join(WORDS[(5 * i + j) % len(WORDS)] for j in range(3 + i % 7)) for i in range(12)]
 TINY = ["source.limit=2", "sampling.max_new_tokens=2", "progress.mode=off"]
 needs_demo = pytest.mark.skipif(not (ASSETS_DIR / "demo" / "target").is_dir(), reason="the demo pair is not built")
-
-
-def one_line_error(capsys) -> str:
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("batchspec: error: ")]
-    assert len(err) == 1, err
-    return err[0].removeprefix("batchspec: error: ")
 
 
 @pytest.fixture

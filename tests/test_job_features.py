@@ -16,7 +16,7 @@ from batchspec.jobs.grouping import RowGroups
 from batchspec.jobs.rowparams import RowParamColumns
 from batchspec.types import Request, Result, RowParams
 from conftest_jobs import (  # noqa: F401 (fixtures)
-    WORDS, one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job,
+    WORDS, one_line_error, one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,12 +36,6 @@ def job(tiny_models, name: str, tmp_path: Path, source: dict | None = None, **ex
 
 def summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
-
-
-def one_line_error(capsys) -> str:
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("batchspec: error: ")]
-    assert len(err) == 1, err
-    return err[0].removeprefix("batchspec: error: ")
 
 
 # ---- n samples ----------------------------------------------------------------------------------

@@ -19,18 +19,13 @@ import pytest
 
 from batchspec import status
 from conftest_jobs import (  # noqa: F401 (fixtures)
-    WORDS, cli_env, one_thread, read_output, run_cli, run_inprocess, tiny_job, tiny_models, write_job,
+    WORDS, cli_env, one_line_error, one_thread, read_output, run_cli, run_inprocess, tiny_job, tiny_models,
+    write_job,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPTS = [" ".join(WORDS[(7 * i + j) % len(WORDS)] for j in range(3 + i % 9)) for i in range(40)]
-
-
-def one_line_error(capsys) -> str:
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("batchspec: error: ")]
-    assert len(err) == 1, err
-    return err[0].removeprefix("batchspec: error: ")
 
 
 def ids(out_dir: Path) -> list[str]:

@@ -14,19 +14,15 @@ import pytest
 
 from batchspec.jobs.prompts import PromptBuilder
 from batchspec.jobs.sources import RowSelector, open_source
-from conftest_jobs import one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job  # noqa: F401
+from conftest_jobs import (  # noqa: F401 (fixtures)
+    one_line_error as last_error_line, one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def by_id(out_dir):
     return {r["id"]: r for r in read_output(out_dir)}
-
-
-def last_error_line(capsys) -> str:
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("batchspec: error: ")]
-    assert len(err) == 1, err
-    return err[0].removeprefix("batchspec: error: ")
 
 
 def requests(path, needed, **builder):

@@ -145,7 +145,7 @@ class Intake:
     def _unsupported(self, p: RowParams) -> str | None:
         """Settings the job was not built to honour, or that make no sense together."""
         d = self.defaults
-        for name in ("temperature", "top_k", "top_p", "min_p"):
+        for name in RowParams.SAMPLING:
             if getattr(p, name) is not None and not d.sampling.varied:
                 return f"{name} is set per request, but the generator takes the job's sampling for every request"
         for name in ("logprobs", "prompt_logprobs"):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..types import MAX_LOGPROBS
 from .config import ConfigError, DrafterName, JobConfig
 from .rowparams import RowParamColumns
 
-ROW_MAX_LOGPROBS = 20  # RowParams' limit on logprobs / prompt_logprobs
 TRAIN = "train"  # model.draft=train with drafter=eagle: the job trains its own head
 
 
@@ -52,9 +52,9 @@ def build_job_generator(job: JobConfig, models, row_params: RowParamColumns | No
                               varied=varied)
     asks_logprobs = openai_lines or (row_params is not None and
                                      any(n in row_params.mapping for n in ("logprobs", "prompt_logprobs")))
-    # When a column may ask for logprobs, any row may ask for up to RowParams' limit (20 alternatives).
+    # When a column may ask for logprobs, any row may ask for up to RowParams' limit.
     max_logprobs = max([x for x in (s.logprobs, s.prompt_logprobs) if x is not None]
-                       + ([ROW_MAX_LOGPROBS] if asks_logprobs else []), default=None)
+                       + ([MAX_LOGPROBS] if asks_logprobs else []), default=None)
 
     def build(drafter: str, head):
         return build_generator(

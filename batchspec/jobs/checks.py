@@ -17,7 +17,7 @@ from .prompts import template_columns
 from .rowparams import RowParamColumns
 from .sink import RESULT_SCHEMA, first_line
 from ..paths import missing_local_path
-from ..types import MIN_TEMPERATURE, TreeSpec
+from ..types import MAX_LOGPROBS, MIN_TEMPERATURE, TreeSpec
 
 log = logging.getLogger("batchspec")
 
@@ -67,9 +67,10 @@ def validate(job: JobConfig) -> None:
         (s.n == 1 or s.temperature > 0 or "temperature" in src.row_params,
          f"sampling.n={s.n} with greedy decoding (temperature 0) gives {s.n} identical copies: set "
          "sampling.temperature > 0, or sampling.n=1"),
-        (s.logprobs is None or 0 <= s.logprobs <= 20, f"sampling.logprobs={s.logprobs}: need 0..20 (or null: off)"),
-        (s.prompt_logprobs is None or 0 <= s.prompt_logprobs <= 20,
-         f"sampling.prompt_logprobs={s.prompt_logprobs}: need 0..20 (or null: off)"),
+        (s.logprobs is None or 0 <= s.logprobs <= MAX_LOGPROBS,
+         f"sampling.logprobs={s.logprobs}: need 0..{MAX_LOGPROBS} (or null: off)"),
+        (s.prompt_logprobs is None or 0 <= s.prompt_logprobs <= MAX_LOGPROBS,
+         f"sampling.prompt_logprobs={s.prompt_logprobs}: need 0..{MAX_LOGPROBS} (or null: off)"),
         (s.max_new_tokens >= 1, f"sampling.max_new_tokens={s.max_new_tokens}: need >= 1"),
         (s.temperature >= 0, f"sampling.temperature={s.temperature}: need >= 0"),
         # logits / T overflows float32 below this (1e-40 gave garbage text, no error): 0 is greedy

@@ -11,19 +11,18 @@ OpenAI batch output line per input line, in input order (openai_format.format_ou
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from dataclasses import fields
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from ..openai_format import BatchLine, dumps, error_output, format_output, line_key, parse_request, with_defaults
+from ..openai_format import (BatchLine, dumps, error_output, format_output, line_key, parse_request, token_decoder,
+                             with_defaults)
 from ..types import Request, Result
 from .prompts import PromptBuilder
-from .sink import POSITION_COLUMN, part_files, read_part
+from .sink import POSITION_COLUMN, atomic_write_text, part_files, read_part
 from .sources import ABSENT, Row
 
 LINE_COLUMNS = ("custom_id", "url", "body")  # read from every line ("method" is optional, POST)
@@ -75,11 +74,7 @@ def write_results(out_dir: Path, input_path: str, tokenizer, *, model: str, draf
         for row in read_part(path, [*RESULT_FIELDS, "stop_reason", "stop_token_id", POSITION_COLUMN, URL_COLUMN]).to_pylist():
             groups.setdefault(row["id"], []).append(row)
     digest = file_digest(input_path)
-    token_text = lru_cache(maxsize=65536)(lambda t: tokenizer.decode([t]))
-
-    def decode(ids: list[int]) -> str:
-        return token_text(ids[0]) if len(ids) == 1 else tokenizer.decode(ids)
-
+    decode = token_decoder(tokenizer)
     created = int(time.time())
     lines = []
     for rows in sorted(groups.values(), key=lambda rs: rs[0][POSITION_COLUMN]):
@@ -95,12 +90,7 @@ def write_results(out_dir: Path, input_path: str, tokenizer, *, model: str, draf
             lines.append(format_output(line, results, key=key, model=model, created=created, decode=decode,
                                        drafter=drafter))
     target = out_dir / RESULTS_FILE
-    tmp = out_dir / f".{RESULTS_FILE}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(dumps(line) + "\n" for line in lines)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+    atomic_write_text(target, "".join(dumps(line) + "\n" for line in lines))
     return target
 
 

@@ -9,7 +9,6 @@ side never write the same file.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..types import FINISH_ERROR
-from .sink import part_files, shard_name
+from .sink import part_files, shard_name, write_part
 
 
 def drop_error_rows(out_dir: Path, index: int, count: int) -> list[str]:
@@ -45,9 +44,4 @@ def replace_part(out_dir: Path, path: Path, table: pa.Table) -> None:
     before it, the configuration) is kept, even with no rows left, so the summary still counts them."""
     tmp_dir = out_dir / ".tmp"
     tmp_dir.mkdir(exist_ok=True)
-    tmp = tmp_dir / path.name
-    with open(tmp, "wb") as f:
-        pq.write_table(table, f, compression="zstd")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_part(table, tmp_dir / path.name, path)

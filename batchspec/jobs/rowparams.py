@@ -18,7 +18,6 @@ from ..types import RowParams
 from .sources import ABSENT, BadValue
 
 FIELDS = tuple(f.name for f in fields(RowParams))
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")  # need a generator built for per-row sampling
 
 
 class RowParamColumns:
@@ -38,7 +37,7 @@ class RowParamColumns:
 
     @property
     def varies_sampling(self) -> bool:
-        return any(name in self.mapping for name in SAMPLING_FIELDS)
+        return any(name in self.mapping for name in RowParams.SAMPLING)
 
     def params(self, values: Mapping[str, Any]) -> tuple[RowParams | None, str | None]:
         """This row's RowParams (None when every mapped column is null), or an error naming the column."""

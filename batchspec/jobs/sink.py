@@ -213,9 +213,23 @@ def storable_row(row: dict[str, Any], schema: pa.Schema) -> dict[str, Any]:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """`text` (UTF-8) at `path`, all or nothing: written beside it, synced, renamed over it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_part(table: pa.Table, tmp: Path, final: Path) -> None:
+    """A part file at `final`, all or nothing: written (zstd) to `tmp` on the same filesystem, synced,
+    renamed over `final`."""
+    with open(tmp, "wb") as f:
+        pq.write_table(table, f, compression="zstd")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
 
 
 class ParquetSink:
@@ -318,13 +332,8 @@ class ParquetSink:
 
     def _write(self, table: pa.Table, name: str) -> Path:
         started = time.perf_counter()
-        tmp = self.tmp_dir / name
-        with open(tmp, "wb") as f:
-            pq.write_table(table, f, compression="zstd")
-            f.flush()
-            os.fsync(f.fileno())
         final = self.data_dir / name
-        os.replace(tmp, final)
+        write_part(table, self.tmp_dir / name, final)
         self.encode_write_s += time.perf_counter() - started
         return final
 
@@ -342,12 +351,12 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     wall = 0.0
     files = part_files(out_dir)
     for f in files:
-        table = read_part(f, ["id", "finish_reason", "error", *TOTAL_COLUMNS])
+        table = read_part(f, ["finish_reason", "error", *TOTAL_COLUMNS])
         reasons.update(table.column("finish_reason").to_pylist())
         messages = table.column("error").to_pylist()
         errors.update(e for e in messages if e is not None)
-        if len(failed) < FAILED_LISTED and any(e is not None for e in messages):
-            ids = table.column("id").to_pylist()
+        if len(failed) < FAILED_LISTED and any(e is not None for e in messages):  # ids only where rows failed
+            ids = read_part(f, ["id"]).column("id").to_pylist()
             failed += [{"id": i, "error": e} for i, e in zip(ids, messages) if e is not None][: FAILED_LISTED - len(failed)]
         for c in TOTAL_COLUMNS:
             totals[c] += int(pc.sum(table.column(c)).as_py() or 0)
