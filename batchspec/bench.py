@@ -185,7 +185,7 @@ def contenders(args, has_draft: bool) -> list[Contender]:
         tag = variant_tag(args, mode, verify)
         out.append(Contender(f"batchspec none{tag}", "batchspec", "none", compile=mode, verify=verify))
         for drafter in drafters:
-            for k in args.k:
+            for k in args.k if args.fixed else ():
                 out.append(Contender(f"batchspec {drafter} k={k}{tag}", "batchspec", drafter, k=k, compile=mode,
                                      verify=verify))
             for tree in args.tree:
@@ -247,6 +247,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="skip HF generate with cache_implementation='static'")
     parser.add_argument("--no-hf-batch1", dest="hf_batch1", action="store_false", help="skip the batch-1 HF contenders")
     parser.add_argument("--no-adaptive", dest="adaptive", action="store_false", help="skip the adaptive-k contenders")
+    parser.add_argument("--no-fixed", dest="fixed", action="store_false",
+                        help="skip the fixed-k contenders (adaptive and trees only: a shorter run)")
     parser.add_argument("--drafters", default="model,ngram,prompt_lookup",
                         help="comma-separated drafters to run besides none: model, ngram, prompt_lookup, suffix "
                              "(default: model,ngram,prompt_lookup)")

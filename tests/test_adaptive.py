@@ -140,8 +140,9 @@ LOOKUP_CASES = [
 ]
 
 
-def simulate_lookup(rows, curve, policy, *, rounds=3000, noise=0.2, seed=0):
-    """Tokens/s of `policy` (an AdaptiveK fed the proposals first, or a fixed cap k) over lookup rows."""
+def simulate_lookup(rows, curve, policy, *, rounds=3000, noise=0.2, seed=0, prior=None):
+    """Tokens/s of `policy` (an AdaptiveK fed the proposals first, or a fixed cap k) over lookup rows;
+    prior: the drafter's own chance that a proposal's first draft is right, given with every proposal."""
     rng = random.Random(seed)
     k_max = len(curve) - 1
     slots = list(range(len(rows)))
@@ -155,7 +156,8 @@ def simulate_lookup(rows, curve, policy, *, rounds=3000, noise=0.2, seed=0):
                 m += 1
             proposed.append(n)
             right.append(m)
-        k = policy.choose_index(slots, proposed) if isinstance(policy, AdaptiveK) else policy
+        priors = [prior if n else None for n in proposed] if prior is not None else None
+        k = policy.choose_index(slots, proposed, priors=priors) if isinstance(policy, AdaptiveK) else policy
         budgets = [min(k, n) for n in proposed]
         width = max(budgets)  # the verify pass is as wide as the longest draft kept
         accepted = [min(m, b) for m, b in zip(right, budgets)]
@@ -174,6 +176,30 @@ def test_lookup_width_reaches_90_percent_of_the_best_fixed_k_and_never_loses_to_
     fixed = [simulate_lookup(rows, curve, k) for k in range(k_max + 1)]  # same seed: same proposals
     assert achieved >= 0.9 * max(fixed), (name, achieved / max(fixed))
     assert achieved >= 0.95 * fixed[0], (name, achieved / fixed[0])
+
+
+PRIOR_CASES = [
+    # name, per-row (hit, first, run), cost curve, the drafter's prior for every proposal's first draft
+    ("hopeful_prior_b8", [(0.9, 0.2, 0.5)] * 8, CPU_CURVE, 0.95),
+    ("hopeful_prior_b1", [(0.9, 0.25, 0.5)], B1_CURVE, 0.95),
+    ("right_prior_b8", [(0.7, 0.9, 0.9)] * 8, CPU_CURVE, 0.9),
+    ("timid_prior_b8", [(0.7, 0.9, 0.9)] * 8, CPU_CURVE, 0.3),
+]
+
+
+@pytest.mark.parametrize("name,rows,curve,prior", PRIOR_CASES, ids=[c[0] for c in PRIOR_CASES])
+def test_a_drafters_prior_is_held_to_what_its_proposals_achieve(name, rows, curve, prior):
+    """Suffix decoding passes each proposal's continuation frequency as the row's prior; one that promises
+    0.95 where 0.2 comes true made the controller draft at a loss (0.95x plain decoding at b8 in this
+    simulation) until priors were scaled by their measured reliability."""
+    k_max = len(curve) - 1
+    controller = AdaptiveK(k_max, policy=LOOKUP)
+    achieved = simulate_lookup(rows, curve, controller, prior=prior)
+    fixed = [simulate_lookup(rows, curve, k) for k in range(k_max + 1)]
+    assert achieved >= 0.9 * max(fixed), (name, achieved / max(fixed))
+    assert achieved >= 0.98 * fixed[0], (name, achieved / fixed[0])
+    first = sum(r[1] for r in rows) / len(rows)
+    assert prior * controller.reliability.ratio == pytest.approx(first, abs=0.1)
 
 
 def test_cost_of_an_unseen_batch_size_borrows_the_nearest_curve():

@@ -40,6 +40,11 @@ position j was accepted given that j - 1 were:
 
     E_i(n) = 1 + a_i (1 + c_2 + c_2 c_3 + ... + c_2 ... c_n)
 
+A drafter's own prior for a proposal (suffix decoding's continuation frequency) need not match the
+target: a continuation seen often in the job's earlier rows is not always the one this row takes. So
+priors are scaled by their job-wide reliability, the decayed ratio of first drafts accepted to the
+priors that came with them; without that, a hopeful prior kept a job drafting at a loss.
+
 Costs come from one of two models. Eager forwards (CPU) are timed as whole rounds (`RoundTimes`,
 above). Captured forwards (CUDA graphs) have steady device times that do not depend on how many
 slots are busy (every slot rides along), so `StepTable` times the captured steps themselves by
@@ -78,6 +83,18 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 
 @dataclass
+class Calibration:
+    """Decayed sums, over chain rounds, of the first drafts the rows kept and of the priors they came with."""
+
+    realized: float = 2.0  # a weak start at ratio 1
+    predicted: float = 2.0
+
+    @property
+    def ratio(self) -> float:
+        return self.realized / max(self.predicted, 1e-9)
+
+
+@dataclass
 class RowAcceptance:
     """Decayed counts of one row's accepted drafts and rejecting rounds."""
 
@@ -110,6 +127,8 @@ class AdaptiveK:
     _probed_best: int | None = field(init=False, default=None)  # the choice the last re-timing was made around
     _last_k: int | None = field(init=False, default=None)
     tree_counts: list[RowAcceptance] = field(init=False, default_factory=list)  # [j]: tokens emitted, row-rounds
+    reliability: Calibration = field(init=False, default_factory=Calibration)  # of the drafter's priors
+    _priors: dict[int, float] = field(init=False, default_factory=dict)  # slot -> this round's prior
     # Internally a shape is an index into `shapes`: chains k = 0..k_max, then tree j at k_max + 1 + j.
     shapes: list[RoundShape] = field(init=False, default_factory=list)
 
@@ -135,7 +154,7 @@ class AdaptiveK:
         this proposal, or the job-wide rate) by prior_weight pseudo-observations."""
         row = self.rows.get(slot) or RowAcceptance()
         w = self.prior_weight
-        base = self.pooled_alpha if prior is None else prior
+        base = self.pooled_alpha if prior is None else min(1.0, prior * self.reliability.ratio)
         return (row.accepted + w * base) / (row.accepted + row.rejections + w)
 
     def expected(self, alpha: float, n: int, run: list[float] | None = None) -> float:
@@ -221,12 +240,18 @@ class AdaptiveK:
         limit = min(self.k_max, max(budgets, default=0))
         trees = list(range(self.k_max + 1, self.num_shapes)) if max(room, default=0) > 0 else []
         options = list(range(limit + 1)) + trees
+        priors = priors or [None] * len(slots)
+        self._priors = {s: p for s, p, n in zip(slots, priors, budgets) if p is not None and n > 0}
         if len(options) == 1:
             return 0
+        alphas = [self.alpha(s, p) for s, p in zip(slots, priors)]
+        return self._pick(options, limit, trees, slots, budgets, alphas, room)
+
+    def _pick(self, options: list[int], limit: int, trees: list[int], slots: list[int], budgets: list[int],
+              alphas: list[float], room: list[int]) -> int:
         if self._probes:
             probe = self._probes.pop(0)
             return probe if probe > self.k_max and trees else min(probe, limit)
-        alphas = [self.alpha(s, p) for s, p in zip(slots, priors or [None] * len(slots))]
         rates = {k: self.predicted_rate(k, slots, budgets, alphas, room) for k in options}
         unknown = [k for k in options if rates[k] is None]
         if unknown:  # start of the job: time the extremes first, so a useless drafter is found out at once
@@ -283,6 +308,14 @@ class AdaptiveK:
         for counts in (self.pooled, *self.continued):
             counts.accepted *= self.pooled_decay
             counts.rejections *= self.pooled_decay
+        if self._priors:  # first drafts kept against the priors they came with
+            reliability = self.reliability
+            reliability.realized *= self.pooled_decay
+            reliability.predicted *= self.pooled_decay
+            for slot, budget, m in zip(slots, budgets, accepted):
+                if budget > 0 and slot in self._priors:
+                    reliability.realized += min(m, 1)
+                    reliability.predicted += self._priors[slot]
         for slot, budget, n, m in zip(slots, budgets, drafted, accepted):
             if budget == 0:
                 continue  # no room to draft (end of the request): nothing learned

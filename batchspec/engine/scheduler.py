@@ -119,7 +119,7 @@ class Scheduler:
     def schedule(self) -> Round:
         """The round's rows (every slot when static, else the running ones), their lengths and room. Its
         budgets and shape come from `choose` (before drafting, or after it for a drafter that proposes first)."""
-        rows = list(range(len(self.slots.records))) if self.static else self.slots.active()
+        rows = list(range(len(self.slots.records))) if self.static else self._eager_rows()
         records = [self.slots[r] for r in rows]
         lengths = [r.length if r is not None else 1 for r in records]
         room = [r.room(self.max_seq_len) if r is not None else 0 for r in records]
@@ -127,6 +127,19 @@ class Scheduler:
         span = slice(rows[0], rows[-1] + 1) if rows and rows[-1] - rows[0] == len(rows) - 1 else None
         budgets = [min(self.k_max, n) for n in room]
         return Round(rows, None, span, lengths, None, running, room, budgets, self.static)
+
+    def _eager_rows(self) -> list[int]:
+        """The running slots, with the idle ones between them riding along (as on the static path) when they
+        are few: eager forwards read a consecutive span of slots as views, and any other set of rows as a
+        gather of every layer's cache (about 10% of a round at batch 32 on the demo target, more than a few
+        padding rows cost)."""
+        active = self.slots.active()
+        if not active:
+            return active
+        holes = active[-1] - active[0] + 1 - len(active)
+        if 0 < holes <= max(2, len(active) // 4):
+            return list(range(active[0], active[-1] + 1))
+        return active
 
     def choose(self, round: Round, proposed: list[int] | None = None,
                priors: list[float | None] | None = None) -> RoundShape:
