@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from .jobs.sink import (CONFIG_KEY, FAILED_LISTED, FINGERPRINT_KEY, PART_NAME, first_line, foreign_files, part_files,
                         part_problem, read_json)
-from .types import FINISH_ERROR
+from .types import FINISH_ERROR, self_training_text
 
 MARKER = re.compile(r"^shard-(\d+)-of-(\d+)\.json$")
 
@@ -203,8 +203,7 @@ def format_status(report: dict[str, Any]) -> str:
                 f": {run['rows']} rows in {run['wall_s']:.1f} s" if run else ": nothing left to do")
             trained = (run or {}).get("self_training")
             if trained:
-                note += (f"; self-trained head: {trained['tokens_per_s_before'] or 0:.1f} -> "
-                         f"{trained['tokens_per_s_after'] or 0:.1f} tokens/s, trained {trained['train_s']:.0f} s")
+                note += f"; self-trained head: {self_training_text(trained)}"
         else:
             note = "no finish marker: running, stopped or cancelled (resubmit the array to resume)"
         state = "finished" if s["finished"] else "missing"

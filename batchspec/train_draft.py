@@ -65,6 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--format", choices=["eagle", "speculators"], default="eagle", help="layout of the saved head")
     p.add_argument("--save-dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.add_argument("--checkpoint-every", type=float, default=60.0, help="seconds between checkpoints")
+    p.add_argument("--autocast", choices=["auto", "bfloat16", "off"], default="auto",
+                   help="bf16 matmuls in training: auto (on a GPU, and on CPUs that multiply bf16 in hardware), "
+                        "bfloat16 (always), off (fp32); the saved head is --save-dtype either way")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -85,7 +88,7 @@ def main(argv=None) -> None:
         data_fraction=args.data_fraction,
         gen_batch_size=args.gen_batch_size, train_on_prompt=not args.no_prompt_loss, layers=args.layers,
         format=args.format, save_dtype=args.save_dtype, seed=args.seed,
-        loop={"checkpoint_every": args.checkpoint_every},
+        loop={"checkpoint_every": args.checkpoint_every, "autocast": args.autocast},
     )
     from .eagle.config import HeadError
     from .eagle.summary import render

@@ -162,6 +162,24 @@ def rounds_by_k_text(counts: list[int]) -> str:
     return "  ".join(f"k={k} {n / total:.0%}" for k, n in enumerate(counts) if n) if total else "-"
 
 
+def self_training_text(t: dict) -> str:
+    """One line on a self-training job's phases (eagle/selftrain.py's report): the first rows with the
+    fallback drafter, the training, the head's rows, and the fallback's rows after a lost trial."""
+    def rate(x):
+        return "-" if x is None else f"{x:.1f}"
+
+    fallback = t.get("fallback") or "ngram"  # reports written before the fallback was a setting
+    text = (f"{t['rows_before']} rows with {fallback} {rate(t['tokens_per_s_before'])} tokens/s, trained "
+            f"{t['train_s']:.0f} s, {t['rows_after']} rows with the head {rate(t['tokens_per_s_after'])} tokens/s")
+    if t.get("rows_back"):
+        text += f", then {t['rows_back']} rows with {fallback} again {rate(t.get('tokens_per_s_back'))} tokens/s"
+    if t.get("verdict") and t["verdict"] != "head":
+        text += f" (the head ran slower than {fallback} in its trial)"
+    if t.get("break_even_row"):
+        text += f", break-even row {t['break_even_row']}"
+    return text
+
+
 @dataclass(slots=True)
 class RunStats:
     """Aggregates over every request a generator has run (errors excluded from token counts)."""

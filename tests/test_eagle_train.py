@@ -164,3 +164,29 @@ def test_replay_and_acceptance_are_exact():
 def test_split_prompts():
     split = split_prompts([[i] for i in range(40)], 0.1, 3)
     assert [i for i, _ in split.heldout] == [9, 19, 29] and len(split.train) == 37
+
+
+@pytest.mark.parametrize("kind, mode, has_bf16, enabled", [
+    ("cpu", "off", True, False),
+    ("cpu", "bfloat16", False, True),
+    ("cpu", "auto", True, True),
+    ("cpu", "auto", False, False),
+    ("cuda", "auto", False, True),
+    ("cuda", "off", True, False),
+    ("mps", "auto", True, False),
+])
+def test_training_autocast(monkeypatch, kind, mode, has_bf16, enabled):
+    from batchspec.eagle import loop
+
+    monkeypatch.setattr(loop, "cpu_has_bf16", lambda: has_bf16)
+    assert loop.autocast_enabled(kind, mode) is enabled
+    if kind == "cpu":
+        context = loop.training_autocast("cpu", mode)
+        assert context.fast_dtype == torch.bfloat16 and context._enabled is enabled
+
+
+def test_training_autocast_refuses_an_unknown_mode():
+    from batchspec.eagle.loop import training_autocast
+
+    with pytest.raises(ValueError, match="auto, bfloat16 or off"):
+        training_autocast("cpu", "fp16")

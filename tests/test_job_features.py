@@ -316,12 +316,16 @@ def test_eagle_needs_a_head_or_train(tmp_path, tiny_models, monkeypatch, capsys)
     assert "drafter=eagle needs model.draft" in one_line_error(capsys)
     assert run_inprocess(tmp_path, "job=eg", "model.draft=train", monkeypatch=monkeypatch) == 2
     assert "model.draft=train trains an EAGLE-3 head: it needs drafter=eagle" in one_line_error(capsys)
+    assert run_inprocess(tmp_path, "job=eg", "drafter=eagle", "model.draft=train", "drafter.fallback=model",
+                         monkeypatch=monkeypatch) == 2
+    assert "drafter.fallback=model: need a drafter without a model" in one_line_error(capsys)
 
 
 @pytest.mark.slow
 def test_self_training_eagle_job(tmp_path, tiny_models, monkeypatch):
-    """model.draft=train: the first rows decode with ngram drafts and train a head, the rest draft with it;
-    greedy output equals plain decoding; summary.json reports the self-training; a rerun reuses the head."""
+    """model.draft=train: the first rows decode with the fallback drafter and train a head, which drafts its
+    trial rows and then the rest (or hands them back to the fallback); greedy output equals plain decoding;
+    summary.json reports the self-training; a rerun reuses the head."""
     pq.write_table(pa.table({"text": PROMPTS * 5}), tmp_path / "in.parquet")
     job(tiny_models, "st", tmp_path)
     assert run_inprocess(tmp_path, "job=st", "drafter=eagle", "model.draft=train", "drafter.train_rows=24",
@@ -329,7 +333,8 @@ def test_self_training_eagle_job(tmp_path, tiny_models, monkeypatch):
     out = tmp_path / "outputs" / "st"
     marker = json.loads(next((out / "shards").glob("*.json")).read_text())
     report = marker["last_run"]["self_training"]
-    assert report["rows_before"] == 24 and report["rows_after"] == len(PROMPTS) * 5 - 24
+    assert report["rows_before"] == 24 and report["rows_after"] + report["rows_back"] == len(PROMPTS) * 5 - 24
+    assert report["rows_after"] >= 12 and report["verdict"] in ("head", "suffix")  # a trial of train_rows // 2 rows
     assert (Path(report["head"]) / "config.json").exists()
     assert summary(out)["self_training"]["0"]["rows_before"] == 24  # summary.json, status and the report show it
     from batchspec.report.data import load_output

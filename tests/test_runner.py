@@ -194,3 +194,19 @@ def test_inductor_capture_matches_eager(model):
         for r in (eager, compiled):
             r.set_lengths(slice(0, 3), r.lengths[:3] + 1)
     assert list(compiled.graphs.compiled) == [("test", "forward", 1, 20, False, 0, 0)] and compiled.graphs.capture_s > 0
+
+
+def test_the_cache_goes_by_the_name_the_model_takes(model):
+    """transformers 5.24 renamed forward's `past_key_values` to `cache`; the old name warns there. Either way the
+    runner passes the name the installed release takes, so no forward warns."""
+    import inspect
+    import warnings
+
+    from batchspec.engine.runner import cache_argument
+
+    params = inspect.signature(model.forward).parameters
+    assert cache_argument(model) == ("cache" if "cache" in params else "past_key_values")
+    r = runner(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        step(r, torch.tensor([[5], [6]]), [0, 1])

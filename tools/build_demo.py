@@ -356,13 +356,16 @@ def forward_ms(model, context: torch.Tensor, batch: int, new_tokens: int, reps: 
     """Median wall time (ms) of one cached forward of `new_tokens` tokens after a `context`-long prefix."""
     model.eval()
     ctx = context[None].expand(batch, -1)
+    from batchspec.engine.runner import cache_argument
+
     cache = DynamicCache(config=model.config)
-    model(input_ids=ctx, past_key_values=cache, use_cache=True)
+    name = cache_argument(model)
+    model(input_ids=ctx, **{name: cache}, use_cache=True)
     x = context[:new_tokens][None].expand(batch, -1)
     times = []
     for i in range(reps + 3):
         t = time.perf_counter()
-        model(input_ids=x, past_key_values=cache, use_cache=True)
+        model(input_ids=x, **{name: cache}, use_cache=True)
         times.append(time.perf_counter() - t)
         cache.crop(-new_tokens)  # drop the new tokens again
     return 1000 * statistics.median(times[3:])

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from ..engine.runner import cache_argument
 from .features import pad_batch
 from .head import EagleHead
 from .ttt import unroll
@@ -146,11 +147,12 @@ def measure_costs(target, head: EagleHead, *, batch: int = 8, context: int = 128
     device, c = target.device, head.config
     ids = torch.randint(3, c.target_vocab_size, (batch, context + k_max + 1), device=device)
     cache = DynamicCache(config=target.config)
-    target(input_ids=ids[:, :context], past_key_values=cache, use_cache=True)
+    name = cache_argument(target)
+    target(input_ids=ids[:, :context], **{name: cache}, use_cache=True)
     target_ms = []
     for width in range(1, k_max + 2):
         target_ms.append(_median_ms(
-            lambda: target(input_ids=ids[:, context: context + width], past_key_values=cache, use_cache=True,
+            lambda: target(input_ids=ids[:, context: context + width], **{name: cache}, use_cache=True,
                            logits_to_keep=width, output_hidden_states=True),
             lambda: cache.crop(-width), repeats))
     dtype = head.fc.weight.dtype

@@ -44,6 +44,7 @@ class LoopOptions:
     labels: str = "hard"  # "hard": the target's greedy token; "soft": its distribution at label_temperature
     label_temperature: float = 1.0
     show_progress: bool = True  # the tqdm bar (off inside a job, whose own progress lines go to its log)
+    autocast: str = "auto"  # "auto": bf16 matmuls on a GPU and on CPUs with bf16 units; "bfloat16"; "off"
     seed: int = 0
 
 
@@ -68,6 +69,30 @@ def lr_at(progress: float, options: LoopOptions) -> float:
         return options.lr * max(progress / options.warmup, 0.02)
     p = (progress - options.warmup) / max(1e-9, 1 - options.warmup)
     return options.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(p, 1.0))))
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AMX tiles or AVX512-BF16). Where it does, a training
+    step of the demo head under bf16 autocast took 0.16-0.18 s against 0.22-0.23 s in fp32 (a 2-core AMD
+    EPYC with AVX512-BF16, batch 4, 4 unrolled steps); where it does not, bf16 is emulated and slower."""
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def autocast_enabled(kind: str, mode: str = "auto") -> bool:
+    """Whether the training step runs under bf16 autocast on a device of this kind ("cpu", "cuda", ...)."""
+    if mode not in ("auto", "bfloat16", "off"):
+        raise ValueError(f"autocast must be auto, bfloat16 or off, got {mode!r}")
+    return mode == "bfloat16" or (mode == "auto" and (kind == "cuda" or (kind == "cpu" and cpu_has_bf16())))
+
+
+def training_autocast(device, mode: str = "auto") -> torch.autocast:
+    """bf16 autocast for the training step. The weights, the optimiser and the loss stay fp32 (the saved
+    head is fp32); only matmul inputs round to bf16, which the head's drafting does not need to match:
+    verification by the target keeps the output exact whatever the head proposes."""
+    kind = torch.device(device).type
+    return torch.autocast(kind if kind in ("cuda", "cpu") else "cpu", dtype=torch.bfloat16,
+                          enabled=autocast_enabled(kind, mode))
 
 
 def pick_batch(order: list[int], step: int, options: LoopOptions) -> list[int]:
@@ -152,7 +177,7 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
         state = LoopState(**resume["state"])
     target_head = TargetHead(target, head.t2d, device)
     order = sorted(range(len(samples)), key=lambda i: len(samples[i].ids))
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=torch.device(device).type == "cuda")
+    autocast = training_autocast(device, options.autocast)
 
     def save():
         payload = {"head": head.state_dict(), "optimizer": opt.state_dict(), "state": asdict(state)}

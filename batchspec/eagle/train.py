@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from .formats import atomic_write, save_head
 from .init import head_for_target, scale_fc
 from .loop import LoopOptions, train_loop
 from .summary import Summary, render
-from .vocab import choose_vocab, size_for_coverage
+from .vocab import vocab_for
 
 # Options whose change makes the saved samples or checkpoint meaningless for a resumed run.
 DATA_KEYS = ("target", "prompts", "prompt_column", "split", "limit", "max_prompt_tokens", "max_new_tokens",
@@ -100,7 +99,7 @@ def run(options: TrainDraftOptions, log=print) -> Summary:
     from ..models import load_models
 
     t_start = time.time()
-    out, state_dir = Path(options.out), Path(options.out) / ".train"
+    state_dir = Path(options.out) / ".train"
     texts = read_prompts(options.prompts, options.limit, options.prompt_column, options.split)
     record = check_run_folder(options, state_dir)
     models = load_models(options.target, dtype=options.dtype, device=options.device)
@@ -162,10 +161,8 @@ def new_head(options: TrainDraftOptions, target, data, eos_ids, resume: dict | N
         d2t = resume["head"]["d2t"]
         draft_ids = d2t + torch.arange(len(d2t))
     else:
-        counts = Counter(t for s in data.train for t in s.ids[1 if options.train_on_prompt else s.prompt_len:])
-        vocab = target.config.get_text_config().vocab_size
-        size = options.draft_vocab_size or size_for_coverage(counts, vocab)
-        draft_ids = choose_vocab(counts, size, vocab, always=tuple(eos_ids)).target_ids
+        draft_ids = vocab_for(data.train, target.config.get_text_config().vocab_size, prompts=options.train_on_prompt,
+                              size=options.draft_vocab_size, always=tuple(eos_ids)).target_ids
     torch.manual_seed(options.seed)
     return head_for_target(target, draft_target_ids=draft_ids, layer_ids=options.layers)
 

@@ -39,6 +39,17 @@ def choose_vocab(counts: Counter, size: int, target_vocab_size: int, always: tup
     return DraftVocab(torch.tensor(sorted(picked)), coverage)
 
 
+def vocab_for(samples, target_vocab_size: int, *, prompts: bool = False, size: int | None = None,
+              always: tuple[int, ...] = ()) -> DraftVocab:
+    """The draft vocabulary for training samples (objects with `ids` and `prompt_len`): counted over what the
+    target wrote (and the prompts too with `prompts`; never the first token, the BOS), `size` tokens or as
+    many as hold 99% of the count. A head proposes what the target writes, so the target's own tokens are
+    the ones to count: on the demo target its greedy continuations needed 256 tokens for 99%, the prompts
+    and continuations together 2,304 (SpecForge counts the target's tokens under its loss mask the same way)."""
+    counts = Counter(t for s in samples for t in s.ids[1 if prompts else s.prompt_len:])
+    return choose_vocab(counts, size or size_for_coverage(counts, target_vocab_size), target_vocab_size, always=always)
+
+
 def size_for_coverage(counts: Counter, target_vocab_size: int, coverage: float = 0.99, multiple: int = 256,
                       cap: int = 32000) -> int:
     """The smallest draft vocabulary holding `coverage` of the counted tokens, rounded up to a multiple

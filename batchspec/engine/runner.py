@@ -18,6 +18,7 @@ Forwards:
 
 from __future__ import annotations
 
+import inspect
 from functools import partial
 from typing import Iterable
 
@@ -29,6 +30,12 @@ from .kv_cache import SlotKVCache, causal_mask
 from .prefill import StaticPrefill
 from .shapes import PREFILL_CHUNK, kv_buckets, row_buckets
 from .tree import TreeShape, tree_mask
+
+
+def cache_argument(model) -> str:
+    """The name `model.forward` takes its KV cache by: transformers 5.24 renamed `past_key_values` to `cache`
+    (the old name warns, and goes in 5.40); older releases, and our own EAGLE draft model, know only the old one."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class ModelRunner(StaticPrefill):
@@ -43,6 +50,7 @@ class ModelRunner(StaticPrefill):
                  graphs: StepGraphs, widths: Iterable[int] = (1,), buckets: list[int] | None = None,
                  name: str = "model", feature_layers: tuple[int, ...] = ()):
         self.model, self.name, self.graphs = model, name, graphs
+        self._cache_argument = cache_argument(model)
         # Hidden states a drafter reads (EAGLE-3): output_hidden_states indices, concatenated per token.
         self.feature_layers = tuple(feature_layers)
         self.features: torch.Tensor | None = None  # [b, T, F] of the last forward (static: a buffer view)
@@ -207,7 +215,7 @@ class ModelRunner(StaticPrefill):
             input_ids=tokens.clamp(max=self.vocab_size - 1),  # a target-only id must not index a draft's embeddings
             position_ids=positions.clamp(max=self.max_position - 1),
             attention_mask=mask,
-            past_key_values=self.cache,
+            **{self._cache_argument: self.cache},
             use_cache=True,
             logits_to_keep=logits_to_keep,
             output_hidden_states=bool(self.feature_layers),

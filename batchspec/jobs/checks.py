@@ -62,6 +62,9 @@ def validate(job: JobConfig) -> None:
          "model.draft=train trains an EAGLE-3 head: it needs drafter=eagle"),
         (job.drafter.train_rows >= 1, f"drafter.train_rows={job.drafter.train_rows}: need >= 1"),
         (job.drafter.train_minutes > 0, f"drafter.train_minutes={job.drafter.train_minutes}: need > 0"),
+        (job.drafter.fallback not in (DrafterName.model, DrafterName.eagle),
+         f"drafter.fallback={job.drafter.fallback.value}: need a drafter without a model (none, ngram, "
+         "prompt_lookup or suffix)"),
         (job.drafter.corpus_max_tokens >= 1, f"drafter.corpus_max_tokens={job.drafter.corpus_max_tokens}: need >= 1"),
         (s.n >= 1, f"sampling.n={s.n}: need >= 1"),
         (s.n == 1 or s.temperature > 0 or "temperature" in src.row_params,

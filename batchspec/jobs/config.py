@@ -114,10 +114,12 @@ class DrafterConfig:
     # drafter=suffix: a warm start (an earlier output dir, or Parquet/JSONL texts) and the bound of its tree
     corpus: Optional[str] = None
     corpus_max_tokens: int = 200_000
-    # drafter=eagle with model.draft=train: the first train_rows rows decode with the ngram drafter and
-    # train an EAGLE-3 head for about train_minutes; the rest draft with it (docs/eagle.md)
+    # drafter=eagle with model.draft=train: the first train_rows rows decode with the fallback drafter and
+    # train an EAGLE-3 head for about train_minutes; the rest draft with the head, or with the fallback
+    # again if the head's trial rows ran slower than the first rows (docs/eagle.md)
     train_rows: int = 512
     train_minutes: float = 3.0
+    fallback: DrafterName = DrafterName.suffix  # none, ngram, prompt_lookup or suffix
 
 
 @dataclass

@@ -15,7 +15,7 @@ from . import openai_batch
 from .config import DrafterName, JobConfig, OutputFormat
 from .sink import atomic_write_text, read_json, shard_name, summarize
 from .sources import RowSelector
-from ..types import rounds_by_k_text
+from ..types import rounds_by_k_text, self_training_text
 
 log = logging.getLogger("batchspec")
 
@@ -112,10 +112,7 @@ def format_summary(summary: dict[str, Any], outcome) -> str:
         f"  shards finished           {len(summary['shards']['finished'])}/{summary['shards']['count']}",
     ]
     for shard, t in (summary.get("self_training") or {}).items():
-        lines.append(f"  self-trained EAGLE head    shard {shard}: {t['rows_before']} rows before "
-                     f"{num(t['tokens_per_s_before'], '.1f')} tokens/s, trained {t['train_s']:.0f} s, "
-                     f"{t['rows_after']} rows after {num(t['tokens_per_s_after'], '.1f')} tokens/s"
-                     + (f", break-even row {t['break_even_row']}" if t.get("break_even_row") else ""))
+        lines.append(f"  self-trained EAGLE head    shard {shard}: {self_training_text(t)}")
     if summary.get("skipped_files"):
         lines.append(f"  unreadable input skipped  {', '.join(f['file'] for f in summary['skipped_files'])}")
     io = summary.get("io")

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..types import rounds_by_k_text
+from ..types import rounds_by_k_text, self_training_text
 from .data import Output
 from .plots import Plot
 
@@ -243,12 +243,14 @@ def output_section(o: Output, several: bool) -> str:
     else:
         parts.append(f"<p class=note>Predicted speedup: none — {esc(pred.get('why', ''))}.</p>")
     if o.self_training:
-        rows = [[shard, str(x["rows_before"]), fmt(x["tokens_per_s_before"], ".1f"), f"{x['train_s']:.0f}",
-                 str(x["rows_after"]), fmt(x["tokens_per_s_after"], ".1f"), str(x.get("break_even_row") or "–")]
-                for shard, x in o.self_training.items()]
+        rows = [[shard, x.get("fallback") or "ngram", str(x["rows_before"]), fmt(x["tokens_per_s_before"], ".1f"),
+                 f"{x['train_s']:.0f}", str(x["rows_after"]), fmt(x["tokens_per_s_after"], ".1f"),
+                 str(x.get("rows_back") or 0), fmt(x.get("tokens_per_s_back"), ".1f"),
+                 str(x.get("break_even_row") or "–")] for shard, x in o.self_training.items()]
         parts.append("<h3>Self-trained EAGLE head (model.draft=train)</h3>" + table(
-            ["shard", "rows before", "tokens/s before", "training s", "rows after", "tokens/s after",
-             "break-even row"], rows, numeric=set(range(1, 7))))
+            ["shard", "fallback drafter", "rows before", "tokens/s before", "training s", "rows with the head",
+             "tokens/s with the head", "rows with the fallback after the trial", "tokens/s after the trial",
+             "break-even row"], rows, numeric=set(range(2, 10))))
     reasons = t["finish_reasons"]
     parts.append("<h3>Finish reasons and errors</h3>" + table(
         ["finish reason", "rows"], [[k, str(v)] for k, v in sorted(reasons.items())] or [["–", "0"]], numeric={1}))
@@ -317,8 +319,7 @@ def terminal_summary(outs: list[Output], html_path: Path, plots: int, missing_pl
         lines.append(f"  {'predicted speedup':<28} " + (f"{pred['speedup']:.2f}x" if "speedup" in pred else
                                                          f"- ({pred.get('why', '')})"))
         for shard, x in o.self_training.items():
-            lines.append(f"  {'self-trained head':<28} shard {shard}: {fmt(x['tokens_per_s_before'], '.1f')} -> "
-                         f"{fmt(x['tokens_per_s_after'], '.1f')} tokens/s, trained {x['train_s']:.0f} s")
+            lines.append(f"  {'self-trained head':<28} shard {shard}: {self_training_text(x)}")
         return "\n".join(lines)
     headers = [SHORT.get(h, h) for h in TERMINAL]
     name_width = max(len(o.name) for o in outs)
