@@ -169,8 +169,11 @@ def self_training_text(t: dict) -> str:
         return "-" if x is None else f"{x:.1f}"
 
     fallback = t.get("fallback") or "ngram"  # reports written before the fallback was a setting
-    text = (f"{t['rows_before']} rows with {fallback} {rate(t['tokens_per_s_before'])} tokens/s, trained "
-            f"{t['train_s']:.0f} s, {t['rows_after']} rows with the head {rate(t['tokens_per_s_after'])} tokens/s")
+    if t.get("resumed_with_saved_head"):  # the first rows and the training belong to an earlier run
+        text = f"resumed with the saved head, {t['rows_after']} rows with it {rate(t['tokens_per_s_after'])} tokens/s"
+    else:
+        text = (f"{t['rows_before']} rows with {fallback} {rate(t['tokens_per_s_before'])} tokens/s, trained "
+                f"{t['train_s']:.0f} s, {t['rows_after']} rows with the head {rate(t['tokens_per_s_after'])} tokens/s")
     if t.get("rows_back"):
         text += f", then {t['rows_back']} rows with {fallback} again {rate(t.get('tokens_per_s_back'))} tokens/s"
     if t.get("verdict") and t["verdict"] != "head":
@@ -197,6 +200,13 @@ class RunStats:
     accepted_by_position: list[int] = field(default_factory=list)  # ... of which accepted
     rounds_by_k: list[int] = field(default_factory=list)  # rounds whose verify pass checked k drafts (0 = plain)
     rounds_by_tree: dict[str, int] = field(default_factory=dict)  # tree rounds by tree shape ("BxD")
+
+    def widen(self, positions: int, max_drafts: int) -> None:
+        """Make room (in place: the job's statistics hold this object) for a generator that drafts at up to
+        `positions` positions and `max_drafts` drafts per round, as when a run switches drafters."""
+        for counts, size in ((self.proposed_by_position, positions), (self.accepted_by_position, positions),
+                             (self.rounds_by_k, max_drafts + 1)):
+            counts.extend([0] * (size - len(counts)))
 
     def add_round_row(self, drafted: int, accepted: int) -> None:
         """One request's part in a round: it proposed drafts at `drafted` positions (a chain's drafts, a

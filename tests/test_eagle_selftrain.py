@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import batchspec
@@ -44,25 +46,53 @@ def _builder(models):
     return build
 
 
-def test_first_rows_train_a_head_that_drafts_the_rest_and_a_resume_reuses_it(llama_pair, tmp_path):
+def test_first_rows_train_a_head_that_drafts_the_rest_and_a_resume_reuses_it(llama_pair, tmp_path, monkeypatch):
     models = batchspec.load_models(str(llama_pair.target))
+    monkeypatch.setattr(selftrain, "verdict_of", lambda head_rate, first_rate, fallback: "head")
     build = _builder(models)
-    ids = [str(i) for i in range(2 * len(PROMPTS))]
-    requests = [batchspec.Request(i, p) for i, p in zip(ids, PROMPTS * 2)]
-    generator = SelfTrainingGenerator(models, build, out_dir=tmp_path, rows=12, minutes=0.05, trial_rows=12, heldout=2)
+    ids = [str(i) for i in range(3 * len(PROMPTS))]
+    requests = [batchspec.Request(i, p) for i, p in zip(ids, PROMPTS * 3)]
+    generator = SelfTrainingGenerator(models, build, out_dir=tmp_path, rows=12, minutes=0.05, trial_rows=6, heldout=2)
     results = {r.id: r for r in generator.run(requests)}
-    assert [results[i].completion_token_ids for i in ids] == llama_pair.reference * 2  # exact throughout
+    assert [results[i].completion_token_ids for i in ids] == llama_pair.reference * 3  # exact throughout
     report = generator.report()
-    assert report["rows_before"] == 12 and report["rows_after"] == 12 and not report["resumed_with_saved_head"]
-    assert report["fallback"] == "suffix" and report["verdict"] in ("head", "suffix") and report["rows_back"] == 0
+    assert report["rows_before"] == 12 and report["rows_after"] == 24 and not report["resumed_with_saved_head"]
+    assert report["fallback"] == "suffix" and report["verdict"] == "head" and report["rows_back"] == 0
     assert (tmp_path / "eagle_head" / "config.json").exists() and report["train_s"] > 0
-    assert all(results[i].draft_tokens > 0 for i in ids[12:])  # the second half drafted with the head
-    assert generator.stats.requests == 24  # one run's statistics across both phases
+    assert all(results[i].draft_tokens > 0 for i in ids[12:])  # the trial and the rows after it drafted by the head
+    assert generator.stats.requests == 36  # one run's statistics across the phases
+    assert selftrain.read_verdict(tmp_path / "eagle_head")["verdict"] == "head"
     again = SelfTrainingGenerator(models, build, out_dir=tmp_path, rows=12, minutes=0.05)
     assert again.resumed and again.report()["rows_before"] == 0
     rerun = {r.id: r for r in again.run(requests[:4])}
     assert [rerun[i].completion_token_ids for i in ids[:4]] == llama_pair.reference[:4]
-    assert all(r.draft_tokens > 0 for r in rerun.values())
+    assert all(r.draft_tokens > 0 for r in rerun.values()) and again.report()["rows_after"] == 4
+
+
+def test_a_stop_during_training_leaves_the_trial_to_the_resume(llama_pair, tmp_path, monkeypatch):
+    models = batchspec.load_models(str(llama_pair.target))
+    build = _builder(models)
+    train = SelfTrainingGenerator._train
+
+    def train_then_stop(self, samples):
+        head = train(self, samples)
+        self.stop_admitting()  # SIGTERM arrives while the head trains
+        return head
+
+    monkeypatch.setattr(SelfTrainingGenerator, "_train", train_then_stop)
+    ids = [str(i) for i in range(2 * len(PROMPTS))]
+    requests = [batchspec.Request(i, p) for i, p in zip(ids, PROMPTS * 2)]
+    generator = SelfTrainingGenerator(models, build, out_dir=tmp_path, rows=8, minutes=0.05, trial_rows=4, heldout=2)
+    assert len(list(generator.run(requests))) == 8  # no row is admitted after the stop
+    record = selftrain.read_verdict(tmp_path / "eagle_head")
+    assert record["verdict"] is None and record["tokens_per_s_before"] > 0
+    monkeypatch.setattr(SelfTrainingGenerator, "_train", train)
+    again = SelfTrainingGenerator(models, build, out_dir=tmp_path, rows=8, minutes=0.05, trial_rows=4)
+    assert again.resumed and again.verdict is None and again.first_rate == record["tokens_per_s_before"]
+    rerun = {r.id: r for r in again.run(requests[8:])}
+    assert [rerun[i].completion_token_ids for i in ids[8:]] == (llama_pair.reference * 2)[8:]
+    assert again.verdict in ("head", "suffix") and again.report()["rows_after"] >= 4  # the trial ran on resume
+    assert selftrain.read_verdict(tmp_path / "eagle_head")["verdict"] == again.verdict
 
 
 def test_a_head_that_loses_its_trial_hands_the_rest_back_and_a_resume_keeps_the_verdict(llama_pair, tmp_path,
@@ -85,11 +115,54 @@ def test_a_head_that_loses_its_trial_hands_the_rest_back_and_a_resume_keeps_the_
     report = generator.report()
     assert (report["rows_before"], report["rows_after"], report["rows_back"]) == (8, 4, 12)
     assert report["verdict"] == "suffix" and generator.stats.requests == 24
-    again = SelfTrainingGenerator(models, build, out_dir=tmp_path, rows=8, minutes=0.05)
-    assert again.resumed and built[-1] == ("suffix", False, None)  # the verdict holds across a resume
+    assert report["break_even_row"] is None  # no break-even for a head that lost
+    # The job wrote its rows: a resume (here with another fallback) seeds the fallback with them.
+    (tmp_path / "data").mkdir()
+    pq.write_table(pa.table({"completion_token_ids": llama_pair.reference, "finish_reason": ["length"] * 12}),
+                   tmp_path / "data" / "part-0.parquet")
+    again = SelfTrainingGenerator(models, build, out_dir=tmp_path, rows=8, minutes=0.05, fallback="ngram")
+    assert again.resumed and built[-1] == ("ngram", False, 12)  # the verdict holds across a resume
     rerun = {r.id: r for r in again.run(requests[:4])}
     assert [rerun[i].completion_token_ids for i in ids[:4]] == llama_pair.reference[:4]
-    assert again.report()["rows_back"] == 4
+    assert (again.report()["rows_back"], again.report()["rows_after"]) == (4, 0)
+
+
+def test_a_plain_fallback_then_a_head_share_one_runs_statistics(llama_pair, tmp_path, monkeypatch):
+    """drafter none runs k = 0 rounds only: its statistics must widen for the head's drafts."""
+    models = batchspec.load_models(str(llama_pair.target))
+    monkeypatch.setattr(selftrain, "verdict_of", lambda head_rate, first_rate, fallback: "head")
+    requests = [batchspec.Request(str(i), p) for i, p in enumerate(PROMPTS * 2)]
+    generator = SelfTrainingGenerator(models, _builder(models), out_dir=tmp_path, rows=8, minutes=0.05, trial_rows=4,
+                                      heldout=2, fallback="none")
+    results = {r.id: r for r in generator.run(requests)}
+    assert [results[str(i)].completion_token_ids for i in range(24)] == llama_pair.reference * 2
+    stats = generator.stats
+    assert stats.requests == 24 and len(stats.rounds_by_k) == 4 and sum(stats.proposed_by_position) > 0
+    assert stats.rounds_by_k[0] > 0 and sum(stats.rounds_by_k[1:]) > 0  # the plain rounds and the drafted ones
+
+
+SUMMARY_LINES = [  # a report -> its one line in summary, status and report
+    ({"rows_before": 512, "tokens_per_s_before": 300.0, "train_s": 180.4, "rows_after": 2488,
+      "tokens_per_s_after": 350.0, "fallback": "suffix", "verdict": "head", "break_even_row": 1400},
+     "512 rows with suffix 300.0 tokens/s, trained 180 s, 2488 rows with the head 350.0 tokens/s, break-even row 1400"),
+    ({"rows_before": 512, "tokens_per_s_before": 300.0, "train_s": 60.0, "rows_after": 256,
+      "tokens_per_s_after": 250.0, "fallback": "suffix", "verdict": "suffix", "rows_back": 2232,
+      "tokens_per_s_back": 330.0, "break_even_row": None},
+     "512 rows with suffix 300.0 tokens/s, trained 60 s, 256 rows with the head 250.0 tokens/s, then 2232 rows with "
+     "suffix again 330.0 tokens/s (the head ran slower than suffix in its trial)"),
+    ({"rows_before": 0, "tokens_per_s_before": None, "train_s": 0.0, "rows_after": 40, "tokens_per_s_after": 310.0,
+      "resumed_with_saved_head": True, "verdict": "head"},
+     "resumed with the saved head, 40 rows with it 310.0 tokens/s"),
+    ({"rows_before": 100, "tokens_per_s_before": None, "train_s": 0.0, "rows_after": 0, "tokens_per_s_after": None},
+     "100 rows with ngram - tokens/s, trained 0 s, 0 rows with the head - tokens/s"),  # a report before fallbacks
+]
+
+
+@pytest.mark.parametrize("report,line", SUMMARY_LINES)
+def test_self_training_text(report, line):
+    from batchspec.types import self_training_text
+
+    assert self_training_text(report) == line
 
 
 def test_no_head_is_trained_when_the_first_rows_are_all_the_rows(llama_pair, tmp_path):

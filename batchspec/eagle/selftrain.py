@@ -19,6 +19,7 @@ included, is ahead of decoding every row at the first phase's rate).
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import time
@@ -52,6 +53,9 @@ class Phase:
     @property
     def tokens_per_s(self) -> float | None:
         return self.tokens / self.seconds if self.seconds else None
+
+    def add(self, other: "Phase") -> None:
+        self.rows, self.tokens, self.seconds = self.rows + other.rows, self.tokens + other.tokens, self.seconds + other.seconds
 
 
 def break_even_row(before: Phase, train_s: float, after: Phase) -> int | None:
@@ -97,7 +101,10 @@ class SelfTrainingGenerator:
             self.head = load_head(self.head_dir, models.target, dtype=models.target.dtype, device=models.target.device)
             record = read_verdict(self.head_dir)
             self.first_rate, self.verdict = record.get("tokens_per_s_before"), record.get("verdict")
-            self.generator = build(fallback, None, None) if self.verdict == fallback else build("eagle", self.head, None)
+            # A lost verdict (whatever fallback lost to it then) drafts with this run's fallback, seeded with the
+            # completions already written, as the run that reached the verdict was.
+            self.generator = (build(fallback, None, written_completions(out_dir, models.tokenizer)) if self.lost
+                              else build("eagle", self.head, None))
         else:
             self.head = None
             self.generator = build(fallback, None, None)
@@ -116,43 +123,67 @@ class SelfTrainingGenerator:
         self._stop = True
         self.generator.stop_admitting()
 
+    @property
+    def lost(self) -> bool:
+        """Whether the head lost its trial (the verdict names the fallback it lost to)."""
+        return self.verdict not in (None, "head")
+
     def run(self, requests: Iterable[Request]) -> Iterator[Result]:
         pending = iter(requests)
         if self.head is None:
             samples: list[Sample] = []
             yield from self._phase(islice(pending, self.rows), self.before, samples)
-            upcoming = next(pending, None) if not self._stop else None
-            if upcoming is None:  # stopped, or no rows left to draft: no head to train
+            pending = self._more(pending)
+            if pending is None:  # stopped, or no rows left to draft: no head to train
                 return
-            pending = chain([upcoming], pending)
-            self.head = self._train(samples)
             self.first_rate = self.before.tokens_per_s
-            write_verdict(self.head_dir, self.first_rate, None)
-            self._switch(self.build("eagle", self.head, None))
-        if self.verdict is None:  # the trial: the head against the first phase's rate
-            yield from self._phase(islice(pending, self.trial_rows), self.after, None)
-            if self._stop:
+            self.head = self._train(samples)
+            if self._stop:  # stopped while training: the saved head's trial runs on resume
                 return
-            head_rate, first_rate = self.after.tokens_per_s, self.first_rate
-            self.verdict = verdict_of(head_rate, first_rate, self.fallback)
-            write_verdict(self.head_dir, first_rate, self.verdict)
+            self._switch("eagle", self.head, None)
+        if self.verdict is None:  # the trial: the head against the first phase's rate
+            trial = Phase()
+            yield from self._phase(islice(pending, self.trial_rows), trial, None)
+            self.after.add(trial)
+            if self._stop and trial.rows < self.trial_rows:  # an unfinished trial decides nothing
+                return
+            self.verdict = verdict_of(trial.tokens_per_s, self.first_rate, self.fallback)
+            write_verdict(self.head_dir, self.first_rate, self.verdict)
             log.info("self-trained head: %.1f tokens/s in its trial of %d rows against %.1f with %s: the rest "
-                     "drafts with %s", head_rate or 0, self.after.rows, first_rate or 0, self.fallback,
-                     "the head" if self.verdict == "head" else self.fallback)
-            if self.verdict != "head":
-                self._switch(self.build(self.fallback, None, self.completions))
+                     "drafts with %s", trial.tokens_per_s or 0, trial.rows, self.first_rate or 0, self.fallback,
+                     self.fallback if self.lost else "the head")
+            pending = self._more(pending)
+            if pending is None:
+                return
+            if self.lost:
+                self._switch(self.fallback, None, self.completions)
             self.completions = []
-        yield from self._phase(pending, self.after if self.verdict == "head" else self.back, None)
+        yield from self._phase(pending, self.back if self.lost else self.after, None)
 
-    def _switch(self, generator) -> None:
+    def _more(self, pending: Iterator[Request]) -> Iterator[Request] | None:
+        """`pending` if it has a request left and the job has not been stopped, else None."""
+        upcoming = None if self._stop else next(pending, None)
+        return None if upcoming is None else chain([upcoming], pending)
+
+    def _switch(self, drafter: str, head, corpus) -> None:
+        """Replace the generator by one drafting with `drafter`, carrying one run's statistics across the phases.
+        The old one goes first, so that a GPU's memory is free for the new one's buffers and captured graphs."""
         stats = self.generator.stats
-        self.generator = generator
-        self.generator.scheduler.stats.run = stats  # one run's statistics across the phases
+        self.generator = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.generator = self.build(drafter, head, corpus)
+        fresh = self.generator.scheduler.stats.run
+        stats.widen(len(fresh.proposed_by_position), len(fresh.rounds_by_k) - 1)  # e.g. after drafter=none's k=0
+        self.generator.scheduler.stats.run = stats
+        if self._stop:
+            self.generator.stop_admitting()
 
     def _phase(self, requests, phase: Phase, samples: list[Sample] | None) -> Iterator[Result]:
         """Run `requests`, adding to `phase` (a phase may run in two calls: the trial and the rows after it).
         samples: where to put the rows' token ids for training."""
-        started, seconds = time.perf_counter(), phase.seconds
+        started, seconds, capture_s = time.perf_counter(), phase.seconds, self.generator.capture_s
         prompts: dict[tuple[str, int], object] = {}
 
         def remembered(stream):  # each request's prompt, for the rows it becomes
@@ -161,8 +192,11 @@ class SelfTrainingGenerator:
                     prompts[request.id, request.sample_index] = request.prompt
                 yield request
 
+        def elapsed():  # graph capture is a one-off cost, not the drafter's rate (the trial compares rates)
+            return seconds + time.perf_counter() - started - (self.generator.capture_s - capture_s)
+
         for result in self.generator.run(remembered(requests)):
-            phase.seconds = seconds + time.perf_counter() - started
+            phase.seconds = elapsed()
             if result.finish_reason != FINISH_ERROR:
                 phase.rows += 1
                 phase.tokens += result.completion_tokens
@@ -172,7 +206,7 @@ class SelfTrainingGenerator:
                     prompt = self._prompt_ids(prompts.pop((result.id, result.sample_index), result.prompt))
                     samples.append(Sample(prompt + list(result.completion_token_ids), len(prompt)))
             yield result
-        phase.seconds = seconds + time.perf_counter() - started
+        phase.seconds = elapsed()
 
     def _prompt_ids(self, prompt) -> list[int]:
         """The ids the engine ran: a token-id prompt as it is, text as `tokenizer(text)` gives them."""
@@ -206,6 +240,7 @@ class SelfTrainingGenerator:
                               train_on_prompt=False, eval_every=10**9, seed=self.seed, show_progress=False)
         log.info("training an EAGLE-3 head on %d rows for about %.1f min", len(train), options.seconds / 60)
         self.head_dir.mkdir(parents=True, exist_ok=True)
+        write_verdict(self.head_dir, self.first_rate, None)  # before the head: a saved head always has its record
         train_loop(head, target, train, states, [], [], options, self.head_dir / "checkpoint.pt", device=target.device)
         head.to(device=target.device, dtype=torch.float32).eval()
         if heldout:
@@ -224,10 +259,23 @@ class SelfTrainingGenerator:
                "rows_after": self.after.rows, "tokens_per_s_after": self.after.tokens_per_s,
                "train_s": round(self.train_s, 1), "verdict": self.verdict,
                "rows_back": self.back.rows, "tokens_per_s_back": self.back.tokens_per_s,
-               "break_even_row": break_even_row(self.before, self.train_s, self.after)}
+               "break_even_row": None if self.lost else break_even_row(self.before, self.train_s, self.after)}
         if self.heldout_acceptance:
             out["heldout_acceptance_by_position"] = self.heldout_acceptance.get("cumulative")
         return out
+
+
+def written_completions(out_dir: str | Path, tokenizer) -> list[list[int]] | None:
+    """The completions a job has written to out_dir/data so far (None if none): a resumed fallback's corpus."""
+    from ..corpus import load_corpus
+
+    if not any((Path(out_dir) / "data").glob("*.parquet")):
+        return None
+    try:
+        return load_corpus(str(out_dir), tokenizer)
+    except ValueError as e:  # an unreadable part: the fallback starts cold, and says so
+        log.warning("the fallback drafter starts without the job's earlier rows: %s", e)
+        return None
 
 
 def read_verdict(head_dir: Path) -> dict:
