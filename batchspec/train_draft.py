@@ -66,8 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.add_argument("--checkpoint-every", type=float, default=60.0, help="seconds between checkpoints")
     p.add_argument("--autocast", choices=["auto", "bfloat16", "off"], default="auto",
-                   help="bf16 matmuls in training: auto (on a GPU, and on CPUs that multiply bf16 in hardware), "
-                        "bfloat16 (always), off (fp32); the saved head is --save-dtype either way")
+                   help="bf16 matmuls in training: auto (on a GPU only: on CPU, bf16 steps were faster but slowed "
+                        "the process's later fp32 forwards), bfloat16 (always), off (fp32); the saved head is "
+                        "--save-dtype either way")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 

@@ -166,19 +166,17 @@ def test_split_prompts():
     assert [i for i, _ in split.heldout] == [9, 19, 29] and len(split.train) == 37
 
 
-@pytest.mark.parametrize("kind, mode, has_bf16, enabled", [
-    ("cpu", "off", True, False),
-    ("cpu", "bfloat16", False, True),
-    ("cpu", "auto", True, True),
-    ("cpu", "auto", False, False),
-    ("cuda", "auto", False, True),
-    ("cuda", "off", True, False),
-    ("mps", "auto", True, False),
+@pytest.mark.parametrize("kind, mode, enabled", [
+    ("cpu", "off", False),
+    ("cpu", "bfloat16", True),
+    ("cpu", "auto", False),  # bf16 training slows the process's later fp32 forwards on CPU (loop.autocast_enabled)
+    ("cuda", "auto", True),
+    ("cuda", "off", False),
+    ("mps", "auto", False),
 ])
-def test_training_autocast(monkeypatch, kind, mode, has_bf16, enabled):
+def test_training_autocast(kind, mode, enabled):
     from batchspec.eagle import loop
 
-    monkeypatch.setattr(loop, "cpu_has_bf16", lambda: has_bf16)
     assert loop.autocast_enabled(kind, mode) is enabled
     if kind == "cpu":
         context = loop.training_autocast("cpu", mode)
