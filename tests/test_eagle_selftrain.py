@@ -8,7 +8,7 @@ import pytest
 
 import batchspec
 from batchspec.eagle import selftrain
-from batchspec.eagle.selftrain import Phase, SelfTrainingGenerator, break_even_row, verdict_of
+from batchspec.eagle.selftrain import Phase, SelfTrainingGenerator, break_even_row, training_seconds, verdict_of
 from conftest import MAX_NEW
 from tiny import PROMPTS
 
@@ -23,6 +23,19 @@ BREAK_EVEN = [
 @pytest.mark.parametrize("before,train_s,after,expected", BREAK_EVEN)
 def test_break_even_row(before, train_s, after, expected):
     assert break_even_row(Phase(*before), train_s, Phase(*after)) == expected
+
+
+TRAINING_SECONDS = [  # drafter.train_minutes, seconds the first rows took -> the training budget
+    (2.0, 30.0, 120.0),  # as set
+    (None, 90.0, 90.0),  # as long as the first rows took
+    (None, 5.0, 60.0),  # at least a minute
+    (None, 3600.0, 600.0),  # at most ten
+]
+
+
+@pytest.mark.parametrize("minutes,first_s,expected", TRAINING_SECONDS)
+def test_training_seconds(minutes, first_s, expected):
+    assert training_seconds(minutes, first_s) == expected
 
 
 VERDICTS = [  # head tokens/s in its trial, the fallback's in the first rows -> who drafts the rest

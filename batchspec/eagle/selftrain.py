@@ -70,6 +70,14 @@ def break_even_row(before: Phase, train_s: float, after: Phase) -> int | None:
     return before.rows + int(round(train_s / (plain - drafted))) + 1
 
 
+def training_seconds(minutes: float | None, first_phase_s: float) -> float:
+    """The training budget: `minutes`, or by default as long as the first rows took, within 1 to 10 minutes, so
+    training costs about what decoding those rows again would. On the demo target over 3,000 rows (2 CPU
+    cores), 3 minutes of training made the whole job 0.91x a plain one; 1 minute (what this gives there),
+    1.16x."""
+    return minutes * 60 if minutes is not None else min(600.0, max(60.0, first_phase_s))
+
+
 def verdict_of(head_rate: float | None, first_rate: float | None, fallback: str) -> str:
     """Which drafter drafts the rows after the trial: "head" unless it ran measurably slower (tokens/s) than the
     fallback did on the first rows. The fallback's rate there is, if anything, low (suffix decoding starts
@@ -80,10 +88,11 @@ def verdict_of(head_rate: float | None, first_rate: float | None, fallback: str)
 class SelfTrainingGenerator:
     """build(drafter, head, corpus) -> a SpecBatchGenerator over the job's models: `build(fallback, None, None)`
     for the first `rows` rows, `build("eagle", head, None)` after, `build(fallback, None, completions)` if the
-    head loses its trial of `trial_rows` rows (default rows // 2). minutes: the training budget."""
+    head loses its trial of `trial_rows` rows (default rows // 2). minutes: the training budget (None:
+    `training_seconds` of the first phase)."""
 
     def __init__(self, models, build: Callable[..., object], *, out_dir: str | Path, rows: int = 512,
-                 minutes: float = 3.0, fallback: str = "suffix", trial_rows: int | None = None, heldout: int = 16,
+                 minutes: float | None = None, fallback: str = "suffix", trial_rows: int | None = None, heldout: int = 16,
                  seed: int = 0):
         self.models, self.build, self.rows, self.minutes = models, build, rows, minutes
         self.fallback, self.heldout, self.seed = fallback, heldout, seed
@@ -236,8 +245,9 @@ class SelfTrainingGenerator:
         # Small batches and no loss on the prompts: with a budget of minutes, more steps over the positions the
         # head will draft at teach it most (a 60 s budget on the demo target: 3.15 tokens per forward at k=4 on
         # held-out rows against 2.97 with 8 sequences, 5 unrolled steps and the prompts' positions).
-        options = LoopOptions(seconds=max(1.0, self.minutes * 60 - spent), batch_size=4, ttt_steps=4,
-                              train_on_prompt=False, eval_every=10**9, seed=self.seed, show_progress=False)
+        options = LoopOptions(seconds=max(1.0, training_seconds(self.minutes, self.before.seconds) - spent),
+                              batch_size=4, ttt_steps=4, train_on_prompt=False, eval_every=10**9, seed=self.seed,
+                              show_progress=False)
         log.info("training an EAGLE-3 head on %d rows for about %.1f min", len(train), options.seconds / 60)
         self.head_dir.mkdir(parents=True, exist_ok=True)
         write_verdict(self.head_dir, self.first_rate, None)  # before the head: a saved head always has its record

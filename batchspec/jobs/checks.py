@@ -61,7 +61,8 @@ def validate(job: JobConfig) -> None:
         (job.model.draft != "train" or job.drafter.name == DrafterName.eagle,
          "model.draft=train trains an EAGLE-3 head: it needs drafter=eagle"),
         (job.drafter.train_rows >= 1, f"drafter.train_rows={job.drafter.train_rows}: need >= 1"),
-        (job.drafter.train_minutes > 0, f"drafter.train_minutes={job.drafter.train_minutes}: need > 0"),
+        (job.drafter.train_minutes is None or job.drafter.train_minutes > 0,
+         f"drafter.train_minutes={job.drafter.train_minutes}: need > 0 (or null: as long as the first rows took)"),
         (job.drafter.fallback not in (DrafterName.model, DrafterName.eagle),
          f"drafter.fallback={job.drafter.fallback.value}: need a drafter without a model (none, ngram, "
          "prompt_lookup or suffix)"),
