@@ -62,7 +62,8 @@ def test_parquet_job_with_bad_rows_then_noop_rerun(tmp_path, tiny_models, monkey
         s["completion_tokens"] / sum(r["target_forwards"] for r in ok))
     assert len(s["acceptance_by_position"]) == 3 and s["shards"] == {"count": 1, "finished": [0], "complete": True}
     assert s["config"]["drafter"] == {"name": "model", "k": 3, "adaptive": False, "tree": None, "corpus": None,
-                                      "corpus_max_tokens": 200000, "train_rows": 512, "train_minutes": 3.0}
+                                      "corpus_max_tokens": 200000, "train_rows": 512, "train_minutes": None,
+                                      "fallback": "suffix"}
     assert {"torch", "transformers", "pyarrow", "hydra-core", "datasets"} <= set(s["versions"])
     io = s["io"]  # this run's time reading the input and writing parts
     assert set(io) == {"read_s", "write_s", "resume_scan_s", "wall_s", "share", "encode_write_s"}
