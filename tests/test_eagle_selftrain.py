@@ -185,3 +185,18 @@ def test_no_head_is_trained_when_the_first_rows_are_all_the_rows(llama_pair, tmp
     results = {r.id: r for r in generator.run(requests)}
     assert [results[str(i)].completion_token_ids for i in range(len(PROMPTS))] == llama_pair.reference
     assert generator.head is None and not (tmp_path / "eagle_head").exists()
+
+
+@pytest.mark.parametrize("max_tokens,expected", [
+    (None, [[1, 2, 3], [4, 5], [6, 7, 8, 9]]),
+    (4, [[6, 7, 8, 9]]),  # the newest rows up to the bound: what the suffix index would keep
+    (5, [[4, 5], [6, 7, 8, 9]]),
+])
+def test_written_completions_reads_back_the_newest_rows(tmp_path, max_tokens, expected):
+    from batchspec.eagle.selftrain import written_completions
+
+    assert written_completions(tmp_path, tokenizer=None) is None  # nothing written yet
+    (tmp_path / "data").mkdir()
+    pq.write_table(pa.table({"completion_token_ids": [[1, 2, 3], [4, 5], [], [6, 7, 8, 9]],
+                             "finish_reason": ["stop", "length", "error", "stop"]}), tmp_path / "data" / "part-0.parquet")
+    assert written_completions(tmp_path, None, max_tokens) == expected

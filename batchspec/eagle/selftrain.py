@@ -55,7 +55,8 @@ class Phase:
         return self.tokens / self.seconds if self.seconds else None
 
     def add(self, other: "Phase") -> None:
-        self.rows, self.tokens, self.seconds = self.rows + other.rows, self.tokens + other.tokens, self.seconds + other.seconds
+        self.rows, self.tokens, self.seconds = (self.rows + other.rows, self.tokens + other.tokens,
+                                                self.seconds + other.seconds)
 
 
 def break_even_row(before: Phase, train_s: float, after: Phase) -> int | None:
@@ -89,11 +90,12 @@ class SelfTrainingGenerator:
     """build(drafter, head, corpus) -> a SpecBatchGenerator over the job's models: `build(fallback, None, None)`
     for the first `rows` rows, `build("eagle", head, None)` after, `build(fallback, None, completions)` if the
     head loses its trial of `trial_rows` rows (default rows // 2). minutes: the training budget (None:
-    `training_seconds` of the first phase)."""
+    `training_seconds` of the first phase). corpus_max_tokens: how much of the rows already written a resumed,
+    lost verdict reads back for the fallback (the suffix index holds no more)."""
 
     def __init__(self, models, build: Callable[..., object], *, out_dir: str | Path, rows: int = 512,
-                 minutes: float | None = None, fallback: str = "suffix", trial_rows: int | None = None, heldout: int = 16,
-                 seed: int = 0):
+                 minutes: float | None = None, fallback: str = "suffix", trial_rows: int | None = None,
+                 corpus_max_tokens: int | None = None, heldout: int = 16, seed: int = 0):
         self.models, self.build, self.rows, self.minutes = models, build, rows, minutes
         self.fallback, self.heldout, self.seed = fallback, heldout, seed
         self.trial_rows = max(1, rows // 2) if trial_rows is None else trial_rows
@@ -112,8 +114,8 @@ class SelfTrainingGenerator:
             self.first_rate, self.verdict = record.get("tokens_per_s_before"), record.get("verdict")
             # A lost verdict (whatever fallback lost to it then) drafts with this run's fallback, seeded with the
             # completions already written, as the run that reached the verdict was.
-            self.generator = (build(fallback, None, written_completions(out_dir, models.tokenizer)) if self.lost
-                              else build("eagle", self.head, None))
+            self.generator = (build(fallback, None, written_completions(out_dir, models.tokenizer, corpus_max_tokens))
+                              if self.lost else build("eagle", self.head, None))
         else:
             self.head = None
             self.generator = build(fallback, None, None)
@@ -275,14 +277,15 @@ class SelfTrainingGenerator:
         return out
 
 
-def written_completions(out_dir: str | Path, tokenizer) -> list[list[int]] | None:
-    """The completions a job has written to out_dir/data so far (None if none): a resumed fallback's corpus."""
+def written_completions(out_dir: str | Path, tokenizer, max_tokens: int | None = None) -> list[list[int]] | None:
+    """The newest completions, up to about max_tokens, that a job has written to out_dir/data so far (None if
+    none): a resumed fallback's corpus."""
     from ..corpus import load_corpus
 
     if not any((Path(out_dir) / "data").glob("*.parquet")):
         return None
     try:
-        return load_corpus(str(out_dir), tokenizer)
+        return load_corpus(str(out_dir), tokenizer, max_tokens=max_tokens)
     except ValueError as e:  # an unreadable part: the fallback starts cold, and says so
         log.warning("the fallback drafter starts without the job's earlier rows: %s", e)
         return None

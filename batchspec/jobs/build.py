@@ -76,7 +76,7 @@ def build_job_generator(job: JobConfig, models, row_params: RowParamColumns | No
             from ..eagle.selftrain import SelfTrainingGenerator
 
             return SelfTrainingGenerator(models, build, out_dir=out_dir, rows=d.train_rows, minutes=d.train_minutes,
-                                         fallback=d.fallback.value, seed=s.seed)
+                                         fallback=d.fallback.value, corpus_max_tokens=d.corpus_max_tokens, seed=s.seed)
         return build(d.name.value, None)
     except ValueError as e:  # e.g. max_seq_len beyond the model's positions, n > 1 with greedy decoding
         raise ConfigError(str(e).strip().splitlines()[0]) from e
