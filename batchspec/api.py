@@ -24,6 +24,7 @@ from .engine.intake import Defaults
 from .engine.memory import Shape, fit_buckets, kv_problem
 from .engine.memory import estimate as memory_estimate
 from .engine.shapes import kv_buckets, kv_capacity
+from .engine.threads import ThreadGuard
 from .engine.sampling import SamplingParams
 from .types import TreeSpec
 from .corpus import load_corpus
@@ -70,6 +71,7 @@ def build_generator(
     corpus: str | list[list[int]] | None = None,
     corpus_max_tokens: int = 200_000,
     head=None,
+    guard_threads: bool = True,
     **sampling_fields,
 ) -> SpecBatchGenerator:
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
@@ -108,7 +110,9 @@ def build_generator(
 
     launches: a LaunchCounter (graphs.py) to count the ops rounds dispatch outside captured steps.
     graph_memory: bytes the captured steps may take on a GPU (None: what is free after the KV caches, less
-    1 GiB); fewer length buckets are captured to fit (engine/memory.py)."""
+    1 GiB); fewer length buckets are captured to fit (engine/memory.py).
+    guard_threads: on CPU, lower torch's thread count while another process competes for the cores and
+    raise it again when they are free (engine/threads.py)."""
     limit = model_max_positions(models.target)
     if max_seq_len is None:
         max_seq_len = min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
@@ -148,6 +152,7 @@ def build_generator(
         max_seq_len=max_seq_len, eos_token_ids=models.eos_token_ids, graphs=graphs, keep_stop=keep_stop,
         k_max=k, adaptive=sampling.adapts_by_default if adaptive is None else adaptive, trees=trees,
         profile=profile, buckets=buckets,
+        threads=ThreadGuard(torch.get_num_threads()) if guard_threads and device.type == "cpu" else None,
     )
 
 

@@ -112,7 +112,7 @@ def run_job(workdir: Path, out_dir: Path, data: Path, id_column: bool) -> dict:
     cmd = [sys.executable, "-m", "batchspec", "job=bench_io", f"output.dir={out_dir}", f"source.path={data}"]
     if id_column:
         cmd.append("source.id_column=id")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_WAIT_POLICY="PASSIVE",
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     log = open(out_dir.with_suffix(".log"), "w")
     started = time.perf_counter()

@@ -25,7 +25,6 @@ import argparse
 import fcntl
 import hashlib
 import json
-import os
 import signal
 import sys
 import time
@@ -75,7 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see batchspec/__init__.py)
     args = build_parser().parse_args(argv)
     try:
         return run(args)

@@ -11,10 +11,7 @@ The training logic is in batchspec/eagle/train.py.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: idle OpenMP threads sleep on a shared CPU
 
 
 def layer_ids(text: str) -> tuple[int, int, int]:

@@ -34,7 +34,6 @@ set -uo pipefail
 
 cd "${SLURM_SUBMIT_DIR:-.}"
 if [ -f .venv/bin/activate ]; then source .venv/bin/activate; fi
-export OMP_WAIT_POLICY=PASSIVE          # no busy-waiting threads on shared nodes
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
 cpus="${SLURM_CPUS_PER_TASK:-1}"
 task="${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-?}}_${SLURM_ARRAY_TASK_ID:-0}"

@@ -13,12 +13,9 @@ Medians over the repeats; ratios are within one run on one machine, never agains
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from pathlib import Path
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: idle threads sleep (shared machines)
 
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP: share the cores politely
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse
@@ -704,7 +703,7 @@ Trained, tiny models for batchspec's offline demo and benchmark: no download, CP
 {command}
 ```
 
-Fixed seeds (`--seed {args.seed}`), fp32, CPU, `torch.set_num_threads(2)`, `OMP_WAIT_POLICY=PASSIVE`;
+Fixed seeds (`--seed {args.seed}`), fp32, CPU, `torch.set_num_threads(2)`;
 wall time {wall:.1f} min on a 2-core machine. The corpus is the running interpreter's standard
 library, so rebuilding on another Python version gives different (but equivalent) assets.{reuse_note}
 

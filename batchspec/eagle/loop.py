@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..engine.threads import ThreadGuard
 from .evaluate import acceptance, head_matches
 from .features import pad_batch
 from .formats import atomic_write
@@ -174,6 +175,7 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
     target_head = TargetHead(target, head.t2d, device)
     order = sorted(range(len(samples)), key=lambda i: len(samples[i].ids))
     autocast = training_autocast(device, options.autocast)
+    threads = ThreadGuard(torch.get_num_threads()) if torch.device(device).type == "cpu" else None
 
     def save():
         payload = {"head": head.state_dict(), "optimizer": opt.state_dict(), "state": asdict(state)}
@@ -183,6 +185,8 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
                disable=not options.show_progress)
     last_save, recent, shown = time.time(), [], {}
     while progress_of(state, options) < 1.0:
+        if threads is not None:
+            threads.poll()
         t0 = time.time()
         for group in opt.param_groups:
             group["lr"] = lr_at(progress_of(state, options), options)
@@ -210,6 +214,8 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
             save()
             last_save = time.time()
     bar.close()
+    if threads is not None:
+        threads.restore()
     save()
     head.eval()
     return state

@@ -37,6 +37,7 @@ from .shapes import kv_capacity
 from .scheduler import Scheduler, Seat
 from .slots import SlotState
 from .stops import StopRules
+from .threads import ThreadGuard
 from .timing import time_step
 
 PHASES = ("admit", "draft", "verify", "accept", "bookkeeping")
@@ -52,13 +53,15 @@ class SpecBatchGenerator:
     (TreeSpecs of tree rounds: without adaptive every round drafts the first tree), graphs (the
     StepGraphs that runs static steps: its mode picks the eager or the static path; shared with the
     drafter), profile (sync a GPU after each phase, so that phase times are exact), and buckets (the
-    attended lengths of static steps; default: 64, 128, ... up to the capacity).
+    attended lengths of static steps; default: 64, 128, ... up to the capacity), threads (a ThreadGuard
+    that run() polls: torch's CPU threads back off while another process shares the cores).
     """
 
     def __init__(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, drafter: Drafter,
                  defaults: Defaults, batch_size: int, max_seq_len: int, eos_token_ids: Iterable[int],
                  graphs: StepGraphs, keep_stop: bool = False, k_max: int = 4, adaptive: bool = False,
-                 trees: tuple[TreeSpec, ...] = (), profile: bool = False, buckets: list[int] | None = None):
+                 trees: tuple[TreeSpec, ...] = (), profile: bool = False, buckets: list[int] | None = None,
+                 threads: ThreadGuard | None = None):
         sampling = defaults.sampling
         if batch_size < 1 or k_max < 0 or defaults.max_new_tokens < 1 or max_seq_len < 2:
             raise ValueError(f"need batch_size >= 1, k >= 0, max_new_tokens >= 1, max_seq_len >= 2; got "
@@ -68,6 +71,7 @@ class SpecBatchGenerator:
         self.drafter, self.sampling, self.graphs = drafter, sampling, graphs
         self.batch_size, self.max_seq_len, self.k_max, self.trees = batch_size, max_seq_len, k_max, tuple(trees)
         self.device, self.static = target.device, graphs.static
+        self.threads = threads
         self.shapes = [RoundShape(drafts=k) for k in range(k_max + 1)] + [RoundShape(tree=t) for t in self.trees]
         widest = max(shape.width for shape in self.shapes)
         capacity = kv_capacity(max_seq_len, k_max, self.trees)
@@ -134,12 +138,18 @@ class SpecBatchGenerator:
     def run(self, requests: Iterable[Request]) -> Iterator[Result]:
         """Pull requests lazily as slots free up; yield Results in completion order."""
         self.scheduler.feed(requests)
-        while True:
-            yield from self._admit()
-            if self.scheduler.done:
-                return
-            if self.scheduler.slots.active():
-                yield from self.step()
+        try:
+            while True:
+                if self.threads is not None:
+                    self.threads.poll()
+                yield from self._admit()
+                if self.scheduler.done:
+                    return
+                if self.scheduler.slots.active():
+                    yield from self.step()
+        finally:
+            if self.threads is not None:
+                self.threads.restore()
 
     @torch.inference_mode()
     def step(self) -> list[Result]:
