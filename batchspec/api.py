@@ -24,7 +24,7 @@ from .engine.intake import Defaults
 from .engine.memory import Shape, fit_buckets, kv_problem
 from .engine.memory import estimate as memory_estimate
 from .engine.shapes import kv_buckets, kv_capacity
-from .engine.threads import ThreadGuard
+from .engine.threads import guard_for
 from .engine.sampling import SamplingParams
 from .types import TreeSpec
 from .corpus import load_corpus
@@ -152,7 +152,7 @@ def build_generator(
         max_seq_len=max_seq_len, eos_token_ids=models.eos_token_ids, graphs=graphs, keep_stop=keep_stop,
         k_max=k, adaptive=sampling.adapts_by_default if adaptive is None else adaptive, trees=trees,
         profile=profile, buckets=buckets,
-        threads=ThreadGuard(torch.get_num_threads()) if guard_threads and device.type == "cpu" else None,
+        threads=guard_for(device) if guard_threads else None,
     )
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..engine.threads import ThreadGuard
+from ..engine.threads import guard_for
 from .evaluate import acceptance, head_matches
 from .features import pad_batch
 from .formats import atomic_write
@@ -175,7 +175,7 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
     target_head = TargetHead(target, head.t2d, device)
     order = sorted(range(len(samples)), key=lambda i: len(samples[i].ids))
     autocast = training_autocast(device, options.autocast)
-    threads = ThreadGuard(torch.get_num_threads()) if torch.device(device).type == "cpu" else None
+    threads = guard_for(device)
 
     def save():
         payload = {"head": head.state_dict(), "optimizer": opt.state_dict(), "state": asdict(state)}
@@ -184,38 +184,40 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
     bar = tqdm(total=1000, desc="training", bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} {postfix}",
                disable=not options.show_progress)
     last_save, recent, shown = time.time(), [], {}
-    while progress_of(state, options) < 1.0:
+    try:
+        while progress_of(state, options) < 1.0:
+            if threads is not None:
+                threads.poll()
+            t0 = time.time()
+            for group in opt.param_groups:
+                group["lr"] = lr_at(progress_of(state, options), options)
+            with autocast:
+                loss, agree = batch_loss(head, target_head, samples, states, pick_batch(order, state.step, options),
+                                         options, device)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, options.grad_clip)
+            opt.step()
+            state.step += 1
+            recent = (recent + [(loss.item(), agree)])[-20:]
+            state.loss = sum(r[0] for r in recent) / len(recent)
+            state.agreement = [sum(r[1][j] for r in recent) / len(recent) for j in range(len(agree))]
+            if heldout and (state.step % options.eval_every == 0):
+                head.eval()
+                shown = quick_eval(head, heldout[:16], heldout_states[:16])
+                head.train()
+                state.history.append({"step": state.step, "loss": recent[-1][0], **shown})
+            state.seconds += time.time() - t0
+            bar.n = int(1000 * progress_of(state, options))
+            bar.set_postfix(step=state.step, loss=f"{state.loss:.3f}", acc=f"{state.agreement[0]:.2f}",
+                            **{f"heldout_{k}": f"{v:.2f}" for k, v in shown.items()})
+            if time.time() - last_save > options.checkpoint_every:
+                save()
+                last_save = time.time()
+    finally:  # the next guard starts from torch's count: give back what this one took
         if threads is not None:
-            threads.poll()
-        t0 = time.time()
-        for group in opt.param_groups:
-            group["lr"] = lr_at(progress_of(state, options), options)
-        with autocast:
-            loss, agree = batch_loss(head, target_head, samples, states, pick_batch(order, state.step, options),
-                                     options, device)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, options.grad_clip)
-        opt.step()
-        state.step += 1
-        recent = (recent + [(loss.item(), agree)])[-20:]
-        state.loss = sum(r[0] for r in recent) / len(recent)
-        state.agreement = [sum(r[1][j] for r in recent) / len(recent) for j in range(len(agree))]
-        if heldout and (state.step % options.eval_every == 0):
-            head.eval()
-            shown = quick_eval(head, heldout[:16], heldout_states[:16])
-            head.train()
-            state.history.append({"step": state.step, "loss": recent[-1][0], **shown})
-        state.seconds += time.time() - t0
-        bar.n = int(1000 * progress_of(state, options))
-        bar.set_postfix(step=state.step, loss=f"{state.loss:.3f}", acc=f"{state.agreement[0]:.2f}",
-                        **{f"heldout_{k}": f"{v:.2f}" for k, v in shown.items()})
-        if time.time() - last_save > options.checkpoint_every:
-            save()
-            last_save = time.time()
+            threads.restore()
     bar.close()
-    if threads is not None:
-        threads.restore()
     save()
     head.eval()
     return state

@@ -74,8 +74,9 @@ def break_even_row(before: Phase, train_s: float, after: Phase) -> int | None:
 def training_seconds(minutes: float | None, first_phase_s: float) -> float:
     """The training budget: `minutes`, or by default as long as the first rows took, within 1 to 10 minutes, so
     training costs about what decoding those rows again would. On the demo target over 3,000 rows (2 CPU
-    cores), 3 minutes of training made the whole job 0.91x a plain one; 1 minute (what this gives there),
-    1.16x."""
+    cores, OMP_WAIT_POLICY=PASSIVE), 3 minutes of training made the whole job 0.91x a plain one; 1 minute
+    (what this gives there), 1.16x. With OpenMP's spinning threads (batchspec's default since), plain
+    decoding doubled in speed and the same job with 1 minute was 0.96x (docs/eagle.md)."""
     return minutes * 60 if minutes is not None else min(600.0, max(60.0, first_phase_s))
 
 

@@ -55,6 +55,14 @@ def read_sample(proc: Path = Path("/proc")) -> CpuSample | None:
     return CpuSample(waited_ns / 1e9, idle_ticks / os.sysconf("SC_CLK_TCK"))
 
 
+def guard_for(device) -> "ThreadGuard | None":
+    """A guard over torch's current thread count where `device` is the CPU; None elsewhere (a GPU's host
+    threads mostly wait on the device)."""
+    import torch
+
+    return ThreadGuard(torch.get_num_threads()) if torch.device(device).type == "cpu" else None
+
+
 class ThreadGuard:
     """Adjusts torch's thread count to the CPU's load; call `poll()` often (it is a clock read when not due).
 
