@@ -172,7 +172,7 @@ def randomize(model, seed: int) -> None:
 
 def contenders(args, has_draft: bool) -> list[Contender]:
     k_max = max(args.k)
-    out = [Contender("hf generate (batched)", "hf_batched")]
+    out = [Contender("hf generate (batched)", "hf_batched")] if args.hf_batched else []
     if args.hf_static:
         out.append(Contender("hf generate (static cache)", "hf_static"))
     if args.hf_batch1:
@@ -246,6 +246,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-hf-static", dest="hf_static", action="store_false",
                         help="skip HF generate with cache_implementation='static'")
     parser.add_argument("--no-hf-batch1", dest="hf_batch1", action="store_false", help="skip the batch-1 HF contenders")
+    parser.add_argument("--no-hf-batched", dest="hf_batched", action="store_false",
+                        help="skip HF generate with its dynamic cache (eager: on a GPU at batch 1 it is the slowest "
+                        "contender by far, and its column shows '-')")
     parser.add_argument("--no-adaptive", dest="adaptive", action="store_false", help="skip the adaptive-k contenders")
     parser.add_argument("--no-fixed", dest="fixed", action="store_false",
                         help="skip the fixed-k contenders (adaptive and trees only: a shorter run)")
@@ -348,7 +351,8 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
     cost = {"context": context, "target_ms_1": t_verify1, "draft_ms_1": t_draft,
             **{f"target_ms_{k + 1}": t for k, t in t_verify.items()}}
 
-    baseline = statistics.median(field_[0].tokens_per_s)
+    hf_batched = next((c for c in field_ if c.kind == "hf_batched"), None)
+    baseline = statistics.median(hf_batched.tokens_per_s) if hf_batched else None
     hf_static = next((c for c in field_ if c.kind == "hf_static"), None)
     nones = {(c.compile, c.verify): c for c in field_ if c.kind == "batchspec" and c.drafter == "none"}
     first_none = nones[variants(args)[0]]
@@ -372,7 +376,7 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
             "tree": c.tree, "rounds_by_tree": c.rounds_by_tree,
             "verify": c.verify if c.kind == "batchspec" and args.temperature > 0 else None,
             "tokens_per_s": rate, "repeats_tokens_per_s": list(c.tokens_per_s),
-            "warmup_s": c.warmup_s, "capture_s": c.capture_s, "vs_hf_batched": rate / baseline,
+            "warmup_s": c.warmup_s, "capture_s": c.capture_s, "vs_hf_batched": rate / baseline if baseline else None,
             "vs_hf_static": rate / statistics.median(hf_static.tokens_per_s) if hf_static else None,
             "vs_none": rate / none_rate, "acceptance": c.acceptance, "tokens_per_forward": c.tokens_per_forward,
             "predicted_vs_none": predicted, "achieved_over_predicted": (rate / none_rate) / predicted if predicted else None,
@@ -443,10 +447,10 @@ def render(rows: list[dict]) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
-            f"| {r['contender']} | {r['tokens_per_s']:.1f} | {r['vs_hf_batched']:.2f} | {fmt(r['vs_hf_static'], '.2f')} | "
-            f"{r['vs_none']:.2f} | {fmt(r['acceptance'], '.2f')} | {fmt(r['tokens_per_forward'], '.2f')} | "
-            f"{fmt(r['predicted_vs_none'], '.2f')} | {fmt(r['achieved_over_predicted'], '.2f')} | "
-            f"{r['outputs_equal_to_none']}/{r['num_prompts']} |"
+            f"| {r['contender']} | {r['tokens_per_s']:.1f} | {fmt(r['vs_hf_batched'], '.2f')} | "
+            f"{fmt(r['vs_hf_static'], '.2f')} | {r['vs_none']:.2f} | {fmt(r['acceptance'], '.2f')} | "
+            f"{fmt(r['tokens_per_forward'], '.2f')} | {fmt(r['predicted_vs_none'], '.2f')} | "
+            f"{fmt(r['achieved_over_predicted'], '.2f')} | {r['outputs_equal_to_none']}/{r['num_prompts']} |"
         )
     return "\n".join(lines)
 
@@ -467,7 +471,8 @@ def render_by_batch_size(reports: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in reports:
         by_kind = {row["kind"]: row for row in r["rows"] if row["kind"] != "batchspec"}
-        cells = [str(r["batch_size"]), f"{by_kind['hf_batched']['tokens_per_s']:.0f}"]
+        cells = [str(r["batch_size"]),
+                 f"{by_kind['hf_batched']['tokens_per_s']:.0f}" if "hf_batched" in by_kind else "-"]
         if has_static:
             cells.append(f"{by_kind['hf_static']['tokens_per_s']:.0f}" if "hf_static" in by_kind else "-")
         for mode in modes:

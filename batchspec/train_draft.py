@@ -37,7 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto", help="target dtype: auto (bfloat16 on a GPU, float32 on CPU), float32, "
                                                  "bfloat16, float16")
     p.add_argument("--resume", action="store_true", help="continue the run in --out after a kill")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW, warmup then cosine)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (AdamW, warmup then cosine; "
+                   "default 3e-3 for a head up to 256 wide, 3e-3 * 256 / width above)")
     p.add_argument("--batch-size", type=int, default=4, help="sequences per training step")
     p.add_argument("--ttt-steps", type=int, default=4,
                    help="draft steps unrolled in training (EAGLE-3's test); chains deeper than this are untrained")
@@ -89,6 +90,7 @@ def main(argv=None) -> None:
         loop={"checkpoint_every": args.checkpoint_every, "autocast": args.autocast},
     )
     from .eagle.config import HeadError
+    from .eagle.loop import NonFiniteLoss
     from .eagle.summary import render
     from .eagle.train import TrainDraftError
     from .jobs.sources import SourceError
@@ -96,7 +98,7 @@ def main(argv=None) -> None:
 
     try:
         print(render(run(options)))
-    except (HeadError, TrainDraftError, ModelLoadError, SourceError) as e:  # each a one-line message
+    except (HeadError, TrainDraftError, ModelLoadError, SourceError, NonFiniteLoss) as e:  # each a one-line message
         sys.exit(f"train_draft: {e}")
 
 

@@ -126,6 +126,25 @@ def test_ttt_mask_pattern():
     assert torch.equal(mask, expected)
 
 
+# the TTT mask as built, or one that lets every row see every key -> whether sees_future must find a leak
+LEAKS = [(False, False), (True, True)]
+
+
+@pytest.mark.parametrize("unmasked,leaks", LEAKS)
+def test_sees_future_finds_an_attention_that_reads_later_positions(monkeypatch, unmasked, leaks):
+    """The check gpu_check runs on a GPU's attention kernels: an earlier row's output must not move when later
+    positions change. It finds the leak of a mask that hides nothing."""
+    from batchspec.eagle import ttt
+
+    if unmasked:
+        monkeypatch.setattr(ttt, "ttt_mask", lambda length, step, dtype, device="cpu": torch.zeros(
+            1, 1, length, (step + 1) * length, dtype=dtype, device=device))
+    head = random_head(4)
+    ids, feats = torch.randint(0, 50, (2, 24)), torch.randn(2, 24, 72)
+    change = ttt.sees_future(head, ids, feats, steps=3)
+    assert (change > 1e-2) if leaks else change == 0
+
+
 def test_token_maps():
     head = random_head(3, draft_vocab=4)
     used = torch.tensor([1, 7, 8, 30])

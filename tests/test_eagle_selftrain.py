@@ -25,17 +25,21 @@ def test_break_even_row(before, train_s, after, expected):
     assert break_even_row(Phase(*before), train_s, Phase(*after)) == expected
 
 
-TRAINING_SECONDS = [  # drafter.train_minutes, seconds the first rows took -> the training budget
-    (2.0, 30.0, 120.0),  # as set
-    (None, 90.0, 90.0),  # as long as the first rows took
-    (None, 5.0, 60.0),  # at least a minute
-    (None, 3600.0, 600.0),  # at most ten
+TRAINING_SECONDS = [  # drafter.train_minutes, seconds the first rows took, rest of the job's projected s -> budget
+    (2.0, 30.0, None, 120.0),  # as set
+    (2.0, 30.0, 10.0, 120.0),  # as set, however short the job
+    (None, 90.0, None, 90.0),  # as long as the first rows took
+    (None, 5.0, None, 60.0),  # at least a minute
+    (None, 3600.0, None, 600.0),  # at most ten
+    (None, 35.0, 170.0, 25.5),  # a 3,000-row demo job: at most 15% of the rest
+    (None, 35.0, 100000.0, 60.0),  # a long job: the share does not bind
+    (None, 35.0, 60.0, 0.0),  # 9 s would be too little to train a head: none
 ]
 
 
-@pytest.mark.parametrize("minutes,first_s,expected", TRAINING_SECONDS)
-def test_training_seconds(minutes, first_s, expected):
-    assert training_seconds(minutes, first_s) == expected
+@pytest.mark.parametrize("minutes,first_s,rest_s,expected", TRAINING_SECONDS)
+def test_training_seconds(minutes, first_s, rest_s, expected):
+    assert training_seconds(minutes, first_s, rest_s) == pytest.approx(expected)
 
 
 VERDICTS = [  # head tokens/s in its trial, the fallback's in the first rows -> who drafts the rest
@@ -87,8 +91,8 @@ def test_a_stop_during_training_leaves_the_trial_to_the_resume(llama_pair, tmp_p
     build = _builder(models)
     train = SelfTrainingGenerator._train
 
-    def train_then_stop(self, samples):
-        head = train(self, samples)
+    def train_then_stop(self, samples, budget):
+        head = train(self, samples, budget)
         self.stop_admitting()  # SIGTERM arrives while the head trains
         return head
 
@@ -168,6 +172,12 @@ SUMMARY_LINES = [  # a report -> its one line in summary, status and report
      "resumed with the saved head, 40 rows with it 310.0 tokens/s"),
     ({"rows_before": 100, "tokens_per_s_before": None, "train_s": 0.0, "rows_after": 0, "tokens_per_s_after": None},
      "100 rows with ngram - tokens/s, trained 0 s, 0 rows with the head - tokens/s"),  # a report before fallbacks
+    ({"rows_before": 512, "tokens_per_s_before": 900.0, "train_s": 0.0, "rows_after": 0, "tokens_per_s_after": None,
+      "fallback": "suffix", "verdict": "not trained", "rows_back": 40, "tokens_per_s_back": 950.0,
+      "not_trained": "the rest of this run (about 3 s at the first rows' rate) is too short for a head to pay back "
+                     "its training"},
+     "512 rows with suffix 900.0 tokens/s, then 40 more with it 950.0 tokens/s; no head trained: the rest of this run "
+     "(about 3 s at the first rows' rate) is too short for a head to pay back its training"),
 ]
 
 
@@ -185,6 +195,22 @@ def test_no_head_is_trained_when_the_first_rows_are_all_the_rows(llama_pair, tmp
     results = {r.id: r for r in generator.run(requests)}
     assert [results[str(i)].completion_token_ids for i in range(len(PROMPTS))] == llama_pair.reference
     assert generator.head is None and not (tmp_path / "eagle_head").exists()
+
+
+def test_a_job_too_short_for_a_head_to_pay_back_trains_none(llama_pair, tmp_path):
+    models = batchspec.load_models(str(llama_pair.target))
+    ids = [str(i) for i in range(2 * len(PROMPTS))]
+    requests = [batchspec.Request(i, p) for i, p in zip(ids, PROMPTS * 2)]
+    generator = SelfTrainingGenerator(models, _builder(models), out_dir=tmp_path, rows=len(PROMPTS),
+                                      rows_left=lambda: len(requests))  # the rest: as long as the first rows, < 10 s
+    results = {r.id: r for r in generator.run(requests)}
+    assert [results[i].completion_token_ids for i in ids] == llama_pair.reference * 2  # exact throughout
+    report = generator.report()
+    assert generator.head is None and not (tmp_path / "eagle_head" / "config.json").exists()
+    assert report["verdict"] == "not trained" and "too short" in report["not_trained"]
+    assert report["rows_before"] == len(PROMPTS) and report["rows_back"] == len(PROMPTS) and report["train_s"] == 0
+    assert 0 < report["projected_rest_s"] < 10
+    assert generator.stats.requests == len(ids)
 
 
 @pytest.mark.parametrize("max_tokens,expected", [

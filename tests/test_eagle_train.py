@@ -188,3 +188,60 @@ def test_training_autocast_refuses_an_unknown_mode():
 
     with pytest.raises(ValueError, match="auto, bfloat16 or off"):
         training_autocast("cpu", "fp16")
+
+
+# The peak learning rate by head width: Adam moves each weight by about lr per step, so the rate that trains
+# the 256-wide demo head falls as 1/width above it (3e-3 sent a 3072-wide head to a NaN loss on an H100).
+LEARNING_RATES = [(64, 3e-3), (256, 3e-3), (512, 1.5e-3), (3072, 2.5e-4)]
+
+
+@pytest.mark.parametrize("hidden,lr", LEARNING_RATES)
+def test_default_lr_falls_as_one_over_the_width(hidden, lr):
+    from batchspec.eagle.loop import default_lr
+
+    assert default_lr(hidden) == pytest.approx(lr)
+
+
+# samples (of 8) whose target features are NaN -> training skips their steps, or stops when nothing is finite
+POISONED = [(1, False), (8, True)]
+
+
+@pytest.mark.parametrize("poisoned,stops", POISONED)
+def test_non_finite_steps_are_skipped_and_a_run_of_them_stops_training(tiny, tmp_path, poisoned, stops):
+    from batchspec.eagle.features import sequence_states
+    from batchspec.eagle.init import head_for_target
+    from batchspec.eagle.loop import LoopOptions, NonFiniteLoss, train_loop
+
+    target = _target(tiny)
+    gen = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(3, 300, (12,), generator=gen).tolist() for _ in range(8)]
+    samples = [Sample(ids, prompt_len=4) for ids in sequences]
+    torch.manual_seed(0)
+    head = head_for_target(target)
+    states = sequence_states(target, sequences, head.config.target_layer_ids, dtype=torch.float32)
+    for i in range(poisoned):
+        states[i] = (states[i][0] * float("nan"), *states[i][1:])
+    options = LoopOptions(steps=30, seconds=0, batch_size=1, ttt_steps=2, show_progress=False, eval_every=10**9)
+    run_loop = lambda: train_loop(head, target, samples, states, [], [], options, tmp_path / "ckpt.pt")  # noqa: E731
+    if stops:
+        with pytest.raises(NonFiniteLoss, match="not finite in 20 steps in a row .* try a lower --lr"):
+            run_loop()
+        return
+    state = run_loop()
+    assert 0 < state.skipped < 30 and state.step == 30 and state.loss is not None
+    assert all(torch.isfinite(p).all() for p in head.parameters())  # no NaN reached a weight
+
+
+# training agreement at the first position, held-out acceptance, held-out samples -> memorised (warned)
+MEMORISED = [(0.93, 0.03, 32, True), (0.80, 0.62, 32, False), (0.93, 0.03, 0, False), (0.5, 0.9, 32, False)]
+
+
+@pytest.mark.parametrize("train,heldout,samples,warned", MEMORISED)
+def test_a_head_that_learnt_its_data_by_heart_is_named(train, heldout, samples, warned):
+    from types import SimpleNamespace
+
+    from batchspec.eagle.summary import memorised
+
+    s = SimpleNamespace(agreement=[train, train - 0.05], acceptance={"cumulative": [heldout, heldout / 2]},
+                        heldout_samples=samples)
+    assert (memorised(s) == (train, heldout)) if warned else memorised(s) is None

@@ -210,3 +210,26 @@ def test_the_cache_goes_by_the_name_the_model_takes(model):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         step(r, torch.tensor([[5], [6]]), [0, 1])
+
+
+@torch.no_grad()
+def test_row_positions_keep_each_rows_own_logits(model):
+    """Per-row logits positions on any transformers release: the runner asks for every position and a hook on
+    the LM head keeps each row's own (before 5.2x a 2D logits_to_keep indexed every row with it). Equal to the
+    full logits gathered; the hook passes everything through once the call is done; one hook per model."""
+    from batchspec.engine.runner import RowPositions
+
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 300, (3, 6), generator=gen)
+    full = model(ids).logits
+    positions = RowPositions.of(model)
+    assert RowPositions.of(model) is positions
+    for keep in ([[5], [0], [3]], [[1, 2], [4, 5], [0, 5]]):
+        keep = torch.tensor(keep)
+        try:
+            kept = model(ids, logits_to_keep=positions.model_argument(keep)).logits
+        finally:
+            positions.done()
+        torch.testing.assert_close(kept, torch.take_along_dim(full, keep[..., None], dim=1))
+    assert positions.model_argument(1) == 1 and positions.keep is None  # an int goes to the model as it is
+    torch.testing.assert_close(model(ids).logits, full)

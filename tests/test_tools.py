@@ -55,6 +55,19 @@ def test_bench_runs_every_contender_and_checks_outputs(llama_pair, prompt_file, 
     assert table.startswith("| batch | HF batched tok/s | HF static tok/s | none [auto] tok/s |") and "\n| 3 | " in table
 
 
+def test_bench_without_hf_batched_leaves_its_columns_empty(llama_pair, prompt_file, tmp_path):
+    """--no-hf-batched (on a GPU at batch 1, eager HF generate is the slowest contender by far)."""
+    out, table = tmp_path / "bench.json", tmp_path / "bench.md"
+    bench.main(["--target", str(llama_pair.target), "--draft", "", "--prompts", prompt_file, "--num-prompts", "2",
+                "--max-new-tokens", "4", "--batch-size", "2", "--k", "2", "--repeats", "1", "--drafters", "ngram",
+                "--no-hf-batched", "--no-hf-static", "--no-hf-batch1", "--no-adaptive", "--json", str(out),
+                "--markdown", str(table)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["contender"] for r in rows] == ["batchspec none", "batchspec ngram k=2"]
+    assert all(r["vs_hf_batched"] is None and r["vs_none"] > 0 for r in rows)
+    assert "| batchspec none | " in table.read_text() and " | - | - | 1.00 | " in table.read_text()
+
+
 @pytest.mark.slow
 def test_bench_checks_coupled_outputs_against_a_coupled_none(llama_pair, prompt_file, tmp_path, capsys):
     """Sampled, rejection listed first: the coupled rows must equal the coupled none (plain decoding's draws),

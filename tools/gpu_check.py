@@ -11,6 +11,9 @@
 2. Step times (with --pair, a `tools/synthetic_pair.py` pair in bf16): one static step of T = 1..5
    tokens per slot for the target and T = 1, 2 for the draft, at several batch sizes, eager against
    a CUDA-graph replay (median of timed runs), which is the cost table adaptive k uses on a GPU.
+3. EAGLE-3 training attention: whether this GPU's attention kernels keep an unrolled training step to its
+   mask (`eagle.ttt.sees_future`: an earlier row's output must not move when later positions change), in fp32
+   and under bf16 autocast, for a head shaped like the demo target's and (with --pair) the pair's target's.
 
 Everything printed is also written to OUT/report.md and OUT/report.json.
 """
@@ -48,7 +51,8 @@ def hf_reference(models, prompts: list[str], max_new_tokens: int) -> list[list[i
     return out
 
 
-def parity(lines: list[str], report: dict, num_prompts: int, max_new_tokens: int, device: str) -> None:
+def parity(lines: list[str], report: dict, num_prompts: int, max_new_tokens: int, device: str,
+           modes: list[str], drafters: list[str]) -> None:
     head = DEMO / "eagle"
     models = batchspec.load_models(str(DEMO / "target"), str(DEMO / "draft"), dtype="float32", device=device,
                                    head=str(head) if head.is_dir() else None)
@@ -57,8 +61,8 @@ def parity(lines: list[str], report: dict, num_prompts: int, max_new_tokens: int
     lines += ["## Parity, fp32, demo pair: outputs identical to HF generate on each prompt alone", "",
               "| compile | drafter | batch | k | identical | capture s | wall s |", "|---|---|---:|---|---:|---:|---:|"]
     report["parity"] = []
-    for compile in ("on", "static", "off"):
-        for drafter in ("none", "model", "eagle", "ngram", "prompt_lookup", "suffix"):
+    for compile in modes:
+        for drafter in drafters:
             if drafter == "eagle" and models.head is None:
                 continue
             for batch_size, adaptive in ((8, False), (8, True), (1, False)):
@@ -96,6 +100,33 @@ def step_times(lines: list[str], report: dict, pair: Path, batch_sizes: list[int
                 torch.cuda.empty_cache()
 
 
+def attention_check(lines: list[str], report: dict, pair: Path | None, device: str) -> None:
+    from transformers import AutoConfig
+
+    from batchspec.eagle.config import EagleConfig
+    from batchspec.eagle.head import EagleHead
+    from batchspec.eagle.ttt import sees_future
+
+    lines += ["", "## EAGLE-3 training attention: change of earlier rows when later positions change (0 = kept to "
+              "its mask)", "", "| target shape | hidden | fp32 | bf16 autocast |", "|---|---:|---:|---:|"]
+    report["attention"] = []
+    for name, folder in (("demo", DEMO / "target"), ("pair", pair / "target" if pair else None)):
+        if folder is None:
+            continue
+        config = AutoConfig.from_pretrained(folder)
+        torch.manual_seed(0)
+        head = EagleHead(EagleConfig.for_target(config, draft_vocab_size=min(4096, config.vocab_size))).to(device)
+        ids = torch.randint(0, head.config.draft_vocab_size, (16, 160), device=device)
+        feats = torch.randn(16, 160, head.config.feature_size, device=device) * 0.1
+        change = {}
+        for label, on in (("fp32", False), ("bf16", True)):
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=on):
+                change[label] = sees_future(head, ids, feats, steps=4)
+        report["attention"].append(dict(target=name, hidden=config.hidden_size, **change))
+        lines.append(f"| {name} | {config.hidden_size} | {change['fp32']:.3g} | {change['bf16']:.3g} |")
+        print(lines[-1], flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -105,6 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-sizes", default="1,8,32,64")
     parser.add_argument("--kv-len", type=int, default=256)
     parser.add_argument("--skip-parity", action="store_true")
+    parser.add_argument("--modes", default="on,static,off", help="compile modes the parity check runs")
+    parser.add_argument("--drafters", default="none,model,eagle,ngram,prompt_lookup,suffix",
+                        help="drafters the parity check runs")
     parser.add_argument("--device", default="cuda", help="cpu runs the same checks with torch.compile for capture "
                         "(a smoke test of this script; slow)")
     args = parser.parse_args(argv)
@@ -118,10 +152,12 @@ def main(argv: list[str] | None = None) -> None:
     report: dict = {"device": name, "torch": torch.__version__}
     try:
         if not args.skip_parity:
-            parity(lines, report, args.num_prompts, args.max_new_tokens, args.device)
+            parity(lines, report, args.num_prompts, args.max_new_tokens, args.device, args.modes.split(","),
+                   args.drafters.split(","))
         if args.pair:
             step_times(lines, report, Path(args.pair), [int(b) for b in args.batch_sizes.split(",")], args.kv_len,
                        args.device)
+        attention_check(lines, report, Path(args.pair) if args.pair else None, args.device)
     finally:
         (out / "report.md").write_text("\n".join(lines) + "\n")
         (out / "report.json").write_text(json.dumps(report, indent=2))

@@ -13,6 +13,7 @@ label from the target for the token it predicts, weighted 0.8^j (EAGLE-3). Label
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -30,7 +31,7 @@ from .ttt import unroll
 
 @dataclass
 class LoopOptions:
-    lr: float = 3e-3
+    lr: float | None = None  # peak learning rate; None: default_lr(the head's hidden size)
     batch_size: int = 8  # sequences per step
     ttt_steps: int = 5  # unrolled draft steps per position (EAGLE-3's test length)
     step_weight: float = 0.8  # loss weight of step j: step_weight ** j
@@ -56,6 +57,23 @@ class LoopState:
     loss: float | None = None  # mean of the last 20 steps
     agreement: list[float] = field(default_factory=list)  # top-1 agreement by unrolled step, last 20 steps
     history: list[dict] = field(default_factory=list)  # held-out checks during training
+    skipped: int = 0  # steps whose loss or gradient was not finite (not applied)
+
+
+# Adam moves every weight by about lr per step, so a layer's output moves by about lr x its width: the
+# peak rate that trains the demo's 256-wide head well (3e-3) sent a 3072-wide head (a Llama-3.2-3B
+# target's, on an H100) to a NaN loss by step 62. Scale it as 1/width (muP's rule for Adam).
+BASE_LR, BASE_WIDTH = 3e-3, 256
+MAX_SKIPPED_IN_A_ROW = 20
+
+
+def default_lr(hidden_size: int) -> float:
+    """Peak learning rate for a head `hidden_size` wide: 3e-3 up to 256, then 3e-3 * 256 / hidden_size."""
+    return BASE_LR * min(1.0, BASE_WIDTH / hidden_size)
+
+
+class NonFiniteLoss(RuntimeError):
+    """Training produced no finite loss for MAX_SKIPPED_IN_A_ROW steps in a row; one line."""
 
 
 def progress_of(state: LoopState, options: LoopOptions) -> float:
@@ -64,12 +82,12 @@ def progress_of(state: LoopState, options: LoopOptions) -> float:
     return min(1.0, max(parts))
 
 
-def lr_at(progress: float, options: LoopOptions) -> float:
+def lr_at(progress: float, options: LoopOptions, peak: float) -> float:
     """Linear warmup, then cosine decay to 10% of the peak, over the progress fraction."""
     if progress < options.warmup:
-        return options.lr * max(progress / options.warmup, 0.02)
+        return peak * max(progress / options.warmup, 0.02)
     p = (progress - options.warmup) / max(1e-9, 1 - options.warmup)
-    return options.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(p, 1.0))))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(p, 1.0))))
 
 
 def autocast_enabled(kind: str, mode: str = "auto") -> bool:
@@ -117,16 +135,20 @@ class TargetHead:
         return F.linear(final.float(), self.weight, self.bias)
 
 
+def batch_inputs(head: EagleHead, samples, states, rows, device) -> tuple[torch.Tensor, ...]:
+    """ids [b, N], features [b, N, 3*Ht], final [b, N, Ht] and greedy [b, N] of the batch `rows`, right-padded."""
+    ids, _ = pad_batch([samples[i].ids for i in rows], 0)
+    feats, final, greedy = (torch.nn.utils.rnn.pad_sequence([states[i][part] for i in rows], batch_first=True)
+                            for part in range(3))
+    return ids.to(device), feats.to(device, head.fc.weight.dtype), final.to(device), greedy
+
+
 def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, options: LoopOptions, device):
     """Weighted TTT loss over the batch `rows`, and the per-step top-1 agreement with the target.
     With a reduced draft vocabulary, labels are over the draft vocabulary (the target's distribution
     renormalised over it, as SpecForge does) and positions whose greedy token is outside it are skipped."""
     part = [samples[i] for i in rows]
-    ids, _ = pad_batch([s.ids for s in part], 0)
-    feats = torch.nn.utils.rnn.pad_sequence([states[i][0] for i in rows], batch_first=True)
-    final = torch.nn.utils.rnn.pad_sequence([states[i][1] for i in rows], batch_first=True)
-    greedy = torch.nn.utils.rnn.pad_sequence([states[i][2] for i in rows], batch_first=True)
-    ids, feats, final = ids.to(device), feats.to(device, head.fc.weight.dtype), final.to(device)
+    ids, feats, final, greedy = batch_inputs(head, samples, states, rows, device)
     length = ids.shape[1] - 1
     lengths = torch.tensor([len(s.ids) for s in part], device=device)[:, None]
     prompt = torch.tensor([s.prompt_len for s in part], device=device)[:, None]
@@ -166,7 +188,8 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
     """Train `head` in place until the step or time budget is spent; checkpoint to `checkpoint_path`."""
     head.to(device).train()
     params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=options.lr, betas=(0.9, 0.95), weight_decay=options.weight_decay)
+    peak_lr = options.lr if options.lr is not None else default_lr(head.config.hidden_size)
+    opt = torch.optim.AdamW(params, lr=peak_lr, betas=(0.9, 0.95), weight_decay=options.weight_decay)
     state = LoopState()
     if resume is not None:
         head.load_state_dict(resume["head"])
@@ -181,24 +204,36 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
         payload = {"head": head.state_dict(), "optimizer": opt.state_dict(), "state": asdict(state)}
         atomic_write(checkpoint_path, lambda tmp: torch.save(payload, tmp))
 
+    # Off a terminal (a log file, SLURM) a line every 30 s, not one per step: fast steps made megabytes of log.
     bar = tqdm(total=1000, desc="training", bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} {postfix}",
-               disable=not options.show_progress)
-    last_save, recent, shown = time.time(), [], {}
+               disable=not options.show_progress, mininterval=0.1 if sys.stderr.isatty() else 30.0)
+    last_save, recent, shown, in_a_row = time.time(), [], {}, 0
     try:
         while progress_of(state, options) < 1.0:
             if threads is not None:
                 threads.poll()
             t0 = time.time()
             for group in opt.param_groups:
-                group["lr"] = lr_at(progress_of(state, options), options)
+                group["lr"] = lr_at(progress_of(state, options), options, peak_lr)
             with autocast:
                 loss, agree = batch_loss(head, target_head, samples, states, pick_batch(order, state.step, options),
                                          options, device)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, options.grad_clip)
-            opt.step()
+            norm = torch.nn.utils.clip_grad_norm_(params, options.grad_clip)
             state.step += 1
+            # One non-finite step would turn every weight into NaN for good: skip it instead, and stop with a
+            # clear line if it keeps happening (then the learning rate or the data is at fault, not one batch).
+            if not (torch.isfinite(loss) and torch.isfinite(norm)):
+                state.skipped += 1
+                in_a_row += 1
+                if in_a_row >= MAX_SKIPPED_IN_A_ROW:
+                    raise NonFiniteLoss(f"the training loss was not finite in {in_a_row} steps in a row (step "
+                                        f"{state.step}, peak learning rate {peak_lr:.2g}): try a lower --lr")
+                state.seconds += time.time() - t0
+                continue
+            in_a_row = 0
+            opt.step()
             recent = (recent + [(loss.item(), agree)])[-20:]
             state.loss = sum(r[0] for r in recent) / len(recent)
             state.agreement = [sum(r[1][j] for r in recent) / len(recent) for j in range(len(agree))]
@@ -208,9 +243,9 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
                 head.train()
                 state.history.append({"step": state.step, "loss": recent[-1][0], **shown})
             state.seconds += time.time() - t0
-            bar.n = int(1000 * progress_of(state, options))
-            bar.set_postfix(step=state.step, loss=f"{state.loss:.3f}", acc=f"{state.agreement[0]:.2f}",
+            bar.set_postfix(step=state.step, loss=f"{state.loss:.3f}", acc=f"{state.agreement[0]:.2f}", refresh=False,
                             **{f"heldout_{k}": f"{v:.2f}" for k, v in shown.items()})
+            bar.update(int(1000 * progress_of(state, options)) - bar.n)  # redraws at most every mininterval
             if time.time() - last_save > options.checkpoint_every:
                 save()
                 last_save = time.time()

@@ -3,7 +3,9 @@
     rows 1..N      decoded with a head-less drafter, `fallback` (suffix decoding by default: it learns from
                    the job's own rows; the rows are results, written like any other)
     training       a head for the target from those rows: the target's hidden states over prompt + output,
-                   EAGLE-3's training-time test (loop.py), for a time budget; saved in the output folder
+                   EAGLE-3's training-time test (loop.py), for a time budget (`training_seconds`: at most a
+                   share of the rest of the job's projected time, and no head at all when the job ends too
+                   soon for one to pay back); saved in the output folder
     trial          the next rows drafted by that head
     rows after     drafted by the head if the trial ran faster than rows 1..N did, else by `fallback` again
                    (seeded with the completions so far), so a head that does not pay costs only its trial
@@ -36,12 +38,17 @@ from .evaluate import acceptance, head_matches
 from .features import sequence_states
 from .formats import atomic_write, save_head
 from .init import head_for_target, scale_fc
-from .loop import LoopOptions, train_loop
+from .loop import LoopOptions, NonFiniteLoss, train_loop
 from .vocab import vocab_for
 
 log = logging.getLogger("batchspec")
 HEAD_FOLDER = "eagle_head"  # inside the job's output folder
 VERDICT_FILE = "selftrain.json"  # inside the head's folder: the first phase's rate and the trial's verdict
+NOT_TRAINED = "not trained"  # the verdict when no head was trained (the report's not_trained says why)
+
+
+class NoHead(Exception):
+    """The job trains no head (the reason is the message)."""
 
 
 @dataclass
@@ -71,13 +78,26 @@ def break_even_row(before: Phase, train_s: float, after: Phase) -> int | None:
     return before.rows + int(round(train_s / (plain - drafted))) + 1
 
 
-def training_seconds(minutes: float | None, first_phase_s: float) -> float:
-    """The training budget: `minutes`, or by default as long as the first rows took, within 1 to 10 minutes, so
-    training costs about what decoding those rows again would. On the demo target over 3,000 rows (2 CPU
-    cores, OMP_WAIT_POLICY=PASSIVE), 3 minutes of training made the whole job 0.91x a plain one; 1 minute
-    (what this gives there), 1.16x. With OpenMP's spinning threads (batchspec's default since), plain
-    decoding doubled in speed and the same job with 1 minute was 0.96x (docs/eagle.md)."""
-    return minutes * 60 if minutes is not None else min(600.0, max(60.0, first_phase_s))
+# The default budget is at most this share of the time the rest of the job is projected to take, so that a
+# head that loses its trial costs a short job little (a 3,000-row demo job paid a minute for a head that
+# lost, 0.96x a plain job, 2026-11-25); a job too short for TRAIN_MIN_S of training trains no head at all.
+TRAIN_SHARE = 0.15
+TRAIN_MIN_S = 10.0
+
+
+def training_seconds(minutes: float | None, first_phase_s: float, rest_s: float | None = None) -> float:
+    """The training budget: `minutes`, or by default as long as the first rows took, within 1 to 10 minutes and
+    at most TRAIN_SHARE of `rest_s` (the rest of the job's projected time at the first rows' rate, when the job
+    knows its length). 0 (train no head) when that leaves less than TRAIN_MIN_S. On the demo target over 3,000
+    rows (2 CPU cores, OMP_WAIT_POLICY=PASSIVE), 3 minutes of training made the whole job 0.91x a plain one;
+    1 minute, 1.16x; with OpenMP's spinning threads (batchspec's default since) plain decoding doubled in
+    speed and the same job with 1 minute was 0.96x (docs/eagle.md)."""
+    if minutes is not None:
+        return minutes * 60
+    budget = min(600.0, max(60.0, first_phase_s))
+    if rest_s is not None:
+        budget = min(budget, TRAIN_SHARE * rest_s)
+    return budget if budget >= TRAIN_MIN_S else 0.0
 
 
 def verdict_of(head_rate: float | None, first_rate: float | None, fallback: str) -> str:
@@ -91,13 +111,19 @@ class SelfTrainingGenerator:
     """build(drafter, head, corpus) -> a SpecBatchGenerator over the job's models: `build(fallback, None, None)`
     for the first `rows` rows, `build("eagle", head, None)` after, `build(fallback, None, completions)` if the
     head loses its trial of `trial_rows` rows (default rows // 2). minutes: the training budget (None:
-    `training_seconds` of the first phase). corpus_max_tokens: how much of the rows already written a resumed,
-    lost verdict reads back for the fallback (the suffix index holds no more)."""
+    `training_seconds` of the first phase). rows_left: how many requests this run has left to give, counted from
+    its start (None, or returning None: unknown), read when the first phase ends to project the rest of the
+    job's time. corpus_max_tokens: how much of the rows already written a resumed, lost verdict reads back for
+    the fallback (the suffix index holds no more)."""
 
     def __init__(self, models, build: Callable[..., object], *, out_dir: str | Path, rows: int = 512,
                  minutes: float | None = None, fallback: str = "suffix", trial_rows: int | None = None,
-                 corpus_max_tokens: int | None = None, heldout: int = 16, seed: int = 0):
-        self.models, self.build, self.rows, self.minutes = models, build, rows, minutes
+                 corpus_max_tokens: int | None = None, heldout: int = 16, seed: int = 0,
+                 rows_left: Callable[[], int | None] | None = None):
+        self.models, self.build, self.rows, self.minutes, self.rows_left = models, build, rows, minutes, rows_left
+        self.taken = 0  # requests the first phase took
+        self.rest_s: float | None = None  # the rest of the job's projected time when the first phase ended
+        self.not_trained: str | None = None  # why no head was trained, when none was
         self.fallback, self.heldout, self.seed = fallback, heldout, seed
         self.trial_rows = max(1, rows // 2) if trial_rows is None else trial_rows
         self.head_dir = Path(out_dir) / HEAD_FOLDER
@@ -149,7 +175,18 @@ class SelfTrainingGenerator:
             if pending is None:  # stopped, or no rows left to draft: no head to train
                 return
             self.first_rate = self.before.tokens_per_s
-            self.head = self._train(samples)
+            budget = training_seconds(self.minutes, self.before.seconds, self._rest_seconds())
+            try:
+                if budget == 0.0:
+                    raise NoHead(f"the rest of this run (about {self.rest_s:.0f} s at the first rows' rate) is too "
+                                 "short for a head to pay back its training")
+                self.head = self._train(samples, budget)
+            except (NoHead, NonFiniteLoss) as e:  # the fallback, warm with what it learnt, drafts every row
+                self.verdict, self.not_trained, self.completions = NOT_TRAINED, str(e), []
+                (self.head_dir / "checkpoint.pt").unlink(missing_ok=True)
+                log.warning("model.draft=train: no head: %s; %s drafts every row", e, self.fallback)
+                yield from self._phase(pending, self.back, None)
+                return
             if self._stop:  # stopped while training: the saved head's trial runs on resume
                 return
             self._switch("eagle", self.head, None)
@@ -202,6 +239,7 @@ class SelfTrainingGenerator:
             for request in stream:
                 if samples is not None:
                     prompts[request.id, request.sample_index] = request.prompt
+                    self.taken += 1
                 yield request
 
         def elapsed():  # graph capture is a one-off cost, not the drafter's rate (the trial compares rates)
@@ -226,7 +264,15 @@ class SelfTrainingGenerator:
 
     # ---- training ---------------------------------------------------------------------------------
 
-    def _train(self, samples: list[Sample]):
+    def _rest_seconds(self) -> float | None:
+        """The rest of this run's projected time at the first phase's rate (None: the job's length is unknown)."""
+        left = self.rows_left() if self.rows_left is not None else None
+        if left is None or not self.taken:
+            return None
+        self.rest_s = max(left - self.taken, 0) * self.before.seconds / self.taken
+        return self.rest_s
+
+    def _train(self, samples: list[Sample], budget: float):
         """A head from the first phase's rows (the last `heldout` of them held out), saved atomically."""
         started = time.perf_counter()
         target = self.models.target
@@ -248,7 +294,7 @@ class SelfTrainingGenerator:
         # Small batches and no loss on the prompts: with a budget of minutes, more steps over the positions the
         # head will draft at teach it most (a 60 s budget on the demo target: 3.15 tokens per forward at k=4 on
         # held-out rows against 2.97 with 8 sequences, 5 unrolled steps and the prompts' positions).
-        options = LoopOptions(seconds=max(1.0, training_seconds(self.minutes, self.before.seconds) - spent),
+        options = LoopOptions(seconds=max(1.0, budget - spent),
                               batch_size=4, ttt_steps=4, train_on_prompt=False, eval_every=10**9, seed=self.seed,
                               show_progress=False)
         log.info("training an EAGLE-3 head on %d rows for about %.1f min", len(train), options.seconds / 60)
@@ -273,6 +319,10 @@ class SelfTrainingGenerator:
                "train_s": round(self.train_s, 1), "verdict": self.verdict,
                "rows_back": self.back.rows, "tokens_per_s_back": self.back.tokens_per_s,
                "break_even_row": None if self.lost else break_even_row(self.before, self.train_s, self.after)}
+        if self.rest_s is not None:
+            out["projected_rest_s"] = round(self.rest_s, 1)
+        if self.not_trained:
+            out["not_trained"] = self.not_trained
         if self.heldout_acceptance:
             out["heldout_acceptance_by_position"] = self.heldout_acceptance.get("cumulative")
         return out

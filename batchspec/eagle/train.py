@@ -25,7 +25,7 @@ from .evaluate import acceptance, head_matches, measure_costs
 from .features import sequence_states
 from .formats import atomic_write, save_head
 from .init import head_for_target, scale_fc
-from .loop import LoopOptions, train_loop
+from .loop import LoopOptions, default_lr, train_loop
 from .summary import Summary, render
 from .vocab import vocab_for
 
@@ -47,7 +47,7 @@ class TrainDraftOptions:
     device: str = "auto"
     dtype: str = "auto"
     resume: bool = False
-    lr: float = 3e-3
+    lr: float | None = None  # None: eagle.loop.default_lr(head width)
     batch_size: int = 4
     ttt_steps: int = 4
     draft_vocab_size: int | None = None  # None: the most frequent tokens covering 99% of the data (vocab.py)
@@ -131,7 +131,8 @@ def run(options: TrainDraftOptions, log=print) -> Summary:
         scale_fc(head, torch.cat([st[0] for st in states[:64]]))
 
     labels = options.labels if options.labels != "auto" else ("hard" if options.temperature == 0 else "soft")
-    loop = LoopOptions(lr=options.lr, batch_size=options.batch_size, ttt_steps=options.ttt_steps, steps=options.steps,
+    lr = options.lr if options.lr is not None else default_lr(head.config.hidden_size)
+    loop = LoopOptions(lr=lr, batch_size=options.batch_size, ttt_steps=options.ttt_steps, steps=options.steps,
                        train_on_prompt=options.train_on_prompt, seed=options.seed, labels=labels,
                        label_temperature=options.temperature or 1.0, **options.loop)
     reserve = min(60.0, 0.05 * budget)  # for the evaluation below
@@ -188,6 +189,7 @@ def finish(options: TrainDraftOptions, head, target, data, heldout_states, state
         feature_seconds=feature_seconds, train_seconds=state.seconds, eval_seconds=time.time() - t_eval,
         steps=state.step, batch_size=loop.batch_size, ttt_steps=loop.ttt_steps, final_loss=state.loss,
         agreement=state.agreement, history=state.history, acceptance=asdict(result), costs=asdict(costs),
+        lr=loop.lr, skipped_steps=state.skipped,
     )
     (out / "train_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
     (out / "train_summary.txt").write_text(render(summary) + "\n")

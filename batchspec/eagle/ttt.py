@@ -60,3 +60,21 @@ def unroll(head: EagleHead, input_ids: torch.Tensor, features: torch.Tensor, ste
         hidden = head(shifted_tokens(input_ids, j), hidden, positions + j, mask, cache)
         outs.append(hidden)
     return outs
+
+
+def sees_future(head: EagleHead, input_ids: torch.Tensor, features: torch.Tensor, steps: int) -> float:
+    """How much `unroll`'s output at rows before the middle changes when every later position changes
+    (tokens and features): 0 where the attention keeps to its mask. Training that sees later positions
+    learns from the answers: near-perfect on its data, useless on new rows. Returns the largest change
+    relative to the output's scale. input_ids [b, N], features [b, N, 3*Ht]; N > 2 * (steps + 2)."""
+    cut = input_ids.shape[1] // 2
+    rows = cut - 1 - steps  # rows whose every input (tokens up to row + 1 + steps, keys up to the row) is before cut
+    other_ids = input_ids.clone()
+    other_ids[:, cut:] = (other_ids[:, cut:] + 1) % head.config.target_vocab_size
+    other_features = features.clone()
+    other_features[:, cut:] = features[:, cut:].roll(1, dims=0) * 2 + 1
+    with torch.no_grad():
+        first = unroll(head, input_ids, features, steps)
+        second = unroll(head, other_ids, other_features, steps)
+    return max(float((a[:, :rows] - b[:, :rows]).abs().max() / a[:, :rows].abs().max().clamp_min(1e-6))
+               for a, b in zip(first, second))

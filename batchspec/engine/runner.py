@@ -38,6 +38,48 @@ def cache_argument(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+class RowPositions:
+    """Per-row logits positions (`logits_to_keep` [b, n]) on any transformers release.
+
+    transformers 5.2x reads a 2D integer `logits_to_keep` as a position per row; older releases (5.17 on the
+    GPU machines, measured) index `hidden_states[:, keep]` with it and return [b, b, n, V]. So the runner
+    asks the model for every position and this pre-hook on the LM head keeps each row's own: the same
+    take_along_dim the newer releases do, before the vocabulary projection, so it costs nothing extra.
+    """
+
+    def __init__(self, model):
+        self.keep: torch.Tensor | None = None
+        head = model.get_output_embeddings()
+        self.hooked = isinstance(head, torch.nn.Module)
+        if self.hooked:
+            head.register_forward_pre_hook(self._narrow)
+
+    @classmethod
+    def of(cls, model) -> "RowPositions":
+        """The model's one instance: every runner of a model shares its hook (a job builds many generators)."""
+        head = model.get_output_embeddings()
+        found = getattr(head, "_batchspec_row_positions", None)
+        if found is None:
+            found = cls(model)
+            if found.hooked:
+                head._batchspec_row_positions = found
+        return found
+
+    def _narrow(self, module, args):
+        if self.keep is not None:
+            return (torch.take_along_dim(args[0], self.keep[..., None], dim=1), *args[1:])
+
+    def model_argument(self, logits_to_keep):
+        """What to pass as logits_to_keep; remembers a per-row request for the hook (cleared by `done`)."""
+        if self.hooked and isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.dim() == 2:
+            self.keep = logits_to_keep
+            return 0
+        return logits_to_keep
+
+    def done(self) -> None:
+        self.keep = None
+
+
 class ModelRunner(StaticPrefill):
     """Owns `model`'s slot cache (num_slots + 1 scratch x capacity positions) and lengths [num_slots + 1].
 
@@ -51,6 +93,7 @@ class ModelRunner(StaticPrefill):
                  name: str = "model", feature_layers: tuple[int, ...] = ()):
         self.model, self.name, self.graphs = model, name, graphs
         self._cache_argument = cache_argument(model)
+        self._row_positions = RowPositions.of(model)
         # Hidden states a drafter reads (EAGLE-3): output_hidden_states indices, concatenated per token.
         self.feature_layers = tuple(feature_layers)
         self.features: torch.Tensor | None = None  # [b, T, F] of the last forward (static: a buffer view)
@@ -211,16 +254,19 @@ class ModelRunner(StaticPrefill):
             positions, mask = index, causal_mask(index, kv_len, self.model.dtype)
         else:
             positions, mask = starts[:, None] + depth, tree_mask(starts, ancestors, kv_len, self.model.dtype)
-        out = self.model(
-            input_ids=tokens.clamp(max=self.vocab_size - 1),  # a target-only id must not index a draft's embeddings
-            position_ids=positions.clamp(max=self.max_position - 1),
-            attention_mask=mask,
-            **{self._cache_argument: self.cache},
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-            output_hidden_states=bool(self.feature_layers),
-            **(extra or {}),
-        )
+        try:
+            out = self.model(
+                input_ids=tokens.clamp(max=self.vocab_size - 1),  # a target-only id must not index a draft's embeddings
+                position_ids=positions.clamp(max=self.max_position - 1),
+                attention_mask=mask,
+                **{self._cache_argument: self.cache},
+                use_cache=True,
+                logits_to_keep=self._row_positions.model_argument(logits_to_keep),
+                output_hidden_states=bool(self.feature_layers),
+                **(extra or {}),
+            )
+        finally:
+            self._row_positions.done()
         if self.feature_layers:
             self.features = torch.cat([out.hidden_states[i] for i in self.feature_layers], dim=-1)
         return out.logits

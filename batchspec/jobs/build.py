@@ -4,6 +4,7 @@ settings the generator must honour, and the self-training EAGLE generator for `m
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from ..types import MAX_LOGPROBS
 from .config import ConfigError, DrafterName, JobConfig
@@ -37,10 +38,11 @@ def load_job_models(job: JobConfig):
 
 
 def build_job_generator(job: JobConfig, models, row_params: RowParamColumns | None, out_dir: Path,
-                        openai_lines: bool = False):
+                        openai_lines: bool = False, rows_left: Callable[[], int | None] | None = None):
     """The generator for a job: its drafter, sampling and limits; with per-row settings, room for them
     (per-row sampling, the largest logprobs a row may ask for); `openai_lines`: the rows are OpenAI batch
-    lines, each with its own sampling and logprobs. Raises ConfigError for a setting the
+    lines, each with its own sampling and logprobs; `rows_left`: the rows this run has to do (None: unknown),
+    which a self-training job's training budget reads. Raises ConfigError for a setting the
     models cannot take (max_seq_len beyond the target's positions)."""
     from ..api import build_generator
     from ..engine.sampling import SamplingParams
@@ -76,7 +78,8 @@ def build_job_generator(job: JobConfig, models, row_params: RowParamColumns | No
             from ..eagle.selftrain import SelfTrainingGenerator
 
             return SelfTrainingGenerator(models, build, out_dir=out_dir, rows=d.train_rows, minutes=d.train_minutes,
-                                         fallback=d.fallback.value, corpus_max_tokens=d.corpus_max_tokens, seed=s.seed)
+                                         fallback=d.fallback.value, corpus_max_tokens=d.corpus_max_tokens, seed=s.seed,
+                                         rows_left=rows_left)
         return build(d.name.value, None)
     except ValueError as e:  # e.g. max_seq_len beyond the model's positions, n > 1 with greedy decoding
         raise ConfigError(str(e).strip().splitlines()[0]) from e

@@ -115,8 +115,9 @@ class DrafterConfig:
     corpus: Optional[str] = None
     corpus_max_tokens: int = 200_000
     # drafter=eagle with model.draft=train: the first train_rows rows decode with the fallback drafter and
-    # train an EAGLE-3 head for about train_minutes (null: as long as those rows took, 1 to 10 minutes); the
-    # rest draft with the head, or with the fallback again if the head's trial rows ran slower (docs/eagle.md)
+    # train an EAGLE-3 head for about train_minutes (null: as long as those rows took, 1 to 10 minutes, at
+    # most 15% of the rest of the job's projected time, none under 10 s); the rest draft with the head, or
+    # with the fallback again if the head's trial rows ran slower (docs/eagle.md)
     train_rows: int = 512
     train_minutes: Optional[float] = None
     fallback: DrafterName = DrafterName.suffix  # none, ngram, prompt_lookup or suffix

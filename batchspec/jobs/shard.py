@@ -112,7 +112,8 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
     log.info("%s %s: %s rows to do (%d already done%s) -> %s", job_name, label, to_do, own_done, others, out_dir)
     models = load_job_models(job)
     row_params = RowParamColumns(src.row_params) if src.row_params else None
-    generator = build_job_generator(job, models, row_params, out_dir, openai_lines=openai_lines(job))
+    generator = build_job_generator(job, models, row_params, out_dir, openai_lines=openai_lines(job),
+                                    rows_left=lambda: remaining(selector))
     if openai_lines(job):
         builder = openai_batch.OpenAIRequests(models.tokenizer, generator.max_seq_len)
     else:
