@@ -98,7 +98,9 @@ def main(argv=None) -> None:
 
     try:
         print(render(run(options)))
-    except (HeadError, TrainDraftError, ModelLoadError, SourceError, NonFiniteLoss) as e:  # each a one-line message
+    except NonFiniteLoss as e:
+        sys.exit(f"train_draft: {e}: try a lower --lr")
+    except (HeadError, TrainDraftError, ModelLoadError, SourceError) as e:  # each a one-line message
         sys.exit(f"train_draft: {e}")
 
 

@@ -169,10 +169,12 @@ def self_training_text(t: dict) -> str:
         return "-" if x is None else f"{x:.1f}"
 
     fallback = t.get("fallback") or "ngram"  # reports written before the fallback was a setting
-    if t.get("verdict") == "not trained":  # eagle/selftrain.NOT_TRAINED
-        return (f"{t['rows_before']} rows with {fallback} {rate(t['tokens_per_s_before'])} tokens/s, then "
-                f"{t.get('rows_back', 0)} more with it {rate(t.get('tokens_per_s_back'))} tokens/s; no head trained: "
-                f"{t.get('not_trained', 'see the log')}")
+    if t.get("verdict") == "not trained":  # eagle/selftrain.NOT_TRAINED: the fallback drafted every row
+        rows, back = t["rows_before"], t.get("rows_back", 0)
+        text = (f"{rows} rows with {fallback} {rate(t['tokens_per_s_before'])} tokens/s, then {back} more "
+                f"{rate(t.get('tokens_per_s_back'))} tokens/s" if rows else
+                f"{back} rows with {fallback} {rate(t.get('tokens_per_s_back'))} tokens/s")
+        return text + f"; no head trained{'' if rows else ' (an earlier run)'}: {t.get('not_trained') or 'see the log'}"
     if t.get("resumed_with_saved_head"):  # the first rows and the training belong to an earlier run
         text = f"resumed with the saved head, {t['rows_after']} rows with it {rate(t['tokens_per_s_after'])} tokens/s"
     else:

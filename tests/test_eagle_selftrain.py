@@ -9,6 +9,7 @@ import pytest
 import batchspec
 from batchspec.eagle import selftrain
 from batchspec.eagle.selftrain import Phase, SelfTrainingGenerator, break_even_row, training_seconds, verdict_of
+from batchspec.types import self_training_text
 from conftest import MAX_NEW
 from tiny import PROMPTS
 
@@ -176,15 +177,17 @@ SUMMARY_LINES = [  # a report -> its one line in summary, status and report
       "fallback": "suffix", "verdict": "not trained", "rows_back": 40, "tokens_per_s_back": 950.0,
       "not_trained": "the rest of this run (about 3 s at the first rows' rate) is too short for a head to pay back "
                      "its training"},
-     "512 rows with suffix 900.0 tokens/s, then 40 more with it 950.0 tokens/s; no head trained: the rest of this run "
+     "512 rows with suffix 900.0 tokens/s, then 40 more 950.0 tokens/s; no head trained: the rest of this run "
      "(about 3 s at the first rows' rate) is too short for a head to pay back its training"),
+    ({"rows_before": 0, "tokens_per_s_before": None, "train_s": 0.0, "rows_after": 0, "tokens_per_s_after": None,
+      "fallback": "suffix", "verdict": "not trained", "rows_back": 40, "tokens_per_s_back": 950.0,
+      "not_trained": "its training diverged (...)"},
+     "40 rows with suffix 950.0 tokens/s; no head trained (an earlier run): its training diverged (...)"),
 ]
 
 
 @pytest.mark.parametrize("report,line", SUMMARY_LINES)
 def test_self_training_text(report, line):
-    from batchspec.types import self_training_text
-
     assert self_training_text(report) == line
 
 
@@ -201,16 +204,49 @@ def test_a_job_too_short_for_a_head_to_pay_back_trains_none(llama_pair, tmp_path
     models = batchspec.load_models(str(llama_pair.target))
     ids = [str(i) for i in range(2 * len(PROMPTS))]
     requests = [batchspec.Request(i, p) for i, p in zip(ids, PROMPTS * 2)]
+    # The job says one row is left after the first phase: its projected time is a twelfth of the first phase's.
     generator = SelfTrainingGenerator(models, _builder(models), out_dir=tmp_path, rows=len(PROMPTS),
-                                      rows_left=lambda: len(requests))  # the rest: as long as the first rows, < 10 s
+                                      rows_left=lambda: len(PROMPTS) + 1)
     results = {r.id: r for r in generator.run(requests)}
     assert [results[i].completion_token_ids for i in ids] == llama_pair.reference * 2  # exact throughout
     report = generator.report()
     assert generator.head is None and not (tmp_path / "eagle_head" / "config.json").exists()
-    assert report["verdict"] == "not trained" and "too short" in report["not_trained"]
+    assert report["verdict"] == "not trained" and "too short" in report["not_trained"] and report["head"] is None
     assert report["rows_before"] == len(PROMPTS) and report["rows_back"] == len(PROMPTS) and report["train_s"] == 0
-    assert 0 < report["projected_rest_s"] < 10
+    assert 0 < generator.rest_s < 10 and report["projected_rest_s"] == round(generator.rest_s, 1)
     assert generator.stats.requests == len(ids)
+
+
+def test_a_diverged_training_hands_every_row_to_the_fallback_and_a_resume_keeps_it(llama_pair, tmp_path,
+                                                                                  monkeypatch):
+    from batchspec.eagle.loop import NonFiniteLoss
+
+    def diverge(*args, **kwargs):
+        raise NonFiniteLoss("the training loss was not finite in 20 steps in a row (step 20, peak learning rate 0.003)")
+
+    monkeypatch.setattr(selftrain, "train_loop", diverge)
+    models = batchspec.load_models(str(llama_pair.target))
+    ids = [str(i) for i in range(2 * len(PROMPTS))]
+    requests = [batchspec.Request(i, p) for i, p in zip(ids, PROMPTS * 2)]
+    generator = SelfTrainingGenerator(models, _builder(models), out_dir=tmp_path, rows=len(PROMPTS), minutes=0.05)
+    results = {r.id: r for r in generator.run(requests)}
+    assert [results[i].completion_token_ids for i in ids] == llama_pair.reference * 2
+    report = generator.report()
+    assert report["verdict"] == "not trained" and report["not_trained"].startswith("its training diverged (")
+    assert report["rows_back"] == len(PROMPTS) and generator.train_s > 0  # the features were computed
+    assert selftrain.read_verdict(tmp_path / "eagle_head")["verdict"] == "not trained"
+    again = SelfTrainingGenerator(models, _builder(models), out_dir=tmp_path, rows=len(PROMPTS), minutes=0.05)
+    assert again.resumed and again.head is None and again.verdict == "not trained"
+    rerun = {r.id: r for r in again.run(requests[:4])}  # no first phase, no training: the fallback drafts them
+    assert [rerun[i].completion_token_ids for i in ids[:4]] == llama_pair.reference[:4]
+    text = self_training_text(again.report())
+    assert again.report()["rows_before"] == 0 and text.startswith("4 rows with suffix") and "(an earlier run)" in text
+
+
+def test_a_zero_training_budget_is_refused(llama_pair, tmp_path):
+    models = batchspec.load_models(str(llama_pair.target))
+    with pytest.raises(ValueError, match="minutes=0: the training budget must be > 0"):
+        SelfTrainingGenerator(models, _builder(models), out_dir=tmp_path, minutes=0)
 
 
 @pytest.mark.parametrize("max_tokens,expected", [

@@ -229,7 +229,7 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
                 in_a_row += 1
                 if in_a_row >= MAX_SKIPPED_IN_A_ROW:
                     raise NonFiniteLoss(f"the training loss was not finite in {in_a_row} steps in a row (step "
-                                        f"{state.step}, peak learning rate {peak_lr:.2g}): try a lower --lr")
+                                        f"{state.step}, peak learning rate {peak_lr:.2g})")
                 state.seconds += time.time() - t0
                 continue
             in_a_row = 0

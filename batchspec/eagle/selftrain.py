@@ -120,14 +120,16 @@ class SelfTrainingGenerator:
                  minutes: float | None = None, fallback: str = "suffix", trial_rows: int | None = None,
                  corpus_max_tokens: int | None = None, heldout: int = 16, seed: int = 0,
                  rows_left: Callable[[], int | None] | None = None):
+        if minutes is not None and minutes <= 0:
+            raise ValueError(f"minutes={minutes}: the training budget must be > 0 (None: the default)")
         self.models, self.build, self.rows, self.minutes, self.rows_left = models, build, rows, minutes, rows_left
-        self.taken = 0  # requests the first phase took
         self.rest_s: float | None = None  # the rest of the job's projected time when the first phase ended
         self.not_trained: str | None = None  # why no head was trained, when none was
         self.fallback, self.heldout, self.seed = fallback, heldout, seed
         self.trial_rows = max(1, rows // 2) if trial_rows is None else trial_rows
         self.head_dir = Path(out_dir) / HEAD_FOLDER
-        self.resumed = (self.head_dir / "config.json").exists()
+        record = read_verdict(self.head_dir)
+        self.resumed = (self.head_dir / "config.json").exists() or record.get("verdict") == NOT_TRAINED
         self.before, self.after, self.back, self.train_s = Phase(), Phase(), Phase(), 0.0
         self.verdict: str | None = None  # "head" or the fallback's name, once the trial has run
         self.first_rate: float | None = None  # tokens/s of the first phase (of an earlier run, when resumed)
@@ -136,11 +138,12 @@ class SelfTrainingGenerator:
         if self.resumed:
             from .formats import load_head
 
-            self.head = load_head(self.head_dir, models.target, dtype=models.target.dtype, device=models.target.device)
-            record = read_verdict(self.head_dir)
             self.first_rate, self.verdict = record.get("tokens_per_s_before"), record.get("verdict")
-            # A lost verdict (whatever fallback lost to it then) drafts with this run's fallback, seeded with the
-            # completions already written, as the run that reached the verdict was.
+            self.not_trained = record.get("not_trained")
+            self.head = None if self.verdict == NOT_TRAINED else load_head(
+                self.head_dir, models.target, dtype=models.target.dtype, device=models.target.device)
+            # A lost verdict (whatever fallback lost to it then) and a head never trained draft with this run's
+            # fallback, seeded with the completions already written, as the run that reached the verdict was.
             self.generator = (build(fallback, None, written_completions(out_dir, models.tokenizer, corpus_max_tokens))
                               if self.lost else build("eagle", self.head, None))
         else:
@@ -168,7 +171,7 @@ class SelfTrainingGenerator:
 
     def run(self, requests: Iterable[Request]) -> Iterator[Result]:
         pending = iter(requests)
-        if self.head is None:
+        if self.head is None and self.verdict is None:
             samples: list[Sample] = []
             yield from self._phase(islice(pending, self.rows), self.before, samples)
             pending = self._more(pending)
@@ -182,10 +185,13 @@ class SelfTrainingGenerator:
                                  "short for a head to pay back its training")
                 self.head = self._train(samples, budget)
             except (NoHead, NonFiniteLoss) as e:  # the fallback, warm with what it learnt, drafts every row
-                self.verdict, self.not_trained, self.completions = NOT_TRAINED, str(e), []
+                reason = str(e) if isinstance(e, NoHead) else f"its training diverged ({e})"
+                self.verdict, self.not_trained, self.completions = NOT_TRAINED, reason, []
                 (self.head_dir / "checkpoint.pt").unlink(missing_ok=True)
-                log.warning("model.draft=train: no head: %s; %s drafts every row", e, self.fallback)
-                yield from self._phase(pending, self.back, None)
+                write_verdict(self.head_dir, self.first_rate, NOT_TRAINED, reason)  # a resume goes on without one
+                log.warning("model.draft=train: no head: %s; %s drafts every row", reason, self.fallback)
+                if not self._stop:
+                    yield from self._phase(pending, self.back, None)
                 return
             if self._stop:  # stopped while training: the saved head's trial runs on resume
                 return
@@ -239,7 +245,6 @@ class SelfTrainingGenerator:
             for request in stream:
                 if samples is not None:
                     prompts[request.id, request.sample_index] = request.prompt
-                    self.taken += 1
                 yield request
 
         def elapsed():  # graph capture is a one-off cost, not the drafter's rate (the trial compares rates)
@@ -267,14 +272,22 @@ class SelfTrainingGenerator:
     def _rest_seconds(self) -> float | None:
         """The rest of this run's projected time at the first phase's rate (None: the job's length is unknown)."""
         left = self.rows_left() if self.rows_left is not None else None
-        if left is None or not self.taken:
+        if left is None:
             return None
-        self.rest_s = max(left - self.taken, 0) * self.before.seconds / self.taken
+        # Called only when the first phase ran to its end: it took exactly `rows` requests.
+        self.rest_s = max(left - self.rows, 0) * self.before.seconds / self.rows
         return self.rest_s
 
     def _train(self, samples: list[Sample], budget: float):
-        """A head from the first phase's rows (the last `heldout` of them held out), saved atomically."""
+        """A head from the first phase's rows (the last `heldout` of them held out), saved atomically. Raises
+        NoHead when the target's features leave less than TRAIN_MIN_S of the budget for training steps."""
         started = time.perf_counter()
+        try:
+            return self._train_head(samples, budget, started)
+        finally:
+            self.train_s = time.perf_counter() - started
+
+    def _train_head(self, samples: list[Sample], budget: float, started: float):
         target = self.models.target
         heldout = samples[-self.heldout:] if len(samples) > 2 * self.heldout else []
         train = samples[: len(samples) - len(heldout)]
@@ -290,6 +303,9 @@ class SelfTrainingGenerator:
         heldout_states = sequence_states(target, [s.ids for s in heldout], layer_ids, dtype=torch.float32)
         scale_fc(head, torch.cat([st[0] for st in states[:64]]))
         spent = time.perf_counter() - started
+        if self.minutes is None and budget - spent < TRAIN_MIN_S:
+            raise NoHead(f"the target's features took {spent:.0f} s of the {budget:.0f} s training budget, which "
+                         f"leaves less than {TRAIN_MIN_S:.0f} s to train a head")
         # No tqdm bar inside a job: its own progress (bar or log lines) reports the rows, and this logs the start/end.
         # Small batches and no loss on the prompts: with a budget of minutes, more steps over the positions the
         # head will draft at teach it most (a 60 s budget on the demo target: 3.15 tokens per forward at k=4 on
@@ -307,13 +323,15 @@ class SelfTrainingGenerator:
         head.to(dtype=target.dtype)
         save_head(head, self.head_dir)
         (self.head_dir / "checkpoint.pt").unlink(missing_ok=True)
-        self.train_s = time.perf_counter() - started
-        log.info("trained an EAGLE-3 head on %d rows in %.0f s -> %s", len(train), self.train_s, self.head_dir)
+        log.info("trained an EAGLE-3 head on %d rows in %.0f s -> %s", len(train), time.perf_counter() - started,
+                 self.head_dir)
         return head
 
     def report(self) -> dict:
         """What the self-training did, for the job's summary."""
-        out = {"head": str(self.head_dir), "resumed_with_saved_head": self.resumed, "fallback": self.fallback,
+        trained = self.verdict != NOT_TRAINED
+        out = {"head": str(self.head_dir) if trained else None, "resumed_with_saved_head": self.resumed and trained,
+               "fallback": self.fallback,
                "rows_before": self.before.rows, "tokens_per_s_before": self.before.tokens_per_s,
                "rows_after": self.after.rows, "tokens_per_s_after": self.after.tokens_per_s,
                "train_s": round(self.train_s, 1), "verdict": self.verdict,
@@ -347,6 +365,10 @@ def read_verdict(head_dir: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def write_verdict(head_dir: Path, first_rate: float | None, verdict: str | None) -> None:
+def write_verdict(head_dir: Path, first_rate: float | None, verdict: str | None, not_trained: str | None = None
+                  ) -> None:
     record = {"tokens_per_s_before": first_rate, "verdict": verdict}
+    if not_trained:
+        record["not_trained"] = not_trained
+    head_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(head_dir / VERDICT_FILE, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=2) + "\n"))

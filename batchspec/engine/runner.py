@@ -41,29 +41,21 @@ def cache_argument(model) -> str:
 class RowPositions:
     """Per-row logits positions (`logits_to_keep` [b, n]) on any transformers release.
 
-    transformers 5.2x reads a 2D integer `logits_to_keep` as a position per row; older releases (5.17 on the
-    GPU machines, measured) index `hidden_states[:, keep]` with it and return [b, b, n, V]. So the runner
-    asks the model for every position and this pre-hook on the LM head keeps each row's own: the same
-    take_along_dim the newer releases do, before the vocabulary projection, so it costs nothing extra.
+    transformers 5.24 reads a 2D integer `logits_to_keep` as a position per row; 5.17 (on the GPU machines,
+    measured) indexes `hidden_states[:, keep]` with it and returns [b, b, n, V]. So the runner asks the model
+    for every position and this pre-hook on the LM head keeps each row's own: the same take_along_dim the
+    newer releases do, before the vocabulary projection, so it costs nothing extra. Only for models whose
+    forward takes `logits_to_keep` (then 0 means every position reaches the LM head); others get the
+    request as it is.
     """
 
     def __init__(self, model):
         self.keep: torch.Tensor | None = None
         head = model.get_output_embeddings()
-        self.hooked = isinstance(head, torch.nn.Module)
+        self.hooked = isinstance(head, torch.nn.Module) and \
+            "logits_to_keep" in inspect.signature(model.forward).parameters
         if self.hooked:
             head.register_forward_pre_hook(self._narrow)
-
-    @classmethod
-    def of(cls, model) -> "RowPositions":
-        """The model's one instance: every runner of a model shares its hook (a job builds many generators)."""
-        head = model.get_output_embeddings()
-        found = getattr(head, "_batchspec_row_positions", None)
-        if found is None:
-            found = cls(model)
-            if found.hooked:
-                head._batchspec_row_positions = found
-        return found
 
     def _narrow(self, module, args):
         if self.keep is not None:
@@ -78,6 +70,17 @@ class RowPositions:
 
     def done(self) -> None:
         self.keep = None
+
+    @classmethod
+    def of(cls, model) -> "RowPositions":
+        """The model's one instance: every runner of a model shares its hook (a job builds many generators)."""
+        head = model.get_output_embeddings()
+        found = getattr(head, "_batchspec_row_positions", None)
+        if found is None:
+            found = cls(model)
+            if found.hooked:
+                head._batchspec_row_positions = found
+        return found
 
 
 class ModelRunner(StaticPrefill):
