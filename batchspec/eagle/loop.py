@@ -135,20 +135,16 @@ class TargetHead:
         return F.linear(final.float(), self.weight, self.bias)
 
 
-def batch_inputs(head: EagleHead, samples, states, rows, device) -> tuple[torch.Tensor, ...]:
-    """ids [b, N], features [b, N, 3*Ht], final [b, N, Ht] and greedy [b, N] of the batch `rows`, right-padded."""
-    ids, _ = pad_batch([samples[i].ids for i in rows], 0)
-    feats, final, greedy = (torch.nn.utils.rnn.pad_sequence([states[i][part] for i in rows], batch_first=True)
-                            for part in range(3))
-    return ids.to(device), feats.to(device, head.fc.weight.dtype), final.to(device), greedy
-
-
 def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, options: LoopOptions, device):
     """Weighted TTT loss over the batch `rows`, and the per-step top-1 agreement with the target.
     With a reduced draft vocabulary, labels are over the draft vocabulary (the target's distribution
     renormalised over it, as SpecForge does) and positions whose greedy token is outside it are skipped."""
     part = [samples[i] for i in rows]
-    ids, feats, final, greedy = batch_inputs(head, samples, states, rows, device)
+    ids, _ = pad_batch([s.ids for s in part], 0)
+    feats = torch.nn.utils.rnn.pad_sequence([states[i][0] for i in rows], batch_first=True)
+    final = torch.nn.utils.rnn.pad_sequence([states[i][1] for i in rows], batch_first=True)
+    greedy = torch.nn.utils.rnn.pad_sequence([states[i][2] for i in rows], batch_first=True)
+    ids, feats, final = ids.to(device), feats.to(device, head.fc.weight.dtype), final.to(device)
     length = ids.shape[1] - 1
     lengths = torch.tensor([len(s.ids) for s in part], device=device)[:, None]
     prompt = torch.tensor([s.prompt_len for s in part], device=device)[:, None]

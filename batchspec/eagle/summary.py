@@ -67,7 +67,8 @@ def render(s: Summary) -> str:
         f"  time: generation {s.generation_seconds / 60:.1f} min, target features {s.feature_seconds / 60:.1f} min, "
         f"training {s.train_seconds / 60:.1f} min ({s.steps} steps x {s.batch_size} sequences, {s.ttt_steps} "
         f"unrolled steps, peak lr {s.lr or 0:.2g}"
-        + (f", {s.skipped_steps} skipped: loss not finite" if s.skipped_steps else "") + f"), evaluation {s.eval_seconds / 60:.1f} min; total {s.total_seconds / 60:.1f} min",
+        + (f", {s.skipped_steps} skipped: loss not finite" if s.skipped_steps else "")
+        + f"), evaluation {s.eval_seconds / 60:.1f} min; total {s.total_seconds / 60:.1f} min",
         f"  training loss ({s.labels} labels) {s.final_loss:.3f}; top-1 agreement with the target by unrolled step: "
         + " ".join(f"{v:.2f}" for v in s.agreement) if s.final_loss is not None else "  no training steps ran",
         f"  held-out acceptance (greedy chains replayed on the target's continuations, {a['chains']:,} chain starts):",
