@@ -36,6 +36,12 @@ class Admitter:
         self.runner, self.state, self.acceptor, self.drafter = runner, state, acceptor, drafter
         self.device, self.static = runner.device, runner.static
 
+    def seat_later(self, seats) -> None:
+        """Rows whose prompts packed rounds prefill: their sequences and settings, and the drafter's admission."""
+        slots, prompts = [s.slot for s in seats], [s.prompt_ids for s in seats]
+        self.state.seat(slots, prompts, [s.admission.key for s in seats], [s.admission.sampling for s in seats])
+        self.drafter.admit(slots, prompts)
+
     def seat(self, seats) -> Seated:
         """seats: scheduler.Seat records (slot, admission) of the new rows."""
         slots, prompts = [s.slot for s in seats], [s.prompt_ids for s in seats]

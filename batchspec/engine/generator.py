@@ -31,6 +31,7 @@ from .costs import RoundTimes, StepTable
 from .drafters import Drafter
 from .graphs import HostBuffer, StepGraphs
 from .intake import Defaults
+from .packed import RowTokens, pack
 from .round import Round, RoundBuffers, RoundShape
 from .runner import ModelRunner
 from .shapes import kv_capacity
@@ -41,6 +42,7 @@ from .threads import ThreadGuard
 from .timing import time_step
 
 PHASES = ("admit", "draft", "verify", "accept", "bookkeeping")
+FILL_TOKENS = 1024  # prompt tokens a packed round prefills at most (see SpecBatchGenerator)
 
 
 class SpecBatchGenerator:
@@ -54,14 +56,21 @@ class SpecBatchGenerator:
     StepGraphs that runs static steps: its mode picks the eager or the static path; shared with the
     drafter), profile (sync a GPU after each phase, so that phase times are exact), and buckets (the
     attended lengths of static steps; default: 64, 128, ... up to the capacity), threads (a ThreadGuard
-    that run() polls: torch's CPU threads back off while another process shares the cores).
+    that run() polls: torch's CPU threads back off while another process shares the cores), fill_tokens
+    (the most prompt tokens one packed round prefills).
+
+    Eager forwards of a model whose attention transformers dispatches are packed (packed.py): a round's
+    one target forward carries each deciding row's pending token and its own drafts, and chunks of new
+    rows' prompts (admission has no forward of its own; a row's first token comes from the round its
+    last chunk lands in). Exceptions prefill at admission, as the static path does: rows that want their
+    prompt's logprobs, and every row when the drafter reads the target's hidden states (EAGLE).
     """
 
     def __init__(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, drafter: Drafter,
                  defaults: Defaults, batch_size: int, max_seq_len: int, eos_token_ids: Iterable[int],
                  graphs: StepGraphs, keep_stop: bool = False, k_max: int = 4, adaptive: bool = False,
                  trees: tuple[TreeSpec, ...] = (), profile: bool = False, buckets: list[int] | None = None,
-                 threads: ThreadGuard | None = None):
+                 threads: ThreadGuard | None = None, fill_tokens: int = FILL_TOKENS):
         sampling = defaults.sampling
         if batch_size < 1 or k_max < 0 or defaults.max_new_tokens < 1 or max_seq_len < 2:
             raise ValueError(f"need batch_size >= 1, k >= 0, max_new_tokens >= 1, max_seq_len >= 2; got "
@@ -94,15 +103,19 @@ class SpecBatchGenerator:
         if adaptive and (k_max > 0 or self.trees):
             costs = StepTable(self._step_seconds, self.runner.bucket) if self.static else RoundTimes()
             controller = AdaptiveK(k_max, policy=drafter.policy, costs=costs, trees=self.trees)
+        self.packed = self.runner.packs
         self.scheduler = Scheduler(tokenizer, stops, num_slots=batch_size, vocab_size=vocab, max_seq_len=max_seq_len,
                                    defaults=defaults, k_max=k_max, trees=self.trees, adaptive=controller,
-                                   static=self.static)
+                                   static=self.static, fill_budget=fill_tokens if self.packed else 0)
         self.timings = dict.fromkeys(PHASES, 0.0)  # seconds per phase (exact on a GPU only with profile)
         self.noise_s = 0.0  # seconds making coupled sampling's noise (inside the draft phase)
         self._sync_phases = profile and self.device.type == "cuda"
         self.admitter = Admitter(self.runner, self.state, self.acceptor, drafter)
         self._released = HostBuffer((batch_size,), self.device)
         self._rows = HostBuffer((batch_size,), self.device)  # an eager round's rows
+        self._lengths = HostBuffer((batch_size,), self.device)  # their lengths L (packed rounds)
+        self._fills = HostBuffer((2, batch_size), self.device)  # packed: the slots a round prefilled, their new lengths
+        self.tokens = TokenCounts()
         if self.static:
             self._declare()  # the drafter's bind comes with the steps it declares
         else:
@@ -128,6 +141,7 @@ class SpecBatchGenerator:
         self.scheduler.reset_stats()
         self.timings = dict.fromkeys(PHASES, 0.0)
         self.noise_s = 0.0
+        self.tokens = TokenCounts()
 
     def stop_admitting(self) -> None:
         """Finish the requests in flight, take no new ones; run() then returns."""
@@ -157,9 +171,12 @@ class SpecBatchGenerator:
         started = time.perf_counter()
         with self._phase("draft"):
             round = self._schedule()
-            self._draft(round)
+            if round.rows:
+                self._draft(round)
         with self._phase("verify"):
             logits = self._verify(round)
+        if not round.rows:  # a round that only prefilled
+            return []
         with self._phase("accept"):
             outcome = self.acceptor.accept(round, logits)
         with self._phase("bookkeeping"):
@@ -179,7 +196,16 @@ class SpecBatchGenerator:
 
     def _seat(self, seats: list[Seat]) -> list[Result]:
         """Admission's device side (admission.py), then the host's: prompt logprobs, and eagerly the first
-        tokens at once (on the static path the next round's verdict carries them)."""
+        tokens at once (on the static path the next round's verdict carries them). Packed rounds prefill
+        the other rows' prompts themselves: only their sequences and the drafter's admission happen here."""
+        if self.packed:
+            later = [s for s in seats if not self.feature_layers and s.admission.prompt_logprobs is None]
+            if later:
+                self.admitter.seat_later(later)
+                self.scheduler.fill_in_rounds(later)
+            seats = [s for s in seats if s not in later]
+            if not seats:
+                return []
         seated = self.admitter.seat(seats)
         for slot, blocks, k in seated.prompt_logprobs:
             self.scheduler.set_prompt_logprobs(slot, blocks, k)
@@ -210,6 +236,9 @@ class SpecBatchGenerator:
         round.state, round.buffers = self.state, self.buffers
         if self.static:
             round.rows_t = self.runner.slot_index
+        elif self.packed:  # host lengths: a first decision's L = P before its last chunk is cached
+            round.rows_t = self._rows.put(round.rows)
+            round.lengths_t = self._lengths.put(round.lengths)
         else:
             round.rows_t = self._rows.put(round.rows)
             round.lengths_t = self.runner.lengths[round.rows_t] + 1  # the cache holds seq[:L-1]
@@ -237,9 +266,13 @@ class SpecBatchGenerator:
         elif round.draft.tokens.shape[1] < shape.drafts:  # trimmed to the longest proposal: a narrower pass
             round.shape = RoundShape(drafts=round.draft.tokens.shape[1])
 
-    def _verify(self, round: Round) -> torch.Tensor:
+    def _verify(self, round: Round) -> torch.Tensor | None:
         """One target forward over [pending token, drafts] of every row -> logits [b, W, V]."""
+        if self.packed:
+            return self._verify_packed(round)
         draft, width = round.draft, round.shape.width
+        self.tokens.add(len(round.rows) * width, sum(width - 1 - n for n in draft.host_num or [width - 1] * len(round.rows))
+                        + (len(round.rows) - len(round.running)) * width, 0)
         kv_len = max(round.lengths[i] for i in round.running) + width - 1
         if self.static:
             return self.runner.forward(draft.tokens, kv_len=kv_len, tree=round.tree, seqs=self.state.tokens,
@@ -247,6 +280,65 @@ class SpecBatchGenerator:
         pending = self.state.tokens[round.rows_t, round.lengths_t - 1]
         tokens = torch.cat([pending[:, None], draft.tokens], dim=1)
         return self.runner.forward(tokens, kv_len=kv_len, rows=round.span or round.rows_t, tree=round.tree)
+
+    def _verify_packed(self, round: Round) -> torch.Tensor | None:
+        """The round's one target forward, packed: per deciding row its pending token and its own drafts (a
+        tree row its nodes), behind its last prompt chunk when this round finishes its prompt; the other
+        chunks of new prompts. -> logits [b, W, V] of the deciding rows (None when none decides)."""
+        chunks = {slot: (start, count) for slot, start, count in round.fills}
+        rows, bases, widths = [], [], []
+        tree = round.tree
+        if round.rows:
+            width = round.shape.width
+            num = round.draft.host_num if tree is None and round.draft.host_num is not None else [width - 1] * len(round.rows)
+            for i, slot in enumerate(round.rows):
+                start, w = round.lengths[i] - 1, 1 + min(num[i], width - 1)
+                context = 0
+                if tree is None and slot in chunks:  # its last chunk ends at L - 2: one row
+                    start, context = chunks.pop(slot)
+                bases.append((len(rows), context))
+                rows.append(RowTokens(slot, start, context + w, tree=i if tree is not None else None))
+                widths.append(w)
+            if width > 1:  # the drafts go where they will be verified: the forward reads its tokens from there
+                index = round.lengths_t[:, None] + torch.arange(width - 1, device=self.device)
+                self.state.tokens[round.rows_t[:, None], index] = round.draft.tokens
+        rows += [RowTokens(slot, start, count) for slot, (start, count) in chunks.items()]
+        offsets = [0]
+        for row in rows:
+            offsets.append(offsets[-1] + row.count)
+        keep, gather, verify = [], [], []
+        for (r, context), w in zip(bases, widths):
+            first, base = len(keep), offsets[r] + context
+            keep += range(base, base + w)
+            gather.append([first + min(t, w - 1) for t in range(round.shape.width)])
+            verify.append([base + min(t, w - 1) for t in range(round.shape.width)])
+        batch = pack(rows, device=self.device, dtype=self.runner.model.dtype, keep=keep,
+                     tree_depth=tree.depth if tree is not None else None,
+                     tree_ancestors=tree.ancestors if tree is not None else None)
+        ids = self.state.tokens[batch.slots, batch.index]
+        started = time.perf_counter()
+        logits = self.runner.forward_packed(ids, batch)
+        filled = sum(count for _, _, count in round.fills)
+        self.tokens.add(batch.num_tokens, 0, filled, (time.perf_counter() - started) * filled / batch.num_tokens)
+        self._commit_fills(round.fills)
+        if not round.rows:
+            return None
+        round.verify_index = torch.tensor(verify, device=self.device)
+        if len(keep) == len(round.rows) * round.shape.width:  # every row verifies the full width
+            return logits.view(len(round.rows), round.shape.width, -1)
+        return logits[torch.tensor(gather, device=self.device)]
+
+    def _commit_fills(self, fills: list[tuple[int, int, int]]) -> None:
+        """The prompt chunks a packed forward wrote stay cached: their slots' lengths move to the chunks'
+        ends; samples of a request whose prompt is now in copy its cache."""
+        if not fills:
+            return
+        table = self._fills.put([[slot for slot, _, _ in fills], [start + count for _, start, count in fills]],
+                                (2, len(fills)))
+        self.runner.lengths.index_copy_(0, table[0], table[1])
+        for src, dst, length in self.scheduler.filled(fills):
+            self.runner.copy_prefix([src], [dst], length)
+            self.runner.lengths[dst] = length
 
     # ---- at start, and measuring -----------------------------------------------------------------
 
@@ -283,3 +375,18 @@ class SpecBatchGenerator:
             if self._sync_phases:
                 torch.cuda.synchronize(self.device)
             self.timings[name] += time.perf_counter() - started
+
+
+class TokenCounts:
+    """What target forwards computed, over a run: tokens in all (padding included), padding tokens (the
+    rows' width beyond their own drafts, idle rows riding along), prompt tokens prefilled inside rounds,
+    and the seconds of those forwards in proportion to their prompt tokens (admission's share)."""
+
+    def __init__(self):
+        self.computed, self.padding, self.prefilled, self.prefill_s = 0, 0, 0, 0.0
+
+    def add(self, computed: int, padding: int, prefilled: int, prefill_s: float = 0.0) -> None:
+        self.computed += computed
+        self.padding += padding
+        self.prefilled += prefilled
+        self.prefill_s += prefill_s

@@ -29,12 +29,15 @@ class WritePlan:
     rows [b] are slot indices, or None for every slot in order; span, when set, is the same rows as a
     slice of consecutive slots (the attended keys are then a view, no gather: eager rounds over a full
     batch); positions [b, T] are the positions the T new tokens take; kv_len is how many cache entries
-    each row attends over (a Python int: a shape, fixed per captured graph)."""
+    each row attends over (a Python int: a shape, fixed per captured graph). A packed forward (packed.py)
+    sets `packed` instead: its tokens' slots and indices say where they go, and attention gets the whole
+    layer cache, which packed_attention reads per group of rows."""
 
     rows: torch.Tensor | None = None
     span: slice | None = None
     positions: torch.Tensor | None = None
     kv_len: int = 0
+    packed: object | None = None  # a packed.PackedBatch
 
 
 class SlotLayer(CacheLayerMixin):
@@ -60,6 +63,10 @@ class SlotLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         plan = self.plan
+        if plan.packed is not None:  # key_states [1, H, N, D]: token n into slot slots[n] at index[n]
+            self.keys[plan.packed.slots, :, plan.packed.index] = key_states[0].transpose(0, 1)
+            self.values[plan.packed.slots, :, plan.packed.index] = value_states[0].transpose(0, 1)
+            return self.keys, self.values
         rows = (self.all_rows if plan.rows is None else plan.rows)[:, None]  # [b, 1] against positions [b, T]
         # Advanced indices on dims 0 and 2 around a slice put the index dims first: [b, T, H, D].
         self.keys[rows, :, plan.positions] = key_states.transpose(1, 2)

@@ -7,7 +7,7 @@ one row per slot and a round uses their first b rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -126,6 +126,8 @@ class Round:
     gumbel: torch.Tensor | None = None  # [b, >= width, V] coupled noise for positions L .. L + width - 1
     draft: Draft | None = None
     tree: TreeShape | None = None  # a tree round's geometry (rows [b])
+    fills: list[tuple[int, int, int]] = field(default_factory=list)  # packed: prompt chunks (slot, start, count)
+    verify_index: torch.Tensor | None = None  # packed: [b, W] each verify position's token in the forward
 
     @property
     def running_slots(self) -> list[int]:

@@ -27,6 +27,7 @@ from transformers import PreTrainedModel
 
 from .graphs import HostBuffer, StepGraphs
 from .kv_cache import SlotKVCache, causal_mask
+from .packed import PackedBatch, packed_attention_on, register, supports_packing
 from .prefill import StaticPrefill
 from .shapes import PREFILL_CHUNK, kv_buckets, row_buckets
 from .tree import TreeShape, tree_mask
@@ -119,6 +120,10 @@ class ModelRunner(StaticPrefill):
         max_chunks = (capacity + PREFILL_CHUNK - 1) // PREFILL_CHUNK
         self._chunks = HostBuffer((max_chunks, 4, num_slots), self.device) if graphs.static else None
         self._pairs = HostBuffer((2, num_slots), self.device) if graphs.static else None  # copy_prefix's src, dst
+        # Eager forwards of a model whose attention transformers dispatches are packed (packed.py).
+        self.packs = not graphs.static and supports_packing(model)
+        if self.packs:
+            register()
 
     @property
     def static(self) -> bool:
@@ -195,6 +200,32 @@ class ModelRunner(StaticPrefill):
         if self.feature_layers:
             self.features = self.features_buffer(width)
         return out
+
+    @torch.inference_mode()
+    def forward_packed(self, ids: torch.Tensor, batch: PackedBatch, extra: dict | None = None) -> torch.Tensor:
+        """ids [N]: the tokens of a packed forward (packed.py), written where `batch` says -> logits [M, V]
+        at batch.keep (every token when keep is None); the features of all N tokens, [N, F], when the
+        runner hands them out. Lengths are not changed. extra: more model inputs [1, N, ...]."""
+        self._check(max(row.start + row.count for row in batch.rows))
+        self.cache.plan.packed = batch
+        try:
+            with packed_attention_on(self.model):
+                out = self.model(
+                    input_ids=ids.clamp(max=self.vocab_size - 1)[None],
+                    position_ids=batch.positions.clamp(max=self.max_position - 1)[None],
+                    attention_mask=None,  # packed_attention masks per group
+                    **{self._cache_argument: self.cache},
+                    use_cache=True,
+                    logits_to_keep=batch.keep if batch.keep is not None else 0,
+                    output_hidden_states=bool(self.feature_layers),
+                    packed=batch,
+                    **(extra or {}),
+                )
+        finally:
+            self.cache.plan.packed = None
+        if self.feature_layers:
+            self.features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
+        return out.logits[0]
 
     def _key(self, width: int, bucket: int, last_only: bool, window: int, from_seqs: int) -> tuple:
         return (self.name, "forward", width, bucket, last_only, window, from_seqs)

@@ -56,10 +56,12 @@ class Scheduler:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: StopRules, *, num_slots: int, vocab_size: int,
                  max_seq_len: int, defaults: Defaults, k_max: int, trees: tuple[TreeSpec, ...] = (),
-                 adaptive: AdaptiveK | None = None, static: bool = False):
+                 adaptive: AdaptiveK | None = None, static: bool = False, fill_budget: int = 0):
         self.tokenizer, self.stops, self.adaptive = tokenizer, stops, adaptive
         self.max_seq_len = max_seq_len
         self.k_max, self.trees, self.static = k_max, trees, static
+        self.fill_budget = fill_budget  # prompt tokens a packed round prefills (0: not packed)
+        self.filling: list[int] = []  # slots whose prompts are prefilled in packed rounds, in admission order
         self.intake_ = Intake(tokenizer, vocab_size=vocab_size, max_seq_len=max_seq_len, defaults=defaults)
         self.slots = SlotTable(num_slots)
         self.reset_stats()
@@ -95,6 +97,39 @@ class Scheduler:
             seats.append(Seat(slot, row))
         return seats, errors
 
+    def fill_in_rounds(self, seats: list[Seat]) -> None:
+        """These rows' prompts are prefilled inside the next packed rounds (their first P - 1 tokens; the
+        last is the pending token of their first decision): the first seat of each request fills, its other
+        samples copy its cache once that is done."""
+        primary: dict[int, int] = {}
+        for seat in seats:
+            record = self.slots[seat.slot]
+            first = primary.setdefault(seat.admission.group, seat.slot)
+            if first == seat.slot:
+                record.unfilled = len(seat.prompt_ids) - 1
+            else:
+                record.copies = first
+            self.filling.append(seat.slot)
+
+    def filled(self, fills: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """A packed round wrote these prompt chunks (slot, start, count). Returns the copies now due (source
+        slot, destination slot, entries): the other samples of a request whose prompt is in."""
+        done = set()
+        for slot, _, count in fills:
+            record = self.slots[slot]
+            record.unfilled -= count
+            if record.unfilled == 0:
+                done.add(slot)
+        copies = []
+        for slot in self.filling:
+            record = self.slots[slot]
+            if record is not None and record.copies in done:
+                copies.append((record.copies, slot, len(record.prompt_ids) - 1))
+                record.copies = None
+        self.filling = [s for s in self.filling if self.slots[s] is not None
+                        and (self.slots[s].unfilled > 0 or self.slots[s].copies is not None)]
+        return copies
+
     def first_tokens(self, slots: list[int], tokens: list[int],
                      logprobs: list[list[float]] | None = None) -> list[tuple[int, Result]]:
         """The first tokens of new rows reached the host (with their logprobs blocks): append them; returns
@@ -119,6 +154,8 @@ class Scheduler:
     def schedule(self) -> Round:
         """The round's rows (every slot when static, else the running ones), their lengths and room. Its
         budgets and shape come from `choose` (before drafting, or after it for a drafter that proposes first)."""
+        if self.fill_budget:
+            return self._schedule_packed()
         rows = list(range(len(self.slots.records))) if self.static else self._eager_rows()
         records = [self.slots[r] for r in rows]
         lengths = [r.length if r is not None else 1 for r in records]
@@ -127,6 +164,29 @@ class Scheduler:
         span = slice(rows[0], rows[-1] + 1) if rows and rows[-1] - rows[0] == len(rows) - 1 else None
         budgets = [min(self.k_max, n) for n in room]
         return Round(rows, None, span, lengths, None, running, room, budgets, self.static)
+
+    def _schedule_packed(self) -> Round:
+        """A packed round: the chunks of new prompts it prefills, first come first served within the fill
+        budget, and the rows that decide a token: every running row whose prompt is in the cache once this
+        round's chunks are (a new row's first decision rides in the forward of its last chunk)."""
+        fills, budget = [], self.fill_budget
+        left: dict[int, int] = {}
+        for slot in self.filling:
+            record = self.slots[slot]
+            if record.copies is not None or record.unfilled == 0 or budget == 0:
+                continue
+            count = min(record.unfilled, budget)
+            fills.append((slot, len(record.prompt_ids) - 1 - record.unfilled, count))
+            left[slot] = record.unfilled - count
+            budget -= count
+        rows = [slot for slot in self.slots.active()
+                if self.slots[slot].copies is None and left.get(slot, self.slots[slot].unfilled) == 0]
+        records = [self.slots[r] for r in rows]
+        lengths = [r.length - r.awaiting_first for r in records]  # a first decision: L = P
+        room = [r.room(self.max_seq_len) for r in records]
+        span = slice(rows[0], rows[-1] + 1) if rows and rows[-1] - rows[0] == len(rows) - 1 else None
+        budgets = [min(self.k_max, n) for n in room]
+        return Round(rows, None, span, lengths, None, list(range(len(rows))), room, budgets, False, fills=fills)
 
     def _eager_rows(self) -> list[int]:
         """The running slots, with the idle ones between them riding along (as on the static path) when they
@@ -177,6 +237,19 @@ class Scheduler:
         for i in round.running:
             slot, record, new = round.rows[i], self.slots[round.rows[i]], outcome.emitted[i]
             head = []
+            if record.awaiting_first and not round.static:  # a packed round decided its first token
+                result = self._take_first(slot, record, new[0], outcome.logprobs[i][0] if outcome.logprobs else None)
+                if result is not None:
+                    finished.append((slot, result))
+                    continue
+                emitted.slots.append(slot)
+                emitted.tokens.append(new)
+                emitted.num_accepted.append(0)
+                emitted.budgets.append(0)
+                emitted.counts.append(cut_counts(0, 0, 0, 1))
+                if emitted.path is not None:
+                    emitted.path.append(0)
+                continue
             if record.awaiting_first:  # its first token arrives with this round (the static path)
                 head = [outcome.pending[i]]
                 result = self._take_first(slot, record, head[0],

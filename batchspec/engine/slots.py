@@ -37,6 +37,10 @@ class Slot:
     top_logprob_ids: list[list[int]] = field(default_factory=list)
     prompt_logprobs: tuple | None = None  # (logprobs, top values, top ids) of the prompt's tokens
     awaiting_first: bool = True  # its first token (drawn at admission) has not reached the host yet
+    # Prefilled inside packed rounds (eager): prompt tokens (of its first P - 1) not yet in the target's
+    # cache, and the slot of the sample of the same request whose prompt cache this row copies.
+    unfilled: int = 0
+    copies: int | None = None
     draft_tokens: int = 0
     accepted_per_round: list[int] = field(default_factory=list)
     drafts_per_round: list[int] = field(default_factory=list)

@@ -142,7 +142,7 @@ class EagleDrafter:
         stash takes the verify pass's features along the accepted path (what the next first step reads)."""
         if self._round is None:
             return
-        rows, lengths = self._round
+        rows, lengths, round = self._round
         self._round = None
         by_slot = dict(zip(rows, lengths))
         for slot in slots:
@@ -151,8 +151,13 @@ class EagleDrafter:
         if self.runner.static:
             self.graphs.run(("eagle", "stash", features.shape[1]), self._stash_step, self._stash_args(features.shape[1]))
             return
-        along = self._acceptor.path_out[: len(rows), : features.shape[1]]  # [b, E] verify positions kept
-        gathered = features.gather(1, along[:, :, None].expand(-1, -1, features.shape[-1]))[:, : self.catch_up]
+        if features.dim() == 2:  # a packed forward's [N, F]: each row's verify positions at verify_index
+            where = round.verify_index
+            along = self._acceptor.path_out[: len(rows), : where.shape[1]]
+            gathered = features[where.gather(1, along)][:, : self.catch_up]
+        else:
+            along = self._acceptor.path_out[: len(rows), : features.shape[1]]  # [b, E] verify positions kept
+            gathered = features.gather(1, along[:, :, None].expand(-1, -1, features.shape[-1]))[:, : self.catch_up]
         index = torch.tensor(rows, device=self.device)
         self.stash[index, : gathered.shape[1]] = gathered.to(self.stash.dtype)
 
@@ -192,7 +197,7 @@ class EagleDrafter:
             self._static_steps(round, max(steps, 1), spec)
         else:
             self._eager_steps(round, max(steps, 1), branching, probs, draft=steps > 0)
-        self._round = (list(round.rows), list(round.lengths))
+        self._round = (list(round.rows), list(round.lengths), round)
         if steps == 0:
             return empty_draft(buffers, b) if spec is None else no_tree(buffers, b, spec)
         if spec is None:

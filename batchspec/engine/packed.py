@@ -1,0 +1,207 @@
+"""Packed forwards: the tokens of many rows flattened into one forward of N tokens.
+
+Each row of a round brings its own tokens: a chunk of its prompt, its pending token, its own drafts (a
+tree row its nodes). A packed forward runs all of them as one sequence [1, N], so that projections,
+MLP and LM head compute exactly N tokens, never padding, and logits only at the `keep` positions.
+Attention is the one place rows must stay apart: each token attends to its own slot's cache up to its
+own index (a tree row: its prefix and its ancestors). `packed_attention`, registered with transformers'
+AttentionInterface under ATTENTION and switched on for the forward's duration, does that per group of
+rows of similar length: it gathers a group's queries into a per-row layout [b, H, T, D], attends over
+the rows' cache [b, H, kv, D] (a view when they are consecutive slots) with a mask built once per
+forward, through the model's own sdpa or eager attention, and scatters the outputs back to the N tokens.
+
+Why per-row groups and not one block-diagonal mask over every row's keys (Hugging Face continuous
+batching's sdpa/eager layout): that computes N x (sum of the rows' lengths) scores, b times the work
+of the per-row layout at b rows; `tools/packed_attention.py` measures both.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .kv_cache import causal_mask
+from .tree import tree_mask
+
+ATTENTION = "batchspec_packed"
+SHORT = 8  # rows of at most this many tokens (decoding rows) share one group; longer ones group by length
+
+
+@dataclass(frozen=True, slots=True)
+class RowTokens:
+    """One row's part of a packed forward: `count` tokens of slot `slot` written at cache indices
+    start .. start + count - 1. A chain's tokens take those indices as positions; a tree row's (tree:
+    index into the forward's tree rows) take start + depth and attend by its ancestors."""
+
+    slot: int
+    start: int
+    count: int
+    tree: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionGroup:
+    """Rows attended together: rows [b] (slots, or a slice of consecutive slots whose holes have no
+    queries), query [b, T] each row's tokens as indices into the N (padding: 0), take [n] the real
+    queries' indices into the flattened b x T layout and put [n] their indices into the N, mask
+    [b, 1, T, kv_len] additive, kv_len the cache entries attended (a shape, on the host)."""
+
+    rows: torch.Tensor | slice
+    query: torch.Tensor
+    take: torch.Tensor
+    put: torch.Tensor
+    mask: torch.Tensor
+    kv_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class PackedBatch:
+    """A packed forward: slots [N], index [N] the cache index each token is written at, positions [N]
+    its position id, the attention groups, keep [M] the tokens whose logits come back (None: all),
+    and on the host the rows in order with each row's first token in the N (`offsets`)."""
+
+    slots: torch.Tensor
+    index: torch.Tensor
+    positions: torch.Tensor
+    groups: tuple[AttentionGroup, ...]
+    keep: torch.Tensor | None
+    rows: tuple[RowTokens, ...]
+    offsets: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.slots.shape[0]
+
+
+def pack(rows: list[RowTokens], *, device: torch.device, dtype: torch.dtype, keep: list[int] | None = None,
+         tree_depth: torch.Tensor | None = None, tree_ancestors: torch.Tensor | None = None) -> PackedBatch:
+    """Host specs of the rows (any order, each slot once) -> a PackedBatch. keep: indices into the N of
+    the tokens whose logits come back. A tree row's geometry: tree_depth [t, W] and tree_ancestors
+    [t, W, W] of the forward's tree rows (RowTokens.tree indexes them; its count is W)."""
+    offsets, n = [], 0
+    for row in rows:
+        offsets.append(n)
+        n += row.count
+    slots = [row.slot for row in rows for _ in range(row.count)]
+    index = [row.start + t for row in rows for t in range(row.count)]
+    tensors = torch.tensor([slots, index], dtype=torch.long).to(device, non_blocking=True)
+    positions = tensors[1]
+    trees = [i for i, row in enumerate(rows) if row.tree is not None]
+    if trees:  # a tree's tokens sit at start + depth
+        positions = positions.clone()
+        flat = torch.tensor([offsets[i] + t for i in trees for t in range(rows[i].count)], device=device)
+        order = torch.tensor([rows[i].tree for i in trees], device=device)
+        starts = torch.tensor([rows[i].start for i in trees], device=device)
+        positions[flat] = (starts[:, None] + tree_depth[order]).flatten()
+    groups = tuple(_group(rows, offsets, members, device, dtype, tree_ancestors)
+                   for members in _grouping(rows))
+    keep_t = torch.tensor(keep, dtype=torch.long).to(device, non_blocking=True) if keep is not None else None
+    return PackedBatch(tensors[0], tensors[1], positions, groups, keep_t, tuple(rows), tuple(offsets))
+
+
+def _grouping(rows: list[RowTokens]) -> list[list[int]]:
+    """Rows (as indices) in attention groups: every tree row together, chains of at most SHORT tokens
+    together, longer chains by the power of two above their length (padding below 2x)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, row in enumerate(rows):
+        if row.tree is not None:
+            key = ("tree",)
+        elif row.count <= SHORT:
+            key = ("short",)
+        else:
+            key = ("long", (row.count - 1).bit_length())
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def _group(rows: list[RowTokens], offsets: list[int], members: list[int], device, dtype,
+           tree_ancestors: torch.Tensor | None) -> AttentionGroup:
+    members = sorted(members, key=lambda i: rows[i].slot)
+    slots = [rows[i].slot for i in members]
+    width = max(rows[i].count for i in members)
+    kv_len = max(rows[i].start + rows[i].count for i in members)
+    holes = slots[-1] - slots[0] + 1 - len(slots)
+    # Consecutive slots are read as a view of the cache; a few holes ride along (no queries), more are
+    # gathered: a gather copies every layer's keys of those rows.
+    span = holes <= max(2, len(slots) // 4) and rows[members[0]].tree is None
+    layout = list(range(slots[0], slots[-1] + 1)) if span else slots
+    at = {slot: r for r, slot in enumerate(layout)}
+    query = [[0] * width for _ in layout]
+    index = [[-1] * width for _ in layout]  # cache index of each query (-1: padding, sees nothing)
+    take, put = [], []
+    for i in members:
+        row, r = rows[i], at[rows[i].slot]
+        for t in range(row.count):
+            query[r][t] = offsets[i] + t
+            index[r][t] = row.start + t
+            take.append(r * width + t)
+            put.append(offsets[i] + t)
+    q, ix, tp = (torch.tensor(x, dtype=torch.long).to(device, non_blocking=True) for x in (query, index, [take, put]))
+    if rows[members[0]].tree is None:
+        mask = causal_mask(ix, kv_len, dtype)
+    else:
+        order = torch.tensor([rows[i].tree for i in members], device=device)
+        starts = torch.tensor([rows[i].start for i in members], device=device)
+        mask = tree_mask(starts, tree_ancestors[order], kv_len, dtype)
+    rows_out = slice(slots[0], slots[-1] + 1) if span else torch.tensor(slots, device=device)
+    return AttentionGroup(rows_out, q, tp[0], tp[1], mask, kv_len)
+
+
+def packed_attention(module, query, key, value, attention_mask, *, packed: PackedBatch | None = None,
+                     scaling: float | None = None, dropout: float = 0.0, **kwargs):
+    """transformers' attention signature: query [1, H, N, D]; key/value the whole layer cache
+    [slots, H_kv, capacity, D] (SlotLayer.update in a packed forward) -> ([1, N, H, D], None)."""
+    q = query[0].transpose(0, 1)  # [N, H, D]
+    out = q.new_empty(q.shape)
+    heads, dim = q.shape[1], q.shape[2]
+    for group in packed.groups:
+        qg = q[group.query]  # [b, T, H, D]
+        kg, vg = key[group.rows, :, : group.kv_len], value[group.rows, :, : group.kv_len]
+        og = attend(qg, kg, vg, group.mask, scaling)  # [b, T, H, D]
+        out[group.put] = og.reshape(-1, heads, dim)[group.take]
+    return out[None], None
+
+
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+           scaling: float | None) -> torch.Tensor:
+    """query [b, T, H, D], key/value [b, H_kv, kv, D], mask [b, 1, T, kv] additive -> [b, T, H, D].
+
+    Grouped-query attention without copying keys: the H / H_kv query heads that share a key head are
+    stacked along the query axis ([b, H_kv, g * T, D]), as transformers does for one query token
+    (`pack_gqa`); for more tokens it repeats every key and value instead, which took half of a verify
+    forward's time at batch 64 on CPU (measured)."""
+    b, t, heads, dim = query.shape
+    kv_heads = key.shape[1]
+    g = heads // kv_heads
+    q = query.permute(0, 2, 1, 3).reshape(b, kv_heads, g * t, dim)  # head h = kv head h // g, member h % g
+    m = mask.expand(b, g, t, mask.shape[-1]).reshape(b, 1, g * t, mask.shape[-1]) if g > 1 else mask
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=m, scale=scaling)
+    return out.view(b, heads, t, dim).transpose(1, 2)
+
+
+def supports_packing(model) -> bool:
+    """Models whose attention goes through transformers' AttentionInterface (what continuous batching
+    needs too); others run padded forwards."""
+    return bool(getattr(model, "_supports_attention_backend", False))
+
+
+@contextmanager
+def packed_attention_on(model):
+    """Route the model's attention through packed_attention for one forward, then back."""
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def register() -> None:
+    """Register the packed attention once per process."""
+    if ATTENTION not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(ATTENTION, packed_attention)
