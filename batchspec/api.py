@@ -18,7 +18,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .engine.drafters import make_drafter
-from .engine.generator import SpecBatchGenerator
+from .engine.generator import FILL_TOKENS, SpecBatchGenerator
 from .engine.graphs import LaunchCounter, StepGraphs, resolve_capture
 from .engine.intake import Defaults
 from .engine.memory import Shape, fit_buckets, kv_problem
@@ -72,6 +72,7 @@ def build_generator(
     corpus_max_tokens: int = 200_000,
     head=None,
     guard_threads: bool = True,
+    fill_tokens: int = FILL_TOKENS,
     **sampling_fields,
 ) -> SpecBatchGenerator:
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
@@ -112,7 +113,8 @@ def build_generator(
     graph_memory: bytes the captured steps may take on a GPU (None: what is free after the KV caches, less
     1 GiB); fewer length buckets are captured to fit (engine/memory.py).
     guard_threads: on CPU, lower torch's thread count while another process competes for the cores and
-    raise it again when they are free (engine/threads.py)."""
+    raise it again when they are free (engine/threads.py). fill_tokens: the most prompt tokens one packed
+    round prefills (the rest of a long prompt rides in the next rounds)."""
     limit = model_max_positions(models.target)
     if max_seq_len is None:
         max_seq_len = min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
@@ -152,7 +154,7 @@ def build_generator(
         max_seq_len=max_seq_len, eos_token_ids=models.eos_token_ids, graphs=graphs, keep_stop=keep_stop,
         k_max=k, adaptive=sampling.adapts_by_default if adaptive is None else adaptive, trees=trees,
         profile=profile, buckets=buckets,
-        threads=guard_for(device) if guard_threads else None,
+        threads=guard_for(device) if guard_threads else None, fill_tokens=fill_tokens,
     )
 
 

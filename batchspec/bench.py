@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from .corpus import load_corpus
 from .engine.drafters import DRAFTERS
 from .engine.graphs import LaunchCounter, resolve_capture
 from .models import load_models
-from .types import Request, TreeSpec, rounds_by_k_text
+from .types import Request, RowParams, TreeSpec, rounds_by_k_text
 
 DEMO = Path(__file__).parent / "assets" / "demo"
 
@@ -66,6 +67,7 @@ class Contender:
     timings: dict | None = None  # seconds per round phase, summed over repeats
     rounds_by_k: list[int] | None = None  # rounds by drafts verified, summed over repeats
     rounds_by_tree: dict | None = None  # tree rounds by tree shape, summed over repeats
+    tokens: dict | None = None  # what its target forwards computed, summed over repeats (generator.TokenCounts)
 
 
 @torch.inference_mode()
@@ -125,7 +127,7 @@ def run_batchspec(contender: Contender, models, prompts, args):
     generator.reset_stats()
     sync(models.target.device)
     t0 = time.perf_counter()
-    results = list(generator.run(Request(str(i), p) for i, p in enumerate(prompts)))
+    results = list(generator.run(requests(prompts, args)))
     sync(models.target.device)
     elapsed = time.perf_counter() - t0
     by_id = {r.id: r for r in results}
@@ -138,7 +140,30 @@ def run_batchspec(contender: Contender, models, prompts, args):
                                 for t, n in generator.stats.rounds_by_tree.items()}
     contender.timings = {name: (contender.timings or {}).get(name, 0.0) + t
                          for name, t in {**generator.timings, "noise": generator.noise_s}.items()}
+    contender.tokens = {name: (contender.tokens or {}).get(name, 0) + n for name, n in generator.tokens.summary().items()}
     return generator.stats.completion_tokens / elapsed, outputs
+
+
+def requests(prompts: list[str], args) -> list[Request]:
+    """The prompts as requests; with --row-lengths staggered each row's max_new_tokens is drawn uniformly from
+    [8, 2 x --max-new-tokens], seeded by its id, so that rows end in almost every round, as in a real job."""
+    if args.row_lengths == "fixed":
+        return [Request(str(i), p) for i, p in enumerate(prompts)]
+    return [Request(str(i), p, params=RowParams(max_new_tokens=random.Random(str(i)).randint(8, 2 * args.max_new_tokens)))
+            for i, p in enumerate(prompts)]
+
+
+def shares(contender: Contender) -> tuple[float | None, float | None, float | None]:
+    """(padding, admission, admission at the margin) of a batchspec contender: the share of the tokens its
+    target forwards computed that were padding, and admission's share of round time: its own phase, plus
+    in packed rounds the prompt tokens' share of each forward's time (or, at the margin, what the prompt
+    tokens add to forwards that run anyway: generator.TokenCounts)."""
+    if not contender.timings or not contender.tokens:
+        return None, None, None
+    total = sum(t for name, t in contender.timings.items() if name != "noise")
+    tokens, admit = contender.tokens, contender.timings["admit"]
+    padding = tokens["padding"] / tokens["computed"] if tokens["computed"] else 0.0
+    return padding, (admit + tokens["prefill_s"]) / total, (admit + tokens["prefill_marginal_s"]) / total
 
 
 def count_launches(contender: Contender, models, prompts, args) -> dict:
@@ -152,7 +177,7 @@ def count_launches(contender: Contender, models, prompts, args) -> dict:
         verify=contender.verify, tree=contender.tree, launches=counter, corpus=args.corpus_tokens,
     )
     with counter:
-        for _ in generator.run(Request(str(i), p) for i, p in enumerate(prompts)):
+        for _ in generator.run(requests(prompts, args)):
             pass
     rounds, tokens = max(generator.stats.rounds, 1), max(generator.stats.completion_tokens, 1)
     return {"ops_per_round": {k: round(v / rounds, 1) for k, v in counter.ops.items() if k != "admit"},
@@ -172,10 +197,11 @@ def randomize(model, seed: int) -> None:
 
 def contenders(args, has_draft: bool) -> list[Contender]:
     k_max = max(args.k)
-    out = [Contender("hf generate (batched)", "hf_batched")] if args.hf_batched else []
-    if args.hf_static:
+    hf = args.row_lengths == "fixed"  # HF generate has one max_new_tokens per call
+    out = [Contender("hf generate (batched)", "hf_batched")] if args.hf_batched and hf else []
+    if args.hf_static and hf:
         out.append(Contender("hf generate (static cache)", "hf_static"))
-    if args.hf_batch1:
+    if args.hf_batch1 and hf:
         if has_draft:
             out.append(Contender("hf assisted (batch 1)", "hf_assisted", k=k_max))
         out.append(Contender("hf prompt lookup (batch 1)", "hf_prompt_lookup", k=k_max))
@@ -221,6 +247,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-seq-len", type=int, default=512)
+    parser.add_argument("--row-lengths", choices=("fixed", "staggered"), default="fixed",
+                        help="fixed: every row asks for --max-new-tokens; staggered: each row's max_new_tokens drawn "
+                        "uniformly from [8, 2 x --max-new-tokens], seeded by its id, so that rows end in almost every "
+                        "round as in real jobs (HF contenders are skipped: generate takes one length per call)")
     parser.add_argument("--batch-size", default="8", help="a list (e.g. 1,8,32) runs the whole field at each "
                         "and ends with a table of tokens/s by batch size")
     parser.add_argument("--k", default="4", help="drafts per round; a list (e.g. 1,2,3,4) runs a fixed-k sweep, "
@@ -381,6 +411,7 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
             "vs_none": rate / none_rate, "acceptance": c.acceptance, "tokens_per_forward": c.tokens_per_forward,
             "predicted_vs_none": predicted, "achieved_over_predicted": (rate / none_rate) / predicted if predicted else None,
             "outputs_equal_to_none": len(prompts) - mismatches, "num_prompts": len(prompts),
+            "padding_share": shares(c)[0], "admission_share": shares(c)[1], "admission_marginal_share": shares(c)[2],
         })
     table = render(rows)
     print()
@@ -389,14 +420,17 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
           + ", ".join(f"{k + 1} tokens {t:.2f} ms (x{t / t_verify1:.2f})" for k, t in t_verify.items())
           + f"; draft 1 token {t_draft:.2f} ms")
     exact = models.target.device.type == "cpu" or args.profile
-    print("where batchspec's time goes (share of round time: draft / verify / accept / bookkeeping / admit)"
-          + ("" if exact else "; without --profile a GPU's work lands in the phase that syncs:"))
+    print("where batchspec's time goes (share of round time: draft / verify / accept / bookkeeping / admit; then "
+          "admission's share, its prompt tokens in packed forwards included (in proportion to their tokens, and at "
+          "the margin), and the share of computed tokens that were padding)" + ("" if exact else "; without --profile a GPU's work lands in the phase that syncs:"))
     for c in field_:
         if c.timings:
             total = sum(t for name, t in c.timings.items() if name != "noise")
             noise = f"  (coupled noise {c.timings['noise'] / total:.1%})" if c.timings.get("noise") else ""
+            padding, admission, marginal = shares(c)
             print(f"  {c.name:32s} " + " / ".join(f"{c.timings[n] / total:.0%}" for n in
-                                                  ("draft", "verify", "accept", "bookkeeping", "admit")) + noise)
+                                                  ("draft", "verify", "accept", "bookkeeping", "admit"))
+                  + f"  admission {admission:.1%} (at the margin {marginal:.1%}), padding {padding:.1%}" + noise)
     launches = {c.name: count_launches(c, models, prompts, args) for c in field_ if c.kind == "batchspec"} \
         if args.profile else {}
     if launches:

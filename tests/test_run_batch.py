@@ -287,7 +287,9 @@ def test_run_batch_end_to_end(tiny_models, inputs, tmp_path, one_thread, monkeyp
     usage, finish = default.usage, default.choices[0].finish_reason  # no max_tokens: up to the context's end
     assert usage.completion_tokens > 16 and (usage.total_tokens == 96 if finish == "length" else finish == "stop")
     stats = by_id["comp-greedy"]["response"]["body"]["batchspec"]
-    assert stats["drafter"] == "model" and stats["target_forwards"] >= 1 and stats["draft_tokens"] > 0
+    # adaptive speculation (on by default) decides from timing whether this row drafts: the statistics agree
+    assert stats["drafter"] == "model" and stats["target_forwards"] >= 1
+    assert 0 <= stats["accepted_tokens"] <= stats["draft_tokens"] <= 4 * stats["target_forwards"]
     assert set(stats) >= {"target_forwards", "draft_tokens", "accepted_tokens", "acceptance_rate", "tokens_per_forward"}
 
     # A rerun of a finished file is a no-op that loads no model, and leaves the output as it was.

@@ -70,11 +70,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..types import TreeSpec
-from .costs import CostModel, RoundTimes
+from .costs import CostModel, PackedCosts, RoundTimes
 from .drafters.base import LOOKUP_POLICY as LOOKUP  # noqa: F401 (the tests' name for it)
 from .drafters.base import MODEL_POLICY as DRAFT_MODEL
 from .drafters.base import DrafterPolicy
 from .round import RoundShape
+from .row_drafts import choose_drafts
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -294,6 +295,11 @@ class AdaptiveK:
         self._last_k = k
         if seconds > 0 and not after_plain:
             self.costs.observe(k, len(slots), seconds)
+        self.learn(k, slots, budgets, drafted, accepted)
+
+    def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int]) -> None:
+        """Acceptance from a round of shape k: per row the drafts it was allowed (budgets), proposed and
+        accepted (see observe_index)."""
         if k == 0:
             return
         if k > self.k_max:  # a tree round: the job-wide tokens per row-round of this tree
@@ -331,3 +337,46 @@ class AdaptiveK:
             row.rejections = self.decay * row.rejections + rejected
             self.pooled.accepted += kept
             self.pooled.rejections += rejected
+
+    # ---- packed rounds: drafts per row ----------------------------------------------------------
+
+    def choose_rows(self, slots: list[int], offers: list[int], room: list[int], priors: list[float | None] | None,
+                    base_tokens: int, costs: PackedCosts) -> tuple[int, list[int]]:
+        """A packed round (row_drafts.py): (shape index, drafts per row). offers: the most drafts each row may
+        verify (a lookup's proposal, or its budget); room: how deep its tree may go; base_tokens: the
+        forward's tokens without drafts. Until the costs are known, rounds alternate between every row
+        drafting nothing and every row drafting its offer; every `revisit_every` rounds (doubling, up to 8x,
+        while nobody drafts) each row verifies one draft more than chosen, so that rows drafting nothing
+        keep learning their acceptance."""
+        self._rounds += 1
+        priors = priors or [None] * len(slots)
+        self._priors = {s: p for s, p, n in zip(slots, priors, offers) if p is not None and n > 0}
+        trees = list(range(self.k_max + 1, self.num_shapes)) if max(room, default=0) > 0 else []
+        if max(offers, default=0) == 0 and not trees:
+            return 0, [0] * len(slots)
+        draws = self.policy.draft_forwards
+        if not costs.known or (draws and costs.step.w == 0):  # start of the job: time both extremes
+            return (0, [0] * len(slots)) if self._rounds % 2 else (max(offers), list(offers))
+        alphas = [self.alpha(s, p) for s, p in zip(slots, priors)]
+        run = self.run_lengths() if self.policy.bursty else None
+        gains = [[self.expected(a, j, run) - self.expected(a, j - 1, run) for j in range(1, n + 1)]
+                 for a, n in zip(alphas, offers)]
+        prices = costs.prices()
+        drafts, rate = choose_drafts(gains, base_tokens, prices, steps=draws)
+        shape = max(drafts, default=0)
+        for j in (t - self.k_max - 1 for t in trees):  # a tree round: every row its tree
+            spec, n = self.trees[j], len(slots)
+            per_row = self.tree_tokens(j, alphas, run)
+            tokens = sum(min(per_row, r + 1) for r in room)
+            seconds = prices.seconds(base_tokens + n * spec.nodes, spec.depth if draws else 0, n * spec.depth)
+            if tokens / max(seconds, 1e-12) > rate:
+                shape, rate, drafts = self.k_max + 1 + j, tokens / max(seconds, 1e-12), list(room)
+        if self._rounds >= self._next_probe:
+            settled = sum(drafts) == 0
+            steady = settled == self._probed_best
+            self._interval = min(2 * self._interval, 8 * self.revisit_every) if steady and settled else self.revisit_every
+            self._next_probe, self._probed_best = self._rounds + self._interval, settled
+            if shape <= self.k_max:
+                drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
+                shape = max(drafts, default=0)
+        return shape, drafts

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from .row_drafts import Prices
+
 
 class CostModel(Protocol):
     def cost(self, k: int, b: int) -> float | None: ...  # seconds of a round of shape k over b rows
@@ -86,3 +88,70 @@ class StepTable:
         residual = seconds - self.tables[self.bucket][k]
         old = self.overhead.get(k)
         self.overhead[k] = residual if old is None else (1 - self.smoothing) * old + self.smoothing * residual
+
+
+@dataclass
+class Line:
+    """y ~ a + b x by least squares over decayed samples (each older sample weighs `decay` times less).
+    While the x seen are too alike to tell a slope, the cost is read as proportional to x (a = 0): the
+    cautious reading, since it charges a token the whole average cost."""
+
+    decay: float = 0.97
+    w: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = self.decay
+        self.w, self.sx, self.sy = d * self.w + 1, d * self.sx + x, d * self.sy + y
+        self.sxx, self.sxy = d * self.sxx + x * x, d * self.sxy + x * y
+
+    def fit(self) -> tuple[float, float] | None:
+        """(a, b), both >= 0, or None before any sample."""
+        if self.w <= 0:
+            return None
+        mx, my = self.sx / self.w, self.sy / self.w
+        var = self.sxx / self.w - mx * mx
+        if self.w < 3 or var < (0.1 * mx) ** 2 + 1e-12:
+            return 0.0, my / max(mx, 1e-9)
+        b = max((self.sxy / self.w - mx * my) / var, 0.0)
+        return max(my - b * mx, 0.0), b
+
+    def at(self, x: float) -> float | None:
+        line = self.fit()
+        return None if line is None else line[0] + line[1] * x
+
+
+@dataclass
+class PackedCosts:
+    """Eager packed rounds (packed.py): what a round costs as a function of what it computes, so that each
+    row's number of drafts can be priced. Three parts, each measured as the job runs:
+      verify: the target forward's seconds by its tokens N (every row's pending token and drafts, and the
+        prompt chunks it prefills);
+      step: one drafting forward's seconds by its tokens (a draft model's or EAGLE head's; lookups have none);
+      rest: the round's other seconds (proposing on the host, acceptance, bookkeeping), an average."""
+
+    verify: Line = field(default_factory=Line)
+    step: Line = field(default_factory=Line)
+    rest: float | None = None
+    smoothing: float = 0.1
+
+    def observe(self, tokens: int, verify_s: float, steps: list[tuple[int, float]], round_s: float) -> None:
+        """A round: its forward's tokens and seconds, each drafting forward's (tokens, seconds), its wall time."""
+        self.verify.add(tokens, verify_s)
+        for n, seconds in steps:
+            self.step.add(n, seconds)
+        rest = max(round_s - verify_s - sum(s for _, s in steps), 0.0)
+        self.rest = rest if self.rest is None else (1 - self.smoothing) * self.rest + self.smoothing * rest
+
+    @property
+    def known(self) -> bool:
+        return self.verify.w >= 2 and self.rest is not None
+
+    def prices(self) -> Prices:
+        """The round's cost model as row_drafts.Prices (call when `known`)."""
+        a, b = self.verify.fit()
+        step, draft = self.step.fit() or (0.0, 0.0)
+        return Prices(self.rest + a, b, step, draft)

@@ -27,7 +27,7 @@ from ..types import Request, Result, TreeSpec
 from .accept import Acceptor
 from .admission import Admitter
 from .adaptive import AdaptiveK
-from .costs import RoundTimes, StepTable
+from .costs import Line, PackedCosts, RoundTimes, StepTable
 from .drafters import Drafter
 from .graphs import HostBuffer, StepGraphs
 from .intake import Defaults
@@ -101,7 +101,8 @@ class SpecBatchGenerator:
                                  counter=graphs.counter, logprobs=defaults.max_logprobs)
         controller = None
         if adaptive and (k_max > 0 or self.trees):
-            costs = StepTable(self._step_seconds, self.runner.bucket) if self.static else RoundTimes()
+            costs = (StepTable(self._step_seconds, self.runner.bucket) if self.static else
+                     PackedCosts() if self.runner.packs else RoundTimes())
             controller = AdaptiveK(k_max, policy=drafter.policy, costs=costs, trees=self.trees)
         self.packed = self.runner.packs
         self.scheduler = Scheduler(tokenizer, stops, num_slots=batch_size, vocab_size=vocab, max_seq_len=max_seq_len,
@@ -183,7 +184,9 @@ class SpecBatchGenerator:
             finished, emitted = self.scheduler.postprocess(round, outcome)
             self.drafter.extend(emitted.slots, emitted.tokens, emitted.num_accepted, emitted.path)
             results = self._release(finished)
-        self.scheduler.learn(round, emitted, time.perf_counter() - started)
+        cost = (self._forward, self.drafter.step_times()) if self.packed else None
+        self.scheduler.learn(round, emitted, time.perf_counter() - started,
+                             cost and (cost[0][0], cost[0][1], cost[1]))
         return results
 
     # ---- admission -------------------------------------------------------------------------------
@@ -199,7 +202,7 @@ class SpecBatchGenerator:
         tokens at once (on the static path the next round's verdict carries them). Packed rounds prefill
         the other rows' prompts themselves: only their sequences and the drafter's admission happen here."""
         if self.packed:
-            later = [s for s in seats if not self.feature_layers and s.admission.prompt_logprobs is None]
+            later = [s for s in seats if s.admission.prompt_logprobs is None]
             if later:
                 self.admitter.seat_later(later)
                 self.scheduler.fill_in_rounds(later)
@@ -252,7 +255,7 @@ class SpecBatchGenerator:
             draft = drafter.propose(round)
             shape = self.scheduler.choose(round, draft.host_num, draft.priors)
             if shape.tree is None:
-                round.draft = draft.truncate(shape.drafts)
+                round.draft = draft.cut(round.budgets, self.buffers) if self.packed else draft.truncate(shape.drafts)
         else:
             shape = self.scheduler.choose(round)
         if coupled:
@@ -319,7 +322,11 @@ class SpecBatchGenerator:
         started = time.perf_counter()
         logits = self.runner.forward_packed(ids, batch)
         filled = sum(count for _, _, count in round.fills)
-        self.tokens.add(batch.num_tokens, 0, filled, (time.perf_counter() - started) * filled / batch.num_tokens)
+        seconds = time.perf_counter() - started
+        self._forward = (batch.num_tokens, seconds)  # what adaptive speculation prices a round's tokens by
+        self.tokens.add(batch.num_tokens, 0, filled, seconds * filled / batch.num_tokens, seconds)
+        if self.feature_layers and round.fills:  # before the commit hands the samples their copies
+            self.drafter.prompt_features(self._chunks(round.fills, rows, offsets))
         self._commit_fills(round.fills)
         if not round.rows:
             return None
@@ -327,6 +334,13 @@ class SpecBatchGenerator:
         if len(keep) == len(round.rows) * round.shape.width:  # every row verifies the full width
             return logits.view(len(round.rows), round.shape.width, -1)
         return logits[torch.tensor(gather, device=self.device)]
+
+    def _chunks(self, fills: list[tuple[int, int, int]], rows: list[RowTokens], offsets: list[int]) -> list[tuple]:
+        """The prompt chunks of a packed forward as (slot, start, count, at: its first token in the forward),
+        each also for the other samples of its request (they take the same prompt in)."""
+        at = {(row.slot, row.start): offset for row, offset in zip(rows, offsets)}  # a chunk opens its row
+        return [(other, start, count, at[slot, start]) for slot, start, count in fills
+                for other in self.scheduler.samples_of(slot)]
 
     def _commit_fills(self, fills: list[tuple[int, int, int]]) -> None:
         """The prompt chunks a packed forward wrote stay cached: their slots' lengths move to the chunks'
@@ -379,14 +393,30 @@ class SpecBatchGenerator:
 
 class TokenCounts:
     """What target forwards computed, over a run: tokens in all (padding included), padding tokens (the
-    rows' width beyond their own drafts, idle rows riding along), prompt tokens prefilled inside rounds,
-    and the seconds of those forwards in proportion to their prompt tokens (admission's share)."""
+    rows' width beyond their own drafts, idle rows riding along), prompt tokens prefilled inside packed
+    rounds, and admission's share of those forwards' time two ways: in proportion to their prompt tokens
+    (`prefill_s`), and at the marginal cost of a token (`prefill_marginal_s`: the slope of forward time
+    against tokens, fitted over the run, times the prompt tokens; what the prompts add to forwards that
+    run anyway)."""
 
     def __init__(self):
         self.computed, self.padding, self.prefilled, self.prefill_s = 0, 0, 0, 0.0
+        self._cost = Line(decay=1.0)
 
-    def add(self, computed: int, padding: int, prefilled: int, prefill_s: float = 0.0) -> None:
+    def add(self, computed: int, padding: int, prefilled: int, prefill_s: float = 0.0,
+            seconds: float | None = None) -> None:
         self.computed += computed
         self.padding += padding
         self.prefilled += prefilled
         self.prefill_s += prefill_s
+        if seconds is not None:
+            self._cost.add(computed, seconds)
+
+    @property
+    def prefill_marginal_s(self) -> float:
+        fit = self._cost.fit()
+        return fit[1] * self.prefilled if fit else 0.0
+
+    def summary(self) -> dict:
+        return {"computed": self.computed, "padding": self.padding, "prefilled": self.prefilled,
+                "prefill_s": self.prefill_s, "prefill_marginal_s": self.prefill_marginal_s}

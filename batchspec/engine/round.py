@@ -63,6 +63,13 @@ class Draft:
         probs = None if self.probs is None else self.probs[:, :width]
         return Draft(self.tokens[:, :width], self.num_tokens.clamp(max=width), probs, host, priors=self.priors)
 
+    def cut(self, budgets: list[int], buffers: "RoundBuffers") -> "Draft":
+        """The same chain cut to budgets[i] tokens in row i (a packed round's per-row choice; needs host_num)."""
+        host = [min(n, k) for n, k in zip(self.host_num, budgets)]
+        width = max(host, default=0)
+        probs = None if self.probs is None else self.probs[:, :width]
+        return Draft(self.tokens[:, :width], buffers.put_num_drafts(host), probs, host, priors=self.priors)
+
 
 class RoundBuffers:
     """Device buffers every round writes and reads at fixed addresses (what captured steps need), one row

@@ -111,6 +111,10 @@ class Scheduler:
                 record.copies = first
             self.filling.append(seat.slot)
 
+    def samples_of(self, slot: int) -> list[int]:
+        """The slot and those of the other samples of its request that copy its prompt cache."""
+        return [slot] + [s for s in self.filling if self.slots[s] is not None and self.slots[s].copies == slot]
+
     def filled(self, fills: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
         """A packed round wrote these prompt chunks (slot, start, count). Returns the copies now due (source
         slot, destination slot, entries): the other samples of a request whose prompt is in."""
@@ -206,6 +210,12 @@ class Scheduler:
         """Set the round's shape and budgets. proposed: what each row already proposed (a drafter that
         proposes first), whose longest proposal bounds a chain's width; priors: the drafter's own chance
         that each row's first draft is right (its rows' acceptance prior)."""
+        if self.adaptive is not None and self.fill_budget:  # packed: each row's own number of drafts
+            offer = proposed if proposed is not None else round.budgets
+            base = len(round.rows) + sum(count for _, _, count in round.fills)
+            index, drafts = self.adaptive.choose_rows(round.rows, offer, round.room, priors, base, self.adaptive.costs)
+            round.shape, round.budgets = self.adaptive.shapes[index], drafts
+            return round.shape
         if self.adaptive is None:
             shape = RoundShape(tree=self.trees[0]) if self.trees else RoundShape(drafts=self.k_max)
         else:
@@ -279,12 +289,18 @@ class Scheduler:
                 finished.append((slot, self._finish(slot, reason)))
         return finished, emitted
 
-    def learn(self, round: Round, emitted: Emitted, seconds: float) -> None:
+    def learn(self, round: Round, emitted: Emitted, seconds: float, cost: tuple | None = None) -> None:
         """Adaptive speculation learns the round's cost and, from the same cut counts as the statistics,
-        its acceptance."""
-        if self.adaptive is not None:
-            self.adaptive.observe(round.shape, seconds, emitted.slots, emitted.budgets,
-                                  [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts])
+        its acceptance. cost: a packed round's (forward tokens, forward seconds, drafting forwards' (tokens,
+        seconds)), which price its rows' drafts apart."""
+        if self.adaptive is None:
+            return
+        drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
+        if cost is None:
+            self.adaptive.observe(round.shape, seconds, emitted.slots, emitted.budgets, drafted, accepted)
+            return
+        self.adaptive.costs.observe(cost[0], cost[1], cost[2], seconds)
+        self.adaptive.learn(self.adaptive.shapes.index(round.shape), emitted.slots, emitted.budgets, drafted, accepted)
 
     def set_prompt_logprobs(self, slot: int, blocks: list[list[float]], k: int) -> None:
         """A row's prompt logprobs: blocks [logprob, K best, their ids] for prompt tokens 1.. (the first has

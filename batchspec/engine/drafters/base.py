@@ -57,8 +57,13 @@ class Drafter(Protocol):
                path: list[int] | None = None) -> None: ...
     def release(self, slots: list[int]) -> None: ...
     def draft_seconds(self, k: int, kv_len: int) -> float: ...  # device time of proposing k tokens (static steps)
+    def step_times(self) -> list[tuple[int, float]]: ...  # the last round's drafting forwards: (tokens, seconds)
+    #    each, eager (what a packed round's cost model prices drafts by); read once
     def bind(self, shapes: list[RoundShape], target, state, buffers, acceptor) -> None: ...  # the generator's device
     #    state, given once at start (a drafter with static steps declares them then)
+    def prompt_features(self, chunks: list[tuple[int, int, int, int]]) -> None: ...  # a packed forward just wrote
+    #    these prompt chunks (slot, start, count, at: its first token's index in the forward, whose hidden states
+    #    the target's runner holds); a drafter that reads them (EAGLE) takes the prompt in from there
     # Drafters whose policy says `trees`:
     #   propose_tree(round, spec) -> Draft      a tree per row in spec.nodes node slots (the verify width is
     #                                           spec.nodes + 1); round.budgets[i] bounds row i's depth
@@ -119,7 +124,24 @@ def host_tree_nodes(buffers: RoundBuffers, rows: list[tuple[list[int], list[int]
                  parents=buffers.parents[:b, :n], valid=valid_t, spec=spec)
 
 
-class NoDrafter:
+class HostDrafter:
+    """What a drafter that proposes on the host (no draft forwards, no device state) says to the engine's
+    device-side verbs."""
+
+    def draft_seconds(self, k, kv_len):
+        return 0.0  # host work whatever k is: part of the round's overhead
+
+    def step_times(self):
+        return []  # no drafting forwards
+
+    def bind(self, *args):
+        pass  # no device state
+
+    def prompt_features(self, chunks):
+        pass  # it does not read the target's hidden states
+
+
+class NoDrafter(HostDrafter):
     """Plain decoding on the same machinery: every round verifies just the pending token."""
 
     policy = DrafterPolicy()
@@ -134,10 +156,4 @@ class NoDrafter:
         pass
 
     def release(self, slots):
-        pass
-
-    def draft_seconds(self, k, kv_len):
-        return 0.0
-
-    def bind(self, *args):
         pass

@@ -13,6 +13,7 @@ step runs every round, so the head never falls behind (k = 0 rounds cost one hea
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from types import SimpleNamespace
 
@@ -91,10 +92,12 @@ class EagleDrafter:
         self.stash = torch.zeros(num_slots, self.catch_up, width, dtype=self.runner.model.dtype, device=self.device)
         self.out = torch.zeros(num_slots, 1, head.config.hidden_size, dtype=self.runner.model.dtype, device=self.device)
         self.valid = [0] * num_slots  # per slot: the head's entries known to be right (host)
+        self.waiting: dict[int, int] = {}  # slot -> its prompt's entries (P - 1), while packed rounds bring them in
         self._round: tuple | None = None
         self._target: ModelRunner | None = None
         self._acceptor = None
         self._presence: torch.Tensor | None = None  # [B, V] the drafts' growing repetition context (static)
+        self._steps: list[tuple[int, float]] = []  # the last round's drafting forwards after the first: (rows, seconds)
 
     def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers,
              acceptor=None) -> None:
@@ -124,7 +127,13 @@ class EagleDrafter:
     def admit(self, slots, prompts, features: list[torch.Tensor] | None = None):
         """The head's entries over each prompt: position p from the target's features of p and token p + 1
         (0 .. P - 2); the features of P - 1 wait in the stash for the first round. features: per seat, the
-        target's features of its prompt [P, F] (from its eager prefill)."""
+        target's features of its prompt [P, F] (from its eager prefill); None when packed rounds prefill the
+        prompts: the entries then come chunk by chunk (prompt_features), and the rows sit out the head's
+        steps until their prompt is in."""
+        if features is None:
+            for slot, prompt in zip(slots, prompts):
+                self.valid[slot], self.waiting[slot] = 0, len(prompt) - 1
+            return
         todo = [(slot, p, f) for slot, p, f in zip(slots, prompts, features) if len(p) > 1]
         if todo:
             width = max(len(p) - 1 for _, p, _ in todo)
@@ -136,6 +145,30 @@ class EagleDrafter:
         self.stash[index, 0] = torch.stack([f[-1] for f in features]).to(self.stash.dtype)
         for slot, prompt in zip(slots, prompts):
             self.valid[slot] = len(prompt) - 1
+
+    @torch.inference_mode()
+    def prompt_features(self, chunks):
+        """The head's entries over prompt chunks a packed forward just wrote (slot, start, count, at: the
+        chunk's first token in that forward): entry p from the target's features of p and token p + 1."""
+        chunks = [c for c in chunks if c[0] in self.waiting]
+        if not chunks:
+            return
+        features, tokens = self._target.features, self._state.tokens  # [N, F]; [B, S]
+        width = max(count for _, _, count, _ in chunks)
+        arange = torch.arange(width, device=self.device)
+        starts = torch.tensor([start for _, start, _, _ in chunks], device=self.device)
+        ats = torch.tensor([at for _, _, _, at in chunks], device=self.device)
+        counts = torch.tensor([count for _, _, count, _ in chunks], device=self.device)
+        inside = arange[None, :] < counts[:, None]
+        slots = torch.tensor([slot for slot, _, _, _ in chunks], device=self.device)
+        ids = tokens[slots[:, None], (starts[:, None] + 1 + arange).clamp(max=tokens.shape[1] - 1)]
+        hidden = features[(ats[:, None] + arange).clamp(max=features.shape[0] - 1)] * inside[:, :, None]
+        self.runner.prefill([c[0] for c in chunks], ids, [c[1] for c in chunks], [c[2] for c in chunks],
+                            extra={"hidden": hidden.to(self.stash.dtype)})
+        for slot, start, count, _ in chunks:
+            self.valid[slot] = start + count
+            if self.valid[slot] >= self.waiting[slot]:
+                del self.waiting[slot]
 
     def extend(self, slots, emitted, num_accepted, path=None):
         """After the verdict: the head is valid up to L - 1 entries of each row that ran the round, and the
@@ -215,33 +248,65 @@ class EagleDrafter:
         """The first step (the entries each row lacks, up to L - 2), then one drafted token per step."""
         runner, b, state = self.runner, len(round.rows), round.state
         rows = round.rows_t
-        starts, counts = self._first_entries(round)
-        width = max(counts)
-        start_t = torch.tensor(starts, device=self.device)
-        positions = (start_t[:, None] + 1 + torch.arange(width, device=self.device)).clamp(max=state.tokens.shape[1] - 1)
-        ids = state.tokens[rows[:, None], positions]
-        hidden = self.stash[rows, :width]
-        runner.set_lengths(rows, start_t)
-        last = torch.tensor(counts, device=self.device)[:, None] - 1
         kv_len = max(round.lengths) - 1 + steps
-        logits = runner.forward(ids, kv_len=kv_len, rows=rows, extra={"hidden": hidden}, keep=last)[:, 0]
-        out = runner.features.gather(1, last[:, :, None].expand(-1, -1, runner.features.shape[-1]))
+        # Rows whose prompt a packed round is still bringing in sit the first step out (they draft nothing).
+        ready = [i for i, slot in enumerate(round.rows) if slot not in self.waiting]
+        logits = torch.zeros(b, self.runner.vocab_size, dtype=self.stash.dtype, device=self.device)
+        out = torch.zeros(b, 1, self.out.shape[-1], dtype=self.stash.dtype, device=self.device)
+        if ready:
+            starts, counts = self._first_entries(round)
+            starts, counts = [starts[i] for i in ready], [counts[i] for i in ready]
+            at = torch.tensor(ready, device=self.device)
+            sub = rows[at]
+            width = max(counts)
+            start_t = torch.tensor(starts, device=self.device)
+            positions = (start_t[:, None] + 1 + torch.arange(width, device=self.device)).clamp(max=state.tokens.shape[1] - 1)
+            ids = state.tokens[sub[:, None], positions]
+            runner.set_lengths(sub, start_t)
+            last = torch.tensor(counts, device=self.device)[:, None] - 1
+            logits[at] = runner.forward(ids, kv_len=kv_len, rows=sub, extra={"hidden": self.stash[sub, :width]},
+                                        keep=last)[:, 0]
+            out[at] = runner.features.gather(1, last[:, :, None].expand(-1, -1, runner.features.shape[-1]))
         if not draft:
             return
+        # Rows drafting further come first, so that those still drafting at step i are a prefix (a tree
+        # round drafts every row to its depth).
+        budgets = [steps] * b if branching else list(round.budgets)
+        order = sorted(range(b), key=lambda i: -budgets[i])
+        budgets = [budgets[i] for i in order]
+        perm = torch.tensor(order, device=self.device)
+        rows, logits, out, lengths = rows[perm], logits[perm], out[perm], round.lengths_t[perm]
         presence = state.presence[rows].clone() if state.presence is not None else None
-        keys, drafts = state.noise_keys[rows], round.buffers.drafts[:b]
+        keys = state.noise_keys[rows]
         sampling = None if self.sampling.greedy else state.sampling[rows]
-        lengths = round.lengths_t if round.lengths_t is not None else self._target.lengths[rows] + 1
-        arange = torch.arange(b, device=self.device)
+        gumbel = round.gumbel[perm] if round.gumbel is not None else None
+        drafts = torch.zeros_like(round.buffers.drafts[:b])
+        q = torch.zeros_like(probs[:b]) if probs is not None else None
         for i in range(steps):
-            token = choose_draft(logits, i, self.sampling, lengths, keys, presence, round.gumbel, drafts,
-                                 probs[:b] if probs is not None else None, branching, sampling)
+            n = sum(k > i for k in budgets)
+            token = choose_draft(logits[:n], i, self.sampling, lengths[:n], keys[:n],
+                                 presence[:n] if presence is not None else None,
+                                 gumbel[:n] if gumbel is not None else None, drafts[:n],
+                                 q[:n] if q is not None else None, branching, sampling[:n] if sampling is not None else None)
             if presence is not None:
-                presence[arange, token] = True
-            if i + 1 < steps:
-                runner.set_lengths(rows, lengths - 2 + i + 1)
-                logits = runner.forward(token[:, None], kv_len=kv_len, rows=rows, extra={"hidden": out})[:, -1]
+                presence[torch.arange(n, device=self.device), token] = True
+            going = sum(k > i + 1 for k in budgets)
+            if going:
+                runner.set_lengths(rows[:going], lengths[:going] - 2 + i + 1)
+                started = time.perf_counter()
+                logits = runner.forward(token[:going, None], kv_len=kv_len, rows=rows[:going],
+                                        extra={"hidden": out[:going]})[:, -1]
+                self._steps.append((going, time.perf_counter() - started))
                 out = runner.features
+        round.buffers.drafts[perm] = drafts
+        if q is not None:
+            probs[perm] = q
+
+    def step_times(self) -> list[tuple[int, float]]:
+        """The drafting forwards after each round's first step (which runs for every row every round, to
+        keep the head level with the target, and so is no cost of any row's drafts)."""
+        steps, self._steps = self._steps, []
+        return steps
 
     def _first_entries(self, round: Round) -> tuple[list[int], list[int]]:
         """Per row, the first head entry the first step computes and how many (up to L - 2). An idle slot on

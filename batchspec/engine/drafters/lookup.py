@@ -11,10 +11,10 @@ from collections import defaultdict
 
 from ...types import TreeSpec
 from ..round import Draft, Round
-from .base import LOOKUP_POLICY, host_draft, host_tree
+from .base import LOOKUP_POLICY, HostDrafter, host_draft, host_tree
 
 
-class NGramDrafter:
+class NGramDrafter(HostDrafter):
     """Frequency tables over the request's own prompt + output (seed 004, akunu's predictor).
 
     For orders 4, 3, 2 (contexts of 3, 2, 1 tokens), longest context first, propose the most frequent
@@ -97,14 +97,9 @@ class NGramDrafter:
             self.tables.pop(slot, None)
             self.history.pop(slot, None)
 
-    def draft_seconds(self, k, kv_len):
-        return 0.0  # host work, the same for every k: part of the round's overhead
-
-    def bind(self, *args):
-        pass  # no device state
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(HostDrafter):
     """Prompt lookup: find the most recent earlier occurrence of the trailing n-gram (n from max_n down
     to min_n) in the request's prompt + output and propose what followed it.
 
@@ -176,9 +171,3 @@ class PromptLookupDrafter:
         for slot in slots:
             self.seqs.pop(slot, None)
             self.index.pop(slot, None)
-
-    def draft_seconds(self, k, kv_len):
-        return 0.0  # host work whatever k is: part of the round's overhead
-
-    def bind(self, *args):
-        pass  # no device state

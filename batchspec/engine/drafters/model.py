@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from functools import partial
 
 import torch
@@ -10,6 +11,7 @@ from transformers import PreTrainedModel
 from ...types import TreeSpec
 from ..graphs import StepGraphs
 from ..round import Draft, Round, RoundBuffers, RoundShape
+from ..packed import RowTokens, pack
 from ..runner import ModelRunner
 from ..sampling import SamplingParams
 from ..slots import SlotState
@@ -53,6 +55,7 @@ class ModelDrafter:
         self._step_times: dict[int, tuple[float, float]] = {}  # bucket -> seconds of the first, a next step
         self._bound: tuple[torch.Tensor, SlotState, RoundBuffers] | None = None  # static: target lengths, state, buffers
         self._presence: torch.Tensor | None = None  # [B, V] the drafts' growing repetition context (static)
+        self._steps: list[tuple[int, float]] = []  # the last round's packed drafting forwards: (tokens, seconds)
 
     def _align(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., V_draft] -> [..., V_target]: ids the target lacks are dropped, ids the draft
@@ -66,7 +69,12 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def admit(self, slots, prompts):
-        """Prefill the draft on each prompt; the first token is fed in the row's first drafted round."""
+        """Prefill the draft on each prompt; the first token is fed in the row's first drafted round. Packed
+        drafting forwards feed a new row's prompt in its first drafting round instead."""
+        if self.runner.packs:  # the first drafting forward of each row feeds its prompt (_packed_steps)
+            for slot in slots:
+                self.valid[slot] = 0
+            return
         if self.runner.static:
             self.runner.prefill_static(self._bound[1].tokens, slots, [0] * len(slots), [len(p) for p in prompts])
         else:
@@ -100,14 +108,20 @@ class ModelDrafter:
             return
         rows, lengths, steps, branching = self._round
         self._round = None
-        by_slot = dict(zip(rows, lengths))
+        by_slot = {slot: (length, n) for slot, length, n in zip(rows, lengths, steps)}
         for i, (slot, m) in enumerate(zip(slots, num_accepted)):
+            if slot not in by_slot:  # it drafted nothing this round: its draft cache is as it was
+                continue
             if path is not None and m > 0 and (path[i] - 1) % branching != 0:
                 m -= 1
-            self.valid[slot] = by_slot[slot] + min(m, steps - 1)
+            length, n = by_slot[slot]
+            self.valid[slot] = length + min(m, n - 1)
 
     def release(self, slots):
         pass
+
+    def prompt_features(self, chunks):
+        pass  # it reads tokens, not the target's hidden states
 
     # ---- proposing --------------------------------------------------------------------------------
 
@@ -133,19 +147,27 @@ class ModelDrafter:
             self._round = None
             return empty_draft(buffers, b) if spec is None else no_tree(buffers, b, spec)
         num = buffers.put_num_drafts([min(k, depth) for k in round.budgets])  # the budgets, on the device
-        self._catch_up(round, round.state.tokens)
+        if round.static or not self.runner.packs or spec is not None:  # packed steps catch up in their first
+            self._catch_up(round, round.state.tokens)
         kv_len = max(round.lengths) + steps - 1
         branching = spec.branching if spec is not None else 0
         rejection = not (self.sampling.greedy or self.sampling.coupled)
         probs = (buffers.q_at if spec is not None else buffers.probs) if rejection else None
+        # Rows that did not draft and lag behind (a new row whose prompt the draft has not seen) are not fed
+        # up to their pending token: their draft cache stays as it was.
+        fed = [i for i, (slot, n, k) in enumerate(zip(round.rows, round.lengths, round.budgets))
+               if k > 0 or self.valid[slot] >= n - 2]
+        self._round = ([round.rows[i] for i in fed], [round.lengths[i] for i in fed], [steps] * len(fed),
+                       max(branching, 1))
         if round.static:
             bucket = self.runner.bucket(kv_len)
             for i in range(steps):
                 self.graphs.run(self._key(i, bucket, spec), partial(self._static_step, i=i, kv_len=bucket, spec=spec),
                                 self._static_args(i, spec))
+        elif self.runner.packs and spec is None:
+            self._packed_steps(round, probs)
         else:
             self._eager_steps(round, steps, kv_len, branching, probs)
-        self._round = (list(round.rows), list(round.lengths), steps, max(branching, 1))
         if spec is None:
             return Draft(tokens=buffers.drafts[:b, :steps], num_tokens=num,
                          probs=probs[:b, :steps] if probs is not None else None, host_num=list(round.budgets))
@@ -184,6 +206,58 @@ class ModelDrafter:
             if i + 1 < steps:
                 runner.set_lengths(where, start + width + i)
                 logits = runner.forward(token[:, None], kv_len=kv_len, rows=rows)[:, -1]
+
+    def _packed_steps(self, round: Round, probs) -> None:
+        """The drafting loop over the rows that draft (budget > 0), each forward packed (packed.py): the first
+        feeds each row what its draft cache lacks up to its pending token (valid .. L - 1: after rounds it
+        sat out, the tokens it missed; a new row, its prompt), each later one the draft just made, for the
+        rows whose budget goes that far. A row that drafts nothing costs the draft nothing."""
+        order = sorted((i for i, k in enumerate(round.budgets) if k > 0), key=lambda i: -round.budgets[i])
+        slots = [round.rows[i] for i in order]
+        lengths = [round.lengths[i] for i in order]
+        budgets = [round.budgets[i] for i in order]  # descending: the rows still drafting are a prefix
+        self._round = (slots, lengths, budgets, 1)
+        state, steps = round.state, budgets[0]
+        sub = torch.tensor(order, device=self.device)
+        rows_t = round.rows_t[sub]
+        lengths_t, keys = round.lengths_t[sub], state.noise_keys[rows_t]
+        presence = state.presence[rows_t].clone() if state.presence is not None else None
+        sampling = None if self.sampling.greedy else state.sampling[rows_t]
+        gumbel = round.gumbel[sub] if round.gumbel is not None else None
+        drafts = torch.zeros(len(slots), steps, dtype=torch.long, device=self.device)
+        q = torch.zeros(len(slots), steps, probs.shape[-1], device=self.device) if probs is not None else None
+        starts = [min(self.valid[slot], n - 1) for slot, n in zip(slots, lengths)]
+        logits = self._timed([RowTokens(slot, v, n - v) for slot, v, n in zip(slots, starts, lengths)])
+        for i in range(steps):
+            n = sum(k > i for k in budgets)
+            token = choose_draft(self._align(logits[:n]), i, self.sampling, lengths_t[:n], keys[:n],
+                                 presence[:n] if presence is not None else None,
+                                 gumbel[:n] if gumbel is not None else None, drafts[:n],
+                                 q[:n] if q is not None else None, 0, sampling[:n] if sampling is not None else None)
+            if presence is not None:
+                presence[torch.arange(n, device=self.device), token] = True
+            going = sum(k > i + 1 for k in budgets)
+            if going:
+                logits = self._timed([RowTokens(slots[j], lengths[j] + i, 1) for j in range(going)], token[:going])
+        round.buffers.drafts[sub, :steps] = drafts
+        if q is not None:
+            probs[sub, :steps] = q
+
+    def _timed(self, rows: list[RowTokens], tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """One packed drafting forward over `rows` (tokens [n]: one per row; None: read them from the
+        sequences) -> the logits after each row's last token [n, V]; its (tokens, seconds) are kept for
+        the round's cost model."""
+        batch = pack(rows, device=self.device, dtype=self.runner.model.dtype,
+                     keep=[sum(r.count for r in rows[: j + 1]) - 1 for j in range(len(rows))])
+        ids = tokens if tokens is not None else self._bound[1].tokens[batch.slots, batch.index]
+        started = time.perf_counter()
+        logits = self.runner.forward_packed(ids, batch)
+        self._steps.append((batch.num_tokens, time.perf_counter() - started))
+        return logits
+
+    def step_times(self) -> list[tuple[int, float]]:
+        steps, self._steps = self._steps, []
+        return steps
 
     # ---- the static path: one captured step per drafted token --------------------------------------
 

@@ -8,11 +8,11 @@ from typing import Iterable, Sequence
 
 from ...types import TreeSpec
 from ..round import Draft, Round
-from .base import LOOKUP_POLICY, host_draft, host_tree_nodes
+from .base import LOOKUP_POLICY, HostDrafter, host_draft, host_tree_nodes
 from .suffix_index import SuffixIndex
 
 
-class SuffixDrafter:
+class SuffixDrafter(HostDrafter):
     """Proposes first and is bursty, like the other lookups: a match runs on or fails as a whole. Each
     proposal's first-token probability (how often that token followed the matched suffix, with a
     pseudo-count so that a continuation seen once is not certain) is the row's acceptance prior for
@@ -70,9 +70,3 @@ class SuffixDrafter:
                 tokens, parents = [], []
             rows.append((tokens, parents))
         return host_tree_nodes(round.buffers, rows, spec)
-
-    def draft_seconds(self, k, kv_len):
-        return 0.0  # host work whatever k is: part of the round's overhead
-
-    def bind(self, *args):
-        pass  # no device state

@@ -1,0 +1,63 @@
+"""How many drafts each row of a packed round verifies: the choice with the most predicted tokens per second.
+
+A packed round (packed.py) costs by what it computes, so each row's drafts can be priced apart. Row i
+with k_i drafts emits E_i(k_i) tokens in expectation (adaptive.py's acceptance model), and the round takes
+
+    T(k) = fixed + per_token * N + per_step * S + per_draft * D
+
+seconds (`Prices`, from costs.PackedCosts): N = base + D tokens in the target forward (base: one pending
+token per deciding row, plus the prompt chunks it prefills), D = sum of k_i drafted tokens, S = the
+drafting forwards (max k_i, for a drafter with forwards of its own; lookups draft on the host). The
+choice maximises sum_i E_i(k_i) / T(k).
+
+For a fixed S every further draft costs the same, per_token + per_draft, and row i's j-th draft gains
+g_ij = E_i(j) - E_i(j - 1), which falls with j. A ratio grows by an item exactly when the item's gain per
+cost beats the ratio, so the best choice for that S takes the drafts with the largest gains, as many as
+raise the rate: sort the gains, evaluate each prefix, keep the best. Trying each S = 0 .. k_max finds
+the best overall. A row whose drafts do not pay drafts nothing and costs its one pending token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Prices:
+    """Seconds of a round: fixed, and per target token, per drafting forward, per drafted token."""
+
+    fixed: float
+    per_token: float
+    per_step: float = 0.0
+    per_draft: float = 0.0
+
+    def seconds(self, tokens: int, steps: int, drafts: int) -> float:
+        return self.fixed + self.per_token * tokens + self.per_step * steps + self.per_draft * drafts
+
+
+def choose_drafts(gains: list[list[float]], base_tokens: int, prices: Prices,
+                  steps: bool) -> tuple[list[int], float]:
+    """gains[i][j]: the expected tokens row i adds with its (j + 1)-th draft, non-increasing in j (its
+    length is the most drafts the row may have). base_tokens: the forward's tokens with no drafts.
+    steps: drafting runs forwards (S counts). -> (drafts per row, predicted tokens per second)."""
+    rows = len(gains)
+    depth = max((len(g) for g in gains), default=0)
+    best, best_rate = [0] * rows, rows / max(prices.seconds(base_tokens, 0, 0), 1e-12)
+    for s in range(1, depth + 1) if steps else ([depth] if depth else []):
+        # Ties go to earlier drafts of a row, so a prefix of the order is a prefix of every row's drafts.
+        order = sorted(((g, j, i) for i, row in enumerate(gains) for j, g in enumerate(row[:s])),
+                       key=lambda item: (-item[0], item[1], item[2]))
+        emitted, drafts, deepest = float(rows), 0, 0
+        taken, rate = 0, None
+        for m, (gain, j, _) in enumerate(order):
+            emitted += gain
+            drafts += 1
+            deepest = max(deepest, j + 1)
+            r = emitted / max(prices.seconds(base_tokens + drafts, deepest if steps else 0, drafts), 1e-12)
+            if rate is None or r > rate:
+                taken, rate = m + 1, r
+        if rate is not None and rate > best_rate:
+            best, best_rate = [0] * rows, rate
+            for _, _, i in order[:taken]:
+                best[i] += 1
+    return best, best_rate

@@ -1,0 +1,183 @@
+"""Packed rounds (engine/packed.py, engine/row_drafts.py): one forward of every row's own tokens, prompts
+prefilled inside rounds, each row's own number of drafts.
+
+The math is exact where it can be: a packed forward's logits against each row's plain forward (fp32, to
+rounding); greedy output against Hugging Face `generate` token for token, with prompts cut into chunks
+of every size; zero padding computed; the per-row choice against brute force."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import batchspec
+from batchspec.api import build_generator
+from batchspec.engine.costs import Line
+from batchspec.engine.graphs import StepGraphs
+from batchspec.engine.packed import RowTokens, pack
+from batchspec.engine.row_drafts import Prices, choose_drafts
+from batchspec.engine.runner import ModelRunner
+from batchspec.engine.tree import tree_shape
+from batchspec.models import load_models
+from batchspec.types import Request, RowParams
+from conftest import MAX_NEW
+from tiny import PROMPTS
+
+
+def test_packed_forward_equals_each_rows_own_forward(pair):
+    """Rows of every kind in one forward: a prompt's first chunk, a prompt's last chunk with its pending
+    token, decoding rows verifying 1 and 4 tokens over cached prefixes of different lengths, a tree row
+    (node 2 a sibling of node 1) and a row whose chunk is longer than a group's 8 tokens. Each row's logits
+    equal those of the model run on that row's sequence alone."""
+    model = AutoModelForCausalLM.from_pretrained(pair.target, dtype=torch.float32).eval()
+    runner = ModelRunner(model, num_slots=6, capacity=64, max_position=512, graphs=StepGraphs(None, torch.device("cpu")))
+    assert runner.packs
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 200, (n,), generator=gen).tolist() for n in (20, 9, 14, 30, 12, 25)]
+    # A first packed forward caches each row's prefix (lengths 0 for slots 0 and 5: their prompts come now).
+    cached = [0, 5, 10, 20, 8, 0]
+    prefill = [RowTokens(s, 0, n) for s, n in enumerate(cached) if n]
+    runner.forward_packed(torch.tensor([t for s, n in enumerate(cached) for t in seqs[s][:n]]),
+                          pack(prefill, device=model.device, dtype=model.dtype, keep=[]))
+    tree_parents = torch.tensor([[-1, -1, 0]])  # nodes 0 and 1 children of the root, node 2 of node 0
+    tree = tree_shape(tree_parents, torch.ones(1, 3, dtype=torch.bool))
+    rows = [RowTokens(0, 0, 6), RowTokens(1, 5, 4), RowTokens(2, 10, 1), RowTokens(3, 20, 4, tree=0),
+            RowTokens(4, 8, 4), RowTokens(5, 0, 13)]
+    tree_tokens = [seqs[3][20], 7, 9, 11]  # root, then nodes 0..2
+    ids = [t for r in rows for t in (tree_tokens if r.tree is not None else seqs[r.slot][r.start : r.start + r.count])]
+    batch = pack(rows, device=model.device, dtype=model.dtype, tree_depth=tree.depth, tree_ancestors=tree.ancestors)
+    logits = runner.forward_packed(torch.tensor(ids), batch)
+    with torch.no_grad():
+        for row, offset in zip(rows, batch.offsets):
+            got = logits[offset : offset + row.count]
+            if row.tree is None:
+                alone = model(torch.tensor([seqs[row.slot][: row.start + row.count]])).logits[0, row.start :]
+                torch.testing.assert_close(got, alone, atol=1e-4, rtol=1e-4)
+                continue
+            prefix = seqs[3][:20]
+            for node, path in enumerate([[], [7], [9], [7, 11]]):  # root, node 0, node 1, node 2 (under node 0)
+                alone = model(torch.tensor([prefix + [tree_tokens[0]] + path])).logits[0, -1]
+                torch.testing.assert_close(got[node], alone, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fill_tokens", [1, 3, 7, 1024])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "model"])
+def test_prompts_prefilled_in_chunks_of_any_size_are_exact(pair, drafter, fill_tokens):
+    """A round prefills at most fill_tokens prompt tokens (a prompt then spans several rounds, several
+    prompts share one): the output is HF's, token for token, and every computed token is a row's own."""
+    models = load_models(str(pair.target), str(pair.draft) if drafter == "model" else None, dtype="float32")
+    generator = build_generator(models, drafter=drafter, k=3, batch_size=5, max_new_tokens=MAX_NEW,
+                                adaptive=False, fill_tokens=fill_tokens)
+    results = sorted(generator.run(Request(str(i), p) for i, p in enumerate(PROMPTS)), key=lambda r: int(r.id))
+    assert [r.completion_token_ids for r in results] == pair.reference
+    assert generator.tokens.padding == 0
+    prompt_tokens = sum(len(models.tokenizer(p)["input_ids"]) - 1 for p in PROMPTS)
+    assert generator.tokens.prefilled == prompt_tokens  # each prompt once (its last token is the first pending)
+    for r in results:  # the round of a row's last chunk decided its first token: its first forward
+        assert r.target_forwards == len(r.accepted_per_round) and r.accepted_per_round[0] == 0
+
+
+def test_no_prefill_forward_of_its_own(llama_pair, monkeypatch):
+    """Admission runs no target forward: every target forward is a round's packed forward."""
+    models = load_models(str(llama_pair.target), str(llama_pair.draft), dtype="float32")
+    generator = build_generator(models, drafter="model", k=2, batch_size=3, max_new_tokens=MAX_NEW)
+    calls = []
+    for name in ("prefill", "forward", "prefill_static"):
+        monkeypatch.setattr(generator.runner, name, lambda *a, _n=name, **k: calls.append(_n))
+    results = list(generator.run(Request(str(i), p) for i, p in enumerate(PROMPTS)))
+    assert len(results) == len(PROMPTS) and calls == []
+
+
+def test_samples_share_one_prefill(llama_pair):
+    """n samples of a request: one row prefills the prompt, the others copy its cache; coupled sampling
+    gives each sample the same tokens as without packing's chunks (fill_tokens 2 against 1024)."""
+    models = load_models(str(llama_pair.target), dtype="float32")
+    outputs = []
+    for fill_tokens in (2, 1024):
+        generator = build_generator(models, batch_size=15, max_new_tokens=12, temperature=0.9, n=3,
+                                    fill_tokens=fill_tokens)
+        results = list(generator.run(Request(str(i), p) for i, p in enumerate(PROMPTS[:5])))
+        outputs.append({(r.id, r.sample_index): r.completion_token_ids for r in results})
+        prompt_tokens = sum(len(models.tokenizer(p)["input_ids"]) - 1 for p in PROMPTS[:5])
+        assert generator.tokens.prefilled == prompt_tokens  # once per request (its samples admitted together)
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 15
+    assert len({tuple(v) for v in outputs[0].values()}) > 5  # samples differ
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_rows_verify_only_their_own_drafts(llama_pair, drafter):
+    """Adaptive speculation chooses each row's drafts: the target forwards compute each row's pending
+    token and its own drafts and nothing else, and the output stays exact."""
+    models = load_models(str(llama_pair.target), str(llama_pair.draft), dtype="float32")
+    generator = build_generator(models, drafter=drafter, k=4, batch_size=6, max_new_tokens=MAX_NEW, adaptive=True)
+    requests = [Request(str(i), p, params=RowParams(max_new_tokens=4 + 2 * (i % 10))) for i, p in enumerate(PROMPTS)]
+    results = sorted(generator.run(requests), key=lambda r: int(r.id))
+    for r, ref, req in zip(results, llama_pair.reference, requests):
+        assert r.completion_token_ids == ref[: req.params.max_new_tokens]
+    decided = sum(r.target_forwards for r in results)  # one pending token per row-round
+    drafted = sum(r.draft_tokens for r in results)  # less the drafts past an EOS that ended a row
+    own = generator.tokens.prefilled + decided + drafted
+    assert generator.tokens.padding == 0
+    assert own <= generator.tokens.computed <= own + 4 * sum(r.finish_reason == "stop" for r in results)
+
+
+# ---- the per-row choice ---------------------------------------------------------------------------------
+
+
+def rate_of(ks, gains, base, prices, steps):
+    tokens = len(gains) + sum(sum(g[:k]) for g, k in zip(gains, ks))
+    return tokens / prices.seconds(base + sum(ks), max(ks, default=0) if steps else 0, sum(ks))
+
+
+def brute_force(gains, base, prices, steps):
+    return max(rate_of(ks, gains, base, prices, steps) for ks in itertools.product(*[range(len(g) + 1) for g in gains]))
+
+
+GEOMETRIC = lambda a, n: [a ** j for j in range(1, n + 1)]  # noqa: E731  gains of E(k) = 1 + a + .. + a^k
+
+CHOICES = [
+    # name, gains per row, base tokens, prices, drafting forwards
+    ("useless drafts: none", [GEOMETRIC(0.02, 4)] * 6, 6, Prices(0.010, 0.0003), False),
+    ("cheap tokens, good drafts: all", [GEOMETRIC(0.9, 4)] * 6, 6, Prices(0.010, 0.0001), False),
+    ("mixed rows", [GEOMETRIC(0.9, 4), GEOMETRIC(0.05, 4), GEOMETRIC(0.6, 4), GEOMETRIC(0.3, 2)], 4,
+     Prices(0.008, 0.0008), False),
+    ("prompt chunk in the round", [GEOMETRIC(0.7, 4)] * 3, 200, Prices(0.010, 0.0002), False),
+    ("draft steps cost", [GEOMETRIC(0.8, 4), GEOMETRIC(0.7, 4), GEOMETRIC(0.2, 4)], 3,
+     Prices(0.010, 0.0004, 0.003, 0.0002), True),
+    ("expensive steps: none", [GEOMETRIC(0.5, 4)] * 2, 2, Prices(0.010, 0.0004, 0.02, 0.001), True),
+    ("lookup proposals of different lengths", [[0.6, 0.5], [], [0.9, 0.8, 0.7, 0.6], [0.1]], 4,
+     Prices(0.010, 0.0006), False),
+]
+
+
+@pytest.mark.parametrize("name,gains,base,prices,steps", CHOICES, ids=[c[0] for c in CHOICES])
+def test_choice_matches_brute_force(name, gains, base, prices, steps):
+    """The sorted-gains choice reaches the best rate over every assignment (rows alike may swap drafts)."""
+    drafts, rate = choose_drafts(gains, base, prices, steps)
+    assert all(0 <= k <= len(g) for k, g in zip(drafts, gains))
+    assert rate_of(drafts, gains, base, prices, steps) == pytest.approx(rate, rel=1e-12)
+    assert rate == pytest.approx(brute_force(gains, base, prices, steps), rel=1e-12), name
+    if name.endswith(": none"):
+        assert drafts == [0] * len(gains)
+
+
+def test_a_row_whose_drafts_do_not_pay_drafts_nothing():
+    drafts, _ = choose_drafts([GEOMETRIC(0.9, 4), GEOMETRIC(0.01, 4), GEOMETRIC(0.85, 4)], 3, Prices(0.01, 0.0005), False)
+    assert drafts[1] == 0 and drafts[0] > 0 and drafts[2] > 0
+
+
+def test_line_fit():
+    """Decayed least squares: exact on a line; proportional while every x is the same."""
+    line = Line()
+    for x in (8, 40, 12, 64, 9):
+        line.add(x, 0.01 + 0.0003 * x)
+    a, b = line.fit()
+    assert a == pytest.approx(0.01) and b == pytest.approx(0.0003)
+    flat = Line()
+    for _ in range(5):
+        flat.add(10, 0.02)
+    assert flat.fit() == (0.0, pytest.approx(0.002))
+    assert Line().fit() is None
