@@ -17,7 +17,7 @@ import batchspec
 from batchspec.api import build_generator
 from batchspec.engine.costs import Line
 from batchspec.engine.graphs import StepGraphs
-from batchspec.engine.packed import RowTokens, pack
+from batchspec.engine.packed import RowTokens, layout_round, pack
 from batchspec.engine.row_drafts import Prices, choose_drafts
 from batchspec.engine.runner import ModelRunner
 from batchspec.engine.tree import tree_shape
@@ -122,6 +122,32 @@ def test_rows_verify_only_their_own_drafts(llama_pair, drafter):
     own = generator.tokens.prefilled + decided + drafted
     assert generator.tokens.padding == 0
     assert own <= generator.tokens.computed <= own + 4 * sum(r.finish_reason == "stop" for r in results)
+
+
+LAYOUTS = [
+    # name, deciding rows (slot, L, width), verify width, prompt chunks (slot, start, count), tree round,
+    # expected rows (slot, start, count), keep, gather
+    ("decoding rows of their own widths", [(0, 10, 1), (2, 7, 3)], 3, [], False,
+     [(0, 9, 1), (2, 6, 3)], [0, 1, 2, 3], [[0, 0, 0], [1, 2, 3]]),
+    ("a last chunk rides with its pending token", [(1, 6, 1), (3, 20, 2)], 2, [(1, 2, 3), (4, 0, 5)], False,
+     [(1, 2, 4), (3, 19, 2), (4, 0, 5)], [3, 4, 5], [[0, 0], [1, 2]]),
+    ("chunks only", [], 1, [(0, 0, 4), (5, 4, 2)], False, [(0, 0, 4), (5, 4, 2)], [], []),
+    ("a tree row's chunk is a row of its own", [(1, 6, 3)], 3, [(1, 2, 3)], True,
+     [(1, 5, 3), (1, 2, 3)], [0, 1, 2], [[0, 1, 2]]),
+]
+
+
+@pytest.mark.parametrize("name,deciding,width,fills,tree,rows,keep,gather", LAYOUTS, ids=[x[0] for x in LAYOUTS])
+def test_round_layout(name, deciding, width, fills, tree, rows, keep, gather):
+    layout = layout_round([d[0] for d in deciding], [d[1] for d in deciding], [d[2] for d in deciding], width,
+                          fills, tree)
+    assert [(r.slot, r.start, r.count) for r in layout.rows] == rows
+    assert layout.keep == keep and layout.gather == gather
+    assert layout.full == all(d[2] == width for d in deciding)
+    offsets = [sum(r.count for r in layout.rows[:i]) for i in range(len(layout.rows))]
+    for slot, start, _ in fills:  # each chunk's first token, found where the rows put it
+        row = next(i for i, r in enumerate(layout.rows) if r.slot == slot and r.start == start)
+        assert layout.chunk_at[slot, start] == offsets[row]
 
 
 # ---- the per-row choice ---------------------------------------------------------------------------------

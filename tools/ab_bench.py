@@ -1,76 +1,52 @@
-"""This checkout against another one (say, main before a change), side by side: separate processes, interleaved.
+"""This checkout against another one (say, main before a change), side by side in one process, interleaved.
 
     python tools/ab_bench.py --base /path/to/other/checkout --prompts batchspec/assets/demo/templated.parquet \\
         --num-prompts 300 --max-new-tokens 32 --batch-size 8,32,64 --drafters none,suffix:adaptive \\
-        --row-lengths staggered --rounds 2 --json ab.json
+        --row-lengths staggered --json ab.json
 
-For each batch size it runs one process per checkout, alternating base / this / base / this ... for
---rounds pairs; inside each process every contender runs once untimed (warm-up), then --repeats timed
-runs interleaved. It prints each contender's median tokens/s per checkout (over every timed run of every
-round), the ratio to the same checkout's drafter none, and this checkout's ratio to the base's. Both
-checkouts run through the API they share (`build_generator`, `Request`, `RowParams.max_new_tokens` for
-staggered lengths), so any earlier main can be the base. Run it on a quiet machine: ratios are only
-comparable within one run.
+The other checkout's package is copied to a temporary folder as `batchspec_base` (the engine imports
+itself relatively, so both load side by side) and the models are loaded once and shared. For each batch
+size every contender runs in both checkouts once untimed (the warm-up), then --repeats times, each run
+right after a run of the first contender (drafter none) of the same checkout, base and this in turn: a
+machine whose speed drifts over minutes (a shared VM's does, by 10-30%) slows a pair alike. It prints
+each contender's median tokens/s per checkout, its ratio to the same checkout's first contender and this
+checkout's ratio to the base's, each the median of the ratios of runs made side by side, and says whether
+every output equals the first contender's. Both run through the API they share (`build_generator`,
+`Request`, `RowParams.max_new_tokens` for staggered lengths), so any earlier main can be the base.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
-import os
 import random
+import shutil
 import statistics
-import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE))
 
-CHILD = r'''
-import json, random, sys, time
-import torch
-from batchspec.api import build_generator
-from batchspec.calibrate import read_prompts
-from batchspec.models import load_models
-from batchspec.types import Request, RowParams
-cfg = json.loads(sys.argv[1])
-prompts = read_prompts(cfg["prompts"], cfg["num_prompts"])
-models = load_models(cfg["target"], cfg["draft"] or None, dtype="float32", device="cpu", head=cfg["head"] or None)
-def requests():
-    for i, p in enumerate(prompts):
-        n = random.Random(str(i)).randint(8, 2 * cfg["max_new_tokens"]) if cfg["staggered"] else cfg["max_new_tokens"]
-        yield Request(str(i), p, params=RowParams(max_new_tokens=n))
-def build(spec):
-    drafter, _, mode = spec.partition(":")
-    return build_generator(models, drafter=drafter, k=cfg["k"], batch_size=cfg["batch_size"],
-                           max_new_tokens=2 * cfg["max_new_tokens"], max_seq_len=cfg["max_seq_len"],
-                           adaptive=mode == "adaptive", corpus=None)
-gens = {spec: build(spec) for spec in cfg["drafters"]}
-out = {spec: [] for spec in cfg["drafters"]}
-outputs = {}
-for repeat in range(cfg["repeats"] + 1):
-    for spec in cfg["drafters"]:
-        gen = build(spec) if spec.startswith("suffix") else gens[spec]  # suffix learns the job: start afresh
-        gen.reset_stats()
-        t = time.perf_counter()
-        results = list(gen.run(requests()))
-        seconds = time.perf_counter() - t
-        outputs[spec] = {r.id: r.completion_token_ids for r in results}
-        if repeat:
-            out[spec].append(gen.stats.completion_tokens / seconds)
-same = {spec: outputs[spec] == outputs[cfg["drafters"][0]] for spec in cfg["drafters"]}
-print("RESULT " + json.dumps({"rates": out, "same_as_first": same}))
-'''
+from batchspec.calibrate import read_prompts  # noqa: E402
+from batchspec.models import load_models  # noqa: E402
 
 
-def run(checkout: Path, cfg: dict) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], env=env, capture_output=True, text=True,
-                          cwd="/tmp")
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"ab_bench: the run in {checkout} failed:\n{done.stderr[-3000:]}")
-    return json.loads(line[len("RESULT "):])
+def load_base(checkout: Path, into: Path):
+    """The other checkout's package under the name batchspec_base -> (its api, its types)."""
+    shutil.copytree(checkout / "batchspec", into / "batchspec_base", ignore=shutil.ignore_patterns("assets", "__pycache__"))
+    sys.path.insert(0, str(into))
+    return importlib.import_module("batchspec_base.api"), importlib.import_module("batchspec_base.types")
+
+
+def requests(types, prompts: list[str], max_new_tokens: int, staggered: bool) -> list:
+    """Each row's max_new_tokens: fixed, or drawn uniformly from [8, 2 x max_new_tokens] seeded by its id."""
+    return [types.Request(str(i), p, params=types.RowParams(
+        max_new_tokens=random.Random(str(i)).randint(8, 2 * max_new_tokens) if staggered else max_new_tokens))
+        for i, p in enumerate(prompts)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,37 +66,73 @@ def main(argv: list[str] | None = None) -> None:
                         help="contenders, drafter[:adaptive]; the first is the reference for ratios and outputs")
     parser.add_argument("--row-lengths", choices=("fixed", "staggered"), default="fixed")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=1, help="base/this process pairs per batch size")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
-    report = []
-    for batch in [int(b) for b in args.batch_size.split(",")]:
-        cfg = dict(prompts=args.prompts, num_prompts=args.num_prompts, target=args.target, draft=args.draft,
-                   head=args.head, max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, k=args.k,
-                   batch_size=batch, drafters=drafters, staggered=args.row_lengths == "staggered",
-                   repeats=args.repeats)
-        rates = {"base": {d: [] for d in drafters}, "this": {d: [] for d in drafters}}
-        same = {"base": True, "this": True}
-        for _ in range(args.rounds):
-            for name, checkout in (("base", Path(args.base)), ("this", HERE)):
-                result = run(checkout, cfg)
-                for d in drafters:
-                    rates[name][d] += result["rates"][d]
-                same[name] &= all(result["same_as_first"].values())
-        medians = {name: {d: statistics.median(r) for d, r in by.items()} for name, by in rates.items()}
-        print(f"batch {batch}, {args.row_lengths} lengths ({len(rates['this'][drafters[0]])} timed runs each; "
-              f"outputs equal to {drafters[0]}: base {same['base']}, this {same['this']})")
-        for d in drafters:
-            b, t = medians["base"][d], medians["this"][d]
-            print(f"  {d:24s} base {b:8.1f} tok/s ({b / medians['base'][drafters[0]]:.2f}x)   "
-                  f"this {t:8.1f} tok/s ({t / medians['this'][drafters[0]]:.2f}x)   this/base {t / b:.2f}", flush=True)
-        report.append({"batch_size": batch, "row_lengths": args.row_lengths, "rates": rates, "medians": medians,
-                       "outputs_equal": same})
+    import batchspec.api as this_api
+    import batchspec.types as this_types
+    with tempfile.TemporaryDirectory() as tmp:
+        base_api, base_types = load_base(Path(args.base).resolve(), Path(tmp))
+        versions = {"base": (base_api, base_types), "this": (this_api, this_types)}
+        models = load_models(args.target, args.draft or None, dtype="float32", device="cpu", head=args.head or None)
+        prompts = read_prompts(args.prompts, args.num_prompts)
+        report = [bench_batch(args, versions, models, prompts, drafters, int(b)) for b in args.batch_size.split(",")]
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
 
 
+def bench_batch(args, versions: dict, models, prompts: list[str], drafters: list[str], batch: int) -> dict:
+    staggered = args.row_lengths == "staggered"
+
+    def build(api, spec: str):
+        drafter, _, mode = spec.partition(":")
+        return api.build_generator(models, drafter=drafter, k=args.k, batch_size=batch,
+                                   max_new_tokens=2 * args.max_new_tokens, max_seq_len=args.max_seq_len,
+                                   adaptive=mode == "adaptive", guard_threads=False)  # threads are per process
+
+    generators = {(name, d): build(api, d) for name, (api, _) in versions.items() for d in drafters}
+    reference = drafters[0]
+    rates = {name: {d: [] for d in drafters} for name in versions}
+    pairs = {name: {d: [] for d in drafters[1:]} for name in versions}  # (contender, its reference) side by side
+    outputs: dict = {}
+
+    def run(name: str, d: str) -> float:
+        api, types = versions[name]
+        generator = build(api, d) if d.startswith("suffix") else generators[name, d]  # suffix learns the job
+        generator.reset_stats()
+        started = time.perf_counter()
+        results = list(generator.run(requests(types, prompts, args.max_new_tokens, staggered)))
+        seconds = time.perf_counter() - started
+        outputs[name, d] = {r.id: r.completion_token_ids for r in results}
+        return generator.stats.completion_tokens / seconds
+
+    for repeat in range(args.repeats + 1):  # the first is the warm-up
+        # Each contender runs right after its reference, in both checkouts (who goes first alternates).
+        for d in drafters[1:] or drafters:
+            for name in sorted(versions, reverse=repeat % 2 == 1):
+                timed = [(c, run(name, c)) for c in dict.fromkeys([reference, d])]
+                if repeat:
+                    for c, rate in timed:
+                        rates[name][c].append(rate)
+                    if d != reference:
+                        pairs[name][d].append(timed[1][1] / timed[0][1])
+    same = {name: all(outputs[name, d] == outputs[name, drafters[0]] for d in drafters) for name in versions}
+    medians = {name: {d: statistics.median(r) for d, r in by.items()} for name, by in rates.items()}
+    # Ratios of runs made next to each other (the same repeat), then their median: the machine's drift
+    # over minutes cancels out of a pair, not out of a ratio of medians.
+    paired = {name: {d: statistics.median(pairs[name][d]) if d != reference else 1.0 for d in drafters}
+              for name in versions}
+    this_vs_base = {d: statistics.median(t / b for t, b in zip(rates["this"][d], rates["base"][d])) for d in drafters}
+    print(f"batch {batch}, {args.row_lengths} lengths, {len(prompts)} prompts ({args.repeats} timed runs each, "
+          f"interleaved; medians, ratios of runs made side by side; outputs equal to {drafters[0]}'s: "
+          f"base {same['base']}, this {same['this']})", flush=True)
+    for d in drafters:
+        b, t = medians["base"][d], medians["this"][d]
+        print(f"  {d:24s} base {b:8.1f} tok/s ({paired['base'][d]:.2f}x)   this {t:8.1f} tok/s "
+              f"({paired['this'][d]:.2f}x)   this/base {this_vs_base[d]:.2f}", flush=True)
+    return {"batch_size": batch, "row_lengths": args.row_lengths, "rates": rates, "medians": medians,
+            "vs_first": paired, "this_vs_base": this_vs_base, "outputs_equal": same}
+
+
 if __name__ == "__main__":
-    random.seed(0)
     main()

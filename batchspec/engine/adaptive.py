@@ -129,6 +129,10 @@ class AdaptiveK:
     _last_k: int | None = field(init=False, default=None)
     tree_counts: list[RowAcceptance] = field(init=False, default_factory=list)  # [j]: tokens emitted, row-rounds
     reliability: Calibration = field(init=False, default_factory=Calibration)  # of the drafter's priors
+    # Packed rounds: the drafts accepted against the gains predicted for the drafts chosen (the choice
+    # favours rows whose estimate is high, and an estimate's noise then errs high: the winner's curse).
+    calibration: Calibration = field(init=False, default_factory=Calibration)
+    _gains: dict[int, float] = field(init=False, default_factory=dict)  # slot -> this round's predicted gain
     _priors: dict[int, float] = field(init=False, default_factory=dict)  # slot -> this round's prior
     # Internally a shape is an index into `shapes`: chains k = 0..k_max, then tree j at k_max + 1 + j.
     shapes: list[RoundShape] = field(init=False, default_factory=list)
@@ -300,6 +304,14 @@ class AdaptiveK:
     def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int]) -> None:
         """Acceptance from a round of shape k: per row the drafts it was allowed (budgets), proposed and
         accepted (see observe_index)."""
+        if self._gains:  # a packed round: what its drafts gained against what was predicted for them
+            c = self.calibration
+            c.realized, c.predicted = c.realized * self.pooled_decay, c.predicted * self.pooled_decay
+            for slot, m in zip(slots, accepted):
+                if slot in self._gains:
+                    c.realized += m
+                    c.predicted += self._gains[slot]
+            self._gains = {}
         if k == 0:
             return
         if k > self.k_max:  # a tree round: the job-wide tokens per row-round of this tree
@@ -362,7 +374,8 @@ class AdaptiveK:
         gains = [[self.expected(a, j, run) - self.expected(a, j - 1, run) for j in range(1, n + 1)]
                  for a, n in zip(alphas, offers)]
         prices = costs.prices()
-        drafts, rate = choose_drafts(gains, base_tokens, prices, steps=draws)
+        scale = self.calibration.ratio
+        drafts, rate = choose_drafts([[g * scale for g in row] for row in gains], base_tokens, prices, steps=draws)
         shape = max(drafts, default=0)
         for j in (t - self.k_max - 1 for t in trees):  # a tree round: every row its tree
             spec, n = self.trees[j], len(slots)
@@ -379,4 +392,6 @@ class AdaptiveK:
             if shape <= self.k_max:
                 drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
                 shape = max(drafts, default=0)
+        if shape <= self.k_max:
+            self._gains = {s: sum(g[:k]) for s, g, k in zip(slots, gains, drafts) if k > 0}
         return shape, drafts

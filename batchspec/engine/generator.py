@@ -31,7 +31,7 @@ from .costs import Line, PackedCosts, RoundTimes, StepTable
 from .drafters import Drafter
 from .graphs import HostBuffer, StepGraphs
 from .intake import Defaults
-from .packed import RowTokens, pack
+from .packed import layout_round, pack
 from .round import Round, RoundBuffers, RoundShape
 from .runner import ModelRunner
 from .shapes import kv_capacity
@@ -184,9 +184,8 @@ class SpecBatchGenerator:
             finished, emitted = self.scheduler.postprocess(round, outcome)
             self.drafter.extend(emitted.slots, emitted.tokens, emitted.num_accepted, emitted.path)
             results = self._release(finished)
-        cost = (self._forward, self.drafter.step_times()) if self.packed else None
-        self.scheduler.learn(round, emitted, time.perf_counter() - started,
-                             cost and (cost[0][0], cost[0][1], cost[1]))
+        cost = (*round.forward, self.drafter.step_times()) if self.packed else None
+        self.scheduler.learn(round, emitted, time.perf_counter() - started, cost)
         return results
 
     # ---- admission -------------------------------------------------------------------------------
@@ -285,62 +284,36 @@ class SpecBatchGenerator:
         return self.runner.forward(tokens, kv_len=kv_len, rows=round.span or round.rows_t, tree=round.tree)
 
     def _verify_packed(self, round: Round) -> torch.Tensor | None:
-        """The round's one target forward, packed: per deciding row its pending token and its own drafts (a
-        tree row its nodes), behind its last prompt chunk when this round finishes its prompt; the other
-        chunks of new prompts. -> logits [b, W, V] of the deciding rows (None when none decides)."""
-        chunks = {slot: (start, count) for slot, start, count in round.fills}
-        rows, bases, widths = [], [], []
-        tree = round.tree
-        if round.rows:
-            width = round.shape.width
-            num = round.draft.host_num if tree is None and round.draft.host_num is not None else [width - 1] * len(round.rows)
-            for i, slot in enumerate(round.rows):
-                start, w = round.lengths[i] - 1, 1 + min(num[i], width - 1)
-                context = 0
-                if tree is None and slot in chunks:  # its last chunk ends at L - 2: one row
-                    start, context = chunks.pop(slot)
-                bases.append((len(rows), context))
-                rows.append(RowTokens(slot, start, context + w, tree=i if tree is not None else None))
-                widths.append(w)
-            if width > 1:  # the drafts go where they will be verified: the forward reads its tokens from there
-                index = round.lengths_t[:, None] + torch.arange(width - 1, device=self.device)
-                self.state.tokens[round.rows_t[:, None], index] = round.draft.tokens
-        rows += [RowTokens(slot, start, count) for slot, (start, count) in chunks.items()]
-        offsets = [0]
-        for row in rows:
-            offsets.append(offsets[-1] + row.count)
-        keep, gather, verify = [], [], []
-        for (r, context), w in zip(bases, widths):
-            first, base = len(keep), offsets[r] + context
-            keep += range(base, base + w)
-            gather.append([first + min(t, w - 1) for t in range(round.shape.width)])
-            verify.append([base + min(t, w - 1) for t in range(round.shape.width)])
-        batch = pack(rows, device=self.device, dtype=self.runner.model.dtype, keep=keep,
+        """The round's one target forward, packed (packed.py): per deciding row its pending token and its own
+        drafts (a tree row its nodes), behind its last prompt chunk when this round ends its prompt; the
+        other prompt chunks. -> logits [b, W, V] of the deciding rows (None when no row decides)."""
+        tree, draft, b = round.tree, round.draft, len(round.rows)
+        width = round.shape.width if b else 1
+        num = draft.host_num if b and tree is None and draft.host_num is not None else [width - 1] * b
+        layout = layout_round(round.rows, round.lengths, [1 + min(n, width - 1) for n in num], width, round.fills,
+                              tree is not None)
+        if width > 1:  # the drafts go where they will be verified: the forward reads its tokens from there
+            index = round.lengths_t[:, None] + torch.arange(width - 1, device=self.device)
+            self.state.tokens[round.rows_t[:, None], index] = draft.tokens
+        batch = pack(layout.rows, device=self.device, dtype=self.runner.model.dtype, keep=layout.keep,
                      tree_depth=tree.depth if tree is not None else None,
                      tree_ancestors=tree.ancestors if tree is not None else None)
-        ids = self.state.tokens[batch.slots, batch.index]
         started = time.perf_counter()
-        logits = self.runner.forward_packed(ids, batch)
+        logits = self.runner.forward_packed(self.state.tokens[batch.slots, batch.index], batch)
+        round.forward = (batch.num_tokens, time.perf_counter() - started)
         filled = sum(count for _, _, count in round.fills)
-        seconds = time.perf_counter() - started
-        self._forward = (batch.num_tokens, seconds)  # what adaptive speculation prices a round's tokens by
-        self.tokens.add(batch.num_tokens, 0, filled, seconds * filled / batch.num_tokens, seconds)
-        if self.feature_layers and round.fills:  # before the commit hands the samples their copies
-            self.drafter.prompt_features(self._chunks(round.fills, rows, offsets))
+        self.tokens.add(batch.num_tokens, 0, filled, round.forward[1] * filled / batch.num_tokens, round.forward[1])
+        if self.feature_layers and round.fills:  # before the commit hands the other samples their copies
+            self.drafter.prompt_features([(other, start, count, layout.chunk_at[slot, start])
+                                          for slot, start, count in round.fills
+                                          for other in self.scheduler.samples_of(slot)])
         self._commit_fills(round.fills)
-        if not round.rows:
+        if not b:
             return None
-        round.verify_index = torch.tensor(verify, device=self.device)
-        if len(keep) == len(round.rows) * round.shape.width:  # every row verifies the full width
-            return logits.view(len(round.rows), round.shape.width, -1)
-        return logits[torch.tensor(gather, device=self.device)]
-
-    def _chunks(self, fills: list[tuple[int, int, int]], rows: list[RowTokens], offsets: list[int]) -> list[tuple]:
-        """The prompt chunks of a packed forward as (slot, start, count, at: its first token in the forward),
-        each also for the other samples of its request (they take the same prompt in)."""
-        at = {(row.slot, row.start): offset for row, offset in zip(rows, offsets)}  # a chunk opens its row
-        return [(other, start, count, at[slot, start]) for slot, start, count in fills
-                for other in self.scheduler.samples_of(slot)]
+        round.verify_index = torch.tensor(layout.verify, device=self.device)
+        if layout.full:
+            return logits.view(b, width, -1)
+        return logits[torch.tensor(layout.gather, device=self.device)]
 
     def _commit_fills(self, fills: list[tuple[int, int, int]]) -> None:
         """The prompt chunks a packed forward wrote stay cached: their slots' lengths move to the chunks'

@@ -103,6 +103,52 @@ def pack(rows: list[RowTokens], *, device: torch.device, dtype: torch.dtype, kee
     return PackedBatch(tensors[0], tensors[1], positions, groups, keep_t, tuple(rows), tuple(offsets))
 
 
+@dataclass(frozen=True, slots=True)
+class RoundLayout:
+    """Where a packed round's tokens go (host lists). rows: the deciding rows in round order, each its
+    last prompt chunk (if this round ends its prompt), pending token and own drafts (a tree row its nodes,
+    its chunk then a row of its own), then the other prompt chunks; keep: the tokens whose logits
+    acceptance reads; gather [b][W]: each deciding row's W verify positions as indices into keep (its
+    last repeated past its own width); verify [b][W]: the same as indices into the N tokens; chunk_at:
+    (slot, start) of each prompt chunk -> its first token's index in the N."""
+
+    rows: list[RowTokens]
+    keep: list[int]
+    gather: list[list[int]]
+    verify: list[list[int]]
+    chunk_at: dict[tuple[int, int], int]
+
+    @property
+    def full(self) -> bool:
+        """Every deciding row verifies the whole width (the logits need no gather)."""
+        return len(self.keep) == sum(len(g) for g in self.gather)
+
+
+def layout_round(slots: list[int], lengths: list[int], widths: list[int], width: int,
+                 fills: list[tuple[int, int, int]], tree: bool) -> RoundLayout:
+    """slots, lengths L, widths (1 + its drafts; a tree row `width`) of the deciding rows, the round's verify
+    width, its prompt chunks (slot, start, count) -> the RoundLayout. A deciding row's last chunk ends at
+    L - 2, right before its pending token: in a chain round they are one row."""
+    chunks = {slot: (start, count) for slot, start, count in fills}
+    rows, context = [], []
+    for i, (slot, length, w) in enumerate(zip(slots, lengths, widths)):
+        start, c = (chunks.pop(slot)) if not tree and slot in chunks else (length - 1, 0)
+        rows.append(RowTokens(slot, start, c + w, tree=i if tree else None))
+        context.append(c)
+    rows += [RowTokens(slot, start, count) for slot, (start, count) in chunks.items()]
+    offsets = [0]
+    for row in rows:
+        offsets.append(offsets[-1] + row.count)
+    keep, gather, verify = [], [], []
+    for i, w in enumerate(widths):
+        first, base = len(keep), offsets[i] + context[i]
+        keep += range(base, base + w)
+        gather.append([first + min(t, w - 1) for t in range(width)])
+        verify.append([base + min(t, w - 1) for t in range(width)])
+    chunk_at = {(row.slot, row.start): offset for row, offset in zip(rows, offsets) if row.tree is None}
+    return RoundLayout(rows, keep, gather, verify, chunk_at)
+
+
 def _grouping(rows: list[RowTokens]) -> list[list[int]]:
     """Rows (as indices) in attention groups: every tree row together, chains of at most SHORT tokens
     together, longer chains by the power of two above their length (padding below 2x)."""

@@ -135,6 +135,7 @@ class Round:
     tree: TreeShape | None = None  # a tree round's geometry (rows [b])
     fills: list[tuple[int, int, int]] = field(default_factory=list)  # packed: prompt chunks (slot, start, count)
     verify_index: torch.Tensor | None = None  # packed: [b, W] each verify position's token in the forward
+    forward: tuple[int, float] | None = None  # packed: the forward's tokens and seconds (its cost, for adaptive)
 
     @property
     def running_slots(self) -> list[int]:
