@@ -17,7 +17,7 @@ import batchspec
 from batchspec.api import build_generator
 from batchspec.engine.costs import Line
 from batchspec.engine.graphs import StepGraphs
-from batchspec.engine.packed import RowTokens, layout_round, pack
+from batchspec.engine.packed import RowTokens, layout_round, pack, supports_packing
 from batchspec.engine.row_drafts import Prices, choose_drafts
 from batchspec.engine.runner import ModelRunner
 from batchspec.engine.tree import tree_shape
@@ -105,6 +105,17 @@ def test_samples_share_one_prefill(llama_pair):
         assert generator.tokens.prefilled == prompt_tokens  # once per request (its samples admitted together)
     assert outputs[0] == outputs[1] and len(outputs[0]) == 15
     assert len({tuple(v) for v in outputs[0].values()}) > 5  # samples differ
+
+
+def test_one_token_prompts_and_their_samples(llama_pair):
+    """A prompt of one token has nothing to prefill: its first round decides its first token, and its other
+    samples, which copy nothing, too."""
+    models = load_models(str(llama_pair.target), dtype="float32")
+    generator = build_generator(models, batch_size=6, max_new_tokens=5, temperature=0.9, n=3)
+    results = list(generator.run([Request("a", [5]), Request("b", [7, 8])]))
+    assert sorted((r.id, r.sample_index, r.completion_tokens) for r in results) == \
+        [(i, s, 5) for i in "ab" for s in range(3)]
+    assert generator.tokens.prefilled == 1
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "model"])
@@ -207,3 +218,14 @@ def test_line_fit():
         flat.add(10, 0.02)
     assert flat.fit() == (0.0, pytest.approx(0.002))
     assert Line().fit() is None
+
+
+def test_which_models_pack(pair):
+    """Packed rounds need transformers' attention dispatch and plain attention: Gemma 2's logit
+    soft-capping is not applied by packed_attention, so such a model runs padded rounds."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    assert supports_packing(AutoModelForCausalLM.from_pretrained(pair.target))
+    gemma = Gemma2ForCausalLM(Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+    assert not supports_packing(gemma)

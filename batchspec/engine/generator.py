@@ -29,7 +29,7 @@ from .admission import Admitter
 from .adaptive import AdaptiveK
 from .costs import Line, PackedCosts, RoundTimes, StepTable
 from .drafters import Drafter
-from .graphs import HostBuffer, StepGraphs
+from .graphs import HostBuffer, StepGraphs, wall
 from .intake import Defaults
 from .packed import layout_round, pack
 from .round import Round, RoundBuffers, RoundShape
@@ -298,9 +298,9 @@ class SpecBatchGenerator:
         batch = pack(layout.rows, device=self.device, dtype=self.runner.model.dtype, keep=layout.keep,
                      tree_depth=tree.depth if tree is not None else None,
                      tree_ancestors=tree.ancestors if tree is not None else None)
-        started = time.perf_counter()
+        started = wall(self.device)
         logits = self.runner.forward_packed(self.state.tokens[batch.slots, batch.index], batch)
-        round.forward = (batch.num_tokens, time.perf_counter() - started)
+        round.forward = (batch.num_tokens, wall(self.device) - started)
         filled = sum(count for _, _, count in round.fills)
         self.tokens.add(batch.num_tokens, 0, filled, round.forward[1] * filled / batch.num_tokens, round.forward[1])
         if self.feature_layers and round.fills:  # before the commit hands the other samples their copies

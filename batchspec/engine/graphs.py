@@ -62,6 +62,14 @@ def resolve_capture(compile: str | bool | None, device: torch.device) -> str | N
     raise ValueError(f"compile={compile!r}: choose auto, on, off or static")
 
 
+def wall(device: torch.device) -> float:
+    """time.perf_counter() once the device's queued work is done (eager work on a GPU runs ahead of the
+    host): what a forward's time is measured with where adaptive speculation prices by it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 class HostBuffer:
     """A persistent host/device pair for values that cross to the device every round (vLLM's CpuGpuBuffer):
     `put` writes host values into a (pinned, on a GPU) host tensor and queues one non-blocking copy into

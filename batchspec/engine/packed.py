@@ -231,8 +231,12 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
 
 def supports_packing(model) -> bool:
     """Models whose attention goes through transformers' AttentionInterface (what continuous batching
-    needs too); others run padded forwards."""
-    return bool(getattr(model, "_supports_attention_backend", False))
+    needs too) and is plain scaled dot-product attention: no logit soft-capping (Gemma 2) and no
+    attention sinks (gpt-oss), which packed_attention does not apply. Others run padded forwards."""
+    config = model.config.get_text_config()
+    plain = getattr(config, "attn_logit_softcapping", None) is None and \
+        not any(name.endswith("sinks") for name, _ in model.named_parameters())
+    return bool(getattr(model, "_supports_attention_backend", False)) and plain
 
 
 @contextmanager

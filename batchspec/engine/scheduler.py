@@ -104,6 +104,8 @@ class Scheduler:
         primary: dict[int, int] = {}
         for seat in seats:
             record = self.slots[seat.slot]
+            if len(seat.prompt_ids) == 1:  # a one-token prompt is its pending token: nothing to fill or copy
+                continue
             first = primary.setdefault(seat.admission.group, seat.slot)
             if first == seat.slot:
                 record.unfilled = len(seat.prompt_ids) - 1

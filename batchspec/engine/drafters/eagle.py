@@ -13,7 +13,6 @@ step runs every round, so the head never falls behind (k = 0 rounds cost one hea
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from types import SimpleNamespace
 
@@ -21,7 +20,7 @@ import torch
 from torch import nn
 
 from ...types import TreeSpec
-from ..graphs import HostBuffer, StepGraphs
+from ..graphs import HostBuffer, StepGraphs, wall
 from ..round import Draft, Round, RoundBuffers, RoundShape
 from ..runner import ModelRunner
 from ..sampling import SamplingParams
@@ -293,10 +292,10 @@ class EagleDrafter:
             going = sum(k > i + 1 for k in budgets)
             if going:
                 runner.set_lengths(rows[:going], lengths[:going] - 2 + i + 1)
-                started = time.perf_counter()
+                started = wall(self.device)
                 logits = runner.forward(token[:going, None], kv_len=kv_len, rows=rows[:going],
                                         extra={"hidden": out[:going]})[:, -1]
-                self._steps.append((going, time.perf_counter() - started))
+                self._steps.append((going, wall(self.device) - started))
                 out = runner.features
         round.buffers.drafts[perm] = drafts
         if q is not None:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from functools import partial
 
 import torch
 from transformers import PreTrainedModel
 
 from ...types import TreeSpec
-from ..graphs import StepGraphs
+from ..graphs import StepGraphs, wall
 from ..round import Draft, Round, RoundBuffers, RoundShape
 from ..packed import RowTokens, pack
 from ..runner import ModelRunner
@@ -250,9 +249,9 @@ class ModelDrafter:
         batch = pack(rows, device=self.device, dtype=self.runner.model.dtype,
                      keep=[sum(r.count for r in rows[: j + 1]) - 1 for j in range(len(rows))])
         ids = tokens if tokens is not None else self._bound[1].tokens[batch.slots, batch.index]
-        started = time.perf_counter()
+        started = wall(self.device)
         logits = self.runner.forward_packed(ids, batch)
-        self._steps.append((batch.num_tokens, time.perf_counter() - started))
+        self._steps.append((batch.num_tokens, wall(self.device) - started))
         return logits
 
     def step_times(self) -> list[tuple[int, float]]:
