@@ -60,6 +60,16 @@ counts; a row with less room emits at most its budget + 1), started at what a ch
 is predicted to emit, so that it is tried; its cost is measured like a chain's. A re-timing around a
 chain also probes the tree nearest its depth, and around a tree the chain of its depth.
 
+Packed rounds (eager, packed.py) price each row's drafts apart: `choose_rows` gives every row its own
+number of drafts, the choice of row_drafts.py over each row's expected gains E_i(j) - E_i(j - 1) (the
+models above) and the round's cost by what it computes (costs.PackedCosts: the target forward's time
+against its tokens, each drafting forward's against its tokens, the rest of the round). The gains are
+scaled by their calibration, the decayed ratio of drafts accepted to the gains predicted for the drafts
+chosen, so that a systematic error of the acceptance model (choosing the rows whose estimates are
+highest picks estimates that err high) cannot keep a job drafting at a loss. Every
+`revisit_every` rounds each row verifies one draft more than chosen (the wait doubling, up to 8x, while
+nobody drafts), so that rows drafting nothing keep measuring their acceptance.
+
 The choice never changes a greedy output (speculation is exact). It does change which noise a
 sampled token consumes, so with temperature > 0 the generator keeps k fixed unless told otherwise:
 seeded output must not depend on machine load.
@@ -129,10 +139,10 @@ class AdaptiveK:
     _last_k: int | None = field(init=False, default=None)
     tree_counts: list[RowAcceptance] = field(init=False, default_factory=list)  # [j]: tokens emitted, row-rounds
     reliability: Calibration = field(init=False, default_factory=Calibration)  # of the drafter's priors
-    # Packed rounds: the drafts accepted against the gains predicted for the drafts chosen (the choice
-    # favours rows whose estimate is high, and an estimate's noise then errs high: the winner's curse).
+    # Packed rounds: the drafts accepted against the gains predicted for the drafts chosen.
     calibration: Calibration = field(init=False, default_factory=Calibration)
     _gains: dict[int, float] = field(init=False, default_factory=dict)  # slot -> this round's predicted gain
+    _idle: bool = field(init=False, default=False)  # packed: nobody drafted at the last re-timing
     _priors: dict[int, float] = field(init=False, default_factory=dict)  # slot -> this round's prior
     # Internally a shape is an index into `shapes`: chains k = 0..k_max, then tree j at k_max + 1 + j.
     shapes: list[RoundShape] = field(init=False, default_factory=list)
@@ -385,10 +395,9 @@ class AdaptiveK:
             if tokens / max(seconds, 1e-12) > rate:
                 shape, rate, drafts = self.k_max + 1 + j, tokens / max(seconds, 1e-12), list(room)
         if self._rounds >= self._next_probe:
-            settled = sum(drafts) == 0
-            steady = settled == self._probed_best
-            self._interval = min(2 * self._interval, 8 * self.revisit_every) if steady and settled else self.revisit_every
-            self._next_probe, self._probed_best = self._rounds + self._interval, settled
+            idle = sum(drafts) == 0
+            self._interval = min(2 * self._interval, 8 * self.revisit_every) if idle and self._idle else self.revisit_every
+            self._next_probe, self._idle = self._rounds + self._interval, idle
             if shape <= self.k_max:
                 drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
                 shape = max(drafts, default=0)

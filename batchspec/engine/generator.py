@@ -1,16 +1,19 @@
 """SpecBatchGenerator: B fixed slots; each round schedule -> draft -> verify -> accept -> postprocess.
 
 Per slot, with seq = prompt + output so far and L = len(seq):
-  - admission prefills the whole prompt and draws the first output token from its last logits (as
-    generate does), so from then on the target cache holds seq[:L-1]; the last token g = seq[L-1] is pending;
+  - the target cache holds seq[:L-1]; the last token g = seq[L-1] is pending. A new row's prompt of P
+    tokens gets there in packed rounds, its first P - 1 tokens in chunks, and its first decision is a
+    round with L = P (the static path prefills the prompt at admission and draws the first token from
+    its last logits, as generate does);
   - a round feeds [g, d_1 .. d_k] at positions L-1 .. L-1+k and gets the target's distribution for
-    positions L .. L+k in one forward;
+    positions L .. L+k in one forward (packed: each row its own k, and prompt chunks in the same forward);
   - acceptance keeps m drafts and one more token (recovered or bonus): L' = L + m + 1;
   - the cache length is set to L' - 1, O(1): the rejected entries are stale and never attended.
 The host side (requests, slots, budgets, the round's shape, stops, statistics) is the Scheduler; the
 device side is the ModelRunners (target, and a draft model's), the drafter and the Acceptor. On the
 static path (a GPU) every round runs every slot, idle ones as padding, as steps captured at start: one
-per drafted token, one verify, one acceptance, and one host sync; eager rounds (CPU) run the busy rows.
+per drafted token, one verify, one acceptance, and one host sync; eager rounds (CPU) are packed: one
+forward of the deciding rows' own tokens and of new prompts' chunks (packed.py).
 Stops (EOS ids, stop strings, max_new_tokens, max_seq_len) are checked on emitted tokens only.
 """
 
