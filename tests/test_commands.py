@@ -246,11 +246,17 @@ main()
 """
 
 
+def default_sigint() -> None:
+    """Ctrl-C as in a terminal: a suite started in the background (`pytest &` from a script) ignores SIGINT,
+    and a child would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_the_model_loads_is_one_line(workdir, tiny_models):
     marker = workdir / "loading"
     proc = subprocess.Popen([sys.executable, "-c", SLOW_LOAD, str(marker), str(tiny_models.target / "config.json"),
                              "job=tiny"], cwd=workdir, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=default_sigint)
     deadline = time.time() + 120
     while not marker.exists():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()

@@ -23,6 +23,7 @@ path). A step that was never declared runs eagerly with one warning per key.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from contextlib import contextmanager
@@ -208,8 +209,15 @@ class StepGraphs:
             return
         todo = sorted((k for k in self.declared if k not in self.graphs), key=lambda k: -self.declared[k].size)
         started = time.perf_counter()
-        for key in todo:
-            self.graphs[key] = self._capture(key, self.declared[key])
+        # A garbage collection during a capture that frees an earlier engine's graphs (a cycle holding a
+        # CUDAGraph) resets them mid-capture, which invalidates the capture: collect first, then hold it off.
+        gc.collect()
+        gc.disable()
+        try:
+            for key in todo:
+                self.graphs[key] = self._capture(key, self.declared[key])
+        finally:
+            gc.enable()
         reset()
         torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - started

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -28,6 +29,7 @@ from .kv_cache import causal_mask
 from .tree import tree_mask
 
 ATTENTION = "batchspec_packed"
+GPU_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 SHORT = 8  # rows of at most this many tokens (decoding rows) share one group; longer ones group by length
 
 
@@ -225,8 +227,12 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
     g = heads // kv_heads
     q = query.permute(0, 2, 1, 3).reshape(b, kv_heads, g * t, dim)  # head h = kv head h // g, member h % g
     m = mask.expand(b, g, t, mask.shape[-1]).reshape(b, 1, g * t, mask.shape[-1]) if g > 1 else mask
-    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=m, scale=scaling)
-    return out.view(b, heads, t, dim).transpose(1, 2)
+    if q.is_cuda:  # cuDNN's attention builds a plan per new shape (~30 ms each), and packed shapes vary by round
+        with sdpa_kernel(list(GPU_BACKENDS)):
+            out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=m, scale=scaling)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=m, scale=scaling)
+    return out.reshape(b, heads, t, dim).transpose(1, 2)  # a GPU's SDPA may return it non-contiguous
 
 
 def supports_packing(model) -> bool:
