@@ -217,6 +217,10 @@ def test_line_fit():
     for _ in range(5):
         flat.add(10, 0.02)
     assert flat.fit() == (0.0, pytest.approx(0.002))
+    rest = Line(proportional=False)  # a round's host time while nobody drafts: flat, not per draft
+    for _ in range(5):
+        rest.add(0, 0.003)
+    assert rest.fit() == (pytest.approx(0.003), 0.0)
     assert Line().fit() is None
 
 
@@ -229,3 +233,43 @@ def test_which_models_pack(pair):
     gemma = Gemma2ForCausalLM(Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                            num_attention_heads=2, num_key_value_heads=1, head_dim=16))
     assert not supports_packing(gemma)
+
+
+HOPELESS_CASES = [  # (name, each row's (accepted, rejected) counts, prices of the verify forward)
+    ("strong and weak rows", [(9.0, 1.0), (0.2, 9.0), (5.0, 5.0), (0.0, 12.0), (7.0, 2.0)], (0.010, 0.0004)),
+    ("expensive tokens", [(9.0, 1.0), (3.0, 6.0), (1.0, 9.0)], (0.002, 0.002)),
+    ("cheap tokens: everyone may pay", [(2.0, 8.0), (9.0, 1.0), (1.0, 9.0)], (0.050, 0.00001)),
+]
+
+
+@pytest.mark.parametrize("name,counts,line", HOPELESS_CASES, ids=[c[0] for c in HOPELESS_CASES])
+def test_rows_not_asked_to_propose_are_those_that_would_draft_nothing(name, counts, line):
+    """A lookup is not asked to propose for the rows AdaptiveK.hopeless names; the drafts chosen are the
+    same as when every row proposes, for every combination of proposal lengths 0..4."""
+    import copy
+
+    from batchspec.engine.adaptive import AdaptiveK, RowAcceptance
+    from batchspec.engine.costs import PackedCosts
+    from batchspec.engine.drafters.base import LOOKUP_POLICY
+
+    costs = PackedCosts()
+    for n in (8, 40, 12, 64):
+        costs.observe(n, line[0] + line[1] * n, [], line[0] + line[1] * n + 0.001)
+    controller = AdaptiveK(k_max=4, policy=LOOKUP_POLICY, costs=costs)
+    controller._rounds = 1  # past the alternating start, and far from a probe
+    controller._next_probe = 10**6
+    slots = list(range(len(counts)))
+    for slot, (accepted, rejected) in zip(slots, counts):
+        controller.rows[slot] = RowAcceptance(accepted, rejected)
+    base = len(slots)
+    hopeless = controller.hopeless(slots, base, costs)
+    if name.startswith("cheap"):
+        assert not any(hopeless)
+    else:
+        assert any(hopeless) and not all(hopeless), hopeless
+    for offers in itertools.product(range(5), repeat=len(slots)):
+        asked = [0 if h else n for h, n in zip(hopeless, offers)]
+        full = copy.deepcopy(controller).choose_rows(slots, list(offers), [0] * len(slots), None, base, costs)
+        cut = copy.deepcopy(controller).choose_rows(slots, asked, [0] * len(slots), None, base, costs)
+        assert full == cut, (offers, hopeless)
+        assert all(k == 0 for k, h in zip(full[1], hopeless) if h)

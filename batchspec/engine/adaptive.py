@@ -63,10 +63,12 @@ chain also probes the tree nearest its depth, and around a tree the chain of its
 Packed rounds (eager, packed.py) price each row's drafts apart: `choose_rows` gives every row its own
 number of drafts, the choice of row_drafts.py over each row's expected gains E_i(j) - E_i(j - 1) (the
 models above) and the round's cost by what it computes (costs.PackedCosts: the target forward's time
-against its tokens, each drafting forward's against its tokens, the rest of the round). The gains are
-scaled by their calibration, the decayed ratio of drafts accepted to the gains predicted for the drafts
-chosen, so that a systematic error of the acceptance model (choosing the rows whose estimates are
-highest picks estimates that err high) cannot keep a job drafting at a loss. Every
+against its tokens, each drafting forward's against its tokens, the rest of the round against its
+drafts). The gains are scaled by their calibration, the decayed ratio of drafts accepted to the gains
+predicted for the drafts chosen, so that a systematic error of the acceptance model (choosing the rows
+whose estimates are highest picks estimates that err high) cannot keep a job drafting at a loss. A
+lookup is not asked to propose for rows that would draft nothing whatever they proposed (`hopeless`).
+Every
 `revisit_every` rounds each row verifies one draft more than chosen (the wait doubling, up to 8x, while
 nobody drafts), so that rows drafting nothing keep measuring their acceptance.
 
@@ -361,6 +363,24 @@ class AdaptiveK:
             self.pooled.rejections += rejected
 
     # ---- packed rounds: drafts per row ----------------------------------------------------------
+
+    def hopeless(self, slots: list[int], base_tokens: int, costs: PackedCosts) -> list[bool]:
+        """Before a lookup proposes in a packed round: per row, whether its first draft cannot pay at the
+        round's prices whatever it proposes, so that the drafter need not propose for it (host work that
+        was 3% of round time at batch 64). Exactly the rows choose_rows would give no draft: a lookup's
+        drafts all cost the same (per token + per draft), and choose_drafts takes a draft only when its
+        gain per cost beats the rate of the round without drafts (row_drafts.py). Nobody is hopeless in
+        a probe round, before the costs are known, with trees, or for a drafter whose proposals carry
+        priors (its rows' worth is known only once they have proposed)."""
+        policy = self.policy
+        if (self._rounds + 1 >= self._next_probe or not costs.known or self.trees or policy.draft_forwards
+                or policy.priors):
+            return [False] * len(slots)
+        prices = costs.prices()
+        rate = len(slots) / max(prices.seconds(base_tokens, 0, 0), 1e-12)
+        threshold = rate * (prices.per_token + prices.per_draft) / max(self.calibration.ratio, 1e-12)
+        run = self.run_lengths() if policy.bursty else None
+        return [self.expected(self.alpha(s), 1, run) - 1.0 <= threshold for s in slots]
 
     def choose_rows(self, slots: list[int], offers: list[int], room: list[int], priors: list[float | None] | None,
                     base_tokens: int, costs: PackedCosts) -> tuple[int, list[int]]:

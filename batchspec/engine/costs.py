@@ -97,6 +97,7 @@ class Line:
     cautious reading, since it charges a token the whole average cost."""
 
     decay: float = 0.97
+    proportional: bool = True  # False: while the x seen are alike, the cost is flat (b = 0), their mean
     w: float = 0.0
     sx: float = 0.0
     sy: float = 0.0
@@ -115,7 +116,7 @@ class Line:
         mx, my = self.sx / self.w, self.sy / self.w
         var = self.sxx / self.w - mx * mx
         if self.w < 3 or var < (0.1 * mx) ** 2 + 1e-12:
-            return 0.0, my / max(mx, 1e-9)
+            return (0.0, my / max(mx, 1e-9)) if self.proportional else (my, 0.0)
         b = max((self.sxy / self.w - mx * my) / var, 0.0)
         return max(my - b * mx, 0.0), b
 
@@ -131,27 +132,30 @@ class PackedCosts:
       verify: the target forward's seconds by its tokens N (every row's pending token and drafts, and the
         prompt chunks it prefills);
       step: one drafting forward's seconds by its tokens (a draft model's or EAGLE head's; lookups have none);
-      rest: the round's other seconds (proposing on the host, acceptance, bookkeeping), an average."""
+      rest: the round's other seconds (proposing on the host, acceptance, bookkeeping) by its drafted
+        tokens D: checking drafts costs host time too (at batch 64 on CPU about 0.1 ms a draft, half of
+        what a draft adds to the target forward), which decides whether a draft that is nearly even pays."""
 
     verify: Line = field(default_factory=Line)
     step: Line = field(default_factory=Line)
-    rest: float | None = None
-    smoothing: float = 0.1
+    rest: Line = field(default_factory=lambda: Line(proportional=False))
 
-    def observe(self, tokens: int, verify_s: float, steps: list[tuple[int, float]], round_s: float) -> None:
-        """A round: its forward's tokens and seconds, each drafting forward's (tokens, seconds), its wall time."""
+    def observe(self, tokens: int, verify_s: float, steps: list[tuple[int, float]], round_s: float,
+                drafts: int = 0) -> None:
+        """A round: its forward's tokens and seconds, each drafting forward's (tokens, seconds), its wall time,
+        the drafts it verified."""
         self.verify.add(tokens, verify_s)
         for n, seconds in steps:
             self.step.add(n, seconds)
-        rest = max(round_s - verify_s - sum(s for _, s in steps), 0.0)
-        self.rest = rest if self.rest is None else (1 - self.smoothing) * self.rest + self.smoothing * rest
+        self.rest.add(drafts, max(round_s - verify_s - sum(s for _, s in steps), 0.0))
 
     @property
     def known(self) -> bool:
-        return self.verify.w >= 2 and self.rest is not None
+        return self.verify.w >= 2 and self.rest.w > 0
 
     def prices(self) -> Prices:
         """The round's cost model as row_drafts.Prices (call when `known`)."""
         a, b = self.verify.fit()
         step, draft = self.step.fit() or (0.0, 0.0)
-        return Prices(self.rest + a, b, step, draft)
+        rest, checking = self.rest.fit()
+        return Prices(rest + a, b, step, draft + checking)

@@ -254,6 +254,7 @@ class SpecBatchGenerator:
         shape is chosen from what is on the table; others draft the chosen shape (with the coupled noise)."""
         drafter, coupled = self.drafter, self.sampling.coupled
         if drafter.policy.propose_first and self.scheduler.adaptive is not None:
+            self.scheduler.skip_hopeless(round)
             draft = drafter.propose(round)
             shape = self.scheduler.choose(round, draft.host_num, draft.priors)
             if shape.tree is None:

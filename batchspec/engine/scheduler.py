@@ -207,6 +207,16 @@ class Scheduler:
             return list(range(active[0], active[-1] + 1))
         return active
 
+    def skip_hopeless(self, round: Round) -> None:
+        """A packed round of a lookup, before it proposes: rows whose drafts cannot pay get budget 0, so it does
+        not propose for them (AdaptiveK.hopeless; the choice is the same as if they had proposed)."""
+        if self.adaptive is None or not self.fill_budget:
+            return
+        base = len(round.rows) + sum(count for _, _, count in round.fills)
+        for i, skip in enumerate(self.adaptive.hopeless(round.rows, base, self.adaptive.costs)):
+            if skip:
+                round.budgets[i] = 0
+
     def choose(self, round: Round, proposed: list[int] | None = None,
                priors: list[float | None] | None = None) -> RoundShape:
         """Set the round's shape and budgets. proposed: what each row already proposed (a drafter that
@@ -301,7 +311,7 @@ class Scheduler:
         if cost is None:
             self.adaptive.observe(round.shape, seconds, emitted.slots, emitted.budgets, drafted, accepted)
             return
-        self.adaptive.costs.observe(cost[0], cost[1], cost[2], seconds)
+        self.adaptive.costs.observe(cost[0], cost[1], cost[2], seconds, sum(drafted))
         self.adaptive.learn(self.adaptive.shapes.index(round.shape), emitted.slots, emitted.budgets, drafted, accepted)
 
     def set_prompt_logprobs(self, slot: int, blocks: list[list[float]], k: int) -> None:

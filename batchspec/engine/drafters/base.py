@@ -35,6 +35,8 @@ class DrafterPolicy:
     catches_up: after rounds without drafting, the next drafted round first feeds the draft the tokens it
         missed, a cost of the plain rounds before and not of that round's k.
     trees: can propose trees (propose_tree).
+    priors: proposals carry the drafter's own chance that each row's first draft is right (Draft.priors),
+        so a row's worth is known only once it has proposed.
     """
 
     propose_first: bool = False
@@ -42,9 +44,11 @@ class DrafterPolicy:
     draft_forwards: bool = False
     catches_up: bool = False
     trees: bool = False
+    priors: bool = False
 
 
 LOOKUP_POLICY = DrafterPolicy(propose_first=True, bursty=True, trees=True)
+SUFFIX_POLICY = DrafterPolicy(propose_first=True, bursty=True, trees=True, priors=True)
 MODEL_POLICY = DrafterPolicy(draft_forwards=True, catches_up=True, trees=True)
 
 

@@ -8,7 +8,7 @@ from typing import Iterable, Sequence
 
 from ...types import TreeSpec
 from ..round import Draft, Round
-from .base import LOOKUP_POLICY, HostDrafter, host_draft, host_tree_nodes
+from .base import SUFFIX_POLICY, HostDrafter, host_draft, host_tree_nodes
 from .suffix_index import SuffixIndex
 
 
@@ -21,7 +21,7 @@ class SuffixDrafter(HostDrafter):
     corpus: earlier completions (token lists) that seed the job-wide structure, oldest first;
     corpus_max_tokens: the job-wide structure's bound (the oldest completions are evicted first)."""
 
-    policy = LOOKUP_POLICY
+    policy = SUFFIX_POLICY
 
     def __init__(self, *, corpus: Iterable[Sequence[int]] = (), corpus_max_tokens: int = 200_000):
         if corpus_max_tokens < 0:
