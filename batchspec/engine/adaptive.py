@@ -68,9 +68,8 @@ drafts). The gains are scaled by their calibration, the decayed ratio of drafts 
 predicted for the drafts chosen, so that a systematic error of the acceptance model (choosing the rows
 whose estimates are highest picks estimates that err high) cannot keep a job drafting at a loss. A
 lookup is not asked to propose for rows that would draft nothing whatever they proposed (`hopeless`).
-Every
-`revisit_every` rounds each row verifies one draft more than chosen (the wait doubling, up to 8x, while
-nobody drafts), so that rows drafting nothing keep measuring their acceptance.
+Every `revisit_every` rounds each row verifies one draft more than chosen (the wait doubling, up to 8x,
+while nobody drafts), so that rows drafting nothing keep measuring their acceptance.
 
 The choice never changes a greedy output (speculation is exact). It does change which noise a
 sampled token consumes, so with temperature > 0 the generator keeps k fixed unless told otherwise:

@@ -133,8 +133,8 @@ class PackedCosts:
         prompt chunks it prefills);
       step: one drafting forward's seconds by its tokens (a draft model's or EAGLE head's; lookups have none);
       rest: the round's other seconds (proposing on the host, acceptance, bookkeeping) by its drafted
-        tokens D: checking drafts costs host time too (at batch 64 on CPU about 0.1 ms a draft, half of
-        what a draft adds to the target forward), which decides whether a draft that is nearly even pays."""
+        tokens D: checking drafts costs host time too (at batch 64 on CPU about 0.2 ms a draft, as much
+        as a draft adds to the target forward), which decides whether a draft that is nearly even pays."""
 
     verify: Line = field(default_factory=Line)
     step: Line = field(default_factory=Line)

@@ -305,7 +305,7 @@ class SpecBatchGenerator:
         started = wall(self.device)
         logits = self.runner.forward_packed(self.state.tokens[batch.slots, batch.index], batch)
         round.forward = (batch.num_tokens, wall(self.device) - started)
-        filled = sum(count for _, _, count in round.fills)
+        filled = round.chunk_tokens
         self.tokens.add(batch.num_tokens, 0, filled, round.forward[1] * filled / batch.num_tokens, round.forward[1])
         if self.feature_layers and round.fills:  # before the commit hands the other samples their copies
             self.drafter.prompt_features([(other, start, count, layout.chunk_at[slot, start])

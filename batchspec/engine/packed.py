@@ -17,7 +17,7 @@ of the per-row layout at b rows; `tools/packed_attention.py` measures both.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -227,10 +227,8 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
     g = heads // kv_heads
     q = query.permute(0, 2, 1, 3).reshape(b, kv_heads, g * t, dim)  # head h = kv head h // g, member h % g
     m = mask.expand(b, g, t, mask.shape[-1]).reshape(b, 1, g * t, mask.shape[-1]) if g > 1 else mask
-    if q.is_cuda:  # cuDNN's attention builds a plan per new shape (~30 ms each), and packed shapes vary by round
-        with sdpa_kernel(list(GPU_BACKENDS)):
-            out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=m, scale=scaling)
-    else:
+    # On a GPU not cuDNN's attention: it builds a plan per new shape (~30 ms each), and packed shapes vary.
+    with sdpa_kernel(list(GPU_BACKENDS)) if q.is_cuda else nullcontext():
         out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=m, scale=scaling)
     return out.reshape(b, heads, t, dim).transpose(1, 2)  # a GPU's SDPA may return it non-contiguous
 

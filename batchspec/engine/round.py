@@ -138,5 +138,15 @@ class Round:
     forward: tuple[int, float] | None = None  # packed: the forward's tokens and seconds (its cost, for adaptive)
 
     @property
+    def chunk_tokens(self) -> int:
+        """Packed: the prompt tokens this round's forward prefills."""
+        return sum(count for _, _, count in self.fills)
+
+    @property
+    def base_tokens(self) -> int:
+        """Packed: the forward's tokens before any draft (one pending token a deciding row, the chunks)."""
+        return len(self.rows) + self.chunk_tokens
+
+    @property
     def running_slots(self) -> list[int]:
         return [self.rows[i] for i in self.running]

@@ -212,8 +212,7 @@ class Scheduler:
         not propose for them (AdaptiveK.hopeless; the choice is the same as if they had proposed)."""
         if self.adaptive is None or not self.fill_budget:
             return
-        base = len(round.rows) + sum(count for _, _, count in round.fills)
-        for i, skip in enumerate(self.adaptive.hopeless(round.rows, base, self.adaptive.costs)):
+        for i, skip in enumerate(self.adaptive.hopeless(round.rows, round.base_tokens, self.adaptive.costs)):
             if skip:
                 round.budgets[i] = 0
 
@@ -224,8 +223,8 @@ class Scheduler:
         that each row's first draft is right (its rows' acceptance prior)."""
         if self.adaptive is not None and self.fill_budget:  # packed: each row's own number of drafts
             offer = proposed if proposed is not None else round.budgets
-            base = len(round.rows) + sum(count for _, _, count in round.fills)
-            index, drafts = self.adaptive.choose_rows(round.rows, offer, round.room, priors, base, self.adaptive.costs)
+            index, drafts = self.adaptive.choose_rows(round.rows, offer, round.room, priors, round.base_tokens,
+                                                      self.adaptive.costs)
             round.shape, round.budgets = self.adaptive.shapes[index], drafts
             return round.shape
         if self.adaptive is None:
