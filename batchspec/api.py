@@ -18,7 +18,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .engine.drafters import make_drafter
-from .engine.generator import FILL_TOKENS, SpecBatchGenerator
+from .engine.generator import FILL_TOKENS, FORCED_DRAFTS, SpecBatchGenerator
 from .engine.graphs import LaunchCounter, StepGraphs, resolve_capture
 from .engine.intake import Defaults
 from .engine.memory import Shape, fit_buckets, kv_problem
@@ -30,7 +30,7 @@ from .types import TreeSpec
 from .corpus import load_corpus
 from .models import Models, load_models
 from .textcheck import text_problem
-from .types import Request, Result, RowParams
+from .types import Constraint, Request, Result, RowParams
 
 DEFAULT_MAX_SEQ_LEN = 2048
 log = logging.getLogger("batchspec")
@@ -73,6 +73,7 @@ def build_generator(
     head=None,
     guard_threads: bool = True,
     fill_tokens: int = FILL_TOKENS,
+    constraint: Constraint | None = None,
     **sampling_fields,
 ) -> SpecBatchGenerator:
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
@@ -114,7 +115,8 @@ def build_generator(
     1 GiB); fewer length buckets are captured to fit (engine/memory.py).
     guard_threads: on CPU, lower torch's thread count while another process competes for the cores and
     raise it again when they are free (engine/threads.py). fill_tokens: the most prompt tokens one packed
-    round prefills (the rest of a long prompt rides in the next rounds)."""
+    round prefills (the rest of a long prompt rides in the next rounds). constraint: the structured output
+    every request must match unless it sets its own (types.Constraint; RowParams' json_schema etc.)."""
     limit = model_max_positions(models.target)
     if max_seq_len is None:
         max_seq_len = min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
@@ -134,7 +136,9 @@ def build_generator(
     device = models.target.device
     graphs = StepGraphs(resolve_capture(compile, device), device, launches)
     capacity = kv_capacity(max_seq_len, k, trees)
-    problem = kv_problem(models, num_slots=batch_size, capacity=capacity, max_seq_len=max_seq_len)
+    # Eagerly, drafts a grammar forces may ride past k (SpecBatchGenerator.forced_max): the larger cache.
+    problem = kv_problem(models, num_slots=batch_size, capacity=kv_capacity(max_seq_len, max(k, FORCED_DRAFTS), trees),
+                         max_seq_len=max_seq_len)
     if problem:  # before anything is allocated: the caches are allocated at the first forward
         raise ValueError(problem)
     buckets = capture_buckets(models, graphs.mode, capacity, batch_size=batch_size, k=k, trees=trees,
@@ -148,7 +152,8 @@ def build_generator(
     )
     defaults = Defaults(sampling, max_new_tokens, tuple(stop), n=n, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                         max_logprobs=max_logprobs if max_logprobs is not None else
-                        max([x for x in (logprobs, prompt_logprobs) if x is not None], default=None))
+                        max([x for x in (logprobs, prompt_logprobs) if x is not None], default=None),
+                        constraint=constraint)
     return SpecBatchGenerator(
         models.target, models.tokenizer, drafter=draft, defaults=defaults, batch_size=batch_size,
         max_seq_len=max_seq_len, eos_token_ids=models.eos_token_ids, graphs=graphs, keep_stop=keep_stop,
@@ -226,6 +231,11 @@ def generate(
     keep_stop: bool = False,
     params: Sequence[RowParams | None] | None = None,
     corpus: str | list[list[int]] | None = None,
+    json_schema: dict | str | None = None,
+    regex: str | None = None,
+    choice: Sequence[str] | None = None,
+    grammar: str | None = None,
+    json_object: bool = False,
 ) -> list[Result]:
     """Complete every prompt; Results come back in prompt order (a prompt's n samples together, by
     sample_index).
@@ -239,7 +249,14 @@ def generate(
     raising (so does one that is not valid Unicode text, e.g. a lone surrogate, or whose id is not).
     n, logprobs, prompt_logprobs, keep_stop, corpus: see build_generator. params: per prompt, RowParams that
     override these settings for that prompt (None: the call's); a bad value is that prompt's error.
+    json_schema (a dict or JSON text), regex, choice (a list of strings), grammar (Lark, llguidance's dialect),
+    json_object (any JSON object): structured output, at most one, for every prompt whose params set none
+    of their own; a constraint the grammar library refuses is that prompt's error (docs/structured.md).
     """
+    constraint = Constraint.pick(json_schema=json_schema, regex=regex, choice=choice, grammar=grammar,
+                                 json_object=json_object)
+    if isinstance(constraint, str):
+        raise ValueError(constraint)
     for name, value in (("prompts", prompts), ("ids", ids)):
         if isinstance(value, (str, bytes)):  # a str is a sequence too: one request per character
             raise TypeError(f"{name} must be a list, got a {type(value).__name__}; for one prompt pass [{name[:-1]}]")
@@ -273,7 +290,7 @@ def generate(
     generator = build_generator(
         models, drafter=drafter, k=k, batch_size=batch_size, max_new_tokens=max_new_tokens, sampling=sampling,
         stop=stop, max_seq_len=max_seq_len, adaptive=adaptive, compile=compile, tree=tree, n=n, logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs, keep_stop=keep_stop, corpus=corpus,
+        prompt_logprobs=prompt_logprobs, keep_stop=keep_stop, corpus=corpus, constraint=constraint,
         max_logprobs=max([x for x in (logprobs, prompt_logprobs, *asked) if x is not None], default=None),
     )
     by_id: dict[str, list[Result]] = {}

@@ -5,6 +5,8 @@
     python -m batchspec.bench --k 1,2,3,4 --drafters model     # a fixed-k sweep next to adaptive (k <= 4)
     python -m batchspec.bench --random-draft --drafters model  # a useless draft: adaptive should cost ~nothing
     python -m batchspec.bench --device cuda --compile on,off   # captured (CUDA graphs) next to eager forwards
+    python -m batchspec.bench --target SMOLLM2 --draft '' --prompts batchspec/assets/extraction/prompts.jsonl \
+        --chat --schema-column schema --drafters ngram,prompt_lookup,suffix   # structured output, a schema per row
 
 Every contender first runs once untimed (the warm-up: CUDA graph capture, torch.compile, HF's own
 compile with a static cache, allocator and kernel caches; its time is reported, not counted), then
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import LogitsProcessorList
 
 from .api import build_generator
 from .calibrate import forward_ms, read_prompts, sync
@@ -42,7 +45,8 @@ from .corpus import load_corpus
 from .engine.drafters import DRAFTERS
 from .engine.graphs import LaunchCounter, resolve_capture
 from .models import load_models
-from .types import Request, RowParams, TreeSpec, rounds_by_k_text
+from .bench_grammar import GrammarLogitsProcessor, schema_validity
+from .types import Constraint, Request, RowParams, TreeSpec, rounds_by_k_text
 
 DEMO = Path(__file__).parent / "assets" / "demo"
 
@@ -68,6 +72,7 @@ class Contender:
     rounds_by_k: list[int] | None = None  # rounds by drafts verified, summed over repeats
     rounds_by_tree: dict | None = None  # tree rounds by tree shape, summed over repeats
     tokens: dict | None = None  # what its target forwards computed, summed over repeats (generator.TokenCounts)
+    grammar_s: float = 0.0  # batchspec under constraints: host seconds in grammar work, summed over repeats
 
 
 @torch.inference_mode()
@@ -96,6 +101,10 @@ def run_hf(contender: Contender, models, prompts, args) -> tuple[float, list[lis
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch):
         enc = tokenizer(prompts[i : i + batch], return_tensors="pt", **padding).to(target.device)
+        if args.constraints:  # the same constraints, as a logits processor (bench_grammar.py)
+            common["logits_processor"] = LogitsProcessorList([GrammarLogitsProcessor(
+                tokenizer, args.constraints[i : i + batch], vocab_size=target.get_output_embeddings().weight.shape[0],
+                eos_ids=models.eos_token_ids, prompt_len=enc["input_ids"].shape[1])])
         out = target.generate(**enc, **common)
         for row in out[:, enc["input_ids"].shape[1] :].tolist():
             row = strip_after_eos(row, models.eos_token_ids)
@@ -130,12 +139,13 @@ def run_batchspec(contender: Contender, models, prompts, args):
     results = list(generator.run(requests(prompts, args)))
     sync(models.target.device)
     elapsed = time.perf_counter() - t0
+    contender.grammar_s += generator.grammars.mask_s + generator.grammars.compile_s
     by_id = {r.id: r for r in results}
     outputs = [by_id[str(i)].completion_token_ids for i in range(len(prompts))]
     contender.acceptance = generator.stats.acceptance_rate
     contender.tokens_per_forward = generator.stats.tokens_per_forward
-    contender.rounds_by_k = [a + b for a, b in zip(contender.rounds_by_k or [0] * (contender.k + 1),
-                                                   generator.stats.rounds_by_k)]
+    before, now = contender.rounds_by_k or [], generator.stats.rounds_by_k  # forced drafts may reach past k
+    contender.rounds_by_k = [n + (before[i] if i < len(before) else 0) for i, n in enumerate(now)]
     contender.rounds_by_tree = {t: (contender.rounds_by_tree or {}).get(t, 0) + n
                                 for t, n in generator.stats.rounds_by_tree.items()}
     contender.timings = {name: (contender.timings or {}).get(name, 0.0) + t
@@ -146,11 +156,18 @@ def run_batchspec(contender: Contender, models, prompts, args):
 
 def requests(prompts: list[str], args) -> list[Request]:
     """The prompts as requests; with --row-lengths staggered each row's max_new_tokens is drawn uniformly from
-    [8, 2 x --max-new-tokens], seeded by its id, so that rows end in almost every round, as in a real job."""
-    if args.row_lengths == "fixed":
-        return [Request(str(i), p) for i, p in enumerate(prompts)]
-    return [Request(str(i), p, params=RowParams(max_new_tokens=random.Random(str(i)).randint(8, 2 * args.max_new_tokens)))
-            for i, p in enumerate(prompts)]
+    [8, 2 x --max-new-tokens], seeded by its id, so that rows end in almost every round, as in a real job;
+    each with its constraint (--json-schema, --schema-column)."""
+    out = []
+    for i, p in enumerate(prompts):
+        fields = {}
+        if args.row_lengths == "staggered":
+            fields["max_new_tokens"] = random.Random(str(i)).randint(8, 2 * args.max_new_tokens)
+        constraint = args.constraints[i] if args.constraints else None
+        if constraint is not None:
+            fields[constraint.kind] = True if constraint.kind == "json_object" else constraint.value
+        out.append(Request(str(i), p, params=RowParams(**fields) if fields else None))
+    return out
 
 
 def shares(contender: Contender) -> tuple[float | None, float | None, float | None]:
@@ -201,7 +218,7 @@ def contenders(args, has_draft: bool) -> list[Contender]:
     out = [Contender("hf generate (batched)", "hf_batched")] if args.hf_batched and hf else []
     if args.hf_static and hf:
         out.append(Contender("hf generate (static cache)", "hf_static"))
-    if args.hf_batch1 and hf:
+    if args.hf_batch1 and hf and not args.constraints:  # HF's assisted generation: no constraints here
         if has_draft:
             out.append(Contender("hf assisted (batch 1)", "hf_assisted", k=k_max))
         out.append(Contender("hf prompt lookup (batch 1)", "hf_prompt_lookup", k=k_max))
@@ -291,6 +308,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--random-draft", action="store_true",
                         help="replace the draft's weights by random ones (same shapes, seed 0): a useless draft, "
                              "to check that adaptive speculation then costs next to nothing")
+    parser.add_argument("--json-schema", help="structured output: every row's output must match this JSON schema file")
+    parser.add_argument("--schema-column", help="structured output: each row's JSON schema (JSON text) from this "
+                        "column of --prompts")
+    parser.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the target's "
+                        "chat template")
     parser.add_argument("--json", help="write the table as JSON here")
     parser.add_argument("--markdown", help="write the table as Markdown here")
     args = parser.parse_args(argv)
@@ -327,10 +349,16 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--drafters: unknown {sorted(unknown)}; choose from {', '.join(DRAFTERS[1:])}")
     try:
         prompts = read_prompts(args.prompts, args.num_prompts, args.prompt_column, args.split)
+        schemas = read_prompts(args.prompts, args.num_prompts, args.schema_column, args.split) \
+            if args.schema_column else None
     except ValueError as e:  # SourceError included
         parser.error(f"--prompts: {e}")
+    args.constraints = constraints_for(args, len(prompts), schemas, parser)
     models = load_models(args.target, args.draft or None, dtype=args.dtype, device=args.device,
                          head=args.head if "eagle" in args.drafters else None)
+    if args.chat:
+        prompts = [models.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                        add_generation_prompt=True) for p in prompts]
     if args.random_draft:
         if models.draft is None:
             parser.error("--random-draft needs --draft")
@@ -349,6 +377,22 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.json).write_text(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
     if args.markdown:
         Path(args.markdown).write_text(summary + "\n")
+
+
+def constraints_for(args, count: int, schemas: list[str] | None, parser) -> list[Constraint] | None:
+    """Each prompt's constraint: --json-schema FILE for all, or the --schema-column of its row (JSON text)."""
+    if args.json_schema and schemas:
+        parser.error("--json-schema and --schema-column: choose one")
+    if schemas is not None and len(schemas) != count:
+        parser.error(f"--schema-column {args.schema_column!r}: {len(schemas)} of {count} rows have a schema")
+    texts = [Path(args.json_schema).read_text()] * count if args.json_schema else schemas
+    if texts is None:
+        return None
+    out = [Constraint.of("json_schema", t) for t in texts]
+    bad = next((c for c in out if isinstance(c, str)), None)
+    if bad:
+        parser.error(bad)
+    return out
 
 
 def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
@@ -431,6 +475,15 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
             print(f"  {c.name:32s} " + " / ".join(f"{c.timings[n] / total:.0%}" for n in
                                                   ("draft", "verify", "accept", "bookkeeping", "admit"))
                   + f"  admission {admission:.1%} (at the margin {marginal:.1%}), padding {padding:.1%}" + noise)
+    if args.constraints:
+        print("structured output (outputs that parse and match their schema; host time in grammar work, share of "
+              "round time):")
+        for c in field_:
+            valid, checked = schema_validity([models.tokenizer.decode(o, skip_special_tokens=True) for o in c.outputs],
+                                             args.constraints)
+            share = f", grammar {c.grammar_s / sum(t for n, t in c.timings.items() if n != 'noise'):.1%}" \
+                if c.timings else ""
+            print(f"  {c.name:32s} valid {valid}/{checked}{share}")
     launches = {c.name: count_launches(c, models, prompts, args) for c in field_ if c.kind == "batchspec"} \
         if args.profile else {}
     if launches:
@@ -463,7 +516,8 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
     print(f"{what}: " + ("all identical to drafter none" if same else
           "DIFFER: " + ", ".join(f"{r['contender']} {r['num_prompts'] - r['outputs_equal_to_none']}" for r in bound
                                  if r["outputs_equal_to_none"] != len(prompts))))
-    return {"args": vars(args), "batch_size": batch_size, "cost_ms": cost, "rows": rows, "greedy_identical": same,
+    settings = {**vars(args), "constraints": [c.kind for c in args.constraints] if args.constraints else None}
+    return {"args": settings, "batch_size": batch_size, "cost_ms": cost, "rows": rows, "greedy_identical": same,
             "launches": launches,
             "adaptive_vs_best_fixed": adaptive_vs_best, "table": table,
             "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__,

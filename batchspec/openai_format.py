@@ -22,7 +22,7 @@ from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 from .textcheck import text_problem
-from .types import FINISH_ERROR, RowParams, Result
+from .types import FINISH_ERROR, Constraint, RowParams, Result
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -32,7 +32,12 @@ COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
                "logit_bias": ({},), "stream": (False,), "echo": (False,), "suffix": ("",), "tools": ([],),
                "functions": ([],), "tool_choice": ("none",), "function_call": ("none",), "prompt_logprobs": (),
-               "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": ()}
+               "guided_whitespace_pattern": (), "guided_decoding_backend": ()}
+# Structured output (docs/structured.md): body field -> RowParams field, vLLM's guided_* and structured_outputs.
+GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
+          "guided_grammar": "grammar"}
+STRUCTURED_OUTPUTS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar",
+                      "json_object": "json_object"}
 ROW_NAMES = {"max_new_tokens": "max_tokens", "top_logprobs": "top_logprobs"}  # RowParams field -> body field
 
 
@@ -173,7 +178,7 @@ def row_params(body: Mapping[str, Any], *, chat: bool) -> RowParams:
         max_new_tokens=max_tokens, temperature=number(body, "temperature", 1.0), top_p=number(body, "top_p", 1.0),
         top_k=ints["top_k"] if ints["top_k"] is not None and ints["top_k"] >= 0 else 0,  # vLLM: -1 is off
         min_p=number(body, "min_p", 0.0), stop=tuple(s for s in stop or () if s), seed=ints["seed"], n=n,
-        logprobs=logprobs)
+        logprobs=logprobs, **constraint_fields(body))
     problem = params.problem()
     if problem:
         field = problem.split("=", 1)[0]
@@ -183,6 +188,47 @@ def row_params(body: Mapping[str, Any], *, chat: bool) -> RowParams:
     if n > 1 and params.temperature == 0:
         raise BadLine(f"body.n={n} with temperature 0 (greedy) gives {n} identical copies: set a temperature > 0")
     return params
+
+
+def constraint_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The body's structured-output request as RowParams fields: response_format (json_object, or json_schema
+    with its schema), vLLM's guided_json / guided_regex / guided_choice / guided_grammar, or its
+    structured_outputs object. More than one, or a shape batchspec cannot read, is the line's error."""
+    given: dict[str, tuple[str, Any]] = {}  # RowParams field -> (where it came from, value)
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "json_object":
+            given["json_object"] = ("body.response_format", True)
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, (dict, str)):
+                raise BadLine("body.response_format.json_schema.schema: need the JSON schema (an object)")
+            given["json_schema"] = ("body.response_format.json_schema.schema", schema)
+        elif kind != "text":
+            raise BadLine(f"body.response_format={fmt!r}: need type text, json_object or json_schema")
+    for name, field_name in GUIDED.items():
+        if body.get(name) is not None:
+            given[field_name] = (f"body.{name}", body[name])
+    outputs = body.get("structured_outputs")
+    if outputs is not None:
+        if not isinstance(outputs, dict):
+            raise BadLine("body.structured_outputs: need an object (json, regex, choice, grammar or json_object)")
+        for name, value in outputs.items():
+            if name not in STRUCTURED_OUTPUTS:
+                raise BadLine(f"body.structured_outputs.{name} is not supported (only "
+                              f"{', '.join(STRUCTURED_OUTPUTS)})")
+            if value is not None and value is not False:
+                given[STRUCTURED_OUTPUTS[name]] = (f"body.structured_outputs.{name}", value)
+    if len(given) > 1:
+        raise BadLine(f"set at most one structured output; got {', '.join(w for w, _ in given.values())}")
+    for field_name, (where, value) in given.items():
+        problem = Constraint.of(field_name, value)
+        if isinstance(problem, str):
+            raise BadLine(f"{where}: {problem}")
+        return {field_name: tuple(value) if field_name == "choice" else value}
+    return {}
 
 
 def integer(body: Mapping[str, Any], name: str) -> int | None:

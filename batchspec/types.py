@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -20,6 +21,57 @@ MAX_LOGPROBS = 20  # the most alternatives a request's logprobs / prompt_logprob
 MIN_TEMPERATURE = 1e-2  # below it logits/T overflows float32 (T = 1e-40 gives inf - inf = NaN): use 0 for greedy
 
 
+CONSTRAINT_KINDS = ("json_schema", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """What a request's output must match (structured output), by content: kind is one of CONSTRAINT_KINDS;
+    value is the schema as JSON text (json_schema; its properties keep their order: the output's keys follow it), the regex, the choices as a JSON list (choice),
+    the Lark grammar in llguidance's dialect (grammar), or "" (json_object: any JSON object)."""
+
+    kind: str
+    value: str
+
+    @classmethod
+    def of(cls, kind: str, value) -> "Constraint | str":
+        """The constraint from a user's value (a schema as a dict or JSON text, a list of choices, ...), or
+        what is wrong with it, naming the field."""
+        if kind == "json_schema":
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except ValueError as error:
+                    return f"json_schema is not valid JSON: {error}"
+            if not isinstance(value, dict):
+                return f"json_schema must be a JSON object (a schema), got {type(value).__name__}"
+            return cls(kind, json.dumps(value, ensure_ascii=False))
+        if kind in ("regex", "grammar"):
+            if not isinstance(value, str) or not value:
+                return f"{kind} must be a non-empty string"
+            return cls(kind, value)
+        if kind == "choice":
+            if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+                return "choice must be a non-empty list of strings"
+            if not all(isinstance(c, str) and c for c in value):
+                return "choice must be a list of non-empty strings"
+            return cls(kind, json.dumps(list(value), ensure_ascii=False))
+        if kind == "json_object":
+            if value is not True:
+                return "json_object must be true (or left unset)"
+            return cls(kind, "")
+        return f"unknown constraint {kind!r}: use one of {', '.join(CONSTRAINT_KINDS)}"
+
+    @classmethod
+    def pick(cls, **values) -> "Constraint | str | None":
+        """At most one of json_schema, regex, choice, grammar, json_object (None or False: unset) -> the
+        Constraint, None, or what is wrong."""
+        given = [(k, v) for k, v in values.items() if v is not None and v is not False]
+        if len(given) > 1:
+            return f"set at most one of {', '.join(CONSTRAINT_KINDS)}; got {', '.join(k for k, _ in given)}"
+        return cls.of(*given[0]) if given else None
+
+
 @dataclass(frozen=True, slots=True)
 class RowParams:
     """Settings of one request that override the job's (None: the job's). temperature 0 is greedy;
@@ -36,6 +88,11 @@ class RowParams:
     n: int | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    json_schema: dict | str | None = None  # structured output: at most one of these five (Constraint.pick)
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
 
     # Settings a generator honours per request only when built for it (SamplingParams.varied).
     SAMPLING = ("temperature", "top_k", "top_p", "min_p")
@@ -63,7 +120,13 @@ class RowParams:
                 return f"{name}={value!r}: need {what}"
         if self.stop is not None and not all(isinstance(s, str) for s in self.stop):
             return f"stop={self.stop!r}: need a list of strings"
-        return None
+        constraint = self.constraint()
+        return constraint if isinstance(constraint, str) else None
+
+    def constraint(self) -> "Constraint | str | None":
+        """This request's own structured-output constraint, None, or what is wrong with it."""
+        return Constraint.pick(json_schema=self.json_schema, regex=self.regex, choice=self.choice,
+                               grammar=self.grammar, json_object=self.json_object)
 
 
 @dataclass(slots=True)
@@ -126,6 +189,8 @@ class Result:
     prompt_logprobs: list[float | None] | None = None  # per prompt token (None for the first)
     prompt_top_logprobs: list[list[float]] | None = None
     prompt_top_logprob_ids: list[list[int]] | None = None
+    forced_tokens: int = 0  # drafts the grammar forced (structured output), counted in draft_tokens too
+    structured_complete: bool | None = None  # constrained rows: the output is a whole match (False: cut short)
 
     def to_row(self) -> dict[str, Any]:
         """The output row: every field above, with `extra` flattened in (pass-through columns)."""
@@ -152,7 +217,7 @@ RESULT_COLUMNS = (
     "completion_tokens", "target_forwards", "draft_tokens", "accepted_tokens", "acceptance_rate",
     "tokens_per_forward", "accepted_per_round", "drafts_per_round", "tree_per_round", "latency_s",
     "sample_index", "stop_reason", "stop_token_id", "logprobs", "top_logprobs", "top_logprob_ids",
-    "prompt_logprobs", "prompt_top_logprobs", "prompt_top_logprob_ids",
+    "prompt_logprobs", "prompt_top_logprobs", "prompt_top_logprob_ids", "forced_tokens", "structured_complete",
 )
 
 
@@ -216,7 +281,12 @@ class RunStats:
 
     def add_round_row(self, drafted: int, accepted: int) -> None:
         """One request's part in a round: it proposed drafts at `drafted` positions (a chain's drafts, a
-        tree's depth) and the first `accepted` of them were kept."""
+        tree's depth) and the first `accepted` of them were kept. Drafts a grammar forced may reach past k:
+        the lists grow."""
+        grow = drafted - len(self.proposed_by_position)
+        if grow > 0:
+            self.proposed_by_position += [0] * grow
+            self.accepted_by_position += [0] * grow
         for i in range(drafted):
             self.proposed_by_position[i] += 1
         for i in range(accepted):

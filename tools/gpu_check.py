@@ -11,7 +11,10 @@
 2. Step times (with --pair, a `tools/synthetic_pair.py` pair in bf16): one static step of T = 1..5
    tokens per slot for the target and T = 1, 2 for the draft, at several batch sizes, eager against
    a CUDA-graph replay (median of timed runs), which is the cost table adaptive k uses on a GPU.
-3. EAGLE-3 training attention: whether this GPU's attention kernels keep an unrolled training step to its
+3. With --structured (needs llguidance): the same parity under per-row constraints (a JSON object, a
+   regex, a choice), against `generate` with batchspec.bench_grammar's logits processor on each prompt
+   alone: masks on captured verify logits, first tokens drawn under the grammar at admission.
+4. EAGLE-3 training attention: whether this GPU's attention kernels keep an unrolled training step to its
    mask (`eagle.ttt.sees_future`: an earlier row's output must not move when later positions change), in fp32
    and under bf16 autocast, for a head shaped like the demo target's and (with --pair) the pair's target's.
 
@@ -83,6 +86,55 @@ def parity(lines: list[str], report: dict, num_prompts: int, max_new_tokens: int
                 print(lines[-1], flush=True)
 
 
+STRUCTURED = [dict(json_object=True), dict(regex=r"(def|return|for) [a-z_]+[(:]( [a-z_]+)*"),
+              dict(choice=["def main():", "import os", "return None"])]
+
+
+def structured_parity(lines: list[str], report: dict, num_prompts: int, max_new_tokens: int, device: str,
+                      modes: list[str], drafters: list[str]) -> None:
+    from transformers import LogitsProcessorList
+
+    from batchspec.bench_grammar import GrammarLogitsProcessor
+    from batchspec.types import Constraint, RowParams
+
+    models = batchspec.load_models(str(DEMO / "target"), str(DEMO / "draft"), dtype="float32", device=device)
+    prompts = read_prompts(str(DEMO / "prompts.parquet"), num_prompts)
+    params = [RowParams(**STRUCTURED[i % len(STRUCTURED)]) for i in range(len(prompts))]
+    model, tokenizer = models.target, models.tokenizer
+    model.generation_config.eos_token_id = models.eos_token_ids
+    reference = []
+    for prompt, p in zip(prompts, params):
+        enc = tokenizer(prompt, return_tensors="pt").to(model.device)
+        processor = GrammarLogitsProcessor(tokenizer, [p.constraint()], eos_ids=models.eos_token_ids,
+                                           vocab_size=model.get_output_embeddings().weight.shape[0],
+                                           prompt_len=enc["input_ids"].shape[1])
+        with torch.inference_mode():
+            ids = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
+                                 logits_processor=LogitsProcessorList([processor]))
+        reference.append(ids[0, enc["input_ids"].shape[1]:].tolist())
+    lines += ["", "## Structured output parity, fp32, demo pair (json_object / regex / choice per row)", "",
+              "| compile | drafter | batch | identical | forced tokens | wall s |", "|---|---|---:|---:|---:|---:|"]
+    report["structured"] = []
+    for compile in modes:
+        for drafter in drafters:
+            for batch_size in (8, 1):
+                generator = batchspec.build_generator(models, drafter=drafter, k=4, batch_size=batch_size,
+                                                      max_new_tokens=max_new_tokens, adaptive=batch_size > 1,
+                                                      compile=compile, max_seq_len=512)
+                started = time.perf_counter()
+                requests = [batchspec.Request(str(i), prompt, params=p) for i, (prompt, p) in enumerate(zip(prompts, params))]
+                results = {r.id: r for r in generator.run(requests)}
+                wall = time.perf_counter() - started
+                same = sum(results[str(i)].completion_token_ids == ref for i, ref in enumerate(reference))
+                forced = sum(r.forced_tokens for r in results.values())
+                errors = [r.error for r in results.values() if r.error]
+                report["structured"].append(dict(compile=compile, drafter=drafter, batch=batch_size, identical=same,
+                                                 prompts=len(prompts), forced=forced, wall_s=wall, errors=errors[:3]))
+                lines.append(f"| {compile} | {drafter} | {batch_size} | {same}/{len(prompts)} | {forced} | {wall:.1f} |"
+                             + (f" errors: {errors[:1]}" if errors else ""))
+                print(lines[-1], flush=True)
+
+
 def step_times(lines: list[str], report: dict, pair: Path, batch_sizes: list[int], kv_len: int, device: str) -> None:
     models = batchspec.load_models(str(pair / "target"), str(pair / "draft"), dtype="bfloat16", device=device)
     captured = resolve_capture("on", torch.device(device))
@@ -136,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-sizes", default="1,8,32,64")
     parser.add_argument("--kv-len", type=int, default=256)
     parser.add_argument("--skip-parity", action="store_true")
+    parser.add_argument("--structured", action="store_true", help="also the structured-output parity (llguidance)")
     parser.add_argument("--modes", default="on,static,off", help="compile modes the parity check runs")
     parser.add_argument("--drafters", default="none,model,eagle,ngram,prompt_lookup,suffix",
                         help="drafters the parity check runs")
@@ -154,6 +207,9 @@ def main(argv: list[str] | None = None) -> None:
         if not args.skip_parity:
             parity(lines, report, args.num_prompts, args.max_new_tokens, args.device, args.modes.split(","),
                    args.drafters.split(","))
+        if args.structured:
+            structured_parity(lines, report, args.num_prompts, args.max_new_tokens, args.device,
+                              args.modes.split(","), [d for d in args.drafters.split(",") if d != "eagle"])
         if args.pair:
             step_times(lines, report, Path(args.pair), [int(b) for b in args.batch_sizes.split(",")], args.kv_len,
                        args.device)

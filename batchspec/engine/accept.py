@@ -16,6 +16,7 @@ from functools import partial
 import torch
 
 from .acceptance import sample
+from .grammar import Grammars, apply_masks
 from .graphs import HostBuffer, LaunchCounter, StepGraphs, host_lists
 from .noise import STREAM_RESAMPLE, gumbel_noise, uniforms
 from .round import Draft, Round, RoundBuffers, RoundShape
@@ -32,9 +33,10 @@ class Acceptor:
 
     def __init__(self, runner: ModelRunner, state: SlotState, buffers: RoundBuffers, *, sampling: SamplingParams,
                  stops: StopRules, graphs: StepGraphs, counter: LaunchCounter | None = None,
-                 logprobs: int | None = None):
+                 logprobs: int | None = None, grammars: Grammars | None = None):
         self.runner, self.state, self.buffers = runner, state, buffers
         self.sampling, self.stops, self.graphs, self.counter = sampling, stops, graphs, counter
+        self.grammars = grammars  # structured output: a constrained row's first token is drawn under its grammar
         self.device = runner.device
         self.num_slots = runner.num_slots
         self._new = torch.zeros(self.num_slots, dtype=torch.bool, device=self.device)  # static admission mask
@@ -165,6 +167,7 @@ class Acceptor:
         (and their logprobs blocks, or None) come back to the host (a sync; free on a CPU). Static: logits
         [B + 1, V] by slot, one step over every slot, nothing comes back: the next round's verdict carries
         them (its `pending`)."""
+        self._mask_first(rows, logits, static)
         if not static:
             rows_t = torch.tensor(rows, device=self.device)
             tokens, lp = self._first(rows_t, self.runner.lengths[rows_t], logits)
@@ -173,6 +176,17 @@ class Acceptor:
         new = self._new_in.put([slot in chosen for slot in range(self.num_slots)])
         self.graphs.run(("first",), self._first_step, (logits, new))
         return None
+
+    def _mask_first(self, rows: list[int], logits: torch.Tensor, static: bool) -> None:
+        """Constrained new rows: their first token's logits masked by their grammar's start, in place."""
+        index = self.grammars.constrained(rows) if self.grammars is not None else []
+        if not index:
+            return
+        slots = [rows[i] for i in index]
+        at = torch.tensor(slots if static else index, device=self.device)  # static logits are by slot
+        masked = logits[at]
+        apply_masks(masked, self.grammars.masks(slots, [[] for _ in slots], 1)[:, 0].to(self.device))
+        logits[at] = masked
 
     def _first(self, rows: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor):
         """rows [n], lengths [n] (= prompt lengths: the first token's position), logits [n, V] -> tokens [n],

@@ -32,6 +32,8 @@ from .admission import Admitter
 from .adaptive import AdaptiveK
 from .costs import Line, PackedCosts, RoundTimes, StepTable
 from .drafters import Drafter
+from .constrain import constrain_drafts, mask_round
+from .grammar import Grammars
 from .graphs import HostBuffer, StepGraphs, wall
 from .intake import Defaults
 from .packed import layout_round, pack
@@ -46,6 +48,7 @@ from .timing import time_step
 
 PHASES = ("admit", "draft", "verify", "accept", "bookkeeping")
 FILL_TOKENS = 1024  # prompt tokens a packed round prefills at most (see SpecBatchGenerator)
+FORCED_DRAFTS = 4  # drafts a grammar may force per row and round with drafter none (eager path)
 
 
 class SpecBatchGenerator:
@@ -73,7 +76,8 @@ class SpecBatchGenerator:
                  defaults: Defaults, batch_size: int, max_seq_len: int, eos_token_ids: Iterable[int],
                  graphs: StepGraphs, keep_stop: bool = False, k_max: int = 4, adaptive: bool = False,
                  trees: tuple[TreeSpec, ...] = (), profile: bool = False, buckets: list[int] | None = None,
-                 threads: ThreadGuard | None = None, fill_tokens: int = FILL_TOKENS):
+                 threads: ThreadGuard | None = None, fill_tokens: int = FILL_TOKENS,
+                 forced_drafts: int = FORCED_DRAFTS):
         sampling = defaults.sampling
         if batch_size < 1 or k_max < 0 or defaults.max_new_tokens < 1 or max_seq_len < 2:
             raise ValueError(f"need batch_size >= 1, k >= 0, max_new_tokens >= 1, max_seq_len >= 2; got "
@@ -85,8 +89,12 @@ class SpecBatchGenerator:
         self.device, self.static = target.device, graphs.static
         self.threads = threads
         self.shapes = [RoundShape(drafts=k) for k in range(k_max + 1)] + [RoundShape(tree=t) for t in self.trees]
-        widest = max(shape.width for shape in self.shapes)
-        capacity = kv_capacity(max_seq_len, k_max, self.trees)
+        # Forced drafts ride in the widths there are: on the static path the captured ones (k_max); a drafter
+        # that drafts on the device (a draft model, EAGLE) keeps its own drafts (its caches follow them).
+        self.forced_max = (0 if drafter.policy.draft_forwards else
+                           min(forced_drafts, k_max) if self.static or k_max > 0 else forced_drafts)
+        widest = max([shape.width for shape in self.shapes] + [self.forced_max + 1])
+        capacity = kv_capacity(max_seq_len, max(k_max, self.forced_max), self.trees)
         # A drafter that reads the target's hidden states (EAGLE-3) names the layers: every forward hands them out.
         self.feature_layers = tuple(getattr(drafter, "feature_layers", ()))
         self.runner = ModelRunner(target, num_slots=batch_size, capacity=capacity, max_position=max_seq_len,
@@ -100,8 +108,9 @@ class SpecBatchGenerator:
                                     trees=bool(self.trees))
         stops = StopRules(tokenizer, eos_token_ids=eos_token_ids, max_seq_len=max_seq_len, device=self.device,
                           keep_stop=keep_stop)
+        self.grammars = Grammars(tokenizer, vocab_size=vocab, eos_ids=sorted(stops.eos_ids))
         self.acceptor = Acceptor(self.runner, self.state, self.buffers, sampling=sampling, stops=stops, graphs=graphs,
-                                 counter=graphs.counter, logprobs=defaults.max_logprobs)
+                                 counter=graphs.counter, logprobs=defaults.max_logprobs, grammars=self.grammars)
         controller = None
         if adaptive and (k_max > 0 or self.trees):
             costs = (StepTable(self._step_seconds, self.runner.bucket) if self.static else
@@ -110,7 +119,8 @@ class SpecBatchGenerator:
         self.packed = self.runner.packs
         self.scheduler = Scheduler(tokenizer, stops, num_slots=batch_size, vocab_size=vocab, max_seq_len=max_seq_len,
                                    defaults=defaults, k_max=k_max, trees=self.trees, adaptive=controller,
-                                   static=self.static, fill_budget=fill_tokens if self.packed else 0)
+                                   static=self.static, fill_budget=fill_tokens if self.packed else 0,
+                                   grammars=self.grammars)
         self.timings = dict.fromkeys(PHASES, 0.0)  # seconds per phase (exact on a GPU only with profile)
         self.noise_s = 0.0  # seconds making coupled sampling's noise (inside the draft phase)
         self._sync_phases = profile and self.device.type == "cuda"
@@ -146,6 +156,7 @@ class SpecBatchGenerator:
         self.timings = dict.fromkeys(PHASES, 0.0)
         self.noise_s = 0.0
         self.tokens = TokenCounts()
+        self.grammars.mask_s = self.grammars.compile_s = 0.0
 
     def stop_admitting(self) -> None:
         """Finish the requests in flight, take no new ones; run() then returns."""
@@ -181,7 +192,9 @@ class SpecBatchGenerator:
             logits = self._verify(round)
         if not round.rows:  # a round that only prefilled
             return []
-        with self._phase("accept"):
+        with self._phase("accept"):  # constrained rows first: their verify positions masked by their grammars
+            if self.grammars.rows:
+                mask_round(round, logits, self.grammars, self.scheduler.slots, self.state.tokens, self.static)
             outcome = self.acceptor.accept(round, logits)
         with self._phase("bookkeeping"):
             finished, emitted = self.scheduler.postprocess(round, outcome)
@@ -232,6 +245,8 @@ class SpecBatchGenerator:
             self.runner.lengths.index_fill_(0, index, 0)
             self.state.busy.index_fill_(0, index, False)
             self.drafter.release(slots)
+            for slot in slots:
+                self.grammars.release(slot)
         return [result for _, result in finished]
 
     # ---- a round ---------------------------------------------------------------------------------
@@ -267,6 +282,11 @@ class SpecBatchGenerator:
             self.noise_s += time.perf_counter() - started
         if round.draft is None:
             round.draft = drafter.propose_tree(round, shape.tree) if shape.tree else drafter.propose(round)
+        if shape.tree is None and self.grammars.rows:  # structured output: cut refused drafts, add forced ones
+            widened = constrain_drafts(round, self.grammars, self.scheduler.slots, self.buffers, self.forced_max)
+            shape = round.shape
+            if widened and coupled:
+                round.gumbel = self.acceptor.noise(round, shape.width)  # the same noise, wider
         if shape.tree is not None:
             round.tree = self.acceptor.shape_tree(round)
         elif round.draft.tokens.shape[1] < shape.drafts:  # trimmed to the longest proposal: a narrower pass

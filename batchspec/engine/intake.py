@@ -9,7 +9,7 @@ from typing import Iterable, Iterator
 
 from transformers import PreTrainedTokenizerBase
 
-from ..types import MAX_CHARS_PER_TOKEN, Request, Result, RowParams
+from ..types import MAX_CHARS_PER_TOKEN, Constraint, Request, Result, RowParams
 from .noise import sample_key
 from .sampling import RowSampling, SamplingParams
 
@@ -27,6 +27,7 @@ class Defaults:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     max_logprobs: int | None = None
+    constraint: Constraint | None = None  # structured output of every request that sets none of its own
 
     def __post_init__(self):
         if self.n > 1 and self.sampling.greedy:
@@ -47,6 +48,7 @@ class Admission:
     sampling: tuple  # RowSampling.values
     key: int  # noise key
     group: int  # the request it samples: rows of one group share a prompt (and, admitted together, its prefill)
+    constraint: Constraint | None = None  # what its output must match (structured output)
 
 
 def prompt_ids(request: Request, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
@@ -86,8 +88,13 @@ def sample_count(request: Request, default: int) -> int:
 
 
 class Intake:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, vocab_size: int, max_seq_len: int, defaults: Defaults):
+    """grammars: checks (and compiles) structured-output constraints (engine/grammar.py; None: constraints are
+    refused); no_constraints: why this generator refuses them (tree drafts), or None."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, vocab_size: int, max_seq_len: int, defaults: Defaults,
+                 grammars=None, no_constraints: str | None = None):
         self.tokenizer, self.vocab_size, self.max_seq_len, self.defaults = tokenizer, vocab_size, max_seq_len, defaults
+        self.grammars, self.no_constraints = grammars, no_constraints
         self._pending: Iterator[Request] = iter(())
         self._queue: deque[Admission] = deque()  # samples of a request not seated yet
         self._groups = 0
@@ -121,6 +128,10 @@ class Intake:
         """Queue the request's samples, or return its error Results (one per sample when n is valid)."""
         d, p = self.defaults, request.params or RowParams()
         problem = request.error or p.problem() or self._unsupported(p)
+        constraint = None
+        if problem is None:
+            constraint = p.constraint() or d.constraint
+            problem = self._constraint_problem(constraint)
         n = sample_count(request, d.n)
         ids = prompt_ids(request, self.tokenizer, self.vocab_size, self.max_seq_len) if problem is None else problem
         if isinstance(ids, str):
@@ -139,8 +150,20 @@ class Intake:
                 stop=tuple(x for x in (p.stop if p.stop is not None else d.stop) if x),
                 logprobs=p.logprobs if p.logprobs is not None else d.logprobs,
                 prompt_logprobs=p.prompt_logprobs if p.prompt_logprobs is not None else d.prompt_logprobs,
-                sampling=values, key=sample_key(seed, request.id, i), group=group))
+                sampling=values, key=sample_key(seed, request.id, i), group=group, constraint=constraint))
         return None
+
+    def _constraint_problem(self, constraint: Constraint | None) -> str | None:
+        if constraint is None:
+            return None
+        if self.no_constraints is not None:
+            return self.no_constraints
+        if self.grammars is None:
+            return "structured output is not available in this generator"
+        try:
+            return self.grammars.problem(constraint)
+        except ValueError as error:  # the tokenizer cannot be read by the grammar library
+            return str(error)
 
     def _unsupported(self, p: RowParams) -> str | None:
         """Settings the job was not built to honour, or that make no sense together."""

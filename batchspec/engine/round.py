@@ -55,20 +55,25 @@ class Draft:
     #                                   sampling with drawn children); None: children are one-hot
     spec: TreeSpec | None = None  # a tree: the shape that bounds it
     priors: list[float | None] | None = None  # per row: the drafter's own chance that its first draft is right
+    host_tokens: list[list[int]] | None = None  # each row's proposals on the host, when made there (lookups)
 
     def truncate(self, width: int) -> "Draft":
         """The same chain cut to at most `width` tokens per row (a lookup's first tokens do not depend on
         how many were asked for)."""
         host = None if self.host_num is None else [min(n, width) for n in self.host_num]
         probs = None if self.probs is None else self.probs[:, :width]
-        return Draft(self.tokens[:, :width], self.num_tokens.clamp(max=width), probs, host, priors=self.priors)
+        tokens = None if self.host_tokens is None else [t[:width] for t in self.host_tokens]
+        return Draft(self.tokens[:, :width], self.num_tokens.clamp(max=width), probs, host, priors=self.priors,
+                     host_tokens=tokens)
 
     def cut(self, budgets: list[int], buffers: "RoundBuffers") -> "Draft":
         """The same chain cut to budgets[i] tokens in row i (a packed round's per-row choice; needs host_num)."""
         host = [min(n, k) for n, k in zip(self.host_num, budgets)]
         width = max(host, default=0)
         probs = None if self.probs is None else self.probs[:, :width]
-        return Draft(self.tokens[:, :width], buffers.put_num_drafts(host), probs, host, priors=self.priors)
+        tokens = None if self.host_tokens is None else [t[:n] for t, n in zip(self.host_tokens, host)]
+        return Draft(self.tokens[:, :width], buffers.put_num_drafts(host), probs, host, priors=self.priors,
+                     host_tokens=tokens)
 
 
 class RoundBuffers:
@@ -136,6 +141,7 @@ class Round:
     fills: list[tuple[int, int, int]] = field(default_factory=list)  # packed: prompt chunks (slot, start, count)
     verify_index: torch.Tensor | None = None  # packed: [b, W] each verify position's token in the forward
     forward: tuple[int, float] | None = None  # packed: the forward's tokens and seconds (its cost, for adaptive)
+    forced: list[int] | None = None  # [b] drafts the grammar forced in each row (structured output)
 
     @property
     def chunk_tokens(self) -> int:

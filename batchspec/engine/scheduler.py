@@ -13,8 +13,9 @@ from typing import Iterable
 
 from transformers import PreTrainedTokenizerBase
 
-from ..types import Request, Result, TreeSpec
+from ..types import FINISH_ERROR, FINISH_STOP, Request, Result, TreeSpec
 from .adaptive import AdaptiveK
+from .grammar import Grammars
 from .intake import Admission, Defaults, Intake
 from .round import Round, RoundShape
 from .slots import Slot, SlotTable
@@ -52,17 +53,23 @@ class Emitted:
 class Scheduler:
     """Host bookkeeping for `num_slots` slots. k_max: the most drafts a chain round may have per row;
     trees: the tree shapes rounds may draft; adaptive: the controller choosing each round's shape (None:
-    every round drafts the first tree, or a chain of k_max)."""
+    every round drafts the first tree, or a chain of k_max); grammars: the constrained rows' matchers
+    (grammar.py: structured output), which advance by the tokens rows emit."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: StopRules, *, num_slots: int, vocab_size: int,
                  max_seq_len: int, defaults: Defaults, k_max: int, trees: tuple[TreeSpec, ...] = (),
-                 adaptive: AdaptiveK | None = None, static: bool = False, fill_budget: int = 0):
+                 adaptive: AdaptiveK | None = None, static: bool = False, fill_budget: int = 0,
+                 grammars: Grammars | None = None):
         self.tokenizer, self.stops, self.adaptive = tokenizer, stops, adaptive
         self.max_seq_len = max_seq_len
         self.k_max, self.trees, self.static = k_max, trees, static
+        self.grammars = grammars
         self.fill_budget = fill_budget  # prompt tokens a packed round prefills (0: not packed)
         self.filling: list[int] = []  # slots whose prompts are prefilled in packed rounds, in admission order
-        self.intake_ = Intake(tokenizer, vocab_size=vocab_size, max_seq_len=max_seq_len, defaults=defaults)
+        no_constraints = ("structured output (json_schema, regex, choice, grammar, json_object) does not run "
+                          "with tree drafts: drop drafter.tree") if trees else None
+        self.intake_ = Intake(tokenizer, vocab_size=vocab_size, max_seq_len=max_seq_len, defaults=defaults,
+                              grammars=grammars, no_constraints=no_constraints)
         self.slots = SlotTable(num_slots)
         self.reset_stats()
         self.admitting = True
@@ -92,6 +99,8 @@ class Scheduler:
         for slot, row in zip(free, admitted):
             self.slots.occupy(slot, row.request, row.prompt_ids, max_new_tokens=row.max_new_tokens, stop=row.stop,
                               logprobs=row.logprobs)
+            if self.grammars is not None:
+                self.grammars.seat(slot, row.constraint)
             if self.adaptive:
                 self.adaptive.admit(slot)
             seats.append(Seat(slot, row))
@@ -151,9 +160,20 @@ class Scheduler:
         record.awaiting_first = False
         record.output.append(token)
         _add_logprobs(record, [block] if block else [])
+        problem = self.grammars.advance(slot, [token]) if self.grammars is not None else None
+        if problem:
+            return self._finish(slot, FINISH_ERROR, problem)
         hit_stop = self.stops.cut_at_stop(record, 1)
-        reason = self.stops.finish_reason(record, token in self.stops.eos_ids, hit_stop)
+        reason = self._finish_reason(slot, record, token in self.stops.eos_ids, hit_stop)
         return self._finish(slot, reason) if reason is not None else None
+
+    def _finish_reason(self, slot: int, record: Slot, hit_eos: bool, hit_stop: bool) -> str | None:
+        """StopRules' reason; and a row whose grammar takes nothing more stops when there is no EOS to end it
+        (with an EOS id, the grammar allows only that, and the row ends on it as generate does)."""
+        reason = self.stops.finish_reason(record, hit_eos, hit_stop)
+        if reason is None and not self.stops.eos_ids and self.grammars is not None and self.grammars.stopped(slot):
+            return FINISH_STOP
+        return reason
 
     # ---- a round ------------------------------------------------------------------------------------
 
@@ -281,6 +301,12 @@ class Scheduler:
             before = len(record.output)
             record.output.extend(new)
             record.length += len(new)
+            problem = self.grammars.advance(slot, new) if self.grammars is not None else None
+            if problem:
+                finished.append((slot, self._finish(slot, FINISH_ERROR, problem)))
+                continue
+            forced = round.forced[i] if round.forced else 0
+            record.forced_tokens += forced
             _add_logprobs(record, outcome.logprobs[i] if outcome.logprobs else [])
             hit_stop = self.stops.cut_at_stop(record, len(new))
             if hit_stop:
@@ -291,11 +317,12 @@ class Scheduler:
             emitted.slots.append(slot)
             emitted.tokens.append(head + new)
             emitted.num_accepted.append(outcome.num_accepted[i])
-            emitted.budgets.append(round.budgets[i])
-            emitted.counts.append(row)
+            # A grammar's forced drafts say nothing about the drafter: adaptive speculation does not learn from them.
+            emitted.budgets.append(0 if forced else round.budgets[i])
+            emitted.counts.append(cut_counts(0, 0, 0, 1) if forced else row)
             if emitted.path is not None:
                 emitted.path.append(outcome.last_node[i])
-            reason = self.stops.finish_reason(record, outcome.hit_eos[i], hit_stop)
+            reason = self._finish_reason(slot, record, outcome.hit_eos[i], hit_stop)
             if reason is not None:
                 finished.append((slot, self._finish(slot, reason)))
         return finished, emitted
@@ -323,11 +350,16 @@ class Scheduler:
 
     # ---- results ------------------------------------------------------------------------------------
 
-    def _finish(self, slot: int, reason: str) -> Result:
+    def _finish(self, slot: int, reason: str, error: str | None = None) -> Result:
+        """The row's Result; an error (its grammar failed) keeps the output made before it."""
+        if self.grammars is not None:
+            self.slots[slot].structured_complete = self.grammars.complete(slot)
+            self.grammars.release(slot)
         record = self.slots.release(slot)
         request = record.request
         prompt = request.prompt if isinstance(request.prompt, str) else self.tokenizer.decode(record.prompt_ids)
         result = record.to_result(reason, self.stops.completion(record, reason), prompt)
+        result.error = error
         self.stats.result(result)
         return result
 

@@ -42,6 +42,8 @@ class Statistics:
     def round(self, shape: RoundShape) -> None:
         self.run.rounds += 1
         if shape.tree is None:
+            if shape.drafts >= len(self.run.rounds_by_k):  # a grammar's forced drafts, past k
+                self.run.rounds_by_k += [0] * (shape.drafts + 1 - len(self.run.rounds_by_k))
             self.run.rounds_by_k[shape.drafts] += 1
         else:
             key = str(shape.tree)

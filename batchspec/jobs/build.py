@@ -58,20 +58,28 @@ def build_job_generator(job: JobConfig, models, row_params: RowParamColumns | No
     max_logprobs = max([x for x in (s.logprobs, s.prompt_logprobs) if x is not None]
                        + ([MAX_LOGPROBS] if asks_logprobs else []), default=None)
 
+    from .checks import job_constraint
+
+    constraint = job_constraint(job)  # checked before: a Constraint or None
+
     def build(drafter: str, head, corpus: list[list[int]] | None = None):
         """corpus: completions that seed drafter=suffix, after drafter.corpus's."""
         if drafter == "suffix" and d.corpus and corpus is not None:
             from ..corpus import load_corpus
 
             corpus = load_corpus(d.corpus, models.tokenizer, max_tokens=d.corpus_max_tokens) + corpus
-        return build_generator(
+        generator = build_generator(
             models, drafter=drafter, k=d.k, batch_size=job.batch_size, max_new_tokens=s.max_new_tokens,
             sampling=sampling, stop=tuple(s.stop), max_seq_len=job.max_seq_len, adaptive=d.adaptive,
             compile=job.model.compile.value, tree=d.tree, n=s.n, logprobs=s.logprobs,
             prompt_logprobs=s.prompt_logprobs, max_logprobs=max_logprobs, keep_stop=s.keep_stop,
             corpus=(d.corpus if corpus is None else corpus) if drafter == "suffix" else None,
-            corpus_max_tokens=d.corpus_max_tokens, head=head,
+            corpus_max_tokens=d.corpus_max_tokens, head=head, constraint=constraint,
         )
+        problem = generator.grammars.problem(constraint) if constraint is not None else None
+        if problem:  # one line up front, not the same error on every row
+            raise ValueError(f"sampling.{problem}")
+        return generator
 
     try:
         if self_training(job):

@@ -17,9 +17,16 @@ from .prompts import template_columns
 from .rowparams import RowParamColumns
 from .sink import RESULT_SCHEMA, first_line
 from ..paths import missing_local_path
-from ..types import MAX_LOGPROBS, MIN_TEMPERATURE, TreeSpec
+from ..types import CONSTRAINT_KINDS, MAX_LOGPROBS, MIN_TEMPERATURE, Constraint, TreeSpec
 
 log = logging.getLogger("batchspec")
+
+
+def job_constraint(job: JobConfig):
+    """The job-wide structured output (types.Constraint), None, or what is wrong (naming the setting)."""
+    s = job.sampling
+    return Constraint.pick(json_schema=s.json_schema, regex=s.regex, choice=s.choice, grammar=s.grammar,
+                           json_object=s.json_object)
 
 
 def to_job_config(cfg: DictConfig, job_name: str | None) -> JobConfig:
@@ -114,6 +121,10 @@ def validate(job: JobConfig) -> None:
         RowParamColumns(src.row_params)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    constraint = job_constraint(job)
+    if isinstance(constraint, str):
+        raise ConfigError(f"sampling.{constraint}" if constraint.startswith(CONSTRAINT_KINDS) else
+                          f"sampling: {constraint}")
     twice = [c for i, c in enumerate(src.keep_columns) if c in src.keep_columns[:i]]
     if twice:  # Parquet would write two columns of one name, which readers refuse to open
         raise ConfigError(f"source.keep_columns lists {twice[0]!r} twice")

@@ -138,6 +138,12 @@ class SamplingConfig:
     logprobs: Optional[int] = None  # K: each completion token's logprob and its K best alternatives
     prompt_logprobs: Optional[int] = None  # K: the same for the prompt's tokens
     keep_stop: bool = False  # keep the stop string that ended a row in its completion
+    # Structured output (docs/structured.md), at most one; source.row_params may set any of them per row.
+    json_schema: Any = None  # a JSON schema: a mapping here, or its JSON text
+    regex: Optional[str] = None
+    choice: Optional[List[str]] = None  # the output is one of these strings
+    grammar: Optional[str] = None  # a Lark grammar (llguidance's dialect)
+    json_object: bool = False  # any JSON object
 
 
 @dataclass
@@ -155,7 +161,8 @@ class SourceConfig:
     # stopping there; skipped files are listed in summary.json, the shard marker and batchspec.status.
     skip_unreadable: bool = False
     # Per-row settings from columns: setting -> column, e.g. {max_new_tokens: max_tokens, temperature: temp}
-    # (max_new_tokens, temperature, top_p, top_k, min_p, stop, seed, n, logprobs, prompt_logprobs)
+    # (max_new_tokens, temperature, top_p, top_k, min_p, stop, seed, n, logprobs, prompt_logprobs,
+    # json_schema (JSON text), regex, choice (a list, or its JSON text), grammar, json_object)
     row_params: Dict[str, str] = field(default_factory=dict)
 
 

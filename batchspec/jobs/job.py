@@ -33,6 +33,11 @@ STOP_SIGNALS = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGUSR2", None
 TERM_GRACE_S = 20.0
 
 
+def since(now: list[int], before: list[int]) -> list[int]:
+    """Per-index counts now minus before; lists grow (a grammar's forced drafts reach past k)."""
+    return [n - (before[i] if i < len(before) else 0) for i, n in enumerate(now)]
+
+
 class StopNow(Exception):
     """Raised by the signal handler on the second signal: stop without finishing in-flight rows."""
 
@@ -61,9 +66,9 @@ class StatsDelta:
     def take(self) -> dict[str, Any]:
         s, now = self.stats, time.perf_counter()
         delta = {
-            "proposed_by_position": [a - b for a, b in zip(s.proposed_by_position, self.proposed)],
-            "accepted_by_position": [a - b for a, b in zip(s.accepted_by_position, self.accepted)],
-            "rounds_by_k": [a - b for a, b in zip(s.rounds_by_k, self.by_k)],
+            "proposed_by_position": since(s.proposed_by_position, self.proposed),
+            "accepted_by_position": since(s.accepted_by_position, self.accepted),
+            "rounds_by_k": since(s.rounds_by_k, self.by_k),
             "rounds_by_tree": {t: n - self.by_tree.get(t, 0) for t, n in s.rounds_by_tree.items()
                                if n > self.by_tree.get(t, 0)},
             "rounds": s.rounds - self.rounds,

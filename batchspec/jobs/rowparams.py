@@ -11,6 +11,7 @@ around it run. Rows with different settings share the batch: the engine verifies
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 from typing import Any, Mapping
 
@@ -49,6 +50,11 @@ class RowParamColumns:
             where = f"source.row_params column {column!r} ({name})"
             if isinstance(value, BadValue):
                 return None, f"{where} {value.reason}"
+            if name == "choice" and isinstance(value, str):  # a JSON list in a text column
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    return None, f"{where}: {value[:80]!r} is not a JSON list of strings"
             if name == "stop":
                 value = (value,) if isinstance(value, str) else value
                 if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
@@ -62,6 +68,7 @@ class RowParamColumns:
         params = RowParams(**given)
         problem = params.problem()
         if problem:
-            name = problem.split("=", 1)[0]
-            return None, f"source.row_params column {self.mapping[name]!r}: {problem}"
+            name = next((n for n in self.mapping if problem.startswith(n)), None)
+            where = f"source.row_params column {self.mapping[name]!r}" if name else "source.row_params"
+            return None, f"{where}: {problem}"
         return params, None

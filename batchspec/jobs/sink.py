@@ -64,6 +64,8 @@ COLUMN_TYPES = {
     "prompt_logprobs": pa.list_(pa.float32()),  # sampling.prompt_logprobs: per prompt token, the first null
     "prompt_top_logprobs": pa.list_(pa.list_(pa.float32())),
     "prompt_top_logprob_ids": pa.list_(pa.list_(pa.int32())),
+    "forced_tokens": pa.int64(),  # structured output: drafts the grammar forced (in draft_tokens too)
+    "structured_complete": pa.bool_(),  # constrained rows: the output matches whole (false: cut short); else null
 }
 POSITION_COLUMN = "position"  # the row's index in the input (from 0): sorting by it gives input order
 # Result fields in their order, then the input position (a job's rows carry it in Result.extra).

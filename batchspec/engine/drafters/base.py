@@ -79,11 +79,13 @@ def host_draft(buffers: RoundBuffers, drafts: list[list[int]]) -> Draft:
     counts = [len(d) for d in drafts]
     width = max(counts, default=0)
     tokens = buffers.put_drafts([d + [0] * (width - len(d)) for d in drafts], len(drafts), width)
-    return Draft(tokens=tokens, num_tokens=buffers.put_num_drafts(counts), host_num=counts)
+    return Draft(tokens=tokens, num_tokens=buffers.put_num_drafts(counts), host_num=counts,
+                 host_tokens=[list(d) for d in drafts])
 
 
 def empty_draft(buffers: RoundBuffers, b: int) -> Draft:
-    return Draft(tokens=buffers.drafts[:b, :0], num_tokens=buffers.put_num_drafts([0] * b), host_num=[0] * b)
+    return Draft(tokens=buffers.drafts[:b, :0], num_tokens=buffers.put_num_drafts([0] * b), host_num=[0] * b,
+                 host_tokens=[[] for _ in range(b)])
 
 
 def host_tree(buffers: RoundBuffers, continuations: list[list[list[int]]], spec: TreeSpec) -> Draft:

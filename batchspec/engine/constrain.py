@@ -1,0 +1,76 @@
+"""Structured output inside a round (the host's matchers are grammar.py's): the drafts a grammar forces, and
+the masks of the verify positions of constrained rows, applied to the verify pass's logits."""
+
+from __future__ import annotations
+
+import torch
+
+from .drafters.base import host_draft
+from .grammar import Grammars, apply_masks
+from .round import Round, RoundBuffers, RoundShape
+from .slots import SlotTable
+
+
+def constrain_drafts(round: Round, grammars: Grammars, slots: SlotTable, buffers: RoundBuffers, limit: int) -> bool:
+    """The drafts of constrained rows, before verification: a proposal is cut at the first token its grammar
+    refuses, and a row whose grammar forces its next tokens drafts them (at most `limit`, and its room)
+    unless its proposal already covers them. Only drafts made on the host (none, the lookups) can be cut and
+    merged: a draft model's are masked at verification instead. Rows awaiting their first token are left
+    alone. Sets round.draft and round.forced; returns whether the drafts widened past the round's shape
+    (round.shape then follows)."""
+    draft = round.draft
+    if draft.host_tokens is None:
+        return False
+    merged, forced = [list(t) for t in draft.host_tokens], [0] * len(round.rows)  # forced: drafts the grammar made
+    changed = False
+    for i in grammars.constrained(round.rows):
+        slot = round.rows[i]
+        if slots[slot] is None or slots[slot].awaiting_first:
+            continue
+        legal = grammars.legal(slot, merged[i])
+        if legal < len(merged[i]):
+            merged[i], changed = merged[i][:legal], True
+        tokens = grammars.forced(slot, min(round.room[i], limit))
+        # A proposal the grammar takes that is as long (in bytes) as the forced ones starts with them.
+        if tokens and grammars.byte_length(merged[i]) < grammars.byte_length(tokens):
+            merged[i], forced[i], changed = tokens, len(tokens), True
+    if not changed:
+        return False
+    priors = draft.priors
+    round.draft = host_draft(buffers, merged)
+    round.draft.priors, round.forced = priors, forced if any(forced) else None
+    width = round.draft.tokens.shape[1]
+    if width <= round.shape.drafts:
+        return False
+    round.shape = RoundShape(drafts=width)
+    return True
+
+
+def mask_round(round: Round, logits: torch.Tensor, grammars: Grammars, slots: SlotTable, tokens: torch.Tensor,
+               static: bool) -> None:
+    """Mask the verify positions of the round's constrained rows by their grammars, in place: logits [b, W, V],
+    position t after the row's pending token and its first t drafts. Drafts made on the device come to the
+    host for it (a sync, in constrained rounds only). tokens: the slots' sequences (SlotState.tokens), where
+    on the static path a new row's first token waits (it reaches the host with this round's verdict)."""
+    index = grammars.constrained(round.rows)
+    if not index:
+        return
+    draft, width, device = round.draft, logits.shape[1], logits.device
+    rows = [round.rows[i] for i in index]
+    if draft.host_tokens is not None:
+        drafts = [draft.host_tokens[i] for i in index]
+    else:
+        at = torch.tensor(index, device=device)
+        proposed, counts = draft.tokens[at].tolist(), draft.num_tokens[at].tolist()
+        drafts = [t[:n] for t, n in zip(proposed, counts)]
+    prefixes = None
+    if static:
+        waiting = [slots[slot].awaiting_first for slot in rows]
+        if any(waiting):
+            prefixes = [[int(tokens[slot, round.lengths[i] - 1])] if w else []
+                        for slot, i, w in zip(rows, index, waiting)]
+    bitmask = grammars.masks(rows, drafts, width, prefixes)
+    at = torch.tensor(index, device=device)
+    constrained = logits[at]
+    apply_masks(constrained, bitmask.to(device, non_blocking=True))
+    logits[at] = constrained

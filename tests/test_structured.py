@@ -1,0 +1,314 @@
+"""Structured output (engine/grammar.py): constraints are checked and refused per row, the output is what the
+target gives under the same constraint without speculation (greedy: token for token against Hugging Face
+`generate` with a logits processor on llguidance's own matcher; sampled: the masked distribution, by
+chi-square), with every drafter, at batch 1, 3 and 8, eager and static."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+
+import batchspec
+from batchspec.engine.grammar import grammar_text
+from batchspec.engine.sampling import SamplingParams, to_probs
+from batchspec.types import Constraint, RowParams
+from conftest import MAX_NEW
+from test_sampling_e2e import chi2_critical
+from tiny import PROMPTS, build_tokenizer, save_model
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer"},
+                                           "ok": {"type": "boolean"}},
+          "required": ["name", "n", "ok"], "additionalProperties": False}
+# One constraint per prompt, of every kind (the prompts' own params: per-row constraints).
+CONSTRAINTS = [
+    dict(json_schema=SCHEMA), dict(regex=r"(def|class) [a-z_]+\((a|b|x|y)(, (a|b|x|y))*\):"),
+    dict(choice=["hello world", "hello batch", "the dog sleeps."]), dict(json_object=True),
+    dict(grammar='start: "print(" NUM ("+" NUM)* ")"\nNUM: /[0-9]+/'), dict(json_schema=json.dumps(SCHEMA)),
+]
+
+
+def bitmask_allows(mask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """One [words] int32 bitmask -> [vocab] bool, bit by bit (apart from the engine's vectorised unpacking)."""
+    words = mask.tolist()
+    return torch.tensor([bool((words[t // 32] >> (t % 32)) & 1) for t in range(vocab)])
+
+
+class GrammarProcessor(LogitsProcessor):
+    """The reference: one llguidance matcher for a batch-1 `generate`, advanced by each new token."""
+
+    def __init__(self, env, grammar: str, prompt_len: int, vocab: int, eos_ids: list[int]):
+        self.matcher = llguidance.LLMatcher(env, grammar)
+        self.prompt_len, self.vocab, self.eos_ids = prompt_len, vocab, eos_ids
+        self.mask = llguidance.torch.allocate_token_bitmask(1, vocab)
+
+    def __call__(self, input_ids, scores):
+        if input_ids.shape[1] > self.prompt_len:
+            assert self.matcher.consume_token(int(input_ids[0, -1])), self.matcher.get_error()
+        llguidance.torch.fill_next_token_bitmask(self.matcher, self.mask, 0)
+        allowed = bitmask_allows(self.mask[0], self.vocab)
+        allowed[self.eos_ids] = bool(allowed[self.eos_ids[0]])  # every EOS id ends a row where the grammar accepts
+        return scores.masked_fill(~allowed[: scores.shape[1]], float("-inf"))
+
+
+@pytest.fixture(scope="module")
+def references(pair):
+    """HF greedy new tokens of each prompt under its constraint (constraints cycled over the prompts)."""
+    model = AutoModelForCausalLM.from_pretrained(pair.target, dtype=torch.float32)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    # llguidance takes only EOS ids of the tokenizer's vocabulary; the first EOS is the tokenizer's own.
+    env = llguidance.hf.from_tokenizer(pair.tokenizer, n_vocab=vocab,
+                                       eos_token=[t for t in pair.eos_ids if t < len(pair.tokenizer)])
+    out = []
+    for i, prompt in enumerate(PROMPTS):
+        kind, value = next(iter(CONSTRAINTS[i % len(CONSTRAINTS)].items()))
+        grammar = grammar_text(Constraint.of(kind, value))
+        enc = pair.tokenizer(prompt, return_tensors="pt")
+        processor = GrammarProcessor(env, grammar, enc["input_ids"].shape[1], vocab, pair.eos_ids)
+        with torch.no_grad():
+            ids = model.generate(**enc, do_sample=False, max_new_tokens=MAX_NEW,
+                                 logits_processor=LogitsProcessorList([processor]))
+        out.append(ids[0, enc["input_ids"].shape[1]:].tolist())
+    return out
+
+
+def run(pair, drafter: str, batch_size: int, **kw):
+    params = [RowParams(**CONSTRAINTS[i % len(CONSTRAINTS)]) for i in range(len(PROMPTS))]
+    draft = pair.target if drafter == "model-identical" else pair.draft if drafter == "model-random" else None
+    return batchspec.generate(PROMPTS, target=str(pair.target), draft=str(draft) if draft else None,
+                              drafter="model" if draft else drafter, batch_size=batch_size, k=3,
+                              max_new_tokens=MAX_NEW, params=params, **kw)
+
+
+def test_references_end_both_ways(pair, references):
+    """The references are a strong test only if some outputs end on EOS (a whole match) and some are cut."""
+    ends = [ref[-1] in pair.eos_ids for ref in references]
+    assert 1 <= sum(ends) < len(references), ends
+    cut = run(pair, "none", 8, adaptive=False)
+    assert any(r.structured_complete is False and r.finish_reason == "length" for r in cut)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "prompt_lookup", "suffix", "model-random", "model-identical"])
+def test_greedy_parity_under_constraints(pair, references, drafter, batch_size):
+    results = run(pair, drafter, batch_size, adaptive=False)
+    for prompt, result, expected in zip(PROMPTS, results, references):
+        assert result.error is None, result.error
+        assert result.completion_token_ids == expected, (prompt, result.completion)
+        ended = expected[-1] in pair.eos_ids  # an EOS only where the grammar accepts
+        assert result.finish_reason == ("stop" if ended else "length")
+        assert result.structured_complete is True if ended else result.structured_complete is not None
+    if drafter == "none":  # forced drafts are the only drafts: a key, a quote, a choice's rest
+        assert sum(r.forced_tokens for r in results) > 0
+        assert all(r.draft_tokens == r.forced_tokens for r in results)
+
+
+STATIC = [("none", 3, False), ("ngram", 8, True), ("prompt_lookup", 3, False), ("suffix", 1, True),
+          ("model-identical", 3, False), ("model-random", 8, True)]
+
+
+@pytest.mark.parametrize("drafter,batch_size,adaptive", STATIC)
+def test_greedy_parity_under_constraints_static(pair, references, drafter, batch_size, adaptive):
+    """The static path (every slot every round): masks on the captured verify's logits, first tokens drawn
+    under the grammar at admission and reaching the host with the next round."""
+    results = run(pair, drafter, batch_size, adaptive=adaptive, compile="static")
+    assert [r.completion_token_ids for r in results] == references
+
+
+def test_refused_drafts_are_cut_and_forced_ones_added_before_verification(tokenizer):
+    """constrain_drafts on a host draft: a proposal is cut at the first token its grammar refuses; a row
+    whose grammar forces its next tokens drafts them unless its proposal starts with them; unconstrained
+    rows and rows awaiting their first token keep theirs."""
+    from batchspec.engine.constrain import constrain_drafts
+    from batchspec.engine.drafters.base import host_draft
+    from batchspec.engine.grammar import Grammars
+    from batchspec.engine.round import Round, RoundBuffers, RoundShape
+    from batchspec.engine.slots import SlotTable
+    from batchspec.types import Request
+
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    grammars = Grammars(tokenizer, vocab_size=len(tokenizer), eos_ids=[tokenizer.eos_token_id])
+    choice = Constraint.of("choice", ["hello world", "hello batch"])
+    slots = SlotTable(4)
+    for slot in range(4):
+        slots.occupy(slot, Request(str(slot), "x"), [0], max_new_tokens=50, stop=(), logprobs=None)
+        slots[slot].awaiting_first = slot == 3
+        grammars.seat(slot, choice if slot != 2 else None)
+    assert grammars.advance(1, encode("hello")) is None
+    buffers = RoundBuffers(4, 8, len(tokenizer), torch.device("cpu"), noise=False, probs=False, trees=False)
+    proposals = [encode("hello b") + encode("x"), encode(" bat"), encode("zzz"), encode("zzz")]
+    round = Round([0, 1, 2, 3], None, None, [2, 7, 2, 2], None, [0, 1, 2, 3], [50] * 4, [4] * 4, False,
+                  shape=RoundShape(drafts=4))
+    round.draft = host_draft(buffers, proposals)
+    constrain_drafts(round, grammars, slots, buffers, limit=4)
+    kept = round.draft.host_tokens
+    assert kept[0] == encode("hello b")  # cut before "x"; it covers the forced "hello " (other tokens)
+    assert kept[1] == encode(" bat")  # covers the forced " "
+    assert kept[2] == encode("zzz") and kept[3] == encode("zzz")  # unconstrained; awaiting its first token
+    assert round.forced is None and round.draft.host_num == [len(k) for k in kept]
+    round.draft = host_draft(buffers, [encode("hel"), [], encode("zzz"), encode("zzz")])
+    constrain_drafts(round, grammars, slots, buffers, limit=4)
+    kept = round.draft.host_tokens
+    assert kept[0] == grammars.forced(0, 4) and tokenizer.decode(kept[0]) == "hello "  # shorter: forced instead
+    assert kept[1] == encode(" ")  # no proposal: the forced space
+    assert round.forced == [len(kept[0]), 1, 0, 0]
+
+
+def test_adaptive_under_constraints(pair, references):
+    results = run(pair, "prompt_lookup", 8, adaptive=True)
+    assert [r.completion_token_ids for r in results] == references
+
+
+def test_a_job_wide_constraint_and_a_row_override(llama_pair):
+    """generate(json_schema=...) for every prompt; a row's own regex replaces it for that row."""
+    params = [None, RowParams(regex="[0-9]{3}")]
+    results = batchspec.generate(PROMPTS[:2], target=str(llama_pair.target), max_new_tokens=30, params=params,
+                                 json_schema=SCHEMA)
+    assert results[0].completion.startswith('{"')
+    assert results[1].completion.isdigit() and len(results[1].completion) == 3
+    assert results[1].structured_complete and results[1].finish_reason == "stop"
+    plain = batchspec.generate(PROMPTS[:1], target=str(llama_pair.target), max_new_tokens=5)
+    assert plain[0].structured_complete is None and plain[0].forced_tokens == 0
+
+
+BAD = [  # row params -> what the error names
+    (dict(json_schema="{not json"), "json_schema is not valid JSON"),
+    (dict(json_schema=[1, 2]), "json_schema must be a JSON object"),
+    (dict(json_schema={"type": "object", "properties": {"a": {"type": "nonsense"}}}), "json_schema:"),
+    (dict(regex="[unclosed"), "regex:"),
+    (dict(regex=""), "regex must be a non-empty string"),
+    (dict(choice=[]), "choice must be a non-empty list"),
+    (dict(choice="yes"), "choice must be a non-empty list"),
+    (dict(choice=["yes", 3]), "choice must be a list of non-empty strings"),
+    (dict(grammar="start: undefined_rule"), "grammar:"),
+    (dict(json_object="yes"), "json_object must be true"),
+    (dict(regex="a+", choice=["a"]), "set at most one of"),
+]
+
+
+@pytest.mark.parametrize("params,message", BAD, ids=[m for _, m in BAD])
+def test_a_bad_constraint_is_that_rows_error(llama_pair, params, message):
+    """One line naming the field (the library's own message for what it refuses); the other rows run."""
+    results = batchspec.generate(PROMPTS[:2], target=str(llama_pair.target), max_new_tokens=4,
+                                 params=[RowParams(**params), None])
+    assert results[0].finish_reason == "error" and message in results[0].error, results[0].error
+    assert "\n" not in results[0].error
+    assert results[1].error is None and results[1].completion_tokens == 4
+
+
+def test_a_bad_job_wide_constraint_is_refused_up_front(llama_pair):
+    with pytest.raises(ValueError, match="set at most one of"):
+        batchspec.generate(PROMPTS[:1], target=str(llama_pair.target), regex="a", choice=["b"])
+
+
+def test_tree_drafts_refuse_constrained_rows(llama_pair):
+    results = batchspec.generate(PROMPTS[:2], target=str(llama_pair.target), drafter="ngram", tree="2x2",
+                                 max_new_tokens=4, params=[RowParams(regex="[a-z]+"), None])
+    assert results[0].finish_reason == "error" and "tree drafts" in results[0].error
+    assert results[1].error is None
+
+
+# ---- sampled output follows the constrained distribution ----------------------------------------------
+
+SAMPLED_REGEX = "[abd]+"  # a few tokens of the tiny byte-level vocabulary; an EOS only after the first
+SAMPLED_PROMPT = "abdabdabdab"
+N = 2000  # requests per run; cells expected < 5 times are pooled; chi-square at alpha = 0.001
+
+
+@pytest.fixture(scope="module")
+def spread_pair(tmp_path_factory):
+    tokenizer = build_tokenizer()
+    root = tmp_path_factory.mktemp("spread")
+    vocab = len(tokenizer) + 12
+    # initializer 0.3 spreads the distributions so that the grammar's few tokens get mass
+    target = save_model(root / "target", "llama", tokenizer, seed=3, vocab_size=vocab, seed_scale=0.3)
+    draft = save_model(root / "draft", "llama", tokenizer, seed=4, vocab_size=vocab, seed_scale=0.3, layers=1)
+    return tokenizer, target, draft
+
+
+def exact_constrained_two_tokens(tokenizer, target, temperature: float) -> dict[tuple, float]:
+    """P(first two tokens) under the target masked by the grammar, then the temperature; EOS first ends it."""
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    env = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=[tokenizer.eos_token_id])
+    grammar = llguidance.LLMatcher.grammar_from_regex(SAMPLED_REGEX)
+    prompt = tokenizer(SAMPLED_PROMPT)["input_ids"]
+    mask = llguidance.torch.allocate_token_bitmask(1, vocab)
+    params = SamplingParams(temperature=temperature)
+
+    def next_probs(output):
+        matcher = llguidance.LLMatcher(env, grammar)
+        assert matcher.consume_tokens(output)
+        llguidance.torch.fill_next_token_bitmask(matcher, mask, 0)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + output])).logits[0, -1:]
+        logits = logits.masked_fill(~bitmask_allows(mask[0], vocab), float("-inf"))
+        return to_probs(logits, params, None)[0].double()
+
+    dist, first = {}, next_probs([])
+    for t1 in first.nonzero().flatten().tolist():
+        if t1 == tokenizer.eos_token_id:
+            dist[(t1,)] = first[t1].item()
+            continue
+        second = next_probs([t1])
+        for t2 in second.nonzero().flatten().tolist():
+            dist[(t1, t2)] = (first[t1] * second[t2]).item()
+    return dist
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verify", ["coupled", "rejection"])
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_sampled_output_follows_the_constrained_distribution(spread_pair, drafter, verify):
+    """N requests of one prompt under a regex, each its own noise: the first two tokens (the second a
+    speculative verdict over drafts the grammar may refuse) against the exact masked distribution."""
+    tokenizer, target, draft = spread_pair
+    exact = exact_constrained_two_tokens(tokenizer, target, temperature=1.0)
+    results = batchspec.generate([SAMPLED_PROMPT] * N, ids=[f"r{i}" for i in range(N)], target=str(target),
+                                 draft=str(draft), drafter=drafter, k=3, batch_size=64, max_new_tokens=4,
+                                 temperature=1.0, seed=5, verify=verify, adaptive=False, regex=SAMPLED_REGEX)
+    observed: dict[tuple, int] = {}
+    for r in results:
+        assert r.error is None, r.error
+        key = tuple(r.completion_token_ids[:2])
+        observed[key] = observed.get(key, 0) + 1
+    assert set(observed) <= set(exact), f"outside the constrained support: {set(observed) - set(exact)}"
+    assert sum(r.draft_tokens for r in results) > N // 2, "the drafter must actually propose"
+    big = [c for c in exact if exact[c] * N >= 5]
+    cells = [(observed.get(c, 0), exact[c] * N) for c in big]
+    rest_obs, rest_exp = N - sum(o for o, _ in cells), N - sum(e for _, e in cells)
+    if rest_exp >= 5:
+        cells.append((rest_obs, rest_exp))
+    chi2 = sum((o - e) ** 2 / e for o, e in cells)
+    df = len(cells) - 1
+    assert df >= 3, cells
+    assert chi2 < chi2_critical(df), f"chi2={chi2:.1f} df={df} critical={chi2_critical(df):.1f}"
+    assert math.isfinite(chi2)
+
+
+def test_a_grammar_that_fails_mid_row_ends_that_row_only(llama_pair, monkeypatch):
+    """A matcher that errs (llguidance's work limits) ends its row with the error, keeping the output made
+    before it; the rows beside it run on."""
+    from batchspec.engine.grammar import Grammars
+
+    advance, calls = Grammars.advance, {}
+
+    def failing(self, slot, tokens):  # a constrained row's second advance fails
+        if slot in self.rows:
+            calls[slot] = calls.get(slot, 0) + 1
+            if calls[slot] == 2:
+                return "structured output: lexer fuel exhausted (simulated)"
+        return advance(self, slot, tokens)
+
+    monkeypatch.setattr(Grammars, "advance", failing)
+    results = batchspec.generate(PROMPTS[:2], target=str(llama_pair.target), max_new_tokens=12,
+                                 params=[RowParams(json_schema=SCHEMA), None])
+    assert results[0].finish_reason == "error" and "simulated" in results[0].error
+    assert results[0].completion_tokens >= 2 and results[0].completion.startswith("{")
+    assert results[1].error is None and results[1].completion_tokens == 12
