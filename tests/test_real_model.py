@@ -80,7 +80,7 @@ def extraction_rows(count_per_kind: int) -> list[dict]:
 @pytest.mark.parametrize("drafter,temperature", [("none", 0.0), ("suffix", 0.7)])
 def test_extraction_outputs_match_their_schemas(smol, drafter, temperature):
     """8 extraction prompts (two per schema), a schema per row, batch 8: every output parses and matches
-    its schema; greedy outputs equal `generate`'s under the same constraint."""
+    its schema; greedy outputs equal `generate`'s under the same constraint (two of them, two schemas)."""
     path, tokenizer, model = smol
     rows = extraction_rows(2)
     prompts = [chat(tokenizer, r["prompt"]) for r in rows]
@@ -91,6 +91,6 @@ def test_extraction_outputs_match_their_schemas(smol, drafter, temperature):
         jsonschema.validate(json.loads(result.completion), json.loads(row["schema"]))
     assert sum(r.forced_tokens for r in results) > 8 * 3  # keys, quotes and braces came as free drafts
     if temperature == 0:
-        for row, prompt, result in zip(rows[::3], prompts[::3], results[::3]):
+        for row, prompt, result in zip(rows[::4], prompts[::4], results[::4]):
             expected = hf_generate(model, tokenizer, prompt, 96, Constraint.of("json_schema", row["schema"]))
             assert result.completion_token_ids == expected, row["id"]

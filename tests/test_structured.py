@@ -109,15 +109,16 @@ def test_greedy_parity_under_constraints(pair, references, drafter, batch_size):
         assert all(r.draft_tokens == r.forced_tokens for r in results)
 
 
-STATIC = [("none", 3, False), ("ngram", 8, True), ("prompt_lookup", 3, False), ("suffix", 1, True),
-          ("model-identical", 3, False), ("model-random", 8, True)]
+STATIC = [(d, 3) for d in ("none", "ngram", "prompt_lookup", "suffix", "model-random", "model-identical")] + \
+    [("none", 1), ("prompt_lookup", 8), ("model-random", 1), ("suffix", 8)]
 
 
-@pytest.mark.parametrize("drafter,batch_size,adaptive", STATIC)
-def test_greedy_parity_under_constraints_static(pair, references, drafter, batch_size, adaptive):
+@pytest.mark.parametrize("drafter,batch_size", STATIC)
+def test_greedy_parity_under_constraints_static(pair, references, drafter, batch_size):
     """The static path (every slot every round): masks on the captured verify's logits, first tokens drawn
-    under the grammar at admission and reaching the host with the next round."""
-    results = run(pair, drafter, batch_size, adaptive=adaptive, compile="static")
+    under the grammar at admission and reaching the host with the next round; adaptive at batch 8. Every
+    drafter at batch 3, some at 1 and 8 (the eager test runs every drafter at each)."""
+    results = run(pair, drafter, batch_size, adaptive=batch_size == 8, compile="static")
     assert [r.completion_token_ids for r in results] == references
 
 
@@ -312,3 +313,12 @@ def test_a_grammar_that_fails_mid_row_ends_that_row_only(llama_pair, monkeypatch
     assert results[0].finish_reason == "error" and "simulated" in results[0].error
     assert results[0].completion_tokens >= 2 and results[0].completion.startswith("{")
     assert results[1].error is None and results[1].completion_tokens == 12
+
+
+def test_n_samples_each_follow_the_constraint(llama_pair):
+    """n samples of one constrained prompt: each sample its own matcher (the prompt prefilled once)."""
+    results = batchspec.generate(PROMPTS[:2], target=str(llama_pair.target), drafter="ngram", n=4, temperature=1.0,
+                                 max_new_tokens=12, choice=["alpha", "beta gamma", "delta"], seed=1)
+    assert len(results) == 8
+    assert all(r.completion in ("alpha", "beta gamma", "delta") and r.structured_complete for r in results)
+    assert len({r.completion for r in results}) > 1  # samples, not copies
