@@ -21,7 +21,7 @@ from .graphs import HostBuffer, LaunchCounter, StepGraphs, host_lists
 from .noise import STREAM_RESAMPLE, gumbel_noise, uniforms
 from .round import Draft, Round, RoundBuffers, RoundShape
 from .runner import ModelRunner
-from .sampling import RowSampling, SamplingParams, choose, logprobs_at, probs_of, scores
+from .sampling import RowSampling, SamplingParams, choose, logprobs_at, probs_of, row_transforms, scores
 from .slots import SlotState
 from .stops import StopRules
 from .tree import TreeShape, compaction, tree_shape
@@ -54,8 +54,8 @@ class Acceptor:
             self._first_lp = torch.zeros(self.num_slots, block, device=self.device)  # drawn at admission
 
     def _rows(self, rows: torch.Tensor) -> RowSampling | None:
-        """The rows' sampling transforms (None: the whole job is greedy)."""
-        return None if self.sampling.greedy else self.state.sampling[rows]
+        """The rows' own sampling transforms (None: every row samples, or decodes greedily, as the job does)."""
+        return row_transforms(self.sampling, self.state.sampling, rows)
 
     # ---- noise ------------------------------------------------------------------------------------
 

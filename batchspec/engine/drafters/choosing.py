@@ -27,7 +27,7 @@ def choose_draft(logits, i: int, sampling: SamplingParams, lengths, keys, presen
     """Draft i from a draft's logits [b, V] (over the target's vocabulary) after the previous one: into
     drafts[:, i] (a chain) or level i's `branching` nodes drafts[:, i * B .. (i + 1) * B] (a tree: its spine first); under
     rejection sampling q into probs[:, i] (chain) or probs[:, the spine node above] (tree's q_at).
-    Returns the token fed next (the spine) [b]. rows: each row's sampling transforms (None: greedy)."""
+    Returns the token fed next (the spine) [b]. rows: each row's sampling transforms (None: the job's)."""
     s = scores(logits.float(), sampling, presence, rows)
     if sampling.greedy or sampling.coupled:
         noise = gumbel[:, i] if gumbel is not None else None

@@ -23,7 +23,7 @@ from ...types import TreeSpec
 from ..graphs import HostBuffer, StepGraphs, wall
 from ..round import Draft, Round, RoundBuffers, RoundShape
 from ..runner import ModelRunner
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, row_transforms
 from ..slots import SlotState
 from .base import DrafterPolicy, empty_draft
 from .choosing import choose_draft, layout_tree, no_tree
@@ -277,7 +277,7 @@ class EagleDrafter:
         rows, logits, out, lengths = rows[perm], logits[perm], out[perm], round.lengths_t[perm]
         presence = state.presence[rows].clone() if state.presence is not None else None
         keys = state.noise_keys[rows]
-        sampling = None if self.sampling.greedy else state.sampling[rows]
+        sampling = row_transforms(self.sampling, state.sampling, rows)
         gumbel = round.gumbel[perm] if round.gumbel is not None else None
         drafts = torch.zeros_like(round.buffers.drafts[:b])
         q = torch.zeros_like(probs[:b]) if probs is not None else None

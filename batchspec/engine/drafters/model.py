@@ -12,7 +12,7 @@ from ..graphs import StepGraphs, wall
 from ..round import Draft, Round, RoundBuffers, RoundShape
 from ..packed import RowTokens, pack
 from ..runner import ModelRunner
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, row_transforms
 from ..slots import SlotState
 from ..timing import median_seconds
 from .base import MODEL_POLICY, empty_draft
@@ -194,7 +194,7 @@ class ModelDrafter:
         state = round.state
         presence = state.presence[round.rows_t].clone() if state.presence is not None else None
         keys, drafts = state.noise_keys[round.rows_t], round.buffers.drafts[:b]
-        sampling = None if self.sampling.greedy else state.sampling[round.rows_t]
+        sampling = row_transforms(self.sampling, state.sampling, round.rows_t)
         gumbel = round.gumbel
         arange = torch.arange(b, device=self.device)
         for i in range(steps):
@@ -221,7 +221,7 @@ class ModelDrafter:
         rows_t = round.rows_t[sub]
         lengths_t, keys = round.lengths_t[sub], state.noise_keys[rows_t]
         presence = state.presence[rows_t].clone() if state.presence is not None else None
-        sampling = None if self.sampling.greedy else state.sampling[rows_t]
+        sampling = row_transforms(self.sampling, state.sampling, rows_t)
         gumbel = round.gumbel[sub] if round.gumbel is not None else None
         drafts = torch.zeros(len(slots), steps, dtype=torch.long, device=self.device)
         q = torch.zeros(len(slots), steps, probs.shape[-1], device=self.device) if probs is not None else None
