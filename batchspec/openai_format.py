@@ -223,12 +223,13 @@ def constraint_fields(body: Mapping[str, Any]) -> dict[str, Any]:
                 given[STRUCTURED_OUTPUTS[name]] = (f"body.structured_outputs.{name}", value)
     if len(given) > 1:
         raise BadLine(f"set at most one structured output; got {', '.join(w for w, _ in given.values())}")
-    for field_name, (where, value) in given.items():
-        problem = Constraint.of(field_name, value)
-        if isinstance(problem, str):
-            raise BadLine(f"{where}: {problem}")
-        return {field_name: tuple(value) if field_name == "choice" else value}
-    return {}
+    if not given:
+        return {}
+    (field_name, (where, value)), = given.items()
+    problem = Constraint.of(field_name, value)
+    if isinstance(problem, str):
+        raise BadLine(f"{where}: {problem}")
+    return {field_name: tuple(value) if field_name == "choice" else value}
 
 
 def integer(body: Mapping[str, Any], name: str) -> int | None:

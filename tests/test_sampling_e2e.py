@@ -24,6 +24,25 @@ def chi2_critical(df: int, z: float = ALPHA_Z) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
+def first_two_counts(results) -> dict[tuple, int]:
+    """How often each first two tokens (one, when the first is EOS) came out."""
+    observed: dict[tuple, int] = {}
+    for r in results:
+        key = tuple(r.completion_token_ids[:2])
+        observed[key] = observed.get(key, 0) + 1
+    return observed
+
+
+def chi_square(observed: dict[tuple, int], exact: dict[tuple, float], n: int) -> tuple[float, int]:
+    """(chi2, degrees of freedom) of n observed outcomes against exact probabilities; cells expected
+    fewer than 5 times are pooled into one."""
+    cells = [(observed.get(c, 0), exact[c] * n) for c in exact if exact[c] * n >= 5]
+    rest_obs, rest_exp = n - sum(o for o, _ in cells), n - sum(e for _, e in cells)
+    if rest_exp >= 5:
+        cells.append((rest_obs, rest_exp))
+    return sum((o - e) ** 2 / e for o, e in cells), len(cells) - 1
+
+
 @pytest.fixture(scope="module")
 def tiny_vocab_pair(tmp_path_factory):
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<pad>"))
@@ -86,20 +105,10 @@ def test_first_two_tokens_follow_target_distribution(tiny_vocab_pair, drafter, p
         k=3, batch_size=64, max_new_tokens=4, temperature=params.temperature, top_k=params.top_k,
         repetition_penalty=params.repetition_penalty, seed=11, verify=verify, adaptive=False, tree=tree,
     )
-    observed: dict[tuple, int] = {}
-    for r in results:
-        key = tuple(r.completion_token_ids[:2])
-        observed[key] = observed.get(key, 0) + 1
+    observed = first_two_counts(results)
     assert set(observed) <= set(exact), f"tokens outside the target's support: {set(observed) - set(exact)}"
     assert sum(r.draft_tokens for r in results) > N // 2, "the drafter must actually propose"
-    big = [c for c in exact if exact[c] * N >= 5]
-    cells = [(observed.get(c, 0), exact[c] * N) for c in big]
-    rest_obs = N - sum(o for o, _ in cells)
-    rest_exp = N - sum(e for _, e in cells)
-    if rest_exp >= 5:
-        cells.append((rest_obs, rest_exp))
-    chi2 = sum((o - e) ** 2 / e for o, e in cells)
-    df = len(cells) - 1
+    chi2, df = chi_square(observed, exact, N)
     assert chi2 < chi2_critical(df), f"chi2={chi2:.1f} df={df} critical={chi2_critical(df):.1f}"
 
 

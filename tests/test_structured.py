@@ -20,7 +20,7 @@ from batchspec.engine.grammar import grammar_text
 from batchspec.engine.sampling import SamplingParams, to_probs
 from batchspec.types import Constraint, RowParams
 from conftest import MAX_NEW
-from test_sampling_e2e import chi2_critical
+from test_sampling_e2e import chi2_critical, chi_square, first_two_counts
 from tiny import PROMPTS, build_tokenizer, save_model
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer"},
@@ -274,21 +274,12 @@ def test_sampled_output_follows_the_constrained_distribution(spread_pair, drafte
     results = batchspec.generate([SAMPLED_PROMPT] * N, ids=[f"r{i}" for i in range(N)], target=str(target),
                                  draft=str(draft), drafter=drafter, k=3, batch_size=64, max_new_tokens=4,
                                  temperature=1.0, seed=5, verify=verify, adaptive=False, regex=SAMPLED_REGEX)
-    observed: dict[tuple, int] = {}
-    for r in results:
-        assert r.error is None, r.error
-        key = tuple(r.completion_token_ids[:2])
-        observed[key] = observed.get(key, 0) + 1
+    assert all(r.error is None for r in results), next(r.error for r in results if r.error)
+    observed = first_two_counts(results)
     assert set(observed) <= set(exact), f"outside the constrained support: {set(observed) - set(exact)}"
     assert sum(r.draft_tokens for r in results) > N // 2, "the drafter must actually propose"
-    big = [c for c in exact if exact[c] * N >= 5]
-    cells = [(observed.get(c, 0), exact[c] * N) for c in big]
-    rest_obs, rest_exp = N - sum(o for o, _ in cells), N - sum(e for _, e in cells)
-    if rest_exp >= 5:
-        cells.append((rest_obs, rest_exp))
-    chi2 = sum((o - e) ** 2 / e for o, e in cells)
-    df = len(cells) - 1
-    assert df >= 3, cells
+    chi2, df = chi_square(observed, exact, N)
+    assert df >= 3, observed
     assert chi2 < chi2_critical(df), f"chi2={chi2:.1f} df={df} critical={chi2_critical(df):.1f}"
     assert math.isfinite(chi2)
 

@@ -215,11 +215,10 @@ class Grammars:
             if prefix and not matcher.consume_tokens(prefix):
                 raise RuntimeError(f"slot {slot}: the grammar refused tokens {prefix}")
             proposed = self._known(row_drafts[: width - 1])
-            # An EOS ends the row (nothing after it is emitted), and llguidance does not count a consumed EOS
-            # among the tokens rollback undoes: the drafts stop before one.
-            ends = [t for t, token in enumerate(proposed) if token in self._env.eos_tokens]
-            proposed = proposed[: ends[0]] if ends else proposed
-            legal = matcher.validate_tokens(proposed) if proposed else 0
+            legal = self.legal(slot, proposed)  # after the prefix
+            # An EOS is decided at its position but not consumed: llguidance does not count a consumed EOS
+            # among the tokens rollback undoes.
+            legal -= legal > 0 and proposed[legal - 1] in self._env.eos_tokens
             llguidance.torch.fill_next_token_bitmask(matcher, bitmask, i * width)
             for t in range(legal):
                 matcher.consume_token(proposed[t])
