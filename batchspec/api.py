@@ -17,7 +17,7 @@ import torch
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .engine.drafters import make_drafter
+from .engine.drafters import Drafter, make_drafter
 from .engine.generator import FILL_TOKENS, FORCED_DRAFTS, SpecBatchGenerator
 from .engine.graphs import LaunchCounter, StepGraphs, resolve_capture
 from .engine.intake import Defaults
@@ -50,7 +50,7 @@ def model_max_positions(model: PreTrainedModel) -> int | None:
 def build_generator(
     models: Models,
     *,
-    drafter: str = "none",
+    drafter: str | Drafter = "none",
     k: int = 4,
     batch_size: int = 8,
     max_new_tokens: int = 128,
@@ -93,6 +93,8 @@ def build_generator(
     compile: auto = CUDA graphs on a GPU (every step captured at start), eager on CPU; on = CUDA graphs on
     a GPU, torch.compile (inductor) of the forwards on CPU; off = eager everywhere; static = the captured
     path's static shapes without capturing (tests, launch counts).
+
+    drafter: a name (make_drafter), or a Drafter object built by the caller (train_draft's FeatureRecorder).
 
     tree: tree drafts (engine/tree.py), "BxD" (branching x depth), or several comma-separated: with
     adaptive off every round drafts the first; with adaptive each round chooses between plain decoding,
@@ -142,9 +144,10 @@ def build_generator(
     if problem:  # before anything is allocated: the caches are allocated at the first forward
         raise ValueError(problem)
     buckets = capture_buckets(models, graphs.mode, capacity, batch_size=batch_size, k=k, trees=trees,
-                              sampling=sampling, drafter=drafter, budget=graph_memory)
+                              sampling=sampling, drafter=drafter if isinstance(drafter, str) else "custom",
+                              budget=graph_memory)
     target_vocab = models.target.get_output_embeddings().weight.shape[0]
-    draft = make_drafter(
+    draft = drafter if not isinstance(drafter, str) else make_drafter(
         drafter, graphs=graphs, num_slots=batch_size, capacity=capacity, max_position=max_seq_len,
         target_vocab_size=target_vocab, sampling=sampling, draft_model=models.draft, trees=trees, buckets=buckets,
         corpus=corpus or (), corpus_max_tokens=corpus_max_tokens, head=head if head is not None else models.head,

@@ -311,8 +311,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json-schema", help="structured output: every row's output must match this JSON schema file")
     parser.add_argument("--schema-column", help="structured output: each row's JSON schema (JSON text) from this "
                         "column of --prompts")
-    parser.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the target's "
-                        "chat template")
+    parser.add_argument("--chat", action="store_true", help="render each prompt with the target's chat template: "
+                        "text as one user message, or the column's list of {role, content} messages")
     parser.add_argument("--json", help="write the table as JSON here")
     parser.add_argument("--markdown", help="write the table as Markdown here")
     args = parser.parse_args(argv)
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"--drafters: unknown {sorted(unknown)}; choose from {', '.join(DRAFTERS[1:])}")
     try:
-        prompts = read_prompts(args.prompts, args.num_prompts, args.prompt_column, args.split)
+        prompts = read_prompts(args.prompts, args.num_prompts, args.prompt_column, args.split, messages=args.chat)
         schemas = read_prompts(args.prompts, args.num_prompts, args.schema_column, args.split) \
             if args.schema_column else None
     except ValueError as e:  # SourceError included
@@ -357,8 +357,8 @@ def main(argv: list[str] | None = None) -> None:
     models = load_models(args.target, args.draft or None, dtype=args.dtype, device=args.device,
                          head=args.head if "eagle" in args.drafters else None)
     if args.chat:
-        prompts = [models.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                        add_generation_prompt=True) for p in prompts]
+        prompts = [models.tokenizer.apply_chat_template([{"role": "user", "content": p}] if isinstance(p, str) else p,
+                                                        tokenize=False, add_generation_prompt=True) for p in prompts]
     if args.random_draft:
         if models.draft is None:
             parser.error("--random-draft needs --draft")

@@ -83,21 +83,25 @@ def predicted_speedup(alpha: float, k: int, target_ms: list[float], draft_ms: fl
     return expected_tokens(alpha, k) * target_ms[0] / (target_ms[k] + k * draft_ms)
 
 
-def read_prompts(path: str, limit: int, column: str = "prompt", split: str = "train") -> list[str]:
+def read_prompts(path: str, limit: int, column: str = "prompt", split: str = "train",
+                 messages: bool = False) -> list:
     """The first `limit` text prompts of `column` in any input a job can read: a Parquet file, folder or
-    glob, a saved or local Hugging Face dataset, a JSONL file. Rows without a text prompt are skipped."""
+    glob, a saved or local Hugging Face dataset, a JSONL file. Rows without a text prompt are skipped; with
+    `messages`, chat message lists ([{role, content}, ...]) count as prompts too."""
+    from .jobs.prompts import check_messages
     from .jobs.sources import open_source
 
     source = open_source(path, "auto", split, {column: "--prompt-column"})
     prompts = []
     for _, values in source.rows(0, 1, None):
         prompt = values.get(column) if isinstance(values, dict) else None
-        if isinstance(prompt, str) and prompt.strip():
-            prompts.append(prompt)
+        text = isinstance(prompt, str) and prompt.strip()
+        if text or (messages and not isinstance(prompt, str) and check_messages(prompt) is None):
+            prompts.append(prompt if text else [dict(m) for m in prompt])
             if len(prompts) == limit:
                 break
     if not prompts:
-        raise ValueError(f"{path}: no text prompts in column {column!r}")
+        raise ValueError(f"{path}: no {'text or chat' if messages else 'text'} prompts in column {column!r}")
     return prompts
 
 

@@ -132,6 +132,21 @@ def test_cli_one_line_errors(tiny, tmp_path, capsys):
     assert not (tmp_path / "o").exists()  # nothing written: the same command works once fixed
 
 
+def test_a_prompt_column_that_gives_few_prompts_is_refused_and_bad_rows_are_named(tiny, tmp_path):
+    """A column of integers once trained a head on the one usable row; now it is refused with the first
+    row's reason, and a source with a few bad rows trains on the rest, saying how many were skipped."""
+    numbers = tmp_path / "numbers.jsonl"
+    numbers.write_text("".join(json.dumps({"prompt": i}) + "\n" for i in range(30)) + '{"prompt": "the fox"}\n')
+    with pytest.raises(TrainDraftError, match=r"only 1 of 31 rows give a prompt .*row 0: .* holds a int"):
+        run(options(tiny, tmp_path / "a", prompts=str(numbers)), log=lambda *a: None)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(tiny[1].read_text() + '{"prompt": null}\n{"prompt": 7}\n')
+    lines = []
+    summary = run(options(tiny, tmp_path / "b", prompts=str(mixed), steps=1), log=lines.append)
+    assert summary.train_samples == 26
+    assert any(line.startswith("prompts: 2 of 32 rows unusable, skipped; the first: row 30: source.prompt_column ") for line in lines)
+
+
 def test_choose_vocab():
     counts = Counter({5: 10, 3: 10, 9: 7, 1: 1, 7: 3})
     v = choose_vocab(counts, 3, 12, always=(11,))
@@ -245,3 +260,30 @@ def test_a_head_that_learnt_its_data_by_heart_is_named(train, heldout, samples, 
     s = SimpleNamespace(agreement=[train, train - 0.05], acceptance={"cumulative": [heldout, heldout / 2]},
                         heldout_samples=samples)
     assert (memorised(s) == (train, heldout)) if warned else memorised(s) is None
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_states_recorded_while_generating_equal_a_forward_over_each_sequence(tiny, temperature):
+    """train_draft takes the target's states from the forwards that write the continuations (eagle/record.py,
+    packed rounds: prompt chunks, then one position per round); they must be what one forward over each
+    finished sequence gives, and so must the greedy labels derived from them."""
+    from batchspec.eagle.data import continue_prompts
+    from batchspec.eagle.features import recorded_states, sequence_states
+    from batchspec.models import load_models
+
+    models = load_models(str(tiny[0]), device="cpu")
+    prompts = [(i, models.tokenizer(p)["input_ids"]) for i, p in enumerate(PROMPTS)]
+    layers = (2, 2, 1)
+    samples, recorded = continue_prompts(models.target, models.tokenizer, prompts, max_new_tokens=20,
+                                         temperature=temperature, seed=0, batch_size=3, layers=(*layers, 4))
+    assert len(samples) == len(PROMPTS) == len(recorded)
+    assert any(s.new_tokens == 20 for s in samples)
+    assert any(s.new_tokens < 20 for s in samples) or temperature > 0  # rows ended by EOS (greedy) and by length
+    got = recorded_states(models.target, samples, recorded, greedy_data=temperature == 0)
+    want = sequence_states(models.target, [s.ids for s in samples], layers)
+    for sample, (features, final, greedy), (f_ref, final_ref, g_ref) in zip(samples, got, want):
+        n = len(sample.ids)
+        assert features.shape == (n - 1, f_ref.shape[1]) and final.shape == final_ref.shape
+        torch.testing.assert_close(features, f_ref[: n - 1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(final[: n - 1], final_ref[: n - 1], atol=1e-4, rtol=1e-4)
+        assert greedy[n - 1] == -1 and greedy[: n - 1].tolist() == g_ref[: n - 1].tolist()

@@ -94,3 +94,30 @@ def test_extraction_outputs_match_their_schemas(smol, drafter, temperature):
         for row, prompt, result in zip(rows[::4], prompts[::4], results[::4]):
             expected = hf_generate(model, tokenizer, prompt, 96, Constraint.of("json_schema", row["schema"]))
             assert result.completion_token_ids == expected, row["id"]
+
+
+INSTRUCTIONS = REPO / "batchspec" / "assets" / "instructions"
+
+
+def test_train_draft_on_chat_prompts_gives_a_head_that_drafts_exactly(smol, chat_references, tmp_path):
+    """train_draft on the shipped chat instructions (--chat: each prompt a user message through SmolLM2's chat
+    template), a short budget; the head it writes loads, drafts, and greedy output with it equals
+    Hugging Face `generate` token for token."""
+    from batchspec.train_draft import main
+
+    rows = [json.loads(line) for line in (INSTRUCTIONS / "train.jsonl").read_text().splitlines()][:24]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": r["prompt"]}]}) + "\n"
+                               for r in rows))
+    out = tmp_path / "head"
+    main([str(smol[0]), "--prompts", str(prompts), "--prompt-column", "messages", "--chat", "--out", str(out),
+          "--minutes", "0", "--steps", "4", "--max-new-tokens", "12", "--eval-new-tokens", "8", "--heldout", "0.2",
+          "--max-heldout", "4", "--batch-size", "2"])
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["steps"] == 4 and summary["train_samples"] == 20 and summary["positions_seen"] > 0
+    assert summary["heldout_samples"] == 4
+    prompts, expected = chat_references
+    results = batchspec.generate(prompts, target=str(smol[0]), draft=str(out), drafter="eagle", k=3, adaptive=False,
+                                 batch_size=3, max_new_tokens=20)
+    assert [r.completion_token_ids for r in results] == expected
+    assert sum(r.draft_tokens for r in results) > 0

@@ -85,3 +85,40 @@ def sequence_states(target, sequences: list[list[int]], layer_ids, *, batch_size
         if progress is not None:
             progress(len(rows))
     return out
+
+
+def recorded_states(target, samples, recorded: list[torch.Tensor], *, greedy_data: bool, prompt_labels: bool = True,
+                    batch_size: int = 16, progress=None) -> list[tuple[torch.Tensor, ...]]:
+    """What `sequence_states` gives, from the states the generating forwards recorded (record.py): per sample
+    recorded [n - 1, 4 * Ht] (the head's three layers, then the LM head's input) of positions 0 .. n - 2 ->
+    (features [n - 1, 3*Ht], final [n, Ht], greedy [n]); the last position ran no forward, so its final row
+    is zeros and its greedy token -1 (no label). greedy[p] is the target's argmax after position p: with
+    `greedy_data` (the continuations are the target's greedy ones) the next token of the continuation, else
+    and at prompt positions the LM head's argmax over `final` (`batch_size` samples at a time); without `prompt_labels` prompt positions of
+    greedy data get no label (-1): for training that learns only where the target wrote, and for held-out
+    samples, which are scored against their tokens."""
+    out = []
+    todo: list[tuple[int, int, int]] = []  # (sample, first, last) positions whose argmax must be computed
+    for i, (sample, rec) in enumerate(zip(samples, recorded)):
+        n, ht = len(sample.ids), rec.shape[1] // 4
+        final = torch.cat([rec[:, 3 * ht:], rec.new_zeros(1, ht)])
+        greedy = torch.full((n,), -1, dtype=torch.long)
+        start = sample.prompt_len - 1 if greedy_data else 0
+        greedy[start: n - 1] = torch.tensor(sample.ids[start + 1:])
+        if (start > 0 and prompt_labels) or not greedy_data:
+            todo.append((i, 0, start if greedy_data else n - 1))
+        out.append((rec[:, : 3 * ht], final, greedy))
+    head = target.get_output_embeddings()
+    weight, bias = head.weight, getattr(head, "bias", None)
+    with torch.no_grad():
+        for first in range(0, len(todo), batch_size):
+            part = todo[first: first + batch_size]
+            rows = torch.cat([out[i][1][a:b] for i, a, b in part]).to(weight.device, weight.dtype)
+            tokens = torch.nn.functional.linear(rows, weight, bias).argmax(-1).cpu()
+            at = 0
+            for i, a, b in part:
+                out[i][2][a:b] = tokens[at: at + b - a]
+                at += b - a
+            if progress is not None:
+                progress(len(part))
+    return out

@@ -58,6 +58,7 @@ class LoopState:
     agreement: list[float] = field(default_factory=list)  # top-1 agreement by unrolled step, last 20 steps
     history: list[dict] = field(default_factory=list)  # held-out checks during training
     skipped: int = 0  # steps whose loss or gradient was not finite (not applied)
+    positions: int = 0  # labelled positions trained on (first unrolled step), over all steps
 
 
 # Adam moves every weight by about lr per step, so a layer's output moves by about lr x its width: the
@@ -136,7 +137,8 @@ class TargetHead:
 
 
 def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, options: LoopOptions, device):
-    """Weighted TTT loss over the batch `rows`, and the per-step top-1 agreement with the target.
+    """Weighted TTT loss over the batch `rows`, the per-step top-1 agreement with the target, and the number
+    of labelled positions of the first step.
     With a reduced draft vocabulary, labels are over the draft vocabulary (the target's distribution
     renormalised over it, as SpecForge does) and positions whose greedy token is outside it are skipped."""
     part = [samples[i] for i in rows]
@@ -149,8 +151,10 @@ def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, 
     lengths = torch.tensor([len(s.ids) for s in part], device=device)[:, None]
     prompt = torch.tensor([s.prompt_len for s in part], device=device)[:, None]
     rows_i = torch.arange(length, device=device)[None]
-    # The target's greedy token after position p, p = 1..N-1, as a draft id (-1: not in the draft vocabulary).
-    greedy = target_head.draft_id[greedy[:, 1:].to(device)]  # [b, N-1]
+    # The target's greedy token after position p, p = 1..N-1, as a draft id (-1: not in the draft vocabulary,
+    # or no label: a recorded sequence's last position, features.recorded_states).
+    greedy = greedy[:, 1:].to(device)  # [b, N-1]
+    greedy = torch.where(greedy >= 0, target_head.draft_id[greedy.clamp(min=0)], -1)
     usable = greedy >= 0
     losses, agree = [], []
     for j, out in enumerate(unroll(head, ids, feats, options.ttt_steps)):
@@ -168,9 +172,10 @@ def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, 
                 p = F.softmax(target_head(F.pad(final[:, 1 + j:], (0, 0, 0, j))[ok]) / options.label_temperature, -1)
             losses.append(-(p * F.log_softmax(logits, dim=-1)).sum() / max(len(p), 1))
         agree.append(float((logits.argmax(-1) == label).sum()) / max(len(label), 1))
+        positions = len(label) if j == 0 else positions
     weights = [options.step_weight ** j for j in range(len(losses))]
     loss = sum(w * l for w, l in zip(weights, losses)) / sum(weights)
-    return loss, agree
+    return loss, agree, positions
 
 
 def quick_eval(head: EagleHead, samples, states, k: int = 4) -> dict:
@@ -212,7 +217,7 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
             for group in opt.param_groups:
                 group["lr"] = lr_at(progress_of(state, options), options, peak_lr)
             with autocast:
-                loss, agree = batch_loss(head, target_head, samples, states, pick_batch(order, state.step, options),
+                loss, agree, positions = batch_loss(head, target_head, samples, states, pick_batch(order, state.step, options),
                                          options, device)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -230,6 +235,7 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
                 continue
             in_a_row = 0
             opt.step()
+            state.positions += positions
             recent = (recent + [(loss.item(), agree)])[-20:]
             state.loss = sum(r[0] for r in recent) / len(recent)
             state.agreement = [sum(r[1][j] for r in recent) / len(recent) for j in range(len(agree))]

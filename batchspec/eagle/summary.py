@@ -37,6 +37,7 @@ class Summary:
     costs: dict = field(default_factory=dict)  # evaluate.StepCosts as a dict
     lr: float | None = None  # the peak learning rate used
     skipped_steps: int = 0  # steps not applied: their loss or gradient was not finite
+    positions_seen: int = 0  # labelled positions trained on, summed over steps (a position seen twice counts twice)
 
     @property
     def total_seconds(self) -> float:
@@ -56,6 +57,7 @@ def render(s: Summary) -> str:
     best = max(speedups, key=speedups.get)
     costs = s.costs
     draws = "greedy" if s.temperature == 0 else f"sampled at temperature {s.temperature:g}"
+    share = lambda name, seconds: f"{name} {seconds / 60:.1f} min ({100 * seconds / max(s.total_seconds, 1e-9):.0f}%)"  # noqa: E731
     lines = [
         f"EAGLE-3 head for {s.target} -> {s.out} ({s.format} layout)",
         f"  head: hidden {c['hidden_size']}, MLP {c['intermediate_size']}, reads target hidden states "
@@ -64,11 +66,11 @@ def render(s: Summary) -> str:
         f"  data: {s.train_samples} samples from {s.prompts_used} of {s.prompts_total} training prompts "
         f"({s.train_tokens:,} tokens, {s.generated_tokens:,} generated, {draws}); {s.heldout_samples} held-out "
         f"prompts x {s.eval_new_tokens} greedy tokens",
-        f"  time: generation {s.generation_seconds / 60:.1f} min, target features {s.feature_seconds / 60:.1f} min, "
-        f"training {s.train_seconds / 60:.1f} min ({s.steps} steps x {s.batch_size} sequences, {s.ttt_steps} "
-        f"unrolled steps, peak lr {s.lr or 0:.2g}"
+        f"  time: {share('generation', s.generation_seconds)}, {share('target features', s.feature_seconds)}, "
+        f"{share('training', s.train_seconds)} ({s.steps} steps x {s.batch_size} sequences, {s.positions_seen:,} "
+        f"labelled positions seen, {s.ttt_steps} unrolled steps, peak lr {s.lr or 0:.2g}"
         + (f", {s.skipped_steps} skipped: loss not finite" if s.skipped_steps else "")
-        + f"), evaluation {s.eval_seconds / 60:.1f} min; total {s.total_seconds / 60:.1f} min",
+        + f"), {share('evaluation', s.eval_seconds)}; total {s.total_seconds / 60:.1f} min",
         f"  training loss ({s.labels} labels) {s.final_loss:.3f}; top-1 agreement with the target by unrolled step: "
         + " ".join(f"{v:.2f}" for v in s.agreement) if s.final_loss is not None else "  no training steps ran",
         f"  held-out acceptance (greedy chains replayed on the target's continuations, {a['chains']:,} chain starts):",
@@ -82,6 +84,9 @@ def render(s: Summary) -> str:
         "  predicted speedup over plain decoding: " + "  ".join(f"k={k} {v:.2f}x" for k, v in speedups.items())
         + f"; best k={best}",
     ]
+    if speedups[best] < 1.0:
+        lines.append(f"  verdict: this head is not expected to pay (at best {speedups[best]:.2f}x plain decoding); "
+                     "adaptive speculation will mostly leave it idle. More prompts and minutes help.")
     gap = memorised(s)
     if gap is not None:
         lines.append(f"  warning: the head agrees {gap[0]:.2f} with the target on its training data but only "

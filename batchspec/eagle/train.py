@@ -1,13 +1,13 @@
 """Train an EAGLE-3 head for any Hugging Face target by self-distillation (`python -m batchspec.train_draft`).
 
-    prompts -> the target's own continuations (data.py) -> its hidden states (features.py)
-            -> training-time-test training (loop.py) -> held-out replay and step costs (evaluate.py)
-            -> the head in the EAGLE / SpecForge layout (formats.py) and a one-screen summary (summary.py)
+    prompts -> the target's own continuations and, from the same forwards, its hidden states (data.py,
+               record.py) -> training-time-test training (loop.py) -> held-out replay and step costs
+               (evaluate.py) -> the head in the EAGLE / SpecForge layout (formats.py) and a summary (summary.py)
 
-Everything the run needs to continue after a kill lives in OUT/.train: the generated samples (chunks,
-atomic), the options that shaped them (run.json) and the latest checkpoint; `--resume` picks them up.
-The time budget (`minutes`) covers the whole run: generation may use `data_fraction` of it, the
-target's features are computed once, training gets what is left (less a reserve for the evaluation).
+Everything the run needs to continue after a kill lives in OUT/.train: the generated samples and their
+states (chunks, atomic), the options that shaped them (run.json) and the latest checkpoint; `--resume`
+picks them up. The time budget (`minutes`) covers the whole run: generation stops at `data_fraction` of
+it, training gets what is left (less a reserve for the evaluation).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import torch
 from .config import HeadError
 from .data import Prompts, SampleStore, generate_data, split_prompts
 from .evaluate import acceptance, head_matches, measure_costs
-from .features import sequence_states
+from .config import default_layer_ids, target_num_layers
+from .features import recorded_states, sequence_states
 from .formats import atomic_write, save_head
 from .init import head_for_target, scale_fc
 from .loop import LoopOptions, default_lr, train_loop
@@ -30,7 +31,7 @@ from .summary import Summary, render
 from .vocab import vocab_for
 
 # Options whose change makes the saved samples or checkpoint meaningless for a resumed run.
-DATA_KEYS = ("target", "prompts", "prompt_column", "split", "limit", "max_prompt_tokens", "max_new_tokens",
+DATA_KEYS = ("target", "prompts", "prompt_column", "chat", "split", "limit", "max_prompt_tokens", "max_new_tokens",
              "eval_new_tokens", "temperature", "heldout", "max_heldout", "seed", "layers", "draft_vocab_size")
 
 
@@ -40,6 +41,7 @@ class TrainDraftOptions:
     prompts: str
     out: str
     prompt_column: str = "prompt"
+    chat: bool = False  # the column's text as a user message, or its message list, through the chat template
     split: str = "train"
     limit: int | None = None
     minutes: float = 15.0  # budget for the whole run (0: no time limit; then give steps)
@@ -58,9 +60,9 @@ class TrainDraftOptions:
     eval_new_tokens: int = 64
     temperature: float = 0.0
     labels: str = "auto"  # auto: hard for greedy continuations, else soft at the sampling temperature
-    data_fraction: float = 0.2
-    gen_batch_size: int = 32
-    train_on_prompt: bool = True
+    data_fraction: float = 0.4
+    gen_batch_size: int = 64
+    train_on_prompt: bool = False
     layers: tuple[int, int, int] | None = None
     format: str = "eagle"
     save_dtype: str = "float32"
@@ -95,24 +97,27 @@ def start_run_folder(state_dir: Path, record: dict) -> None:
 
 def run(options: TrainDraftOptions, log=print) -> Summary:
     """Generate, train, evaluate and save; returns the summary (also written to OUT/train_summary.*)."""
-    from ..calibrate import read_prompts  # reads every job source (Parquet, JSONL, datasets)
+    from ..jobs.sources import open_source  # reads every job source (Parquet, JSONL, datasets)
     from ..models import load_models
 
     t_start = time.time()
     state_dir = Path(options.out) / ".train"
-    texts = read_prompts(options.prompts, options.limit, options.prompt_column, options.split)
+    source = open_source(options.prompts, "auto", options.split, {options.prompt_column: "--prompt-column"})
     record = check_run_folder(options, state_dir)
     models = load_models(options.target, dtype=options.dtype, device=options.device)
     start_run_folder(state_dir, record)
     target, device, budget = models.target, models.target.device, options.minutes * 60
-    split = encode_prompts(options, texts, models.tokenizer, log)
+    split = encode_prompts(options, source, models.tokenizer, log)
 
     store = SampleStore(state_dir / "samples")
+    num_layers = target_num_layers(target.config)
+    layer_ids = tuple(options.layers or default_layer_ids(num_layers))
     deadline = time.time() + (options.data_fraction * budget if budget else float("inf")) - store_seconds(store)
     data = generate_data(
         target, models.tokenizer, split, store, max_new_tokens=options.max_new_tokens,
         eval_new_tokens=options.eval_new_tokens, temperature=options.temperature, seed=options.seed,
         batch_size=options.gen_batch_size, chunk=4 * options.gen_batch_size, deadline=deadline,
+        layers=(*layer_ids, num_layers),  # and the LM head's input (hidden_states[-1])
         progress=lambda n, tokens: log(f"  generated {n} continuations, {tokens} tokens ({time.time() - t_start:.0f}s)"))
     log(f"data: {len(data.train)} training samples from {data.prompts_used}/{data.prompts_total} prompts, "
         f"{sum(len(s.ids) for s in data.train)} tokens; generation {data.seconds / 60:.1f} min")
@@ -121,12 +126,13 @@ def run(options: TrainDraftOptions, log=print) -> Summary:
     resume = torch.load(checkpoint_path, map_location="cpu", weights_only=False) if checkpoint_path.exists() else None
     head = new_head(options, target, data, models.eos_token_ids, resume)
     t_feat = time.time()
-    layer_ids = head.config.target_layer_ids
-    states = sequence_states(target, [s.ids for s in data.train], layer_ids,
-                             dtype=torch.float32 if device.type == "cpu" else target.dtype)
-    heldout_states = sequence_states(target, [s.ids for s in data.heldout], layer_ids, dtype=torch.float32)
+    states = target_states_of(target, data.train, data.train_states, layer_ids, options.temperature == 0,
+                              options.train_on_prompt)
+    heldout_states = target_states_of(target, data.heldout, data.heldout_states, layer_ids, True, False)
     feature_seconds = time.time() - t_feat
-    log(f"target features: {feature_seconds / 60:.1f} min")
+    log(f"target features: {feature_seconds / 60:.1f} min" + (" (recorded while generating" + (
+        "; this is the greedy labels of prompt positions)" if options.train_on_prompt else ")")
+        if data.train_states is not None else ""))
     if resume is None:
         scale_fc(head, torch.cat([st[0] for st in states[:64]]))
 
@@ -142,17 +148,50 @@ def run(options: TrainDraftOptions, log=print) -> Summary:
     return finish(options, head, target, data, heldout_states, state, loop, feature_seconds)
 
 
-def encode_prompts(options: TrainDraftOptions, texts: list[str], tokenizer, log) -> Prompts:
-    """Tokenize, drop prompts over max_prompt_tokens, split off the held-out ones."""
-    encoded = [tokenizer(t)["input_ids"] for t in texts]
-    encoded = [e if len(e) <= options.max_prompt_tokens else [] for e in encoded]
+def target_states_of(target, samples, recorded, layer_ids, greedy_data: bool,
+                     prompt_labels: bool) -> list[tuple[torch.Tensor, ...]]:
+    """Training states per sample: from what generation recorded, or (samples an earlier version stored
+    without them) a forward over each sequence."""
+    if recorded is not None:
+        return recorded_states(target, samples, recorded, greedy_data=greedy_data, prompt_labels=prompt_labels)
+    dtype = torch.float32 if target.device.type == "cpu" else target.dtype
+    return sequence_states(target, [s.ids for s in samples], layer_ids, dtype=dtype)
+
+
+def encode_prompts(options: TrainDraftOptions, source, tokenizer, log) -> Prompts:
+    """The prompts as token ids (text, token ids, or with `chat` a user message or a message list through the
+    chat template: jobs' rules, jobs/prompts.py), less those over max_prompt_tokens; the held-out ones split
+    off. Unusable rows are counted and the first reason shown; a source with too few usable rows is refused."""
+    from ..jobs.prompts import PromptBuilder
+
+    builder = PromptBuilder(prompt_column=options.prompt_column, template=None, chat=options.chat,
+                            tokenizer=tokenizer, max_seq_len=options.max_prompt_tokens)
+    encoded, bad, rows, first = [], 0, 0, None
+    for _, values in source.rows(0, 1, options.limit):
+        rows += 1
+        try:
+            if isinstance(values, str):  # a row that could not be read at all
+                raise ValueError(values)
+            prompt = builder.prompt(values)
+            ids = tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
+        except ValueError as e:  # PromptError, SourceError: this row's problem
+            bad, first = bad + 1, first or f"row {rows - 1}: {e}"
+            encoded.append([])
+            continue
+        encoded.append(ids if 0 < len(ids) <= options.max_prompt_tokens else [])
+    long = sum(1 for e in encoded if not e) - bad
+    usable = len(encoded) - bad - long
+    where = f"--prompts {options.prompts} (--prompt-column {options.prompt_column!r})"
+    if bad:
+        log(f"prompts: {bad} of {rows} rows unusable, skipped; the first: {first}")
+    if usable < 2 or bad > usable:
+        raise TrainDraftError(f"{where}: only {usable} of {rows} rows give a prompt of at most "
+                              f"{options.max_prompt_tokens} tokens" + (f" ({first})" if first else ""))
     split = split_prompts(encoded, options.heldout, options.max_heldout)
     split.train = [p for p in split.train if p[1]]
     split.heldout = [p for p in split.heldout if p[1]]
-    if not split.train:
-        raise TrainDraftError(f"--prompts {options.prompts}: no prompt of at most {options.max_prompt_tokens} tokens")
     log(f"prompts: {len(split.train)} for training, {len(split.heldout)} held out "
-        f"({sum(1 for e in encoded if not e)} longer than {options.max_prompt_tokens} tokens skipped)")
+        f"({long} longer than {options.max_prompt_tokens} tokens skipped)")
     return split
 
 
@@ -189,7 +228,7 @@ def finish(options: TrainDraftOptions, head, target, data, heldout_states, state
         feature_seconds=feature_seconds, train_seconds=state.seconds, eval_seconds=time.time() - t_eval,
         steps=state.step, batch_size=loop.batch_size, ttt_steps=loop.ttt_steps, final_loss=state.loss,
         agreement=state.agreement, history=state.history, acceptance=asdict(result), costs=asdict(costs),
-        lr=loop.lr, skipped_steps=state.skipped,
+        lr=loop.lr, skipped_steps=state.skipped, positions_seen=state.positions,
     )
     (out / "train_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
     (out / "train_summary.txt").write_text(render(summary) + "\n")
