@@ -124,9 +124,10 @@ def test_cli_one_line_errors(tiny, tmp_path, capsys):
     for argv, words in (
         ([str(tiny[0]), "--prompts", str(tmp_path / "none.jsonl")], "does not exist"),
         ([str(tmp_path / "no-model"), "--prompts", str(tiny[1])], "cannot load model"),
+        ([str(tiny[0]), "--prompts", str(tiny[1]), "--out", str(tiny[1])], "is a file; give a folder"),
     ):
         with pytest.raises(SystemExit) as info:
-            main([*argv, "--out", str(tmp_path / "o"), "--steps", "1", "--device", "cpu"])
+            main([*argv, "--steps", "1", "--device", "cpu"] + ([] if "--out" in argv else ["--out", str(tmp_path / "o")]))
         message = str(info.value)
         assert message.startswith("train_draft:") and words in message and "\n" not in message, message
     assert not (tmp_path / "o").exists()  # nothing written: the same command works once fixed

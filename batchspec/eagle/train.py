@@ -102,6 +102,8 @@ def run(options: TrainDraftOptions, log=print) -> Summary:
 
     t_start = time.time()
     state_dir = Path(options.out) / ".train"
+    if Path(options.out).exists() and not Path(options.out).is_dir():
+        raise TrainDraftError(f"--out {options.out} is a file; give a folder for the head (it is created)")
     source = open_source(options.prompts, "auto", options.split, {options.prompt_column: "--prompt-column"})
     record = check_run_folder(options, state_dir)
     models = load_models(options.target, dtype=options.dtype, device=options.device)
