@@ -54,8 +54,8 @@ def continue_prompts(target, tokenizer, prompts: list[tuple[int, list[int]]], *,
     batch 64 on 2 cores it outran ngram drafts: 180 against 132 tokens/s on SmolLM2), and with `layers`
     the target's hidden states there of every position but the last, taken from the forwards that wrote
     them (record.py): [len(ids) - 1, len(layers) * Ht] per sample. Past `deadline` (time.time()) no more
-    rows are taken once `keep` have finished (the rows still running are dropped). Request ids are the indices, so a sampled
-    continuation is the same whichever chunk it was generated in (coupled sampling)."""
+    rows are taken once `keep` have finished (the rows still running are dropped). Request ids are the
+    indices, so a sampled continuation is the same whichever chunk it was generated in (coupled sampling)."""
     from ..api import build_generator, checked_request
     from ..models import load_models
     from .record import FeatureRecorder, match

@@ -94,9 +94,9 @@ def recorded_states(target, samples, recorded: list[torch.Tensor], *, greedy_dat
     (features [n - 1, 3*Ht], final [n, Ht], greedy [n]); the last position ran no forward, so its final row
     is zeros and its greedy token -1 (no label). greedy[p] is the target's argmax after position p: with
     `greedy_data` (the continuations are the target's greedy ones) the next token of the continuation, else
-    and at prompt positions the LM head's argmax over `final` (`batch_size` samples at a time); without `prompt_labels` prompt positions of
-    greedy data get no label (-1): for training that learns only where the target wrote, and for held-out
-    samples, which are scored against their tokens."""
+    and at prompt positions the LM head's argmax over `final` (`batch_size` samples at a time); without
+    `prompt_labels` prompt positions of greedy data get no label (-1): for training that learns only where
+    the target wrote, and for held-out samples, which are scored against their tokens."""
     out = []
     todo: list[tuple[int, int, int]] = []  # (sample, first, last) positions whose argmax must be computed
     for i, (sample, rec) in enumerate(zip(samples, recorded)):
