@@ -156,6 +156,8 @@ def row_params(body: Mapping[str, Any], *, chat: bool) -> RowParams:
             raise BadLine(f"body.{name} is not supported" + (f" (only {defaults[0]!r})" if defaults else ""))
     ints = {name: integer(body, name) for name in ("max_completion_tokens", "max_tokens", "n", "seed", "top_k",
                                                    "top_logprobs", "best_of")}
+    if ints["top_k"] is not None and ints["top_k"] < -1:  # vLLM: -1 (or 0) is off; other negatives are mistakes
+        raise BadLine(f"body.top_k={ints['top_k']}: need -1 or 0 (off) or a positive integer")
     max_tokens = ints["max_completion_tokens"] if ints["max_completion_tokens"] is not None else ints["max_tokens"]
     n = ints["n"] if ints["n"] is not None else 1
     if ints["best_of"] is not None and ints["best_of"] != n:

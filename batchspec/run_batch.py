@@ -243,8 +243,10 @@ def check_args(args: argparse.Namespace) -> None:
     inp, out = Path(args.input_file), Path(args.output_file)
     if not inp.is_file():
         raise SetupError(f"no such input file {str(inp)!r}")
-    if not out.parent.is_dir():
-        raise SetupError(f"the output file's folder {str(out.parent)!r} does not exist")
+    try:  # as vLLM's run_batch does: the output file's folder is made when missing
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SetupError(f"cannot make the output file's folder {str(out.parent)!r}: {e.strerror}") from None
     if out.resolve() == inp.resolve():
         raise SetupError("the output file is the input file")
     if args.drafter is None:

@@ -84,6 +84,7 @@ BAD = [  # (input line, custom_id in the result, words of the error)
     (line(prompt="x", temperature=0.001), "a", "body.temperature"),
     (line(prompt="x", temperature="hot"), "a", "body.temperature='hot': need a number"),
     (line(prompt="x", top_p=0), "a", "body.top_p"),
+    (line(prompt="x", top_k=-5), "a", "body.top_k=-5: need -1 or 0 (off)"),
     (line(prompt="x", max_tokens=0), "a", "body.max_tokens=0"),
     (line(prompt="x", max_tokens=2.0), "a", "body.max_tokens=2.0: need an integer"),
     (line(prompt="x", n=True), "a", "body.n=True: need an integer"),
@@ -433,8 +434,8 @@ def test_greedy_equals_generate(tiny_models, tmp_path, one_thread):
     chats = [[{"role": "user", "content": p}] for p in prompts[:2]]
     texts = ([line(f"p{i}", COMP, prompt=p, max_tokens=8, temperature=0, logprobs=0) for i, p in enumerate(prompts)]
              + [line(f"c{i}", CHAT, messages=m, max_tokens=8, temperature=0) for i, m in enumerate(chats)])
-    inp, out = write_input(tmp_path / "in.jsonl", texts), tmp_path / "out.jsonl"
-    assert run_batch.main(args_for(tiny_models, inp, out, "--draft", str(tiny_models.draft))) == 0
+    inp, out = write_input(tmp_path / "in.jsonl", texts), tmp_path / "new" / "folder" / "out.jsonl"
+    assert run_batch.main(args_for(tiny_models, inp, out, "--draft", str(tiny_models.draft))) == 0  # folder made
     tokenizer = AutoTokenizer.from_pretrained(tiny_models.target)
     chat_ids = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False)
                 for m in chats]
@@ -456,7 +457,7 @@ def test_setup_errors_exit_2(tiny_models, tmp_path, capsys):
     out = tmp_path / "out.jsonl"
     cases = [
         (["-i", str(tmp_path / "missing.jsonl"), "-o", str(out), "--model", str(tiny_models.target)], "no such input file"),
-        (["-i", str(inp), "-o", str(tmp_path / "no" / "out.jsonl"), "--model", "x"], "does not exist"),
+        (["-i", str(inp), "-o", str(inp / "out.jsonl"), "--model", "x"], "cannot make the output file's folder"),
         (["-i", str(inp), "-o", str(out), "--model", str(tmp_path / "nope")], "no such local directory"),
         (["-i", str(inp), "-o", str(out), "--model", str(tiny_models.target), "--drafter", "model"], "needs --draft"),
         (["-i", str(inp), "-o", str(out), "--model", str(tiny_models.not_a_model)], "cannot load model"),
