@@ -56,26 +56,3 @@ def scale_fc(head: EagleHead, features: torch.Tensor) -> torch.Tensor:
         weight /= rms.to(weight)[None, :, None]
     return rms
 
-
-def from_last_layer(head: EagleHead, target, pass_through: bool = False) -> None:
-    """Start the head's decoder layer as the target's last one: q/k/v read the hidden half of their input
-    with the target layer's weights (the token half keeps its random start), o_proj, the MLP and the norms
-    are copied. With `pass_through`, fc starts as the identity on the top feature block (hidden_states[l2])."""
-    layer = target.get_decoder().layers[-1]
-    h = head.config.hidden_size
-    mine = head.midlayer
-    with torch.no_grad():
-        for name in ("q_proj", "k_proj", "v_proj"):
-            theirs = getattr(layer.self_attn, name).weight
-            ours = getattr(mine.self_attn, name).weight
-            if ours.shape != (theirs.shape[0], 2 * h):
-                raise ValueError(f"{name}: the head's shape {tuple(ours.shape)} does not extend the target's")
-            ours[:, h:].copy_(theirs.float())
-        mine.self_attn.o_proj.weight.copy_(layer.self_attn.o_proj.weight.float())
-        mine.hidden_norm.weight.copy_(layer.input_layernorm.weight.float())
-        mine.post_attention_layernorm.weight.copy_(layer.post_attention_layernorm.weight.float())
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            getattr(mine.mlp, name).weight.copy_(getattr(layer.mlp, name).weight.float())
-        if pass_through:
-            head.fc.weight.zero_()
-            head.fc.weight[:, 2 * h:].copy_(torch.eye(h))

@@ -55,7 +55,7 @@ class FeatureRecorder(NoDrafter):
             self.parts[slot].append(features[at: at + count].to("cpu", torch.float32))
 
     def propose(self, round):
-        self._round = (list(round.rows), round)
+        self._round = round
         return super().propose(round)
 
     @torch.inference_mode()
@@ -65,12 +65,11 @@ class FeatureRecorder(NoDrafter):
         token's extend after admission comes without a round: its position's states come next round."""
         if self._round is None:
             return
-        rows, round = self._round
-        self._round = None
+        round, self._round = self._round, None
         features = self._target.features  # packed [N, F] (verify_index says where each row's tokens are) or [b, T, F]
         pending = features[round.verify_index[:, 0]] if features.dim() == 2 else features[:, 0]
         pending = pending.to("cpu", torch.float32)
-        for i, slot in enumerate(rows):
+        for i, slot in enumerate(round.rows):
             self.parts[slot].append(pending[i][None])
 
     def release(self, slots):
