@@ -17,7 +17,7 @@ import torch
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .engine.drafters import Drafter, make_drafter
+from .engine.drafters import Drafter, load_paths, make_drafter, needs_draft
 from .engine.generator import FILL_TOKENS, FORCED_DRAFTS, SpecBatchGenerator
 from .engine.graphs import LaunchCounter, StepGraphs, resolve_capture
 from .engine.intake import Defaults
@@ -268,12 +268,11 @@ def generate(
     ids = [str(i) for i in (ids if ids is not None else range(len(prompts)))]
     if len(set(ids)) != len(ids):
         raise ValueError("ids must be unique")
-    if drafter in ("model", "eagle") and draft is None:
+    if needs_draft(drafter) and draft is None:
         raise ValueError(f"drafter={drafter!r} needs draft= (a path, hub id or loaded model; for eagle a head's folder)")
-    models = load_models(
-        target, draft if drafter == "model" else None, tokenizer=tokenizer, dtype=dtype, device=device,
-        trust_remote_code=trust_remote_code, head=draft if drafter == "eagle" else None,
-    )
+    draft_model, head = load_paths(drafter, draft)
+    models = load_models(target, draft_model, tokenizer=tokenizer, dtype=dtype, device=device,
+                         trust_remote_code=trust_remote_code, head=head)
     if params is not None and len(params) != len(prompts):
         raise ValueError(f"params has {len(params)} entries but prompts has {len(prompts)}")
     requests = [checked_request(i, p) for i, p in zip(ids, prompts)]

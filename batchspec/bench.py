@@ -42,7 +42,7 @@ from transformers import LogitsProcessorList
 from .api import build_generator
 from .calibrate import forward_ms, read_prompts, sync
 from .corpus import load_corpus
-from .engine.drafters import DRAFTERS
+from .engine.drafters.registry import DRAFT_MODEL, DRAFTERS, HEAD, drafter_spec
 from .engine.graphs import LaunchCounter, resolve_capture
 from .models import load_models
 from .bench_grammar import GrammarLogitsProcessor, schema_validity
@@ -222,8 +222,7 @@ def contenders(args, has_draft: bool) -> list[Contender]:
         if has_draft:
             out.append(Contender("hf assisted (batch 1)", "hf_assisted", k=k_max))
         out.append(Contender("hf prompt lookup (batch 1)", "hf_prompt_lookup", k=k_max))
-    drafters = [d for d in (["model"] if has_draft else []) + ["eagle", "ngram", "prompt_lookup", "suffix"]
-                if d in args.drafters]
+    drafters = [d for d in DRAFTERS if d in args.drafters and (has_draft or drafter_spec(d).needs != DRAFT_MODEL)]
     for mode, verify in variants(args):
         tag = variant_tag(args, mode, verify)
         out.append(Contender(f"batchspec none{tag}", "batchspec", "none", compile=mode, verify=verify))
@@ -344,9 +343,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--batch-size: expected integers like 8 or 1,8,32, got {args.batch_size!r}")
     torch.manual_seed(0)
     args.drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
-    unknown = set(args.drafters) - set(DRAFTERS[1:])
+    drafting = [d for d in DRAFTERS if d != "none"]
+    unknown = set(args.drafters) - set(drafting)
     if unknown:
-        parser.error(f"--drafters: unknown {sorted(unknown)}; choose from {', '.join(DRAFTERS[1:])}")
+        parser.error(f"--drafters: unknown {sorted(unknown)}; choose from {', '.join(drafting)}")
     try:
         prompts = read_prompts(args.prompts, args.num_prompts, args.prompt_column, args.split, messages=args.chat)
         schemas = read_prompts(args.prompts, args.num_prompts, args.schema_column, args.split) \
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--prompts: {e}")
     args.constraints = constraints_for(args, len(prompts), schemas, parser)
     models = load_models(args.target, args.draft or None, dtype=args.dtype, device=args.device,
-                         head=args.head if "eagle" in args.drafters else None)
+                         head=args.head if any(drafter_spec(d).needs == HEAD for d in args.drafters) else None)
     if args.chat:
         prompts = [models.tokenizer.apply_chat_template([{"role": "user", "content": p}] if isinstance(p, str) else p,
                                                         tokenize=False, add_generation_prompt=True) for p in prompts]

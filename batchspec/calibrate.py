@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from .api import build_generator
+from .engine.drafters.registry import DRAFTERS, load_paths
 from .engine.graphs import StepGraphs
 from .engine.runner import ModelRunner
 from .engine.timing import time_step
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=str(DEMO / "target"))
     parser.add_argument("--draft", default=str(DEMO / "draft"))
-    parser.add_argument("--drafter", default="model", choices=["model", "eagle", "ngram", "prompt_lookup", "suffix"])
+    parser.add_argument("--drafter", default="model", choices=[d for d in DRAFTERS if d != "none"])
     parser.add_argument("--head", default=str(DEMO / "eagle"), help="the eagle drafter's EAGLE-3 head folder")
     parser.add_argument("--prompts", default=str(DEMO / "prompts.parquet"),
                         help="any job source: Parquet file/folder/glob, saved or local HF dataset, JSONL")
@@ -201,8 +202,8 @@ def main(argv: list[str] | None = None) -> None:
         prompts = read_prompts(args.prompts, args.num_prompts, args.prompt_column, args.split)
     except ValueError as e:  # SourceError included
         parser.error(f"--prompts: {e}")
-    models = load_models(args.target, args.draft if args.drafter == "model" else None, dtype=args.dtype,
-                         device=args.device, head=args.head if args.drafter == "eagle" else None)
+    draft_model, head = load_paths(args.drafter, args.draft, head=args.head)
+    models = load_models(args.target, draft_model, dtype=args.dtype, device=args.device, head=head)
     result = calibrate(
         models, prompts, drafter=args.drafter, k_max=args.k_max,
         batch_sizes=[int(b) for b in args.batch_sizes.split(",")], max_new_tokens=args.max_new_tokens,

@@ -342,7 +342,7 @@ def test_every_package_is_in_the_wheel():
 def test_the_gpu_tools_need_no_job_runner_packages():
     """The device machines have torch, transformers and pyarrow but not hydra-core, omegaconf or datasets:
     the Python API, the bench, calibrate and the GPU tools must import and parse their arguments without
-    them (README: On a GPU)."""
+    them (docs/benchmarks.md: On a GPU)."""
     root = Path(__file__).resolve().parents[1]
     script = f"""
 import sys

@@ -2,8 +2,9 @@
 
 Parsing and formatting as tables; then runs on the tiny Llama of conftest_jobs (it has a chat template):
 chat and completion lines, n=2, logprobs, a bad line of each kind, the openai package's own types,
-resume after a kill, --retry-errors, settings that change refused, and greedy output equal to
-batchspec.generate's.
+resume after a kill and after SIGTERM (twice, while writing, as srun sends it), --retry-errors, settings
+that change refused, and greedy output equal to batchspec.generate's. run-batch runs through the job
+runner, so its kill tests reach into the job's sink (jobs/sink.py).
 """
 
 from __future__ import annotations
@@ -296,7 +297,11 @@ def test_run_batch_end_to_end(tiny_models, inputs, tmp_path, one_thread, monkeyp
     # A rerun of a finished file is a no-op that loads no model, and leaves the output as it was.
     before = out.read_text()
     assert run_batch.main(args_for(tiny_models, inputs, out, "--draft", str(tiny_models.draft))) == 0
-    assert "12 done earlier, 0 to do" in capsys.readouterr().err and out.read_text() == before
+    assert "nothing to do" in capsys.readouterr().err and out.read_text() == before
+    # --retry-errors: the start line counts lines, not the Parquet rows of their samples (two lines have n=2).
+    assert run_batch.main(args_for(tiny_models, inputs, out, "--draft", str(tiny_models.draft), "--retry-errors")) == 0
+    assert "6 rows to do (6 already done)" in capsys.readouterr().err
+    assert [o["custom_id"] for o in read_lines(out)] == [json.loads(t)["custom_id"] for t in before.splitlines()]
 
 
 def validate_batch_output(o: dict) -> None:
@@ -312,77 +317,136 @@ def validate_batch_output(o: dict) -> None:
     (ChatCompletion if body["object"] == "chat.completion" else Completion).model_validate(body)
 
 
+def parts_of(out: Path) -> Path:
+    return out.with_name(out.name + ".parts")
+
+
+def done_lines(out: Path) -> set[str]:
+    """The ids of the lines finished in the work folder's parts (made-up ids for lines without one)."""
+    from batchspec.jobs.sink import done_ids
+    return done_ids(parts_of(out))
+
+
+class Spy:
+    """Records the id of every line the job runner turns into a request (what a run actually ran)."""
+
+    def __init__(self, monkeypatch):
+        from batchspec.jobs import openai_batch
+
+        self.ids, real = [], openai_batch.OpenAIRequests.request
+
+        def request(builder, row):
+            self.ids.append(row.id)
+            return real(builder, row)
+
+        monkeypatch.setattr(openai_batch.OpenAIRequests, "request", request)
+
+
 def test_resume_after_a_kill(tiny_models, inputs, tmp_path, one_thread, monkeypatch, capsys):
+    """Killed after its second part: a rerun (other drafter, other batch size) runs only the lines not in
+    a part, and the output equals an uninterrupted run's, every line once."""
+    from batchspec.jobs.sink import ParquetSink
+
     whole = tmp_path / "whole.jsonl"
     assert run_batch.main(args_for(tiny_models, inputs, whole)) == 0
 
     out = tmp_path / "out.jsonl"
     monkeypatch.setattr(run_batch, "FLUSH_LINES", 2)
-    real_write, writes = run_batch.WorkDir.write, []
+    real_flush, flushes = ParquetSink.flush, []
 
-    runnable = {1, 2, 3, 4, 5, 6, 12}  # the good lines and too-long (the engine refuses it)
-
-    def write_then_die(self, records):
-        if any(runnable & set(w) for w in writes):  # the bad lines' parts, one part of finished lines: then killed
+    def flush_then_die(self, metadata=None):
+        if len(flushes) == 2:
             raise RuntimeError("killed")
-        writes.append([n for n, _ in records])
-        real_write(self, records)
+        flushes.append(len(self.buffer))
+        return real_flush(self, metadata)
 
-    monkeypatch.setattr(run_batch.WorkDir, "write", write_then_die)
+    monkeypatch.setattr(ParquetSink, "flush", flush_then_die)
     with pytest.raises(RuntimeError, match="killed"):
         run_batch.main(args_for(tiny_models, inputs, out, "--batch-size", "2", "--drafter", "ngram"))
-    assert not out.exists() and len(list((tmp_path / "out.jsonl.parts").glob("part-*.jsonl"))) == len(writes)
-    monkeypatch.setattr(run_batch.WorkDir, "write", real_write)
+    monkeypatch.setattr(ParquetSink, "flush", real_flush)
+    done = done_lines(out)
+    assert not out.exists() and 2 <= len(done) < 12, done
 
-    import batchspec.api as api
-
-    real_grouped, ran = api.run_grouped, []
-
-    def spy(generator, requests):
-        def seen():
-            for r in requests:
-                ran.append(r.id)
-                yield r
-        return real_grouped(generator, seen())
-
-    monkeypatch.setattr(api, "run_grouped", spy)
+    spy = Spy(monkeypatch)
     capsys.readouterr()
     # The drafter and batch size may change on a resume (they change no output line); the rest may not.
     assert run_batch.main(args_for(tiny_models, inputs, out, "--batch-size", "3")) == 0
-    assert "12 lines" in capsys.readouterr().err
-    done_first = runnable & set(writes[-1])
-    ids = [fmt.parse_line(t, 0).custom_id for t in inputs.read_text().splitlines() if t.strip()]
-    assert len(done_first) == 2 and sorted(ran) == sorted(ids[n - 1] for n in runnable - done_first)
+    assert f"{12 - len(done)} rows to do ({len(done)} already done)" in capsys.readouterr().err
+    assert sorted(spy.ids) == sorted(done_lines(out) - done) and len(spy.ids) == 12 - len(done)
     # Tokens are the same; logprobs agree to float noise (another batch, drafter or verify width).
     assert differences(stable(read_lines(out), drafting=False), stable(read_lines(whole), drafting=False)) == []
     assert [o["custom_id"] for o in read_lines(out)].count("comp-n2") == 2  # the line and its duplicate, once each
 
 
+def send_after_first_row(monkeypatch, signals: list[int], *, while_writing: bool = False) -> list[int]:
+    """Send `signals` to this process once the first row is added to the sink (with `while_writing`: from
+    inside the first part's write, after the part is in data/, as srun's doubled SIGTERM may arrive)."""
+    import os
+    from batchspec.jobs import sink as sink_module
+
+    sent: list[int] = []
+
+    def fire():
+        if not sent:
+            sent.extend(signals)
+            for s in signals:
+                os.kill(os.getpid(), s)
+
+    if while_writing:
+        real_write = sink_module.write_part
+
+        def write_then_signal(table, tmp, final):
+            real_write(table, tmp, final)
+            fire()
+        monkeypatch.setattr(sink_module, "write_part", write_then_signal)
+    else:
+        real_add = sink_module.ParquetSink.add
+
+        def add_then_signal(self, result):
+            real_add(self, result)
+            fire()
+        monkeypatch.setattr(sink_module.ParquetSink, "add", add_then_signal)
+    return sent
+
+
 def test_sigterm_finishes_the_lines_in_flight(tiny_models, inputs, tmp_path, one_thread, monkeypatch, capsys):
     """SIGTERM: no new lines, the ones in flight are finished and written, exit 143; a rerun completes."""
-    import os
     import signal
 
-    out, real_add, killed = tmp_path / "out.jsonl", run_batch.Sink.add, []
-
-    def add_then_term(self, number, output):
-        real_add(self, number, output)
-        if number <= 6 and not killed:  # the first good line: the signal comes while others are in flight
-            killed.append(number)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(run_batch.Sink, "add", add_then_term)
+    out = tmp_path / "out.jsonl"
+    send_after_first_row(monkeypatch, [signal.SIGTERM])
     before = signal.getsignal(signal.SIGTERM)
     assert run_batch.main(args_for(tiny_models, inputs, out, "--batch-size", "2")) == 128 + signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) is before and not out.exists()
     err = capsys.readouterr().err
-    assert "finishing the lines in flight" in err and "rerun the same command to resume" in err
-    done = run_batch.WorkDir(out).done()
-    assert 5 + 1 <= len(done) < 12  # the 5 bad lines, the first good line and those in flight with it, not all
-    monkeypatch.setattr(run_batch.Sink, "add", real_add)
+    assert "finishing the rows in flight" in err and "rerun the same command to resume" in err
+    done = done_lines(out)
+    assert 1 <= len(done) < 12
+    monkeypatch.undo()
     assert run_batch.main(args_for(tiny_models, inputs, out)) == 0
-    assert f"{len(done)} done earlier, {12 - len(done)} to do" in capsys.readouterr().err
+    assert f"{12 - len(done)} rows to do ({len(done)} already done)" in capsys.readouterr().err
     assert len(read_lines(out)) == 12
+
+
+def test_sigterm_twice_while_writing(tiny_models, inputs, tmp_path, one_thread, monkeypatch, capsys):
+    """srun's pattern: SIGTERM twice in a row, arriving while a part is written (FLUSH_LINES 1). The two
+    are one request (finish the lines in flight); the rerun completes the file with every line once."""
+    import signal
+
+    whole = tmp_path / "whole.jsonl"
+    assert run_batch.main(args_for(tiny_models, inputs, whole)) == 0
+    out = tmp_path / "out.jsonl"
+    monkeypatch.setattr(run_batch, "FLUSH_LINES", 1)
+    sent = send_after_first_row(monkeypatch, [signal.SIGTERM, signal.SIGTERM], while_writing=True)
+    assert run_batch.main(args_for(tiny_models, inputs, out, "--batch-size", "2")) == 128 + signal.SIGTERM
+    assert sent and "stopping now" not in capsys.readouterr().err  # the second SIGTERM was not "stop now"
+    done = done_lines(out)
+    assert 1 <= len(done) < 12
+    monkeypatch.undo()
+    spy = Spy(monkeypatch)
+    assert run_batch.main(args_for(tiny_models, inputs, out)) == 0
+    assert len(spy.ids) == 12 - len(done) and not set(spy.ids) & done
+    assert differences(stable(read_lines(out), drafting=False), stable(read_lines(whole), drafting=False)) == []
 
 
 def test_resume_refuses_other_settings(tiny_models, inputs, tmp_path, one_thread, monkeypatch, capsys):
@@ -401,27 +465,38 @@ def test_resume_refuses_other_settings(tiny_models, inputs, tmp_path, one_thread
     other.write_text("mine\n")
     assert run_batch.main(args_for(tiny_models, inputs, other)) == 2
     assert "has no work folder" in capsys.readouterr().err and other.read_text() == "mine\n"
+    # A work folder of run-batch before it ran through the job runner: refused in one line that says how.
+    old = tmp_path / "old.jsonl"
+    parts_of(old).mkdir()
+    (parts_of(old) / "part-000001.jsonl").write_text('{"line": 1, "output": {}}\n')
+    assert run_batch.main(args_for(tiny_models, inputs, old)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "older batchspec run-batch" in err[0] and "delete" in err[0]
 
 
 def test_retry_errors(tiny_models, tmp_path, one_thread, capsys):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     inp = write_input(tmp_path / "in.jsonl", [line("ok", COMP, prompt="hello", max_tokens=3, temperature=0),
                                               line("bad", COMP, prompt="x", n=0)])
     out = tmp_path / "out.jsonl"
     assert run_batch.main(args_for(tiny_models, inp, out)) == 0
     first = read_lines(out)
-    # Pretend "ok" failed for a passing reason (its part record becomes an error).
-    parts = tmp_path / "out.jsonl.parts"
-    for part in parts.glob("part-*.jsonl"):
-        records = [json.loads(t) for t in part.read_text().splitlines()]
-        for r in records:
-            if r["output"]["custom_id"] == "ok":
-                r["output"] = fmt.error_output(fmt.BatchLine(r["line"], "ok"), "out of memory", key="x")
-        part.write_text("".join(json.dumps(r) + "\n" for r in records))
+    # Pretend "ok" failed for a passing reason (its part row becomes an error).
+    for part in (parts_of(out) / "data").glob("*.parquet"):
+        table = pq.read_table(part)
+        ok = pc.equal(table.column("id"), "ok")
+        for name, value in (("finish_reason", "error"), ("error", "out of memory")):
+            column = pc.if_else(ok, pa.scalar(value, table.schema.field(name).type), table.column(name))
+            table = table.set_column(table.schema.get_field_index(name), name, column)
+        pq.write_table(table, part)
     assert run_batch.main(args_for(tiny_models, inp, out)) == 0
     assert read_lines(out)[0]["error"]["message"] == "out of memory"  # without the flag: kept as it is
     capsys.readouterr()
     assert run_batch.main(args_for(tiny_models, inp, out, "--retry-errors")) == 0
-    assert "0 done earlier, 2 to do" in capsys.readouterr().err
+    assert "2 rows to do (0 already done)" in capsys.readouterr().err
     assert stable(read_lines(out)) == stable(first)
     assert "body.n=0" in read_lines(out)[1]["error"]["message"]
 
@@ -468,13 +543,13 @@ def test_setup_errors_exit_2(tiny_models, tmp_path, capsys):
         assert run_batch.main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert words in err[-1] and err[-1].startswith("batchspec run-batch: error:"), err
-    held = run_batch.WorkDir(tmp_path / "held.jsonl")  # another run holds the work folder's lock
-    held.open({})
-    try:
-        assert run_batch.main(["-i", str(inp), "-o", str(tmp_path / "held.jsonl"), "--model", str(tiny_models.target)]) == 2
+    from batchspec.jobs.locks import ShardLock
+
+    held = tmp_path / "held.jsonl"
+    parts_of(held).mkdir()
+    with ShardLock(parts_of(held), 0, 1):  # another run holds the work folder's lock
+        assert run_batch.main(["-i", str(inp), "-o", str(held), "--model", str(tiny_models.target)]) == 2
         assert "another run-batch is writing" in capsys.readouterr().err
-    finally:
-        held.close()
 
 
 def test_python_dash_m(tmp_path):
@@ -514,7 +589,7 @@ def test_the_job_runner_reads_and_writes_the_same_files(tiny_models, tmp_path, o
     parts and results.jsonl; a line that cannot run is an error line; a rerun resumes as any job does."""
     from conftest_jobs import write_job
 
-    texts = good_lines() + bad_lines()[:4]
+    texts = good_lines() + bad_lines()  # a repeated custom_id included: its error line is in results.jsonl
     inp = write_input(tmp_path / "in.jsonl", texts)
     out = tmp_path / "out.jsonl"
     assert run_batch.main(args_for(tiny_models, inp, out)) == 0
@@ -541,3 +616,32 @@ def test_the_job_runner_reads_and_writes_the_same_files(tiny_models, tmp_path, o
         [o["custom_id"] for o in expected]
     assert run_inprocess(tmp_path, "job=ob", "output.dir=pq", "output.format=parquet", "source.format=jsonl",
                          monkeypatch=monkeypatch) == 2  # a plain JSONL job over these lines has no prompt column
+
+
+BAD_FOR_JOBS_TOO = [  # (input line, the error message's words): run-batch is a job, so jobs refuse these too
+    (json.dumps({"custom_id": "get", "method": "GET", "url": COMP, "body": {"prompt": "x"}}), "only POST"),
+    (json.dumps({"custom_id": 7, "method": "POST", "url": COMP, "body": {"prompt": "x"}}), "custom_id must be"),
+    (line("big-chat", CHAT, messages=[{"role": "user", "content": "x" * 64 * 97}]), "far more than max_seq_len=96"),
+    (line("big-prompt", COMP, prompt="x" * 64 * 97), "far more than max_seq_len=96"),
+]
+
+
+def test_lines_refused_as_run_batch_refused_them(tiny_models, tmp_path, one_thread, capsys):
+    """Issue 34 items 2 and 4: a method other than POST, a custom_id that is not a string, and a chat or
+    completion prompt far larger than max_seq_len tokens hold (checked by size before tokenizing) are error
+    lines; a JSON array instead of JSON Lines (item 5) is refused in one line."""
+    texts = [text for text, _ in BAD_FOR_JOBS_TOO] + [line("ok", COMP, prompt="hello", max_tokens=2, temperature=0)]
+    inp, out = write_input(tmp_path / "in.jsonl", texts), tmp_path / "out.jsonl"
+    assert run_batch.main(args_for(tiny_models, inp, out)) == 0
+    outputs = read_lines(out)
+    assert len(outputs) == len(texts) and outputs[-1]["error"] is None
+    for o, (_, words) in zip(outputs, BAD_FOR_JOBS_TOO):
+        validate_batch_output(o)
+        assert words in o["error"]["message"], o["error"]
+    assert outputs[1]["custom_id"] is None
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps([json.loads(t) for t in texts], indent=2))
+    capsys.readouterr()
+    assert run_batch.main(args_for(tiny_models, array, tmp_path / "array.out.jsonl")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a JSON array, not JSON Lines" in err[0]

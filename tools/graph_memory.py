@@ -1,5 +1,5 @@
 """The captured path's device memory besides weights and KV caches, as computed (engine/memory.py) for a
-model shape: what the README's GPU section quotes. Needs only torch and transformers.
+model shape: what docs/benchmarks.md's GPU section quotes. Needs only torch and transformers.
 
     python tools/graph_memory.py                         # Llama-3.2-3B shapes, 128k vocabulary, batch 64, bf16
     python tools/graph_memory.py --shape tiny --batch-size 8 --k 4 --max-seq-len 512 --draft-layers 1

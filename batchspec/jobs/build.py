@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from ..engine.drafters.registry import load_paths, needs_draft
 from ..types import MAX_LOGPROBS
 from .config import ConfigError, DrafterName, JobConfig
 from .rowparams import RowParamColumns
@@ -19,7 +20,7 @@ def self_training(job: JobConfig) -> bool:
 
 def draft_path(job: JobConfig) -> str | None:
     """model.draft where the drafter reads it (a draft model, or an EAGLE head's folder), else None."""
-    if job.drafter.name in (DrafterName.model, DrafterName.eagle) and not self_training(job):
+    if needs_draft(job.drafter.name.value) and not self_training(job):
         return job.model.draft
     return None
 
@@ -27,12 +28,10 @@ def draft_path(job: JobConfig) -> str | None:
 def load_job_models(job: JobConfig):
     from ..api import load_models  # deferred: torch is only needed once there is work to do
 
-    draft = draft_path(job)
-    eagle = job.drafter.name == DrafterName.eagle
+    draft_model, head = load_paths(job.drafter.name.value, draft_path(job))
     try:
-        return load_models(job.model.target, None if eagle else draft, dtype=job.model.dtype.value,
-                           device=job.model.device, trust_remote_code=job.model.trust_remote_code,
-                           head=draft if eagle else None)
+        return load_models(job.model.target, draft_model, dtype=job.model.dtype.value, device=job.model.device,
+                           trust_remote_code=job.model.trust_remote_code, head=head)
     except ValueError as e:  # batchspec.models.ModelLoadError: unloadable model or incompatible draft
         raise ConfigError(str(e).strip().splitlines()[0]) from e
 

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import openai_batch
+from ..engine.drafters.registry import needs_draft
 from .build import draft_path
 from .config import ConfigError, DrafterName, JobConfig, SourceFormat, find_jobs, job_dirs
 from .prompts import template_columns
@@ -70,7 +71,7 @@ def validate(job: JobConfig) -> None:
         (job.drafter.train_rows >= 1, f"drafter.train_rows={job.drafter.train_rows}: need >= 1"),
         (job.drafter.train_minutes is None or job.drafter.train_minutes > 0,
          f"drafter.train_minutes={job.drafter.train_minutes}: need > 0 (or null: as long as the first rows took)"),
-        (job.drafter.fallback not in (DrafterName.model, DrafterName.eagle),
+        (not needs_draft(job.drafter.fallback.value),
          f"drafter.fallback={job.drafter.fallback.value}: need a drafter without a model (none, ngram, "
          "prompt_lookup or suffix)"),
         (job.drafter.corpus_max_tokens >= 1, f"drafter.corpus_max_tokens={job.drafter.corpus_max_tokens}: need >= 1"),

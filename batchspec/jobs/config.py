@@ -22,6 +22,8 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from ..engine.drafters.registry import DRAFTERS
+
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = PACKAGE_DIR.parent
 
@@ -42,13 +44,8 @@ class ConfigError(ValueError):
     """A config that composes but cannot run (a contradiction between keys); the message is one line."""
 
 
-class DrafterName(Enum):
-    none = "none"
-    model = "model"
-    ngram = "ngram"
-    prompt_lookup = "prompt_lookup"
-    suffix = "suffix"
-    eagle = "eagle"
+# The drafters' names as the schema's choices, from the drafter registry (engine/drafters/registry.py).
+DrafterName = Enum("DrafterName", {name: name for name in DRAFTERS})
 
 
 class SourceFormat(Enum):
@@ -133,7 +130,7 @@ class SamplingConfig:
     max_new_tokens: int = 128
     stop: List[str] = field(default_factory=list)
     seed: int = 0
-    verify: Verify = Verify.coupled  # how sampled drafts are verified (README: Sampling)
+    verify: Verify = Verify.coupled  # how sampled drafts are verified (docs/how_it_works.md: Sampling)
     n: int = 1  # samples per prompt: n rows per input row, by sample_index (needs temperature > 0)
     logprobs: Optional[int] = None  # K: each completion token's logprob and its K best alternatives
     prompt_logprobs: Optional[int] = None  # K: the same for the prompt's tokens
@@ -175,6 +172,7 @@ class OutputConfig:
     flush_every_s: float = 300.0
     order: OutputOrder = OutputOrder.finish
     format: OutputFormat = OutputFormat.parquet
+    model_name: Optional[str] = None  # format=openai: the `model` the responses name (default: model.target)
 
 
 @dataclass

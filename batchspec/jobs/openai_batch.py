@@ -17,16 +17,19 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ..openai_format import (BatchLine, dumps, error_output, format_output, line_key, parse_request, token_decoder,
                              with_defaults)
-from ..types import Request, Result
+from ..types import MAX_CHARS_PER_TOKEN, Request, Result
 from .prompts import PromptBuilder
 from .sink import POSITION_COLUMN, atomic_write_text, part_files, read_part
-from .sources import ABSENT, Row
+from .sources import ABSENT, GENERATED_ID_PREFIX, Row
 
-LINE_COLUMNS = ("custom_id", "url", "body")  # read from every line ("method" is optional, POST)
+LINE_COLUMNS = ("custom_id", "url", "body")  # read from every line
+OPTIONAL_COLUMNS = ("method",)  # read where a line has it (POST when absent; anything else is refused)
 URL_COLUMN = "url"  # kept in the output rows: it tells a chat line from a completion line
+CUSTOM_ID_COLUMN = "custom_id"  # kept too: a repeated custom_id's error line runs under a made-up id
 RESULTS_FILE = "results.jsonl"
 RESULT_FIELDS = tuple(f.name for f in fields(Result) if f.name not in ("extra", "stop_reason"))
 
@@ -40,7 +43,9 @@ class OpenAIRequests:
         self._chat: PromptBuilder | None = None
 
     def request(self, row: Row) -> Request:
-        extra = {POSITION_COLUMN: row.position, URL_COLUMN: None}
+        custom_id = row.values.get(CUSTOM_ID_COLUMN)
+        extra = {POSITION_COLUMN: row.position, URL_COLUMN: None,
+                 CUSTOM_ID_COLUMN: custom_id if isinstance(custom_id, str) else None}
         if row.error:
             return Request(id=row.id, prompt=None, error=row.error, extra=extra)
         obj = {k: v for k, v in row.values.items() if v is not ABSENT}
@@ -50,12 +55,17 @@ class OpenAIRequests:
             return Request(id=row.id, prompt=None, error=line.error, extra=extra)
         params = with_defaults(line, self.max_seq_len)
         if not line.chat:
+            chars = len(line.prompt) if isinstance(line.prompt, str) else 0
+            if chars > MAX_CHARS_PER_TOKEN * self.max_seq_len:  # cheap, before tokenizing it all
+                return Request(id=row.id, prompt=None, extra=extra, error=f"body.prompt has {chars:,} characters, "
+                               f"far more than max_seq_len={self.max_seq_len} tokens hold")
             return Request(id=row.id, prompt=line.prompt, extra=extra, params=params)
         if not getattr(self.tokenizer, "chat_template", None):
             return Request(id=row.id, prompt=None, error="a chat line, but the target's tokenizer has no chat template",
                            extra=extra)
         if self._chat is None:
-            self._chat = PromptBuilder(prompt_column="messages", template=None, chat=True, tokenizer=self.tokenizer)
+            self._chat = PromptBuilder(prompt_column="messages", template=None, chat=True, tokenizer=self.tokenizer,
+                                       max_seq_len=self.max_seq_len)  # with its size check
         try:
             prompt = self._chat.prompt({"messages": line.messages})
         except ValueError as e:  # PromptError: the chat template refused the messages
@@ -64,14 +74,17 @@ class OpenAIRequests:
 
 
 def keep_schema() -> pa.Schema:
-    return pa.schema([(URL_COLUMN, pa.string())])
+    return pa.schema([(URL_COLUMN, pa.string()), (CUSTOM_ID_COLUMN, pa.string())])
 
 
 def write_results(out_dir: Path, input_path: str, tokenizer, *, model: str, drafter: str) -> Path:
     """results.jsonl from every part of `out_dir`: one output line per input row, in input order."""
     groups: dict[str, list[dict[str, Any]]] = {}
+    wanted = [*RESULT_FIELDS, "stop_reason", "stop_token_id", POSITION_COLUMN, URL_COLUMN, CUSTOM_ID_COLUMN]
     for path in part_files(out_dir):
-        for row in read_part(path, [*RESULT_FIELDS, "stop_reason", "stop_token_id", POSITION_COLUMN, URL_COLUMN]).to_pylist():
+        with pq.ParquetFile(path) as f:  # parts written before CUSTOM_ID_COLUMN was kept lack it
+            columns = [c for c in wanted if c in f.schema_arrow.names]
+        for row in read_part(path, columns).to_pylist():
             groups.setdefault(row["id"], []).append(row)
     digest = file_digest(input_path)
     decode = token_decoder(tokenizer)
@@ -80,7 +93,7 @@ def write_results(out_dir: Path, input_path: str, tokenizer, *, model: str, draf
     for rows in sorted(groups.values(), key=lambda rs: rs[0][POSITION_COLUMN]):
         first = rows[0]
         number = first[POSITION_COLUMN] + 1
-        custom_id = None if first["id"].startswith("\x00") else first["id"]  # a made-up id: the line had none
+        custom_id = first.get(CUSTOM_ID_COLUMN, None if first["id"].startswith(GENERATED_ID_PREFIX) else first["id"])
         line = BatchLine(number, custom_id, first[URL_COLUMN])
         key = line_key(digest, number)
         results = [as_result(r) for r in rows]

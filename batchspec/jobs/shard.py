@@ -61,7 +61,8 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
     if missing:  # before datasets would spend ~30 s of hub retries on it
         raise SourceError(f"source.path: {missing}")
     source = open_source(src.path, "jsonl" if openai_lines(job) else src.format.value, src.split,
-                         needed_columns(job), skip_unreadable=src.skip_unreadable)
+                         needed_columns(job), skip_unreadable=src.skip_unreadable,
+                         optional=openai_batch.OPTIONAL_COLUMNS if openai_lines(job) else ())
     id_column = "custom_id" if openai_lines(job) else src.id_column
     check_output_dir(out_dir)  # before any work: a read-only dir, data/ on another filesystem
     wanted = fingerprint(composed, job)
@@ -83,7 +84,7 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
     done, own_done = done_ids(out_dir), shard_rows(out_dir, index, count)
     scan_s = time.perf_counter() - scan_started
     selector = RowSelector(source, id_column=id_column, shard_index=index, shard_count=count,
-                           limit=src.limit, done=done)
+                           limit=src.limit, done=done, repeats_are_errors=openai_lines(job))
     rows = iter(selector)
     peek_started = time.perf_counter()
     first = next(rows, None)

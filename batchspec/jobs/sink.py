@@ -120,9 +120,11 @@ def part_problem(schema: pa.Schema) -> str | None:
 
 
 def shard_rows(out_dir: Path, index: int, count: int) -> int:
-    """Rows in the part files of shard `index` of `count` (from the footers)."""
+    """Input rows done in the part files of shard `index` of `count`: their rows of sample 0 (an input row
+    of sampling.n samples has n output rows)."""
     prefix = shard_name(index, count) + "-part-"
-    return sum(pq.read_metadata(f).num_rows for f in part_files(out_dir) if f.name.startswith(prefix))
+    return sum(pc.sum(pc.equal(read_part(f, ["sample_index"]).column("sample_index"), 0)).as_py() or 0
+               for f in part_files(out_dir) if f.name.startswith(prefix))
 
 
 def read_part(path: Path, columns: list[str]) -> pa.Table:

@@ -136,8 +136,9 @@ def nesting_problem(path: str, out_dir: Path) -> str | None:
 
 
 def open_source(path: str, fmt: str, split: str, needed: Mapping[str, str], *,
-                skip_unreadable: bool = False) -> "Source":
+                skip_unreadable: bool = False, optional: tuple[str, ...] = ()) -> "Source":
     """Open `path` and check that every needed column exists (in every file of a Parquet input).
+    `optional` (JSONL only): columns read too where a row has them (ABSENT where not), never required.
 
     `needed` maps each column to the config key that asks for it, for the error message.
     `skip_unreadable`: skip files that cannot be read (listed in `source.skipped`) instead of stopping.
@@ -146,7 +147,8 @@ def open_source(path: str, fmt: str, split: str, needed: Mapping[str, str], *,
     if fmt == "parquet":
         source: Source = ParquetSource(path, list(needed), skip_unreadable=skip_unreadable)
     elif fmt == "jsonl":
-        source = JsonlSource(path, list(needed), skip_unreadable=skip_unreadable)
+        source = JsonlSource(path, list(needed) + [c for c in optional if c not in needed],
+                             skip_unreadable=skip_unreadable)
     elif fmt == "hf":
         source = HFSource(path, split, list(needed))
     else:
@@ -673,7 +675,9 @@ class Row:
 
 class RowSelector:
     """Iterates the shard's rows that still need a result: rows whose id is in `done` (finished part
-    files) are skipped, as are later rows repeating an id seen before (counted in `duplicates`).
+    files) are skipped, as are later rows repeating an id seen before (counted in `duplicates`), or, with
+    `repeats_are_errors` (OpenAI batch lines: each line gets an output line), yielded as error rows under
+    a made-up id that name the first line of the id.
 
     Only ids from `id_column` can repeat, so only they are remembered (memory grows with the rows read).
     Position ids cannot: a source yields strictly increasing positions (checked), and distinct
@@ -689,8 +693,9 @@ class RowSelector:
     """
 
     def __init__(self, source: Source, *, id_column: str | None, shard_index: int, shard_count: int,
-                 limit: int | None, done: set[str]):
+                 limit: int | None, done: set[str], repeats_are_errors: bool = False):
         self.source, self.id_column = source, id_column
+        self.repeats_are_errors = repeats_are_errors
         self.shard_index, self.shard_count, self.limit = shard_index, shard_count, limit
         self.done = done
         self.skipped = 0
@@ -723,8 +728,9 @@ class RowSelector:
         return text, None
 
     def __iter__(self) -> Iterator[Row]:
-        # Position ids cannot repeat, so only ids from id_column are remembered.
-        seen: set[str] | None = set() if self.id_column is not None else None
+        # Position ids cannot repeat, so only ids from id_column are remembered (done ones too, so that a
+        # repeat of a row finished by an earlier run is still a repeat): id -> its first position.
+        seen: dict[str, int] | None = {} if self.id_column is not None else None
         last = -1
         rows = self.source.rows(self.shard_index, self.shard_count, self.limit)
         while True:
@@ -739,17 +745,20 @@ class RowSelector:
                 raise RuntimeError(f"source yielded position {position} after {last}; positions must increase")
             last = position
             row_id, id_error = self.row_id(position, values)
-            if row_id in self.done:
-                self.skipped += 1
-                continue
-            if seen is not None:
-                if row_id in seen:
+            if seen is not None and id_error is None and not isinstance(values, str):
+                first = seen.setdefault(row_id, position)
+                if first != position and self.repeats_are_errors:
+                    id_error = f"duplicate {self.id_column} {row_id!r} (first on line {first + 1})"
+                    row_id = f"{GENERATED_ID_PREFIX}row-{position}"
+                elif first != position:
                     self.duplicates += 1
                     if len(self.duplicate_ids) < DUPLICATES_LISTED:
                         self.duplicate_ids.append(row_id)
                     self.skipped += 1
                     continue
-                seen.add(row_id)
+            if row_id in self.done:
+                self.skipped += 1
+                continue
             if isinstance(values, str):
                 yield Row(row_id, position, error=values)
             else:
