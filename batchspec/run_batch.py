@@ -35,9 +35,10 @@ from typing import Any
 from .engine.drafters.registry import DRAFTERS, needs_draft
 from .jobs.config import (ConfigError, DrafterConfig, DrafterName, Dtype, JobConfig, ModelConfig, OutputConfig,
                           OutputFormat, ProgressConfig, ProgressMode, SamplingConfig, SourceConfig, SourceFormat)
-from .jobs.sink import atomic_write_text, first_line
+from .files import atomic_write_text
 from .jobs.sources import SourceError
 from .paths import missing_local_path
+from .textcheck import first_line
 
 EXIT_SETUP = 2
 FLUSH_LINES = 64  # a part file every this many finished lines ...

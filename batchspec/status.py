@@ -31,8 +31,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .jobs.sink import (CONFIG_KEY, FAILED_LISTED, FINGERPRINT_KEY, PART_NAME, first_line, foreign_files, part_files,
-                        part_problem, read_json)
+from .jobs.layout import FAILED_LISTED, PART_NAME, foreign_files, part_files, part_problem, read_json
+from .jobs.schema import CONFIG_KEY, FINGERPRINT_KEY
+from .textcheck import first_line
 from .types import FINISH_ERROR, self_training_text
 
 MARKER = re.compile(r"^shard-(\d+)-of-(\d+)\.json$")

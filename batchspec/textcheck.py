@@ -1,4 +1,4 @@
-"""Text that cannot be stored or tokenized: Python strings holding lone surrogates.
+"""Text helpers: an error in one line, and text that cannot be stored or tokenized (lone surrogates).
 
 A Python str may hold lone surrogates (U+D800..U+DFFF) — from a JSON "\\ud800" escape, from bytes
 decoded with `surrogateescape` (how batchspec reads invalid UTF-8 in JSONL), or from a caller. UTF-8
@@ -9,6 +9,12 @@ row's error instead of a crash later (in the tokenizer, the sampling key or the 
 from __future__ import annotations
 
 from typing import Any, Mapping
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message in one line (its first), or its type's name when it has none."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def text_problem(value: Any) -> str | None:

@@ -3,8 +3,10 @@
     python -m batchspec.train_draft TARGET --prompts SOURCE --out DIR [--minutes 15] [--resume]
 
 SOURCE is anything a job reads (Parquet file/folder/glob, JSONL, a saved or hub dataset). The head is
-written to DIR in the EAGLE / SpecForge layout (SGLang and vLLM load it; --format speculators for
-vLLM's speculators layout), with DIR/train_summary.txt. A killed run continues with --resume.
+written to DIR in the EAGLE / SpecForge layout, the one SGLang's and vLLM's llama_eagle3.py read (names
+and config fields checked against their source; not loaded in either engine here), or with
+--format speculators in vLLM's speculators layout; in the target's dtype unless --save-dtype says
+otherwise; with DIR/train_summary.txt. A killed run continues with --resume.
 The training logic is in batchspec/eagle/train.py.
 """
 
@@ -12,6 +14,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+SAVE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def layer_ids(text: str) -> tuple[int, int, int]:
@@ -66,9 +71,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also learn at prompt positions (off by default: no better on SmolLM2 or the demo, and slower)")
     p.add_argument("--no-prompt-loss", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old commands
     p.add_argument("--layers", type=layer_ids, default=None,
-                   help="target hidden-state indices to read (default 2,L//2,L-3)")
-    p.add_argument("--format", choices=["eagle", "speculators"], default="eagle", help="layout of the saved head")
-    p.add_argument("--save-dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+                   help="target hidden-state indices to read (default 2,L//2,L-3); for a target of 4 or more layers "
+                        "they must be distinct, ascending and >= 1, as vLLM and SGLang capture them")
+    p.add_argument("--format", choices=["eagle", "speculators"], default="eagle",
+                   help="layout of the saved head: eagle (what SGLang's and vLLM's llama_eagle3.py read) or "
+                        "speculators (what vLLM's speculators reader reads); checked against their source, not "
+                        "loaded in them here")
+    p.add_argument("--save-dtype", choices=["auto", *SAVE_DTYPES], default="auto",
+                   help="dtype of the saved head: auto (the target's dtype, from its config.json, as vLLM gives a "
+                        "draft the target's dtype and SGLang takes the draft config's; float32 when it names none)")
     p.add_argument("--checkpoint-every", type=float, default=60.0, help="seconds between checkpoints")
     p.add_argument("--autocast", choices=["auto", "bfloat16", "off"], default="auto",
                    help="bf16 matmuls in training: auto (on a GPU only: on CPU, bf16 steps were faster but slowed "
@@ -78,10 +89,69 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def target_facts(target: str) -> tuple[str | None, int | None]:
+    """(dtype named in the target's config, its layer count), each None when the config cannot be read
+    (the run then reports why the target does not load)."""
+    try:
+        from transformers import AutoConfig
+
+        from .eagle.config import target_num_layers
+
+        config = AutoConfig.from_pretrained(target)
+    except Exception:  # noqa: BLE001 - load_models gives the one-line reason later
+        return None, None
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if dtype is None and hasattr(config, "get_text_config"):
+        dtype = getattr(config.get_text_config(), "dtype", None)
+    dtype = str(dtype).removeprefix("torch.") if dtype is not None else None
+    try:
+        layers = target_num_layers(config)
+    except ValueError:
+        layers = None
+    return dtype, layers
+
+
+def save_dtype(requested: str, target_dtype: str | None) -> tuple[str, str]:
+    """(dtype to save the head in, why)."""
+    if requested != "auto":
+        return requested, "--save-dtype"
+    if target_dtype in SAVE_DTYPES:
+        return target_dtype, "the target's dtype"
+    return "float32", (f"the target's dtype {target_dtype} is not one a head is saved in" if target_dtype
+                       else "the target's config names no dtype")
+
+
+def save_notes(summary, dtype: str, why: str) -> list[str]:
+    """Lines for the summary: what was written, in which dtype, and whether other engines can use its layers."""
+    from .eagle.formats import CHECKED
+    from .eagle.layer_ids import engine_layer_ids, engine_layer_problem
+
+    c = summary.config
+    lines = [f"  saved: {summary.out}/config.json + model.safetensors in {dtype} ({why}); {CHECKED[summary.format]}"]
+    layers, ids = c["target_num_layers"], tuple(c["target_layer_ids"])
+    problem = engine_layer_problem(ids, layers)
+    if problem:
+        better = engine_layer_ids(layers)
+        fix = (f"train with --layers {','.join(map(str, better))} for one they can" if better else
+               f"a {layers}-layer target has no three distinct hidden states 1..{layers - 1} to give them")
+        lines.append(f"  warning: other engines cannot load this head (from vLLM's and SGLang's source): {problem}; {fix}. "
+                     "batchspec loads it.")
+    return lines
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.minutes <= 0 and args.steps <= 0:
         sys.exit("train_draft: with --minutes 0 give --steps")
+    target_dtype, num_layers = target_facts(args.target)
+    if args.layers and num_layers:
+        from .eagle.layer_ids import engine_layer_ids, engine_layer_problem
+
+        problem = engine_layer_problem(args.layers, num_layers)
+        if problem and num_layers >= 4:
+            sys.exit(f"train_draft: --layers: {problem}; choose e.g. "
+                     f"{','.join(map(str, engine_layer_ids(num_layers)))}")
+    dtype, why = save_dtype(args.save_dtype, target_dtype)
     from .eagle.train import TrainDraftOptions, run
 
     options = TrainDraftOptions(
@@ -93,10 +163,11 @@ def main(argv=None) -> None:
         eval_new_tokens=args.eval_new_tokens, temperature=args.temperature, labels=args.labels,
         data_fraction=args.data_fraction,
         gen_batch_size=args.gen_batch_size, train_on_prompt=args.prompt_loss and not args.no_prompt_loss, layers=args.layers,
-        format=args.format, save_dtype=args.save_dtype, seed=args.seed,
+        format=args.format, save_dtype=dtype, seed=args.seed,
         loop={"checkpoint_every": args.checkpoint_every, "autocast": args.autocast},
     )
     from .eagle.config import HeadError
+    from .files import atomic_write
     from .eagle.loop import NonFiniteLoss
     from .eagle.summary import render
     from .eagle.train import TrainDraftError
@@ -104,7 +175,11 @@ def main(argv=None) -> None:
     from .models import ModelLoadError
 
     try:
-        print(render(run(options)))
+        summary = run(options)
+        text = "\n".join([render(summary), *save_notes(summary, dtype, why)])
+        print(text)
+        report = Path(summary.out) / "train_summary.txt"
+        atomic_write(report, lambda tmp: Path(tmp).write_text(text + "\n"))
     except NonFiniteLoss as e:
         sys.exit(f"train_draft: {e}: try a lower --lr")
     except (HeadError, TrainDraftError, ModelLoadError, SourceError) as e:  # each a one-line message

@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchspec import status
-from batchspec.jobs.sink import ParquetSink, part_files
+from batchspec.jobs.layout import part_files
+from batchspec.jobs.sink import ParquetSink
 from batchspec.jobs.prompts import PromptBuilder
 from batchspec.jobs.sources import Row, RowSelector, SourceError, open_source
 from batchspec.types import Request, Result

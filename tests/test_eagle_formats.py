@@ -1,5 +1,7 @@
-"""Saving and loading EAGLE-3 heads: both layouts round-trip, foreign files load with the right
-conventions, and every bad head is refused with one line before anything runs."""
+"""Saving and loading EAGLE-3 heads: both layouts round-trip, layer ids are written as each engine reads
+them, unimplemented flags and bad heads are refused with one line before anything runs, and train_draft
+says what it wrote. Checkpoints written by hand in SpecForge's and speculators' naming:
+tests/test_eagle_checkpoints.py."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from batchspec.eagle import HeadError
-from batchspec.eagle.formats import load_head, save_head
+from batchspec.eagle.formats import FORMATS, load_head, save_head
 from batchspec.eagle.init import head_for_target
 from tiny import model_config
 
@@ -56,6 +58,8 @@ def test_round_trip(tmp_path, target, fmt, reduced):
     if fmt == "eagle":  # what SGLang's and vLLM's LlamaForCausalLMEagle3 loaders read
         assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
         assert config["draft_vocab_size"] == head.config.draft_vocab_size and config["tie_word_embeddings"] is False
+        assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]  # vLLM: hidden-state indices
+        assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_aux_hidden_state": True}
         assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.self_attn.q_proj.weight",
                 "midlayer.hidden_norm.weight"} <= weights.keys()
         assert "embed_tokens.weight" not in weights  # the target's are used
@@ -63,54 +67,84 @@ def test_round_trip(tmp_path, target, fmt, reduced):
         assert config["speculators_model_type"] == "eagle3" and config["norm_before_residual"] is False
         assert config["transformer_layer_config"]["num_hidden_layers"] == 1
         assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] >= 1
-        assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]
+        assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]
         assert {"embed_tokens.weight", "fc.weight", "layers.0.self_attn.q_proj.weight"} <= weights.keys()
         assert ("d2t" in weights) == reduced
 
 
-def test_layer_id_conventions(tmp_path, target):
-    """EAGLE layout: eagle_config ids are layer outputs (SGLang adds 1); speculators: hidden-state indices;
+def test_layer_ids_are_written_both_ways_and_read_from_either(tmp_path, target):
+    """eagle layout: top-level eagle_aux_hidden_state_layer_ids are hidden-state indices (vLLM reads them
+    first), eagle_config's are layer outputs (SGLang adds 1); speculators: top level only. Either is read;
     absent: the default (2, L//2, L-3)."""
     head = trained_looking_head(target)
+    head.config.target_layer_ids = (1, 3, 5)
     save_head(head, tmp_path, format="eagle")
     config = json.loads((tmp_path / "config.json").read_text())
-    assert "eagle_config" not in config  # default layers: every reader picks the same default
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
+    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 2, 4], "use_aux_hidden_state": True}
     del config["batchspec"]
-    config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, 2, 4]}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    assert load_head(tmp_path, target).config.target_layer_ids == (1, 3, 5)
-    del config["eagle_config"]
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    assert load_head(tmp_path, target).config.target_layer_ids == (2, 3, 3)
+    for name, edit, ids in (
+        ("both", lambda c: None, (1, 3, 5)),
+        ("top level only", lambda c: c.pop("eagle_config"), (1, 3, 5)),
+        ("nested only", lambda c: c.pop("eagle_aux_hidden_state_layer_ids"), (1, 3, 5)),
+        ("neither", lambda c: (c.pop("eagle_config"), c.pop("eagle_aux_hidden_state_layer_ids")), (2, 3, 4)),
+    ):
+        c = json.loads(json.dumps(config))
+        edit(c)
+        (tmp_path / "config.json").write_text(json.dumps(c))
+        assert load_head(tmp_path, target).config.target_layer_ids == ids, name
 
-    head.config.target_layer_ids = (1, 3, 5)
-    save_head(head, tmp_path / "custom", format="eagle")
-    written = json.loads((tmp_path / "custom" / "config.json").read_text())
-    assert written["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4]
     save_head(head, tmp_path / "spec", format="speculators")
     written = json.loads((tmp_path / "spec" / "config.json").read_text())
-    assert written["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
+    assert written["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5] and "eagle_config" not in written
     del written["batchspec"]
     (tmp_path / "spec" / "config.json").write_text(json.dumps(written))
     assert load_head(tmp_path / "spec", target).config.target_layer_ids == (1, 3, 5)
 
 
-def test_specforge_style_checkpoint_loads(tmp_path, target):
-    """A head as SpecForge / EAGLE write it: their config fields, pytorch_model.bin, no embeddings, no
-    batchspec block."""
-    head = trained_looking_head(target, torch.arange(0, 120, 2))
-    state = {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"}
-    torch.save(state, tmp_path / "pytorch_model.bin")
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
-        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 512,
-        "tie_word_embeddings": False, "torch_dtype": "float32", "vocab_size": 120, "draft_vocab_size": 60,
-    }))
-    loaded = load_head(tmp_path, target)
-    assert loaded.config.target_layer_ids == (2, 3, 3) and loaded.config.draft_vocab_size == 60
-    assert torch.equal(loaded.to_target_ids(torch.arange(60)), torch.arange(0, 120, 2))
-    assert torch.equal(loaded.embed_tokens.weight, target.get_input_embeddings().weight)
+SAVE_IDS = {  # target layers, ids, refusal words (None: saved)
+    "valid": (8, (1, 4, 7), None),
+    "default": (8, (2, 4, 5), None),
+    "repeated": (8, (2, 4, 4), "are not distinct, ascending and >= 1"),
+    "descending": (8, (5, 4, 2), "are not distinct, ascending and >= 1"),
+    "embeddings": (8, (0, 4, 5), "are not distinct, ascending and >= 1"),
+    "4 layers, valid": (4, (1, 2, 3), None),
+    "4 layers, chosen repeats": (4, (1, 1, 3), "choose e.g. (1, 2, 3)"),
+    "4 layers, (2, 2, 1) (EAGLE's rule's ids)": (4, (2, 2, 1), "choose e.g. (1, 2, 3)"),
+    "6 layers, (2, 3, 3)": (6, (2, 3, 3), "choose e.g. (2, 3, 4)"),
+    "3 layers, the clamped default": (3, (2, 1, 0), None),  # shallower than 4: saved, train_draft warns
+    "3 layers, chosen": (3, (0, 1, 2), None),
+}
+
+
+@pytest.mark.parametrize("case", list(SAVE_IDS))
+@pytest.mark.parametrize("fmt", ["eagle", "speculators"])
+def test_saving_requires_layer_ids_other_engines_can_capture(tmp_path, case, fmt):
+    layers, ids, words = SAVE_IDS[case]
+    head = head_for_target(tiny_target(layers=layers), layer_ids=ids)
+    if words is None:
+        save_head(head, tmp_path, format=fmt)
+        assert json.loads((tmp_path / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == list(ids)
+        return
+    with pytest.raises(HeadError) as info:
+        save_head(head, tmp_path / "out", format=fmt)
+    message = str(info.value)
+    assert message.startswith(f"cannot save eagle head {tmp_path / 'out'}: target layer ids {ids}") and words in message
+    assert "\n" not in message and not (tmp_path / "out").exists()
+
+
+def test_saved_dtype_is_the_heads(tmp_path, target):
+    """A head saved in bfloat16 says so in its config and loads into the same values."""
+    head = trained_looking_head(target, torch.tensor([0, 1, 5, 6, 7, 40, 99, 119])).to(torch.bfloat16)
+    for fmt in FORMATS:
+        save_head(head, tmp_path / fmt, format=fmt)
+        weights = load_file(str(tmp_path / fmt / "model.safetensors"))
+        assert weights["fc.weight"].dtype == torch.bfloat16 and weights["d2t"].dtype == torch.long
+        config = json.loads((tmp_path / fmt / "config.json").read_text())
+        layer = config.get("transformer_layer_config", config)
+        assert layer["torch_dtype"] == layer["dtype"] == "bfloat16"
+        loaded = load_head(tmp_path / fmt, target)
+        assert torch.equal(loaded.fc.weight, head.fc.weight.float())
 
 
 def edit(path: Path, config=None, weights=None):
@@ -118,7 +152,9 @@ def edit(path: Path, config=None, weights=None):
         c = json.loads((path / "config.json").read_text())
         config(c)
         (path / "config.json").write_text(json.dumps(c))
-    if weights:
+    if weights == "junk":
+        (path / "model.safetensors").write_bytes(b"not safetensors")
+    elif weights:
         w = load_file(str(path / "model.safetensors"))
         weights(w)
         save_file(w, str(path / "model.safetensors"))
@@ -132,7 +168,22 @@ BAD = {
     "hidden size": (lambda t: tiny_target(hidden=32), None, None, "hidden size is 32"),
     "vocabulary": (lambda t: tiny_target(vocab=130), None, None, "target has 130"),
     "layer count": (lambda t: tiny_target(layers=8), None, None, "made for a 6-layer target"),
-    "layer ids": (None, lambda c: c["batchspec"].__setitem__("target_layer_ids", [2, 3, 9]), None, "out of range"),
+    "layer ids": (None, lambda c: c.update(batchspec={**c["batchspec"], "target_layer_ids": [2, 3, 9]},
+                                           eagle_aux_hidden_state_layer_ids=[2, 3, 9],
+                                           eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 8]}),
+                  None, "out of range"),
+    "layer ids disagree": (None, setitem("eagle_config", {"eagle_aux_hidden_state_layer_ids": [2, 3, 4]}), None,
+                           "eagle_aux_hidden_state_layer_ids [2, 3, 4] and eagle_config.eagle_aux_hidden_state_layer_ids "
+                           "[2, 3, 4] (layer outputs, i.e. indices [3, 4, 5]) name different target layers"),
+    "batchspec ids disagree": (None, lambda c: c["batchspec"].__setitem__("target_layer_ids", [1, 3, 5]), None,
+                               "batchspec.target_layer_ids [1, 3, 5] disagree with the "
+                               "eagle_aux_hidden_state_layer_ids other engines read ([2, 3, 4])"),
+    "no aux hidden states": (None, setitem("eagle_config", {"use_aux_hidden_state": False}), None,
+                             "config.json sets eagle_config.use_aux_hidden_state=false"),
+    "unknown weight": (None, None, lambda w: w.__setitem__("midlayer.self_attn.o_proj.bias", torch.zeros(64)),
+                       "model.safetensors holds weight midlayer.self_attn.o_proj.bias (a bias), which batchspec "
+                       "does not implement"),
+    "unreadable weights": (None, None, "junk", "cannot read model.safetensors"),
     "d2t size": (None, None, lambda w: w.__setitem__("d2t", torch.zeros(7, dtype=torch.long)), "d2t has shape (7,)"),
     "d2t range": (None, None, lambda w: w.__setitem__("d2t", torch.full((8,), 200)), "outside the target vocabulary"),
     "d2t duplicates": (None, None, lambda w: w.__setitem__("d2t", -torch.arange(8)), "same target id"),
@@ -140,7 +191,8 @@ BAD = {
     "t2d marks": (None, None, lambda w: w.__setitem__("t2d", torch.ones(120, dtype=torch.bool)), "does not mark"),
     "no d2t": (None, None, lambda w: (w.pop("d2t"), w.pop("t2d")), "no d2t map"),
     "missing weight": (None, None, lambda w: w.pop("fc.weight"), "missing weight fc.weight"),
-    "weight shape": (None, None, lambda w: w.__setitem__("norm.weight", torch.ones(3)), "norm.weight has shape"),
+    "weight shape": (None, None, lambda w: w.__setitem__("norm.weight", torch.ones(3)),
+                     "weight norm.weight (model.safetensors) has shape (3,), expected (64,)"),
     "two layers": (None, setitem("num_hidden_layers", 2), None, "only 1-layer heads"),
     "not a head": (None, lambda c: c.pop("hidden_size"), None, "not an EAGLE-3 head config"),
 }
@@ -158,6 +210,62 @@ def test_bad_heads_give_one_line(tmp_path, target, case):
     assert message.startswith(f"eagle head {tmp_path}")
 
 
+def layer_key(fmt, key):
+    return f"transformer_layer_config.{key}" if fmt == "speculators" else key
+
+
+# Flags batchspec does not implement: (key, value, words); the layer's flags sit in speculators'
+# transformer_layer_config, the head's at either layout's top level.
+LAYER_FLAGS = [
+    ("attention_bias", True, "biases on the attention projections"),
+    ("mlp_bias", True, "biases on the MLP projections"),
+    ("qkv_bias", True, "biases on q/k/v"),
+    ("bias", True, "biases (on fc in SGLang's llama_eagle3"),
+    ("logit_scale", 2.0, "scaled logits"),
+    ("layer_types", ["sliding_attention"], "sliding-window attention"),
+    ("use_sliding_window", True, "sliding-window attention"),
+    ("rope_scaling", {"rope_type": "default", "mrope_section": [8, 4, 4]}, "multimodal RoPE"),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [8, 4, 4]}, "multimodal RoPE"),
+    ("model_type", "qwen3", "a decoder layer other than Llama's"),
+]
+HEAD_FLAGS = [
+    ("fc_norm", True, "EAGLE-3.1's RMSNorm of each target hidden state before fc"),
+    ("norm_before_fc", True, "an RMSNorm of the concatenated target hidden states before fc"),
+    ("norm_output", True, "EAGLE-3.1's normed output fed to the next draft step"),
+]
+FLAG_CASES = ([("eagle", k, v, w) for k, v, w in LAYER_FLAGS + HEAD_FLAGS]
+              + [("eagle", "tie_word_embeddings", True, "an LM head tied to the token embeddings")]
+              + [("speculators", k, v, w) for k, v, w in LAYER_FLAGS + HEAD_FLAGS])
+
+
+@pytest.mark.parametrize("fmt,key,value,words", FLAG_CASES, ids=[f"{c[0]}-{c[1]}" for c in FLAG_CASES])
+def test_unimplemented_flags_are_refused_in_both_layouts(tmp_path, target, fmt, key, value, words):
+    save_head(trained_looking_head(target), tmp_path, format=fmt)
+    config = json.loads((tmp_path / "config.json").read_text())
+    where = config["transformer_layer_config"] if fmt == "speculators" and (key, value, words) in LAYER_FLAGS else config
+    where[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(HeadError) as info:
+        load_head(tmp_path, target)
+    message = str(info.value)
+    shown = layer_key(fmt, key) if (key, value, words) in LAYER_FLAGS else key
+    assert message.startswith(f"eagle head {tmp_path}: config.json sets {shown}={json.dumps(value)}: {words}"), message
+    assert "\n" not in message and message.endswith(", which batchspec does not implement"), message
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_flags_at_their_implemented_values_load(tmp_path, target, fmt):
+    """The same flags at the values batchspec implements (what the writers put in plain EAGLE-3 heads) load."""
+    save_head(trained_looking_head(target), tmp_path, format=fmt)
+    config = json.loads((tmp_path / "config.json").read_text())
+    layer = config.get("transformer_layer_config", config)
+    layer.update(attention_bias=False, mlp_bias=False, qkv_bias=False, bias=False, logit_scale=1.0,
+                 layer_types=["full_attention"], use_sliding_window=False, model_type="llama")
+    config.update(fc_norm=False, norm_before_fc=False, norm_output=False)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert load_head(tmp_path, target).config.target_layer_ids == (2, 3, 4)
+
+
 def test_missing_files(tmp_path, target):
     with pytest.raises(HeadError, match="no such directory"):
         load_head(tmp_path / "nope", target)
@@ -167,3 +275,78 @@ def test_missing_files(tmp_path, target):
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(HeadError, match="missing weights"):
         load_head(tmp_path, target)
+
+
+# ------------------------------------------------------------------ train_draft: saved dtype, summary lines
+
+SAVE_DTYPES = {  # --save-dtype, the target config's dtype -> (dtype written, why)
+    "auto, bf16 target": ("auto", "bfloat16", ("bfloat16", "the target's dtype")),
+    "auto, fp16 target": ("auto", "float16", ("float16", "the target's dtype")),
+    "auto, fp32 target": ("auto", "float32", ("float32", "the target's dtype")),
+    "auto, no dtype": ("auto", None, ("float32", "the target's config names no dtype")),
+    "auto, fp8 target": ("auto", "float8_e4m3fn",
+                         ("float32", "the target's dtype float8_e4m3fn is not one a head is saved in")),
+    "override": ("float32", "bfloat16", ("float32", "--save-dtype")),
+}
+
+
+@pytest.mark.parametrize("case", list(SAVE_DTYPES))
+def test_train_draft_saves_in_the_targets_dtype(case):
+    from batchspec.train_draft import save_dtype
+
+    requested, target_dtype, expected = SAVE_DTYPES[case]
+    assert save_dtype(requested, target_dtype) == expected
+
+
+def test_train_draft_reads_the_targets_dtype_and_depth(tmp_path):
+    from transformers import LlamaConfig
+
+    from batchspec.train_draft import target_facts
+
+    LlamaConfig(num_hidden_layers=5, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                dtype="bfloat16").save_pretrained(tmp_path / "t")
+    assert target_facts(str(tmp_path / "t")) == ("bfloat16", 5)
+    assert target_facts(str(tmp_path / "none")) == (None, None)
+
+
+NOTES = {  # layers, ids -> the warning line's words (None: no warning)
+    "8 layers, default": (8, (2, 4, 5), None),
+    "4 layers, default": (4, (1, 2, 3), None),
+    "6 layers, default": (6, (2, 3, 4), None),
+    "3 layers": (3, (2, 1, 0), "a 3-layer target has no three distinct hidden states 1..2 to give them"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOTES))
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_train_draft_summary_says_what_was_written(case, fmt):
+    from types import SimpleNamespace
+
+    from batchspec.eagle.formats import CHECKED
+    from batchspec.train_draft import save_notes
+
+    layers, ids, words = NOTES[case]
+    summary = SimpleNamespace(out="heads/x", format=fmt, config={"target_num_layers": layers, "target_layer_ids": list(ids)})
+    lines = save_notes(summary, "bfloat16", "the target's dtype")
+    assert lines[0] == f"  saved: heads/x/config.json + model.safetensors in bfloat16 (the target's dtype); {CHECKED[fmt]}"
+    assert "not loaded in" in lines[0] and "checked against" in lines[0]
+    if words is None:
+        assert len(lines) == 1
+    else:
+        assert len(lines) == 2 and lines[1].startswith("  warning: other engines cannot load this head (from vLLM's and SGLang's source): ")
+        assert words in lines[1], lines[1]
+
+
+def test_train_draft_refuses_layers_other_engines_cannot_capture_before_running(tmp_path):
+    from transformers import LlamaConfig
+
+    from batchspec.train_draft import main
+
+    LlamaConfig(num_hidden_layers=8, hidden_size=64, intermediate_size=128, num_attention_heads=4).save_pretrained(tmp_path / "t")
+    with pytest.raises(SystemExit) as info:
+        main([str(tmp_path / "t"), "--prompts", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "o"),
+              "--layers", "2,2,5", "--steps", "1", "--device", "cpu"])
+    assert str(info.value) == ("train_draft: --layers: target layer ids (2, 2, 5) are not distinct, ascending and "
+                               ">= 1, as vLLM and SGLang need (each captures a layer once, in layer order, from "
+                               "index 1); choose e.g. 2,4,5")
+    assert not (tmp_path / "o").exists()

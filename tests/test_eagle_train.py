@@ -50,7 +50,7 @@ def options(tiny, out, **kw) -> TrainDraftOptions:
 def test_run_end_to_end(tiny, tmp_path):
     summary = run(options(tiny, tmp_path / "head", format="speculators"), log=lambda *a: None)
     head = load_head(tmp_path / "head", _target(tiny))
-    assert head.config.target_layer_ids == (2, 2, 1)  # (2, L//2, L-3) for 4 layers
+    assert head.config.target_layer_ids == (1, 2, 3)  # (2, L//2, L-3) is (2, 2, 1) for 4 layers: the nearest valid
     assert summary.steps == 12 and summary.heldout_samples == 4 and summary.train_samples == 26
     assert summary.history and summary.final_loss < summary.history[0]["loss"] * 1.5
     acc = summary.acceptance
@@ -274,7 +274,7 @@ def test_states_recorded_while_generating_equal_a_forward_over_each_sequence(tin
 
     models = load_models(str(tiny[0]), device="cpu")
     prompts = [(i, models.tokenizer(p)["input_ids"]) for i, p in enumerate(PROMPTS)]
-    layers = (2, 2, 1)
+    layers = (1, 2, 3)
     samples, recorded = continue_prompts(models.target, models.tokenizer, prompts, max_new_tokens=20,
                                          temperature=temperature, seed=0, batch_size=3, layers=(*layers, 4))
     assert len(samples) == len(PROMPTS) == len(recorded)

@@ -21,7 +21,7 @@ import pytest
 
 from batchspec import report
 from batchspec.jobs.cli import sweep_subdir
-from batchspec.jobs.sink import CONFIG_KEY
+from batchspec.jobs.schema import CONFIG_KEY
 from batchspec.report import data
 from conftest_jobs import REPO, WORDS, run_inprocess, tiny_job, tiny_models, write_job  # noqa: F401 (fixture)
 

@@ -323,7 +323,7 @@ def parts_of(out: Path) -> Path:
 
 def done_lines(out: Path) -> set[str]:
     """The ids of the lines finished in the work folder's parts (made-up ids for lines without one)."""
-    from batchspec.jobs.sink import done_ids
+    from batchspec.jobs.layout import done_ids
     return done_ids(parts_of(out))
 
 

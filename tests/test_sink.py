@@ -9,7 +9,11 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from batchspec.jobs.sink import RESULT_SCHEMA, ParquetSink, done_ids, output_schema, part_files, summarize
+from batchspec.jobs.layout import done_ids, part_files, summarize
+
+from batchspec.jobs.schema import output_schema, RESULT_SCHEMA
+
+from batchspec.jobs.sink import ParquetSink
 from batchspec.types import RESULT_COLUMNS, Request, Result
 
 

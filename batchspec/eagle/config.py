@@ -22,12 +22,16 @@ class HeadError(ValueError):
 
 
 def default_layer_ids(num_layers: int) -> tuple[int, int, int]:
-    """(2, L//2, L-3), the hidden-state indices vLLM, SGLang and EAGLE read by default, kept inside
-    [0, L-1] for very shallow targets."""
+    """(2, L//2, L-3), the hidden-state indices vLLM, SGLang and EAGLE read by default; for a target of 4 to 6
+    layers, where those repeat or descend ((2, 2, 1) for 4), the nearest distinct, ascending ids >= 1 (what
+    other engines can feed: eagle/layer_ids.py); kept inside [0, L-1] for a target of fewer than 4."""
     if num_layers < 1:
         raise HeadError(f"a target needs at least one layer, got {num_layers}")
-    last = num_layers - 1
-    return tuple(min(max(i, 0), last) for i in (2, num_layers // 2, num_layers - 3))  # type: ignore[return-value]
+    if num_layers < 4:  # no three distinct indices in 1..L-1
+        return tuple(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))  # type: ignore
+    low = min(2, num_layers - 3)
+    mid = max(num_layers // 2, low + 1)
+    return low, mid, max(num_layers - 3, mid + 1)
 
 
 def text_config(config):

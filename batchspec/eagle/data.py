@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .formats import atomic_write
+from ..files import atomic_write
 
 
 @dataclass

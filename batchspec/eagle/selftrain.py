@@ -36,7 +36,8 @@ from ..types import FINISH_ERROR, Request, Result, RunStats
 from .data import Sample
 from .evaluate import acceptance, head_matches
 from .features import sequence_states
-from .formats import atomic_write, save_head
+from ..files import atomic_write
+from .formats import save_head
 from .init import head_for_target, scale_fc
 from .loop import LoopOptions, NonFiniteLoss, train_loop
 from .vocab import vocab_for

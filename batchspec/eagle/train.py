@@ -24,7 +24,8 @@ from .data import Prompts, SampleStore, generate_data, split_prompts
 from .evaluate import acceptance, head_matches, measure_costs
 from .config import default_layer_ids, target_num_layers
 from .features import recorded_states, sequence_states
-from .formats import atomic_write, save_head
+from ..files import atomic_write
+from .formats import save_head
 from .init import head_for_target, scale_fc
 from .loop import LoopOptions, default_lr, train_loop
 from .summary import Summary, render

@@ -10,15 +10,16 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from . import openai_batch
 from ..engine.drafters.registry import needs_draft
+from ..paths import missing_local_path
+from ..textcheck import first_line
+from ..types import CONSTRAINT_KINDS, MAX_LOGPROBS, MIN_TEMPERATURE, Constraint, TreeSpec
+from . import openai_batch
 from .build import draft_path
 from .config import ConfigError, DrafterName, JobConfig, SourceFormat, find_jobs, job_dirs
 from .prompts import template_columns
 from .rowparams import RowParamColumns
-from .sink import RESULT_SCHEMA, first_line
-from ..paths import missing_local_path
-from ..types import CONSTRAINT_KINDS, MAX_LOGPROBS, MIN_TEMPERATURE, Constraint, TreeSpec
+from .schema import RESULT_SCHEMA
 
 log = logging.getLogger("batchspec")
 

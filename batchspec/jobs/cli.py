@@ -32,13 +32,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ..textcheck import first_line
 from .checks import to_job_config
 from .cmdline import split_argv, unknown_key
 from .config import CONF_DIR, ConfigError, find_jobs, job_dirs, plain_job_name, register_configs
 from .job import pass_on_signal
 from .locks import other_runs
 from .shard import run
-from .sink import first_line
 from .sources import SourceError
 
 log = logging.getLogger("batchspec")

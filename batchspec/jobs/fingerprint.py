@@ -8,9 +8,10 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..files import atomic_write_text
 from .build import draft_path
 from .config import ConfigError, JobConfig, Verify
-from .sink import atomic_write_text, part_files, read_json
+from .layout import part_files, read_json
 
 log = logging.getLogger("batchspec")
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from .config import ConfigError
-from .sink import shard_name
+from .layout import shard_name
 
 log = logging.getLogger("batchspec")
 UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)

@@ -21,9 +21,11 @@ import pyarrow.parquet as pq
 
 from ..openai_format import (BatchLine, dumps, error_output, format_output, line_key, parse_request, token_decoder,
                              with_defaults)
+from ..files import atomic_write_text
 from ..types import MAX_CHARS_PER_TOKEN, Request, Result
+from .layout import part_files, read_part
 from .prompts import PromptBuilder
-from .sink import POSITION_COLUMN, atomic_write_text, part_files, read_part
+from .schema import POSITION_COLUMN
 from .sources import ABSENT, GENERATED_ID_PREFIX, Row
 
 LINE_COLUMNS = ("custom_id", "url", "body")  # read from every line

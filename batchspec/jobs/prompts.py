@@ -13,9 +13,10 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 
 from ..textcheck import text_problem
+from ..textcheck import first_line
 from ..types import MAX_CHARS_PER_TOKEN, Request
 from .rowparams import RowParamColumns
-from .sink import POSITION_COLUMN, first_line
+from .schema import POSITION_COLUMN
 from .sources import ABSENT, BadValue, Row, SourceError
 
 

@@ -16,7 +16,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..types import FINISH_ERROR
-from .sink import part_files, shard_name, write_part
+from .layout import part_files, shard_name
+from .sink import write_part
 
 
 def drop_error_rows(out_dir: Path, index: int, count: int) -> list[str]:

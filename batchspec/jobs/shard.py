@@ -6,13 +6,14 @@ import json
 import logging
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import pyarrow as pa
 
+from ..paths import missing_source_path
 from . import openai_batch
 from .build import build_job_generator, draft_path, load_job_models, self_training
 from .checks import check_model_paths, needed_columns, openai_lines
@@ -21,14 +22,15 @@ from .fingerprint import check_fingerprint, fingerprint, write_fingerprint
 from .grouping import RowGroups
 from .iostats import TimedStream, io_summary
 from .job import Progress, resolve_progress_mode, run_job
+from .layout import check_output_dir, done_ids, foreign_files, shard_rows
 from .locks import DirLock, ShardLock, other_runs
 from .prompts import PromptBuilder
 from .retry import drop_error_rows
 from .rowparams import RowParamColumns
-from .sink import CONFIG_KEY, FINGERPRINT_KEY, ParquetSink, check_output_dir, done_ids, foreign_files, shard_rows
-from .sources import RowSelector, SourceError, nesting_problem, open_source, shard_from_env
+from .schema import CONFIG_KEY, FINGERPRINT_KEY
+from .sink import ParquetSink
+from .sources import Row, RowSelector, SourceError, nesting_problem, open_source, shard_from_env
 from .summary import drafter_text, finish, versions
-from ..paths import missing_source_path
 
 log = logging.getLogger("batchspec")
 
@@ -44,10 +46,51 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
     with ShardLock(out_dir, index, count):
         return run_shard(job, out_dir=out_dir, composed=composed, job_name=job_name, index=index, count=count)
 
+@dataclass
+class ShardInput:
+    """What a shard run works from once its input is open and the done rows are known."""
+
+    source: Any
+    selector: RowSelector
+    rows: Iterator[Row]  # the rows to run after `first`
+    first: Row | None  # None: nothing left to do
+    fingerprint: dict[str, Any]
+    scan_s: float  # reading the done ids (and, with retry_errors, dropping the failed rows)
+    peek_s: float  # reading up to the first row to do
+    own_done: int  # input rows of this shard already in the parts
+
+
 def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: str, index: int,
               count: int) -> int:
-    """run() with the shard's lock held."""
+    """run() with the shard's lock held: prepare the input, run the rows, finish the shard."""
     started = time.perf_counter()
+    shard = prepare(job, out_dir, composed, index, count)
+    label = f"shard {index}/{count}" if count > 1 else "job"
+    if shard.first is None:
+        if shard.selector.read_error:
+            raise SourceError(shard.selector.read_error)
+        log.info("nothing to do: every row of %s %s is already in %s", job_name, label, out_dir / "data")
+        finish(out_dir, index, count, composed, shard.selector, outcome=None, load_s=0.0, generator=None, job=job)
+        return 0
+    done = len(shard.selector.done)
+    to_do = "an unknown number of" if shard.selector.total is None else max(shard.selector.total - shard.own_done, 0)
+    others = f"; {done - shard.own_done} rows of other shards in the dir" if done > shard.own_done else ""
+    log.info("%s %s: %s rows to do (%d already done%s) -> %s", job_name, label, to_do, shard.own_done, others, out_dir)
+    outcome, generator, io, load_s = run_rows(job, shard, out_dir, composed, job_name, index, count, started)
+    if outcome.interrupted_by is not None:
+        log.warning("stopped by signal %d: %d rows written this run (%d errors); rerun the same command to resume",
+                    outcome.interrupted_by, outcome.rows, outcome.errors)
+        return 128 + outcome.interrupted_by
+    if shard.selector.read_error:  # the rows read before the error ran and are written; the shard is not finished
+        raise SourceError(f"{shard.selector.read_error} ({outcome.rows} rows before it written this run)")
+    finish(out_dir, index, count, composed, shard.selector, outcome=outcome, load_s=load_s, generator=generator,
+           io=io, job=job)
+    return 0
+
+
+def prepare(job: JobConfig, out_dir: Path, composed: dict[str, Any], index: int, count: int) -> ShardInput:
+    """Check the job against its input and output dir, open the input, record the fingerprint, drop the
+    failed rows with retry_errors, and read up to the first row still to do."""
     src = job.source
     check_model_paths(job)
     for stop in job.sampling.stop:
@@ -88,70 +131,61 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
     rows = iter(selector)
     peek_started = time.perf_counter()
     first = next(rows, None)
-    peek_s = time.perf_counter() - peek_started
-    label = f"shard {index}/{count}" if count > 1 else "job"
-    if first is None:
-        if selector.read_error:
-            raise SourceError(selector.read_error)
-        log.info("nothing to do: every row of %s %s is already in %s", job_name, label, out_dir / "data")
-        finish(out_dir, index, count, composed, selector, outcome=None, load_s=0.0, generator=None, job=job)
-        return 0
+    return ShardInput(source, selector, rows, first, wanted, scan_s, time.perf_counter() - peek_started, own_done)
 
+
+def run_rows(job: JobConfig, shard: ShardInput, out_dir: Path, composed: dict[str, Any], job_name: str,
+             index: int, count: int, started: float):
+    """Load the models and run the shard's rows into its part files: (outcome, generator, io, load_s)."""
     progress_mode = resolve_progress_mode(job.progress.mode.value, sys.stderr)
     if progress_mode != "bar":
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # no "Loading weights" bars in cron / SLURM logs
-
     if job.threads is not None:
         import torch
 
         torch.set_num_threads(job.threads)
-    # Done rows are skipped lazily while reading, so count this shard's from its part files.
-    to_do = "an unknown number of" if selector.total is None else max(selector.total - own_done, 0)
-    others = f"; {len(done) - own_done} rows of other shards in the dir" if len(done) > own_done else ""
-    log.info("%s %s: %s rows to do (%d already done%s) -> %s", job_name, label, to_do, own_done, others, out_dir)
     models = load_job_models(job)
-    row_params = RowParamColumns(src.row_params) if src.row_params else None
-    generator = build_job_generator(job, models, row_params, out_dir, openai_lines=openai_lines(job),
-                                    rows_left=lambda: remaining(selector))
-    if openai_lines(job):
-        builder = openai_batch.OpenAIRequests(models.tokenizer, generator.max_seq_len)
-    else:
-        builder = PromptBuilder(
-            prompt_column=src.prompt_column, template=src.template, chat=src.chat, tokenizer=models.tokenizer,
-            keep_columns=src.keep_columns, keep_schema=pa_fields(source.schema, src.keep_columns),
-            check_columns=source.check_columns, row_params=row_params, max_seq_len=generator.max_seq_len,
-        )
+    generator, builder = request_pipeline(job, models, shard, out_dir)
     load_s = time.perf_counter() - started
     log.info("models loaded in %.1f s (drafter %s, batch %d)", load_s,
              drafter_text(composed.get("drafter", {}), composed.get("sampling") or {}), job.batch_size)
-    keep_schema = openai_batch.keep_schema() if openai_lines(job) else pa_fields(source.schema, src.keep_columns)
+    keep_schema = (openai_batch.keep_schema() if openai_lines(job)
+                   else pa_fields(shard.source.schema, job.source.keep_columns))
     sink = ParquetSink(out_dir, shard_index=index, shard_count=count, rows_per_file=job.output.rows_per_file,
-                       flush_every_s=job.output.flush_every_s,
-                       keep_schema=keep_schema, background=True,
+                       flush_every_s=job.output.flush_every_s, keep_schema=keep_schema, background=True,
                        file_metadata={CONFIG_KEY: json.dumps(output_config(job, job_name, generator, index, count)),
-                                      FINGERPRINT_KEY: json.dumps(wanted)})
-    progress = Progress(progress_mode, total=remaining(selector), every_s=job.progress.every_s)
-    requests = TimedStream(builder.request(row) for row in chain([first], rows))
+                                      FINGERPRINT_KEY: json.dumps(shard.fingerprint)})
+    progress = Progress(progress_mode, total=remaining(shard.selector), every_s=job.progress.every_s)
+    requests = TimedStream(builder.request(row) for row in chain([shard.first], shard.rows))
     groups = RowGroups(job.sampling.n, in_order=job.output.order == OutputOrder.input)
     try:
-        outcome = run_job(requests, generator, sink, progress, remaining=lambda: remaining(selector), groups=groups)
+        outcome = run_job(requests, generator, sink, progress, remaining=lambda: remaining(shard.selector),
+                          groups=groups)
     finally:
         closing = time.perf_counter()
         sink.close()  # every part is in data/ once this returns; re-raises a write error
-    io = io_summary(read_s=peek_s + requests.seconds, write_s=sink.write_s, scan_s=scan_s,
-                    wall_s=scan_s + peek_s + outcome.wall_s + time.perf_counter() - closing,
+    io = io_summary(read_s=shard.peek_s + requests.seconds, write_s=sink.write_s, scan_s=shard.scan_s,
+                    wall_s=shard.scan_s + shard.peek_s + outcome.wall_s + time.perf_counter() - closing,
                     encode_write_s=sink.encode_write_s)
-    if outcome.interrupted_by is not None:
-        log.warning("stopped by signal %d: %d rows written this run (%d errors); rerun the same command to resume",
-                    outcome.interrupted_by, outcome.rows, outcome.errors)
-        return 128 + outcome.interrupted_by
-    if selector.read_error:  # the rows read before the error ran and are written; the shard is not finished
-        raise SourceError(f"{selector.read_error} ({outcome.rows} rows before it written this run)")
-    finish(out_dir, index, count, composed, selector, outcome=outcome, load_s=load_s, generator=generator, io=io,
-           job=job)
-    return 0
+    return outcome, generator, io, load_s
+
+
+def request_pipeline(job: JobConfig, models, shard: ShardInput, out_dir: Path):
+    """The generator and what turns the shard's rows into its requests (prompts, per-row settings)."""
+    src = job.source
+    row_params = RowParamColumns(src.row_params) if src.row_params else None
+    generator = build_job_generator(job, models, row_params, out_dir, openai_lines=openai_lines(job),
+                                    rows_left=lambda: remaining(shard.selector))
+    if openai_lines(job):
+        return generator, openai_batch.OpenAIRequests(models.tokenizer, generator.max_seq_len)
+    return generator, PromptBuilder(
+        prompt_column=src.prompt_column, template=src.template, chat=src.chat, tokenizer=models.tokenizer,
+        keep_columns=src.keep_columns, keep_schema=pa_fields(shard.source.schema, src.keep_columns),
+        check_columns=shard.source.check_columns, row_params=row_params, max_seq_len=generator.max_seq_len,
+    )
+
 
 def output_config(job: JobConfig, job_name: str, generator, index: int, count: int) -> dict[str, Any]:
     """The configuration that produced a part's rows, in every part file's Parquet metadata under

@@ -11,11 +11,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..files import atomic_write_text
+from ..types import rounds_by_k_text, self_training_text
 from . import openai_batch
 from .config import DrafterName, JobConfig, OutputFormat
-from .sink import atomic_write_text, read_json, shard_name, summarize
+from .layout import read_json, shard_name, summarize
 from .sources import RowSelector
-from ..types import rounds_by_k_text, self_training_text
 
 log = logging.getLogger("batchspec")
 

@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from ..jobs.sink import CONFIG_KEY, part_files, read_part, summarize
+from ..jobs.layout import part_files, read_part, summarize
+
+from ..jobs.schema import CONFIG_KEY
 from ..types import FINISH_ERROR, TreeSpec
 
 ROW_COLUMNS = ["id", "finish_reason", "draft_tokens", "acceptance_rate", "tokens_per_forward", "latency_s",
