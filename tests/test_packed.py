@@ -248,7 +248,8 @@ def test_rows_not_asked_to_propose_are_those_that_would_draft_nothing(name, coun
     same as when every row proposes, for every combination of proposal lengths 0..4."""
     import copy
 
-    from batchspec.engine.adaptive import AdaptiveK, RowAcceptance
+    from batchspec.engine.acceptance_model import RowAcceptance
+    from batchspec.engine.adaptive import AdaptiveK
     from batchspec.engine.costs import PackedCosts
     from batchspec.engine.drafters.base import LOOKUP_POLICY
 

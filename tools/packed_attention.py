@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     for batch in [int(b) for b in args.batch_size.split(",")]:
         runner = ModelRunner(model, num_slots=batch, capacity=args.context + 8, max_position=4096,
                              graphs=StepGraphs(None, torch.device("cpu")))
-        runner.lengths[:batch] = args.context
+        runner.set_lengths(slice(None, batch), args.context)
         widths = [1 if s % 2 else 5 for s in range(batch)]
         rows = [RowTokens(s, args.context, w) for s, w in enumerate(widths)]
         ids = torch.randint(3, runner.vocab_size, (sum(widths),))

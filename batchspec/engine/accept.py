@@ -146,7 +146,7 @@ class Acceptor:
         index = torch.arange(verdict.tokens.shape[1], device=self.device)[None, :]
         state.tokens[rows[:, None], lengths[:, None] + index] = verdict.tokens  # past num_emit: stale
         # The pending token and the accepted drafts stay cached; idle slots ride along from 0 again.
-        runner.lengths[rows] = torch.where(state.busy[rows], lengths - 1 + verdict.num_emit, 0)
+        runner.set_lengths(rows, torch.where(state.busy[rows], lengths - 1 + verdict.num_emit, 0))
         if presence is not None:
             emitted = (index < verdict.num_emit[:, None]).to(torch.int32)
             seen = torch.zeros_like(presence, dtype=torch.int32).scatter_add_(1, verdict.tokens, emitted)

@@ -7,20 +7,15 @@ maximises predicted tokens per second,
 
     sum over rows of E_i(min(k, budget_i))  /  T(k, b)
 
-where E_i(k) = (1 - a_i^(k+1)) / (1 - a_i) is the expected number of tokens a row emits when its
-drafts are accepted independently with probability a_i (Leviathan et al. 2023, eq. 1), and T(k, b) is
-the wall time of a whole round (draft + verify + accept) measured while the job runs, at this
-number of active rows b. Two signals, two estimators:
-
-- acceptance: each row's running count of accepted drafts A and of rounds that ended in a rejection
-  R (a draft refused, or the drafter had nothing to propose), decayed so that it follows the text,
-  and pooled into a job-wide prior for rows that have little history: a_i = (A + w a) / (A + R + w);
-- cost: an exponential moving average of round time per (k, b); a k not yet measured at this b
-  borrows the shape of the curve from the nearest batch size that measured it, and is probed once
-  when nothing is known. The first time of each (k, b) is replaced by the second (a cold first round
-  must not steer hundreds of rounds), and a round with drafts right after a round without is not
-  timed: a draft model then first catches up on the tokens it skipped, which is the cost of the
-  rounds before, not of this k.
+where E_i(k) is the expected number of tokens a row emits with k drafts (the acceptance model,
+acceptance_model.py: Leviathan et al. 2023, eq. 1, over each row's decayed acceptance pooled into a
+job-wide prior), and T(k, b) is the wall time of a whole round (draft + verify + accept) measured
+while the job runs, at this number of active rows b: an exponential moving average of round time per
+(k, b); a k not yet measured at this b borrows the shape of the curve from the nearest batch size that
+measured it, and is probed once when nothing is known. The first time of each (k, b) is replaced by the
+second (a cold first round must not steer hundreds of rounds), and a round with drafts right after a
+round without is not timed: a draft model then first catches up on the tokens it skipped, which is the
+cost of the rounds before, not of this k.
 
 Predicting from these two instead of timing tokens per round directly matters at small batches,
 where the tokens a round emits swing between 1 and k+1 per row but its time hardly varies. A k that
@@ -33,17 +28,7 @@ Lookup drafters (n-gram, prompt lookup) propose almost for free, and their propo
 long match or nothing. For them (policy `propose_first`) the generator proposes k_max first and passes what each
 row actually proposed as its budget, so the choice is a verify width over the drafts on the table: a
 row with no proposal adds one token whatever k is, and a row that proposed less than k was not
-refused anything. A match is right or wrong as a whole more often than token by token, so one
-per-draft alpha would undervalue long proposals; instead a row's a_i is the chance that its FIRST
-draft is accepted, and each later draft j is kept with the job-wide rate c_j at which a draft at
-position j was accepted given that j - 1 were:
-
-    E_i(n) = 1 + a_i (1 + c_2 + c_2 c_3 + ... + c_2 ... c_n)
-
-A drafter's own prior for a proposal (suffix decoding's continuation frequency) need not match the
-target: a continuation seen often in the job's earlier rows is not always the one this row takes. So
-priors are scaled by their job-wide reliability, the decayed ratio of first drafts accepted to the
-priors that came with them; without that, a hopeful prior kept a job drafting at a loss.
+refused anything (how bursty acceptance is modelled: acceptance_model.py).
 
 Costs come from one of two models. Eager forwards (CPU) are timed as whole rounds (`RoundTimes`,
 above). Captured forwards (CUDA graphs) have steady device times that do not depend on how many
@@ -54,22 +39,13 @@ each round's wall time; eager wall-clock on a GPU swings 2x between runs and can
 What the controller knows about a drafter is its DrafterPolicy (drafters.py): whether it proposes
 before the width is chosen, whether its acceptance is bursty, whether it catches up after plain rounds.
 
-Tree drafts (tree.py) are further choices (inside, shape index k_max + 1 + j is tree j). A tree's
-acceptance is a job-wide average of the tokens a row emits per tree round (decayed like the pooled
-counts; a row with less room emits at most its budget + 1), started at what a chain of the tree's depth
-is predicted to emit, so that it is tried; its cost is measured like a chain's. A re-timing around a
-chain also probes the tree nearest its depth, and around a tree the chain of its depth.
+Tree drafts (tree.py) are further choices (inside, shape index k_max + 1 + j is tree j), whose
+acceptance the acceptance model keeps as tokens per row-round and whose cost is measured like a
+chain's. A re-timing around a chain also probes the tree nearest its depth, and around a tree the chain
+of its depth.
 
-Packed rounds (eager, packed.py) price each row's drafts apart: `choose_rows` gives every row its own
-number of drafts, the choice of row_drafts.py over each row's expected gains E_i(j) - E_i(j - 1) (the
-models above) and the round's cost by what it computes (costs.PackedCosts: the target forward's time
-against its tokens, each drafting forward's against its tokens, the rest of the round against its
-drafts). The gains are scaled by their calibration, the decayed ratio of drafts accepted to the gains
-predicted for the drafts chosen, so that a systematic error of the acceptance model (choosing the rows
-whose estimates are highest picks estimates that err high) cannot keep a job drafting at a loss. A
-lookup is not asked to propose for rows that would draft nothing whatever they proposed (`hopeless`).
-Every `revisit_every` rounds each row verifies one draft more than chosen (the wait doubling, up to 8x,
-while nobody drafts), so that rows drafting nothing keep measuring their acceptance.
+Packed rounds (eager, packed.py) give every row its own number of drafts (`choose_rows`,
+packed_choice.py).
 
 The choice never changes a greedy output (speculation is exact). It does change which noise a
 sampled token consumes, so with temperature > 0 the generator keeps k fixed unless told otherwise:
@@ -81,45 +57,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..types import TreeSpec
-from .costs import CostModel, PackedCosts, RoundTimes
+from .acceptance_model import AcceptanceModel, Calibration, RowAcceptance
+from .costs import CostModel, RoundTimes
 from .drafters.base import LOOKUP_POLICY as LOOKUP  # noqa: F401 (the tests' name for it)
 from .drafters.base import MODEL_POLICY as DRAFT_MODEL
 from .drafters.base import DrafterPolicy
+from .packed_choice import PackedChoice
 from .round import RoundShape
-from .row_drafts import choose_drafts
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens one round emits with k drafts, each accepted with probability alpha: 1 + a + ... + a^k."""
-    return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 @dataclass
-class Calibration:
-    """Decayed sums, over chain rounds, of the first drafts the rows kept and of the priors they came with."""
-
-    realized: float = 2.0  # a weak start at ratio 1
-    predicted: float = 2.0
-
-    @property
-    def ratio(self) -> float:
-        return self.realized / max(self.predicted, 1e-9)
-
-
-@dataclass
-class RowAcceptance:
-    """Decayed counts of one row's accepted drafts and rejecting rounds."""
-
-    accepted: float = 0.0
-    rejections: float = 0.0
-
-
-# ---- the controller ----------------------------------------------------------------------------------
-
-
-@dataclass
-class AdaptiveK:
-    """Call choose(rows) before a round and observe(...) after it."""
+class AdaptiveK(AcceptanceModel, PackedChoice):
+    """Call choose(rows) before a round and observe(...) after it (packed rounds: choose_rows, then learn).
+    Its acceptance estimates are AcceptanceModel's, packed rounds' choice PackedChoice's."""
 
     k_max: int
     policy: DrafterPolicy = DRAFT_MODEL
@@ -158,38 +108,6 @@ class AdaptiveK:
         self._index = {shape: i for i, shape in enumerate(self.shapes)}
         self._next_probe = self.revisit_every
 
-    # ---- acceptance ------------------------------------------------------------------------------
-
-    @property
-    def pooled_alpha(self) -> float:
-        p = self.pooled
-        return p.accepted / (p.accepted + p.rejections)
-
-    def alpha(self, slot: int, prior: float | None = None) -> float:
-        """The row's acceptance: its decayed counts, pulled towards a prior (the drafter's own estimate for
-        this proposal, or the job-wide rate) by prior_weight pseudo-observations."""
-        row = self.rows.get(slot) or RowAcceptance()
-        w = self.prior_weight
-        base = self.pooled_alpha if prior is None else min(1.0, prior * self.reliability.ratio)
-        return (row.accepted + w * base) / (row.accepted + row.rejections + w)
-
-    def expected(self, alpha: float, n: int, run: list[float] | None = None) -> float:
-        """Expected tokens of a row with n drafts: geometric in alpha, or for a bursty drafter
-        1 + alpha * run[n] where run[n] = 1 + c_2 + c_2 c_3 + ... (see the module docstring)."""
-        if n <= 0:
-            return 1.0
-        if not self.policy.bursty:
-            return expected_tokens(alpha, n)
-        return 1.0 + alpha * (run or self.run_lengths())[n]
-
-    def run_lengths(self) -> list[float]:
-        """[n] -> expected drafts kept once the first is: 0, 1, 1 + c_2, 1 + c_2 + c_2 c_3, ..."""
-        out, keep = [0.0, 1.0], 1.0
-        for c in self.continued[2:]:
-            keep *= c.accepted / (c.accepted + c.rejections)
-            out.append(out[-1] + keep)
-        return out
-
     def admit(self, slot: int) -> None:
         """A new request took `slot`: forget the previous one's history."""
         self.rows[slot] = RowAcceptance()
@@ -203,15 +121,6 @@ class AdaptiveK:
     @property
     def num_shapes(self) -> int:
         return self.k_max + 1 + len(self.tree_depths)
-
-    def tree_tokens(self, j: int, alphas: list[float], run: list[float] | None) -> float:
-        """Tokens a row emits in a round of tree j: the measured average, or before any measurement what a
-        chain of the tree's depth is predicted to emit (averaged over the rows)."""
-        t = self.tree_counts[j]
-        if t.rejections > 0.5:
-            return t.accepted / t.rejections
-        depth = min(self.tree_depths[j], self.k_max)
-        return sum(self.expected(a, depth, run) for a in alphas) / max(len(alphas), 1)
 
     def predicted_rate(self, k: int, slots: list[int], budgets: list[int],
                        alphas: list[float] | None = None, room: list[int] | None = None) -> float | None:
@@ -311,115 +220,3 @@ class AdaptiveK:
         if seconds > 0 and not after_plain:
             self.costs.observe(k, len(slots), seconds)
         self.learn(k, slots, budgets, drafted, accepted)
-
-    def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int]) -> None:
-        """Acceptance from a round of shape k: per row the drafts it was allowed (budgets), proposed and
-        accepted (see observe_index)."""
-        if self._gains:  # a packed round: what its drafts gained against what was predicted for them
-            c = self.calibration
-            c.realized, c.predicted = c.realized * self.pooled_decay, c.predicted * self.pooled_decay
-            for slot, m in zip(slots, accepted):
-                if slot in self._gains:
-                    c.realized += m
-                    c.predicted += self._gains[slot]
-            self._gains = {}
-        if k == 0:
-            return
-        if k > self.k_max:  # a tree round: the job-wide tokens per row-round of this tree
-            t = self.tree_counts[k - self.k_max - 1]
-            t.accepted *= self.pooled_decay
-            t.rejections *= self.pooled_decay
-            for budget, m in zip(budgets, accepted):
-                if budget > 0:
-                    t.accepted += m + 1
-                    t.rejections += 1
-            return
-        for counts in (self.pooled, *self.continued):
-            counts.accepted *= self.pooled_decay
-            counts.rejections *= self.pooled_decay
-        if self._priors:  # first drafts kept against the priors they came with
-            reliability = self.reliability
-            reliability.realized *= self.pooled_decay
-            reliability.predicted *= self.pooled_decay
-            for slot, budget, m in zip(slots, budgets, accepted):
-                if budget > 0 and slot in self._priors:
-                    reliability.realized += min(m, 1)
-                    reliability.predicted += self._priors[slot]
-        for slot, budget, n, m in zip(slots, budgets, drafted, accepted):
-            if budget == 0:
-                continue  # no room to draft (end of the request): nothing learned
-            if self.policy.bursty:  # the row's count is its first draft; later positions go to the job-wide c_j
-                kept, rejected = min(m, 1), m == 0
-                for j in range(2, min(n, m + 1) + 1):  # positions reached: all before them were kept
-                    self.continued[j].accepted += m >= j
-                    self.continued[j].rejections += m < j
-            else:
-                kept, rejected = m, m < n or n < budget
-            row = self.rows.setdefault(slot, RowAcceptance())
-            row.accepted = self.decay * row.accepted + kept
-            row.rejections = self.decay * row.rejections + rejected
-            self.pooled.accepted += kept
-            self.pooled.rejections += rejected
-
-    # ---- packed rounds: drafts per row ----------------------------------------------------------
-
-    def hopeless(self, slots: list[int], base_tokens: int, costs: PackedCosts) -> list[bool]:
-        """Before a lookup proposes in a packed round: per row, whether its first draft cannot pay at the
-        round's prices whatever it proposes, so that the drafter need not propose for it (host work that
-        was 3% of round time at batch 64). Exactly the rows choose_rows would give no draft: a lookup's
-        drafts all cost the same (per token + per draft), and choose_drafts takes a draft only when its
-        gain per cost beats the rate of the round without drafts (row_drafts.py). Nobody is hopeless in
-        a probe round, before the costs are known, with trees, or for a drafter whose proposals carry
-        priors (its rows' worth is known only once they have proposed)."""
-        policy = self.policy
-        if (self._rounds + 1 >= self._next_probe or not costs.known or self.trees or policy.draft_forwards
-                or policy.priors):
-            return [False] * len(slots)
-        prices = costs.prices()
-        rate = len(slots) / max(prices.seconds(base_tokens, 0, 0), 1e-12)
-        threshold = rate * (prices.per_token + prices.per_draft) / max(self.calibration.ratio, 1e-12)
-        run = self.run_lengths() if policy.bursty else None
-        return [self.expected(self.alpha(s), 1, run) - 1.0 <= threshold for s in slots]
-
-    def choose_rows(self, slots: list[int], offers: list[int], room: list[int], priors: list[float | None] | None,
-                    base_tokens: int, costs: PackedCosts) -> tuple[int, list[int]]:
-        """A packed round (row_drafts.py): (shape index, drafts per row). offers: the most drafts each row may
-        verify (a lookup's proposal, or its budget); room: how deep its tree may go; base_tokens: the
-        forward's tokens without drafts. Until the costs are known, rounds alternate between every row
-        drafting nothing and every row drafting its offer; every `revisit_every` rounds (doubling, up to 8x,
-        while nobody drafts) each row verifies one draft more than chosen, so that rows drafting nothing
-        keep learning their acceptance."""
-        self._rounds += 1
-        priors = priors or [None] * len(slots)
-        self._priors = {s: p for s, p, n in zip(slots, priors, offers) if p is not None and n > 0}
-        trees = list(range(self.k_max + 1, self.num_shapes)) if max(room, default=0) > 0 else []
-        if max(offers, default=0) == 0 and not trees:
-            return 0, [0] * len(slots)
-        draws = self.policy.draft_forwards
-        if not costs.known or (draws and costs.step.w == 0):  # start of the job: time both extremes
-            return (0, [0] * len(slots)) if self._rounds % 2 else (max(offers), list(offers))
-        alphas = [self.alpha(s, p) for s, p in zip(slots, priors)]
-        run = self.run_lengths() if self.policy.bursty else None
-        gains = [[self.expected(a, j, run) - self.expected(a, j - 1, run) for j in range(1, n + 1)]
-                 for a, n in zip(alphas, offers)]
-        prices = costs.prices()
-        scale = self.calibration.ratio
-        drafts, rate = choose_drafts([[g * scale for g in row] for row in gains], base_tokens, prices, steps=draws)
-        shape = max(drafts, default=0)
-        for j in (t - self.k_max - 1 for t in trees):  # a tree round: every row its tree
-            spec, n = self.trees[j], len(slots)
-            per_row = self.tree_tokens(j, alphas, run)
-            tokens = sum(min(per_row, r + 1) for r in room)
-            seconds = prices.seconds(base_tokens + n * spec.nodes, spec.depth if draws else 0, n * spec.depth)
-            if tokens / max(seconds, 1e-12) > rate:
-                shape, rate, drafts = self.k_max + 1 + j, tokens / max(seconds, 1e-12), list(room)
-        if self._rounds >= self._next_probe:
-            idle = sum(drafts) == 0
-            self._interval = min(2 * self._interval, 8 * self.revisit_every) if idle and self._idle else self.revisit_every
-            self._next_probe, self._idle = self._rounds + self._interval, idle
-            if shape <= self.k_max:
-                drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
-                shape = max(drafts, default=0)
-        if shape <= self.k_max:
-            self._gains = {s: sum(g[:k]) for s, g, k in zip(slots, gains, drafts) if k > 0}
-        return shape, drafts

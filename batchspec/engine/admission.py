@@ -1,5 +1,6 @@
-"""The device side of admission: new rows' prompts into their slots, the target's prefill (once per prompt:
-the samples of one request admitted together copy its cache), the drafter's admission, the first tokens.
+"""Admission: new rows' prompts into their slots, the target's prefill (once per prompt: the samples of one
+request admitted together copy its cache), the drafter's admission, the first tokens; then the host's
+part, handed to the scheduler (prompt logprobs, the first tokens) and the drafter (their extend).
 
 The prefill is eager and ragged on the eager path, captured chunks on the static path; eagerly also on
 the static path (a documented exception) for rows that want their prompt's logprobs (every position's
@@ -13,10 +14,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..types import Result
 from .accept import Acceptor
 from .drafters import Drafter
 from .runner import ModelRunner
 from .sampling import logprobs_at
+from .scheduler import Scheduler
 from .slots import SlotState
 
 
@@ -34,7 +37,33 @@ class Seated:
 class Admitter:
     def __init__(self, runner: ModelRunner, state: SlotState, acceptor: Acceptor, drafter: Drafter):
         self.runner, self.state, self.acceptor, self.drafter = runner, state, acceptor, drafter
-        self.device, self.static = runner.device, runner.static
+        self.device, self.static, self.packed = runner.device, runner.static, runner.packs
+
+    def admit(self, seats, scheduler: Scheduler) -> list[tuple[int, Result]]:
+        """New rows' device side (seat), then the host's (the scheduler's): prompt logprobs, and eagerly the
+        first tokens at once (on the static path the next round's verdict carries them). Packed rounds
+        prefill the other rows' prompts themselves: only their sequences and the drafter's admission happen
+        here. Returns the rows their first token finished (slot, Result): the caller releases them."""
+        if self.packed:
+            later = [s for s in seats if s.admission.prompt_logprobs is None]
+            if later:
+                self.seat_later(later)
+                scheduler.fill_in_rounds(later)
+            seats = [s for s in seats if s not in later]
+            if not seats:
+                return []
+        seated = self.seat(seats)
+        for slot, blocks, k in seated.prompt_logprobs:
+            scheduler.set_prompt_logprobs(slot, blocks, k)
+        if seated.tokens is None:
+            return []
+        slots = [s.slot for s in seats]
+        finished = scheduler.first_tokens(slots, seated.tokens, seated.logprobs)
+        done = {slot for slot, _ in finished}
+        going = [(slot, token) for slot, token in zip(slots, seated.tokens) if slot not in done]
+        if going:
+            self.drafter.extend([s for s, _ in going], [[t] for _, t in going], [0] * len(going))
+        return finished
 
     def seat_later(self, seats) -> None:
         """Rows whose prompts packed rounds prefill: their sequences and settings, and the drafter's admission."""
@@ -59,7 +88,7 @@ class Admitter:
         if features is None:
             self.drafter.admit(slots, prompts)
         else:
-            self.drafter.admit(slots, prompts, [features[src] for src in sources])
+            self.drafter.admit(slots, prompts, features=[features[src] for src in sources])
         if self.static:
             self.acceptor.first_tokens(slots, last, static=True)
             return seated

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from functools import partial
 from typing import Iterable, Iterator
 
 import torch
@@ -28,23 +29,23 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..types import Request, Result, TreeSpec
 from .accept import Acceptor
-from .admission import Admitter
 from .adaptive import AdaptiveK
-from .costs import Line, PackedCosts, RoundTimes, StepTable
-from .drafters import Drafter
+from .admission import Admitter
 from .constrain import constrain_drafts, mask_round
+from .costs import PackedCosts, RoundTimes, StepTable
+from .drafters import Drafter
 from .grammar import Grammars
-from .graphs import HostBuffer, StepGraphs, wall
+from .graphs import HostBuffer, StepGraphs
 from .intake import Defaults
-from .packed import layout_round, pack
 from .round import Round, RoundBuffers, RoundShape
+from .round_steps import declare_round_steps, shape_seconds
 from .runner import ModelRunner
+from .scheduler import Scheduler
 from .shapes import kv_capacity
-from .scheduler import Scheduler, Seat
 from .slots import SlotState
 from .stops import StopRules
 from .threads import ThreadGuard
-from .timing import time_step
+from .verify_pass import TokenCounts, Verifier
 
 PHASES = ("admit", "draft", "verify", "accept", "bookkeeping")
 FILL_TOKENS = 1024  # prompt tokens a packed round prefills at most (see SpecBatchGenerator)
@@ -96,10 +97,9 @@ class SpecBatchGenerator:
         widest = max([shape.width for shape in self.shapes] + [self.forced_max + 1])
         capacity = kv_capacity(max_seq_len, max(k_max, self.forced_max), self.trees)
         # A drafter that reads the target's hidden states (EAGLE-3) names the layers: every forward hands them out.
-        self.feature_layers = tuple(getattr(drafter, "feature_layers", ()))
         self.runner = ModelRunner(target, num_slots=batch_size, capacity=capacity, max_position=max_seq_len,
                                   graphs=graphs, widths={shape.width for shape in self.shapes}, buckets=buckets,
-                                  name="target", feature_layers=self.feature_layers)
+                                  name="target", feature_layers=drafter.feature_layers)
         vocab = self.runner.vocab_size
         self.state = SlotState(batch_size, capacity, vocab, self.device,
                                track_presence=sampling.repetition_penalty != 1.0)
@@ -113,7 +113,7 @@ class SpecBatchGenerator:
                                  counter=graphs.counter, logprobs=defaults.max_logprobs, grammars=self.grammars)
         controller = None
         if adaptive and (k_max > 0 or self.trees):
-            costs = (StepTable(self._step_seconds, self.runner.bucket) if self.static else
+            costs = (StepTable(partial(shape_seconds, self.shapes, self.runner, drafter), self.runner.bucket) if self.static else
                      PackedCosts() if self.runner.packs else RoundTimes())
             controller = AdaptiveK(k_max, policy=drafter.policy, costs=costs, trees=self.trees)
         self.packed = self.runner.packs
@@ -128,10 +128,9 @@ class SpecBatchGenerator:
         self._released = HostBuffer((batch_size,), self.device)
         self._rows = HostBuffer((batch_size,), self.device)  # an eager round's rows
         self._lengths = HostBuffer((batch_size,), self.device)  # their lengths L (packed rounds)
-        self._fills = HostBuffer((2, batch_size), self.device)  # packed: the slots a round prefilled, their new lengths
-        self.tokens = TokenCounts()
+        self.verifier = Verifier(self.runner, self.state, drafter, self.scheduler)
         if self.static:
-            self._declare()  # the drafter's bind comes with the steps it declares
+            declare_round_steps(self.shapes, self.runner, self.state, self.buffers, self.acceptor, drafter, graphs)
         else:
             drafter.bind(self.shapes, self.runner, self.state, self.buffers, self.acceptor)
 
@@ -146,6 +145,11 @@ class SpecBatchGenerator:
         return self.scheduler.adaptive
 
     @property
+    def tokens(self) -> TokenCounts:
+        """What target forwards computed so far (verify_pass.TokenCounts)."""
+        return self.verifier.tokens
+
+    @property
     def capture_s(self) -> float:
         """Seconds spent capturing (or compiling) steps so far."""
         return self.graphs.capture_s
@@ -155,7 +159,7 @@ class SpecBatchGenerator:
         self.scheduler.reset_stats()
         self.timings = dict.fromkeys(PHASES, 0.0)
         self.noise_s = 0.0
-        self.tokens = TokenCounts()
+        self.verifier.tokens = TokenCounts()
         self.grammars.mask_s = self.grammars.compile_s = 0.0
 
     def stop_admitting(self) -> None:
@@ -189,7 +193,7 @@ class SpecBatchGenerator:
             if round.rows:
                 self._draft(round)
         with self._phase("verify"):
-            logits = self._verify(round)
+            logits = self.verifier.run(round)
         if not round.rows:  # a round that only prefilled
             return []
         with self._phase("accept"):  # constrained rows first: their verify positions masked by their grammars
@@ -210,39 +214,14 @@ class SpecBatchGenerator:
     def _admit(self) -> list[Result]:
         with self._phase("admit"):
             seats, errors = self.scheduler.intake()
-            return errors + (self._seat(seats) if seats else [])
-
-    def _seat(self, seats: list[Seat]) -> list[Result]:
-        """Admission's device side (admission.py), then the host's: prompt logprobs, and eagerly the first
-        tokens at once (on the static path the next round's verdict carries them). Packed rounds prefill
-        the other rows' prompts themselves: only their sequences and the drafter's admission happen here."""
-        if self.packed:
-            later = [s for s in seats if s.admission.prompt_logprobs is None]
-            if later:
-                self.admitter.seat_later(later)
-                self.scheduler.fill_in_rounds(later)
-            seats = [s for s in seats if s not in later]
-            if not seats:
-                return []
-        seated = self.admitter.seat(seats)
-        for slot, blocks, k in seated.prompt_logprobs:
-            self.scheduler.set_prompt_logprobs(slot, blocks, k)
-        if seated.tokens is None:
-            return []
-        slots = [s.slot for s in seats]
-        finished = self.scheduler.first_tokens(slots, seated.tokens, seated.logprobs)
-        done = {slot for slot, _ in finished}
-        going = [(slot, token) for slot, token in zip(slots, seated.tokens) if slot not in done]
-        if going:
-            self.drafter.extend([s for s, _ in going], [[t] for _, t in going], [0] * len(going))
-        return self._release(finished)
+            return errors + (self._release(self.admitter.admit(seats, self.scheduler)) if seats else [])
 
     def _release(self, finished: list[tuple[int, Result]]) -> list[Result]:
         """Free the finished rows' slots: idle slots ride along from position 0."""
         if finished:
             slots = [slot for slot, _ in finished]
             index = self._released.put(slots)
-            self.runner.lengths.index_fill_(0, index, 0)
+            self.runner.reset_lengths(index)
             self.state.busy.index_fill_(0, index, False)
             self.drafter.release(slots)
             for slot in slots:
@@ -292,87 +271,7 @@ class SpecBatchGenerator:
         elif round.draft.tokens.shape[1] < shape.drafts:  # trimmed to the longest proposal: a narrower pass
             round.shape = RoundShape(drafts=round.draft.tokens.shape[1])
 
-    def _verify(self, round: Round) -> torch.Tensor | None:
-        """One target forward over [pending token, drafts] of every row -> logits [b, W, V]."""
-        if self.packed:
-            return self._verify_packed(round)
-        draft, width = round.draft, round.shape.width
-        self.tokens.add(len(round.rows) * width, sum(width - 1 - n for n in draft.host_num or [width - 1] * len(round.rows))
-                        + (len(round.rows) - len(round.running)) * width, 0)
-        kv_len = max(round.lengths[i] for i in round.running) + width - 1
-        if self.static:
-            return self.runner.forward(draft.tokens, kv_len=kv_len, tree=round.tree, seqs=self.state.tokens,
-                                       from_seqs=1)
-        pending = self.state.tokens[round.rows_t, round.lengths_t - 1]
-        tokens = torch.cat([pending[:, None], draft.tokens], dim=1)
-        return self.runner.forward(tokens, kv_len=kv_len, rows=round.span or round.rows_t, tree=round.tree)
-
-    def _verify_packed(self, round: Round) -> torch.Tensor | None:
-        """The round's one target forward, packed (packed.py): per deciding row its pending token and its own
-        drafts (a tree row its nodes), behind its last prompt chunk when this round ends its prompt; the
-        other prompt chunks. -> logits [b, W, V] of the deciding rows (None when no row decides)."""
-        tree, draft, b = round.tree, round.draft, len(round.rows)
-        width = round.shape.width if b else 1
-        num = draft.host_num if b and tree is None and draft.host_num is not None else [width - 1] * b
-        layout = layout_round(round.rows, round.lengths, [1 + min(n, width - 1) for n in num], width, round.fills,
-                              tree is not None)
-        if width > 1:  # the drafts go where they will be verified: the forward reads its tokens from there
-            index = round.lengths_t[:, None] + torch.arange(width - 1, device=self.device)
-            self.state.tokens[round.rows_t[:, None], index] = draft.tokens
-        batch = pack(layout.rows, device=self.device, dtype=self.runner.model.dtype, keep=layout.keep,
-                     tree_depth=tree.depth if tree is not None else None,
-                     tree_ancestors=tree.ancestors if tree is not None else None)
-        started = wall(self.device)
-        logits = self.runner.forward_packed(self.state.tokens[batch.slots, batch.index], batch)
-        round.forward = (batch.num_tokens, wall(self.device) - started)
-        filled = round.chunk_tokens
-        self.tokens.add(batch.num_tokens, 0, filled, round.forward[1] * filled / batch.num_tokens, round.forward[1])
-        if self.feature_layers and round.fills:  # before the commit hands the other samples their copies
-            self.drafter.prompt_features([(other, start, count, layout.chunk_at[slot, start])
-                                          for slot, start, count in round.fills
-                                          for other in self.scheduler.samples_of(slot)])
-        self._commit_fills(round.fills)
-        if not b:
-            return None
-        round.verify_index = torch.tensor(layout.verify, device=self.device)
-        if layout.full:
-            return logits.view(b, width, -1)
-        return logits[torch.tensor(layout.gather, device=self.device)]
-
-    def _commit_fills(self, fills: list[tuple[int, int, int]]) -> None:
-        """The prompt chunks a packed forward wrote stay cached: their slots' lengths move to the chunks'
-        ends; samples of a request whose prompt is now in copy its cache."""
-        if not fills:
-            return
-        table = self._fills.put([[slot for slot, _, _ in fills], [start + count for _, start, count in fills]],
-                                (2, len(fills)))
-        self.runner.lengths.index_copy_(0, table[0], table[1])
-        for src, dst, length in self.scheduler.filled(fills):
-            self.runner.copy_prefix([src], [dst], length)
-            self.runner.lengths[dst] = length
-
-    # ---- at start, and measuring -----------------------------------------------------------------
-
-    def _declare(self) -> None:
-        """Declare every static step a round may run, then capture them (cuda_graphs): largest first, one pool."""
-        b = self.buffers
-        trees = {}
-        for shape in self.shapes:
-            if shape.tree is not None:
-                w = shape.width
-                trees[w] = type(b.tree)(b.tree.depth[:, :w], b.tree.ancestors[:, :w, :w], b.tree.parent_t[:, : w - 1],
-                                        b.tree.rank[:, : w - 1], b.valid[:, : w - 1], shape.tree.depth)
-        self.runner.declare_steps(b.drafts, self.state.tokens, from_seqs=1,
-                                  trees={w: (t.depth, t.ancestors) for w, t in trees.items()})
-        self.acceptor.declare_steps(self.shapes, trees)
-        self.drafter.bind(self.shapes, self.runner, self.state, b, self.acceptor)
-        self.graphs.capture_all(reset=lambda: self.runner.lengths.zero_())
-
-    def _step_seconds(self, kv_len: int) -> list[float]:
-        """Device seconds of a round's forwards at this attended length, for every shape adaptive speculation
-        chooses from (chains k = 0..k_max, then the trees): timed replays of the static steps."""
-        return [time_step(self.runner, shape.width, kv_len, tree=shape.tree is not None)
-                + self.drafter.draft_seconds(shape.depth, kv_len) for shape in self.shapes]
+    # ---- measuring -------------------------------------------------------------------------------
 
     @contextmanager
     def _phase(self, name: str):
@@ -386,34 +285,3 @@ class SpecBatchGenerator:
             if self._sync_phases:
                 torch.cuda.synchronize(self.device)
             self.timings[name] += time.perf_counter() - started
-
-
-class TokenCounts:
-    """What target forwards computed, over a run: tokens in all (padding included), padding tokens (the
-    rows' width beyond their own drafts, idle rows riding along), prompt tokens prefilled inside packed
-    rounds, and admission's share of those forwards' time two ways: in proportion to their prompt tokens
-    (`prefill_s`), and at the marginal cost of a token (`prefill_marginal_s`: the slope of forward time
-    against tokens, fitted over the run, times the prompt tokens; what the prompts add to forwards that
-    run anyway)."""
-
-    def __init__(self):
-        self.computed, self.padding, self.prefilled, self.prefill_s = 0, 0, 0, 0.0
-        self._cost = Line(decay=1.0)
-
-    def add(self, computed: int, padding: int, prefilled: int, prefill_s: float = 0.0,
-            seconds: float | None = None) -> None:
-        self.computed += computed
-        self.padding += padding
-        self.prefilled += prefilled
-        self.prefill_s += prefill_s
-        if seconds is not None:
-            self._cost.add(computed, seconds)
-
-    @property
-    def prefill_marginal_s(self) -> float:
-        fit = self._cost.fit()
-        return fit[1] * self.prefilled if fit else 0.0
-
-    def summary(self) -> dict:
-        return {"computed": self.computed, "padding": self.padding, "prefilled": self.prefilled,
-                "prefill_s": self.prefill_s, "prefill_marginal_s": self.prefill_marginal_s}

@@ -55,7 +55,7 @@ class StaticPrefill:
             if layer.is_initialized:
                 layer.keys[dst, :, :length] = layer.keys[src, :, :length]
                 layer.values[dst, :, :length] = layer.values[src, :, :length]
-        self.lengths[dst] = self.lengths[src]
+        self.copy_length(dst, src)
         if self._last is not None:
             self._last[dst] = self._last[src]
 
@@ -77,4 +77,4 @@ class StaticPrefill:
         ids = seqs[read[:, None], (starts[:, None] + offsets).clamp(max=seqs.shape[1] - 1)]
         at_end = self._call(ids, starts, kv_len, (counts - 1)[:, None], rows=rows)[:, 0]  # [P, V]: each row's last
         last.index_copy_(0, rows, torch.where(final[:, None].bool(), at_end, last[rows]))
-        self.lengths.index_copy_(0, rows, starts + counts)
+        self.copy_lengths(rows, starts + counts)

@@ -1,9 +1,10 @@
 """ModelRunner: one model, its slot KV cache, the per-slot lengths, and the forwards over them.
 
 Nothing else touches a model's cache. `lengths[s]` (on the device) is the number of valid cache
-entries of slot s and the single source of truth for where the next forward writes; `set_lengths` is
-also the rollback: O(1), no copy. The cache has one slot more than the batch: a scratch slot that the
-padding rows of a prefill chunk write to.
+entries of slot s and the single source of truth for where the next forward writes; other modules read
+it and change it only through the runner's methods (`set_lengths`, also the rollback: O(1), no copy;
+`copy_lengths`, `copy_length`, `reset_lengths`, `lengths_kept`). The cache has one slot more than the
+batch: a scratch slot that the padding rows of a prefill chunk write to.
 
 Forwards:
   - eager (the CPU default): `prefill` of ragged new prompts, and `forward(tokens, rows=...)` of some
@@ -11,16 +12,17 @@ Forwards:
   - static (captured on a GPU): `forward(tokens)` of T tokens for every slot, attending over a length
     bucket (64, 128, ... up to the capacity), and `prefill_chunk` of C tokens for P rows; positions and
     masks come from `lengths` on the device, so a step needs nothing from the host. Each (T, bucket) and
-    (P, bucket) is a step of the generator's StepGraphs, declared at start (`declare_steps`) and captured
-    there. A step writes its logits into the runner's one output buffer (a contiguous prefix of it) and
+    (P, bucket) is a step of the generator's StepGraphs, declared at start (`declare_steps`: static_steps.py;
+    the prefill chunks: prefill.py) and captured there. A step writes its logits into the runner's one output buffer (a contiguous prefix of it) and
     returns that view: read it before this runner's next forward.
 """
 
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 from functools import partial
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 from transformers import PreTrainedModel
@@ -29,7 +31,8 @@ from .graphs import HostBuffer, StepGraphs
 from .kv_cache import SlotKVCache, causal_mask
 from .packed import PackedBatch, packed_attention_on, register, supports_packing
 from .prefill import StaticPrefill
-from .shapes import PREFILL_CHUNK, kv_buckets, row_buckets
+from .shapes import PREFILL_CHUNK, kv_buckets
+from .static_steps import StaticSteps
 from .tree import TreeShape, tree_mask
 
 
@@ -84,7 +87,7 @@ class RowPositions:
         return found
 
 
-class ModelRunner(StaticPrefill):
+class ModelRunner(StaticPrefill, StaticSteps):
     """Owns `model`'s slot cache (num_slots + 1 scratch x capacity positions) and lengths [num_slots + 1].
 
     graphs: the generator's StepGraphs (its mode decides eager or static forwards). widths: the step
@@ -131,13 +134,35 @@ class ModelRunner(StaticPrefill):
 
     # ---- lengths ---------------------------------------------------------------------------------
 
+    # Every write of `lengths` is one of these (in place: captured steps hold the tensor), no other module's.
+
     def set_lengths(self, rows: torch.Tensor | slice | int, lengths: torch.Tensor | int) -> None:
         """Set the valid length of `rows` (a rollback when it is lower): device-side, no sync."""
         self.lengths[rows] = lengths
 
-    def release(self, slot: int) -> None:
-        """A slot became idle: it rides along from position 0, far from the capacity."""
-        self.lengths[slot] = 0
+    def copy_lengths(self, index: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Set the lengths of the slots in `index` [n] to lengths [n] (index_copy_)."""
+        self.lengths.index_copy_(0, index, lengths)
+
+    def copy_length(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Slots dst take the lengths of slots src (a copied prefix)."""
+        self.lengths[dst] = self.lengths[src]
+
+    def reset_lengths(self, index: torch.Tensor | None = None) -> None:
+        """Slots in `index` (default: every slot) hold nothing: idle, they ride along from position 0."""
+        if index is None:
+            self.lengths.zero_()
+        else:
+            self.lengths.index_fill_(0, index, 0)
+
+    @contextmanager
+    def lengths_kept(self) -> Iterator[None]:
+        """The lengths as they are now come back after the block (timed replays that write past them)."""
+        saved = self.lengths.clone()
+        try:
+            yield
+        finally:
+            self.lengths.copy_(saved)
 
     def bucket(self, kv_len: int) -> int:
         return next(b for b in self.buckets if b >= kv_len)
@@ -227,52 +252,6 @@ class ModelRunner(StaticPrefill):
             self.features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
         return out.logits[0]
 
-    def _key(self, width: int, bucket: int, last_only: bool, window: int, from_seqs: int) -> tuple:
-        return (self.name, "forward", width, bucket, last_only, window, from_seqs)
-
-    def output(self, width: int) -> torch.Tensor:
-        """The static steps' logits buffer as [num_slots, width, V] (a contiguous prefix of one buffer); a
-        width wider than every declared one (a step that was not declared) gets a tensor of its own."""
-        if width > max(self.widths + [1]):
-            return torch.empty(self.num_slots, width, self.vocab_size, dtype=self.model.dtype, device=self.device)
-        if self._out is None:
-            size = self.num_slots * max(self.widths + [1]) * self.vocab_size
-            self._out = torch.empty(size, dtype=self.model.dtype, device=self.device)
-        return self._out[: self.num_slots * width * self.vocab_size].view(self.num_slots, width, self.vocab_size)
-
-    def _step(self, seqs, tokens, out, depth=None, ancestors=None, *, kv_len: int, last_only: bool,
-              from_seqs: int) -> None:
-        """The static forward of every slot, into the output buffer (and the features buffer): what is captured."""
-        out.copy_(self.step_logits(seqs, tokens, depth, ancestors, kv_len=kv_len, last_only=last_only,
-                                   from_seqs=from_seqs))
-        if self.feature_layers:
-            width = self.features.shape[1]
-            self.features_buffer(width).copy_(self.features)
-
-    def features_buffer(self, width: int) -> torch.Tensor:
-        """The static steps' features as [num_slots, width, F] (a prefix of one buffer, like `output`)."""
-        if self._features_out is None:
-            size = sum(self._feature_width(i) for i in self.feature_layers)
-            self._features_out = torch.zeros(self.num_slots, max(self.widths + [1]), size, dtype=self.model.dtype,
-                                             device=self.device)
-        return self._features_out[:, :width]
-
-    def _feature_width(self, index: int) -> int:
-        return self.model.config.get_text_config().hidden_size
-
-    def step_logits(self, seqs, tokens, depth=None, ancestors=None, *, kv_len: int, last_only: bool = False,
-                    from_seqs: int = 0, extra: dict | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """The static forward of every slot (positions and mask from `lengths` on the device), feeding
-        `from_seqs` tokens of seqs [num_slots, S] at lengths + t, then tokens [num_slots, T']: logits
-        [num_slots, T, V] (or [.., 1, V]). A building block of other static steps (a draft step)."""
-        span = slice(0, self.num_slots)
-        starts = self.lengths[span]
-        if from_seqs:
-            head = seqs.gather(1, (starts[:, None] + self._arange[:from_seqs]).clamp(max=seqs.shape[1] - 1))
-            tokens = torch.cat([head, tokens], dim=1)
-        to_keep = keep if keep is not None else 1 if last_only else 0
-        return self._call(tokens, starts, kv_len, to_keep, depth, ancestors, self.slot_index, span, extra)
-
     def _call(self, tokens, starts, kv_len, logits_to_keep, depth=None, ancestors=None, rows=None,
               span: slice | None = None, extra: dict | None = None) -> torch.Tensor:
         """One forward writing tokens [b, T] at cache indices starts [b] + t: causal, or a tree."""
@@ -309,33 +288,6 @@ class ModelRunner(StaticPrefill):
         if kv_len > self.capacity:
             raise RuntimeError(f"{self.name} KV cache overflow: a row would write position {kv_len - 1} "
                                f">= {self.capacity}")
-
-    # ---- at start: the steps to capture ----------------------------------------------------------
-
-    def declare_steps(self, tokens: torch.Tensor, seqs: torch.Tensor, *, from_seqs: int = 0,
-                      trees: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
-                      last_only: Iterable[int] = (), forwards: bool = True, prefill: bool = True) -> None:
-        """Declare the static steps this runner may run (captured at start in cuda_graphs mode): for each
-        width T and bucket, a forward feeding `from_seqs` tokens from `seqs` and tokens[:, :T - from_seqs]
-        (a tree width reads its depth/ancestors buffers from `trees`: T -> (depth, ancestors); widths in
-        `last_only` keep only the last logits), and with `prefill` a prefill chunk per row bucket."""
-        self.declared_io = (tokens, seqs, from_seqs, dict(trees or {}))
-        for bucket in self.buckets:
-            for width in self.widths if forwards else ():
-                only = width in set(last_only)
-                tree = (trees or {}).get(width)
-                window = tree[1].shape[2] if tree is not None else 0
-                args = (seqs, tokens[:, : width - from_seqs], self.output(1 if only else width)) + (tree or ())
-                self.graphs.declare(self._key(width, bucket, only, window, from_seqs),
-                                    partial(self._step, kv_len=bucket, last_only=only, from_seqs=from_seqs), args,
-                                    size=width * bucket * self.num_slots, compile=True)
-            for rows in row_buckets(self.num_slots) if prefill else ():
-                chunk = torch.zeros(4, rows, dtype=torch.long, device=self.device)
-                chunk[0], chunk[2] = self.scratch, 1  # padding rows until a real chunk is copied in
-                self.graphs.declare((self.name, "prefill", rows, bucket), partial(self._prefill_step, kv_len=bucket),
-                                    (seqs, chunk, self.last_logits()), size=rows * PREFILL_CHUNK * bucket)
-                pairs = torch.full((2, rows), self.scratch, dtype=torch.long, device=self.device)
-                self.graphs.declare((self.name, "copy", rows, bucket), partial(self._copy_step, length=bucket), (pairs,))
 
     # ---- compaction ------------------------------------------------------------------------------
 

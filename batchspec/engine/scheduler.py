@@ -2,7 +2,8 @@
 
 `Scheduler` never touches a tensor. It pulls requests lazily and tokenizes them (`intake`), decides
 each round's rows, budgets and shape (`schedule`, `choose`; adaptive speculation decides the shape when
-it is on), and turns a round's verdict into outputs, stops, statistics and Results (`postprocess`).
+it is on), and turns a round's verdict into outputs, stops, statistics and Results (`postprocess`, and
+new rows' `first_tokens`: postprocess.py).
 The device side (runners, drafters, the Acceptor) is driven by the generator between these calls.
 """
 
@@ -13,15 +14,15 @@ from typing import Iterable
 
 from transformers import PreTrainedTokenizerBase
 
-from ..types import FINISH_ERROR, FINISH_STOP, Request, Result, TreeSpec
+from ..types import Request, Result, TreeSpec
 from .adaptive import AdaptiveK
 from .grammar import Grammars
 from .intake import Admission, Defaults, Intake
+from .postprocess import Emitted, RowOutcomes
 from .round import Round, RoundShape
-from .slots import Slot, SlotTable
-from .stats import RowCounts, Statistics, cut_counts
+from .slots import SlotTable
+from .stats import Statistics
 from .stops import StopRules
-from .verdict import RoundOutcome
 
 
 @dataclass(slots=True)
@@ -36,21 +37,7 @@ class Seat:
         return self.admission.prompt_ids
 
 
-@dataclass(slots=True)
-class Emitted:
-    """A round's outcome per running row that goes on: the tokens it emitted (a new row's first token in
-    front), the drafts it had accepted and a tree round's deepest accepted node (what the drafter learns),
-    its budget and cut counts (what adaptive speculation learns)."""
-
-    slots: list[int]
-    tokens: list[list[int]]
-    num_accepted: list[int]
-    path: list[int] | None
-    budgets: list[int]
-    counts: list[RowCounts]
-
-
-class Scheduler:
+class Scheduler(RowOutcomes):
     """Host bookkeeping for `num_slots` slots. k_max: the most drafts a chain round may have per row;
     trees: the tree shapes rounds may draft; adaptive: the controller choosing each round's shape (None:
     every round drafts the first tree, or a chain of k_max); grammars: the constrained rows' matchers
@@ -145,36 +132,6 @@ class Scheduler:
                         and (self.slots[s].unfilled > 0 or self.slots[s].copies is not None)]
         return copies
 
-    def first_tokens(self, slots: list[int], tokens: list[int],
-                     logprobs: list[list[float]] | None = None) -> list[tuple[int, Result]]:
-        """The first tokens of new rows reached the host (with their logprobs blocks): append them; returns
-        the rows they finished."""
-        finished = []
-        for i, (slot, token) in enumerate(zip(slots, tokens)):
-            result = self._take_first(slot, self.slots[slot], token, logprobs[i] if logprobs else None)
-            if result is not None:
-                finished.append((slot, result))
-        return finished
-
-    def _take_first(self, slot: int, record: Slot, token: int, block: list[float] | None) -> Result | None:
-        record.awaiting_first = False
-        record.output.append(token)
-        _add_logprobs(record, [block] if block else [])
-        problem = self.grammars.advance(slot, [token]) if self.grammars is not None else None
-        if problem:
-            return self._finish(slot, FINISH_ERROR, problem)
-        hit_stop = self.stops.cut_at_stop(record, 1)
-        reason = self._finish_reason(slot, record, token in self.stops.eos_ids, hit_stop)
-        return self._finish(slot, reason) if reason is not None else None
-
-    def _finish_reason(self, slot: int, record: Slot, hit_eos: bool, hit_stop: bool) -> str | None:
-        """StopRules' reason; and a row whose grammar takes nothing more stops when there is no EOS to end it
-        (with an EOS id, the grammar allows only that, and the row ends on it as generate does)."""
-        reason = self.stops.finish_reason(record, hit_eos, hit_stop)
-        if reason is None and not self.stops.eos_ids and self.grammars is not None and self.grammars.stopped(slot):
-            return FINISH_STOP
-        return reason
-
     # ---- a round ------------------------------------------------------------------------------------
 
     def schedule(self) -> Round:
@@ -268,65 +225,6 @@ class Scheduler:
     def _widest(self) -> int:
         return max([self.k_max, *(t.nodes for t in self.trees)])
 
-    def postprocess(self, round: Round, outcome: RoundOutcome) -> tuple[list[tuple[int, Result]], Emitted]:
-        """Host bookkeeping after the verdict: outputs, stops, statistics. Returns the rows finished (slot,
-        Result) and what was emitted."""
-        shape = round.shape
-        self.stats.round(shape)
-        finished: list[tuple[int, Result]] = []
-        emitted = Emitted([], [], [], [] if shape.tree is not None else None, [], [])
-        for i in round.running:
-            slot, record, new = round.rows[i], self.slots[round.rows[i]], outcome.emitted[i]
-            head = []
-            if record.awaiting_first and not round.static:  # a packed round decided its first token
-                result = self._take_first(slot, record, new[0], outcome.logprobs[i][0] if outcome.logprobs else None)
-                if result is not None:
-                    finished.append((slot, result))
-                    continue
-                emitted.slots.append(slot)
-                emitted.tokens.append(new)
-                emitted.num_accepted.append(0)
-                emitted.budgets.append(0)
-                emitted.counts.append(cut_counts(0, 0, 0, 1))
-                if emitted.path is not None:
-                    emitted.path.append(0)
-                continue
-            if record.awaiting_first:  # its first token arrives with this round (the static path)
-                head = [outcome.pending[i]]
-                result = self._take_first(slot, record, head[0],
-                                          outcome.pending_logprobs[i] if outcome.pending_logprobs else None)
-                if result is not None:  # the round it rode in is moot
-                    finished.append((slot, result))
-                    continue
-            before = len(record.output)
-            record.output.extend(new)
-            record.length += len(new)
-            problem = self.grammars.advance(slot, new) if self.grammars is not None else None
-            if problem:
-                finished.append((slot, self._finish(slot, FINISH_ERROR, problem)))
-                continue
-            forced = round.forced[i] if round.forced else 0
-            record.forced_tokens += forced
-            _add_logprobs(record, outcome.logprobs[i] if outcome.logprobs else [])
-            hit_stop = self.stops.cut_at_stop(record, len(new))
-            if hit_stop:
-                record.cut_logprobs()
-            positions = outcome.depth[i] if outcome.depth is not None else outcome.num_drafts[i]
-            row = cut_counts(outcome.num_drafts[i], positions, outcome.num_accepted[i], len(record.output) - before)
-            self.stats.row(record, shape, row)
-            emitted.slots.append(slot)
-            emitted.tokens.append(head + new)
-            emitted.num_accepted.append(outcome.num_accepted[i])
-            # A grammar's forced drafts say nothing about the drafter: adaptive speculation does not learn from them.
-            emitted.budgets.append(0 if forced else round.budgets[i])
-            emitted.counts.append(cut_counts(0, 0, 0, 1) if forced else row)
-            if emitted.path is not None:
-                emitted.path.append(outcome.last_node[i])
-            reason = self._finish_reason(slot, record, outcome.hit_eos[i], hit_stop)
-            if reason is not None:
-                finished.append((slot, self._finish(slot, reason)))
-        return finished, emitted
-
     def learn(self, round: Round, emitted: Emitted, seconds: float, cost: tuple | None = None) -> None:
         """Adaptive speculation learns the round's cost and, from the same cut counts as the statistics,
         its acceptance. cost: a packed round's (forward tokens, forward seconds, drafting forwards' (tokens,
@@ -340,34 +238,3 @@ class Scheduler:
         self.adaptive.costs.observe(cost[0], cost[1], cost[2], seconds, sum(drafted))
         self.adaptive.learn(self.adaptive.shapes.index(round.shape), emitted.slots, emitted.budgets, drafted, accepted)
 
-    def set_prompt_logprobs(self, slot: int, blocks: list[list[float]], k: int) -> None:
-        """A row's prompt logprobs: blocks [logprob, K best, their ids] for prompt tokens 1.. (the first has
-        none), of which the row keeps k alternatives."""
-        record = self.slots[slot]
-        width = (len(blocks[0]) - 1) // 2 if blocks else 0
-        record.prompt_logprobs = ([None] + [b[0] for b in blocks], [[]] + [b[1 : 1 + k] for b in blocks],
-                                  [[]] + [[int(x) for x in b[1 + width : 1 + width + k]] for b in blocks])
-
-    # ---- results ------------------------------------------------------------------------------------
-
-    def _finish(self, slot: int, reason: str, error: str | None = None) -> Result:
-        """The row's Result; an error (its grammar failed) keeps the output made before it."""
-        if self.grammars is not None:
-            self.slots[slot].structured_complete = self.grammars.complete(slot)
-            self.grammars.release(slot)
-        record = self.slots.release(slot)
-        request = record.request
-        prompt = request.prompt if isinstance(request.prompt, str) else self.tokenizer.decode(record.prompt_ids)
-        result = record.to_result(reason, self.stops.completion(record, reason), prompt)
-        result.error = error
-        self.stats.result(result)
-        return result
-
-
-def _add_logprobs(record: Slot, blocks: list[list[float]]) -> None:
-    """Blocks [logprob, k best, their ids] of the tokens just appended to a row that asked for logprobs."""
-    if record.logprobs is None or not blocks:
-        return
-    k = (len(blocks[0]) - 1) // 2
-    record.add_logprobs([b[0] for b in blocks], [b[1 : 1 + k] for b in blocks],
-                        [[int(x) for x in b[1 + k :]] for b in blocks])

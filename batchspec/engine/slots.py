@@ -162,6 +162,3 @@ class SlotState:
             seen = torch.zeros(len(slots), self.presence.shape[1], dtype=torch.int32, device=self.device)
             seen.scatter_add_(1, ids, inside.to(torch.int32))
             self.presence[rows] = seen > 0
-
-    def vacate(self, slot: int) -> None:
-        self.busy[slot] = False

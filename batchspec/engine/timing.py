@@ -41,14 +41,11 @@ def time_step(runner: ModelRunner, width: int, kv_len: int, *, last_only: bool =
         else:
             parents = chain_parents(runner.num_slots, width - 1, runner.device)
             shape = tree_shape(parents, torch.ones_like(parents, dtype=torch.bool))
-    saved = runner.lengths.clone()
-    runner.lengths[: runner.num_slots] = runner.capacity - width
-    try:
+    with runner.lengths_kept():
+        runner.set_lengths(slice(None, runner.num_slots), runner.capacity - width)
         return median_seconds(lambda: runner.forward(tokens[:, : width - from_seqs], kv_len=kv_len, last_only=last_only,
                                                      tree=shape, seqs=seqs, from_seqs=from_seqs),
                               runner.device, repeats)
-    finally:
-        runner.lengths.copy_(saved)
 
 
 def _sync(device: torch.device) -> None:

@@ -193,21 +193,3 @@ def compaction(lengths: torch.Tensor, chain_t: torch.Tensor, num_accepted: torch
     dst = lengths[:, None] + d
     return src, dst
 
-
-def prefix_tree(sequences: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """M candidate continuations per row -> their prefix tree (shared prefixes merged), static shapes.
-
-    sequences [b, M, D] tokens, valid [b, M, D] (a continuation may be shorter: valid is a prefix of each
-    row). Node (m, d) sits at index d * M + m (depth-major, so parents come first) and is kept iff valid
-    and no earlier m' has the same prefix up to d. Returns tokens [b, M*D], parents [b, M*D] (-1: a child
-    of the root), valid [b, M*D]."""
-    b, m, depth = sequences.shape
-    device = sequences.device
-    same = (sequences[:, :, None, :] == sequences[:, None, :, :]) & valid[:, :, None, :] & valid[:, None, :, :]
-    same_prefix = same.int().cumprod(dim=3).bool()  # [b, M, M', D]: equal up to and including d
-    canonical = same_prefix.int().argmax(dim=2)  # [b, M, D]: the first m' sharing the prefix
-    keep = valid & (canonical == torch.arange(m, device=device)[None, :, None])
-    index = torch.arange(depth, device=device)[None, None, :] * m + canonical  # node index of (m, d)'s canonical
-    parents = torch.cat([torch.full((b, m, 1), -1, dtype=torch.long, device=device), index[:, :, :-1]], dim=2)
-    flat = lambda x: x.transpose(1, 2).reshape(b, m * depth)  # noqa: E731 - (m, d) -> d * M + m
-    return flat(sequences), flat(parents), flat(keep)

@@ -1,7 +1,9 @@
 """The drafter protocol, its policy record, and the drafter that drafts nothing.
 
 Every drafter speaks the same verbs (cf. transformers' CandidateGenerator, made batched):
-  admit(slots, prompts)                 new requests now occupy these slots
+  admit(slots, prompts, features=None)  new requests now occupy these slots (features: per seat the target's
+                                        hidden states of its prompt, [P, F], for a drafter that names
+                                        `feature_layers`, when admission prefilled it; None otherwise)
   propose(round) -> Draft               up to round.budgets[i] tokens for row i; rows may propose 0
   propose_tree(round, spec) -> Draft    (drafters whose policy says `trees`) a tree per row
   extend(slots, emitted, num_accepted)  the tokens each running row emitted this round (a new row's first
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
+
+import torch
 
 from ...types import TreeSpec
 from ..round import Draft, Round, RoundBuffers, RoundShape
@@ -54,8 +58,11 @@ MODEL_POLICY = DrafterPolicy(draft_forwards=True, catches_up=True, trees=True)
 
 class Drafter(Protocol):
     policy: DrafterPolicy
+    feature_layers: tuple[int, ...]  # the target's hidden states it reads (output_hidden_states indices;
+    #    EAGLE-3): every target forward hands them out, admission passes the prompts'; () for none
 
-    def admit(self, slots: list[int], prompts: list[list[int]]) -> None: ...
+    def admit(self, slots: list[int], prompts: list[list[int]],
+              features: list[torch.Tensor] | None = None) -> None: ...
     def propose(self, round: Round) -> Draft: ...
     def extend(self, slots: list[int], emitted: list[list[int]], num_accepted: list[int],
                path: list[int] | None = None) -> None: ...
@@ -134,6 +141,8 @@ class HostDrafter:
     """What a drafter that proposes on the host (no draft forwards, no device state) says to the engine's
     device-side verbs."""
 
+    feature_layers: tuple[int, ...] = ()  # it reads no hidden states of the target
+
     def draft_seconds(self, k, kv_len):
         return 0.0  # host work whatever k is: part of the round's overhead
 
@@ -152,7 +161,7 @@ class NoDrafter(HostDrafter):
 
     policy = DrafterPolicy()
 
-    def admit(self, slots, prompts):
+    def admit(self, slots, prompts, features=None):
         pass
 
     def propose(self, round: Round) -> Draft:

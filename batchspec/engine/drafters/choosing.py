@@ -1,15 +1,15 @@
 """What a drafting model's step does with its logits, shared by the draft model and the EAGLE head: choose
-the drafts (a chain's token, a tree level's nodes) under greedy, coupled or rejection sampling, and lay
-out the spine-and-leaves tree geometry."""
+the drafts (a chain's token, a tree level's nodes) under greedy, coupled or rejection sampling, lay out
+the spine-and-leaves tree geometry, and hand what the steps wrote into the round's buffers back as a Draft."""
 
 from __future__ import annotations
 
 import torch
 
 from ...types import TreeSpec
-from ..noise import STREAM_DRAFT, uniforms
-from ..round import Draft, RoundBuffers
 from ..acceptance import sample
+from ..noise import STREAM_DRAFT, uniforms
+from ..round import Draft, Round, RoundBuffers
 from ..sampling import RowSampling, SamplingParams, choose, probs_of, scores
 
 
@@ -66,3 +66,30 @@ def layout_tree(spec: TreeSpec, budgets: torch.Tensor, tokens: torch.Tensor, dev
     valid = node_depth[None, :] < budgets.clamp(max=depth)[:, None]
     tokens.mul_(valid)
     return parents, valid
+
+
+def lay_out_static_tree(spec: TreeSpec, num: torch.Tensor, drafts: torch.Tensor, buffers: RoundBuffers,
+                        device: torch.device) -> None:
+    """Step 0 of a static tree round: the tree's geometry (it depends only on the budgets `num`) into the
+    round's parents and valid buffers, and num becomes each row's valid nodes."""
+    parents, valid = layout_tree(spec, num, drafts[:, : spec.nodes], device)
+    buffers.parents[:, : spec.nodes] = parents
+    buffers.valid[:, : spec.nodes] = valid
+    num.copy_(valid.sum(1))
+
+
+def buffered_draft(round: Round, steps: int, num: torch.Tensor, probs: torch.Tensor | None, spec: TreeSpec | None,
+                   device: torch.device) -> Draft:
+    """What a drafting model's steps wrote into the round's buffers, as its Draft: a chain of `steps` drafts
+    per row (num: their counts), or the tree of `spec` (static: laid out by the first step; eager: here)."""
+    b, buffers = len(round.rows), round.buffers
+    if spec is None:
+        return Draft(tokens=buffers.drafts[:b, :steps], num_tokens=num,
+                     probs=probs[:b, :steps] if probs is not None else None, host_num=list(round.budgets))
+    n = spec.nodes
+    if round.static:  # the first step laid out the tree
+        return Draft(tokens=buffers.drafts[:, :n], num_tokens=num, parents=buffers.parents[:, :n],
+                     valid=buffers.valid[:, :n], q_at=probs[:, : n + 1] if probs is not None else None, spec=spec)
+    parents, valid = layout_tree(spec, num, buffers.drafts[:b, :n], device)
+    return Draft(tokens=buffers.drafts[:b, :n], num_tokens=valid.sum(1), parents=parents, valid=valid,
+                 q_at=probs[:b, : n + 1] if probs is not None else None, spec=spec)

@@ -8,25 +8,26 @@ the accepted path) and the tokens after them; its output at L - 2 is the first d
 feeds the draft just made with the head's own output, one position further. After the verdict the
 head is valid up to L - 1 entries (its drafted entries are stale) and the stash holds the features of
 the accepted positions L - 1 .. L - 1 + m: exactly what the next round's first step computes. The first
-step runs every round, so the head never falls behind (k = 0 rounds cost one head step).
+step runs every round, so the head never falls behind (k = 0 rounds cost one head step). On the static
+path each step is a captured step (eagle_static.py).
 """
 
 from __future__ import annotations
 
-from functools import partial
 from types import SimpleNamespace
 
 import torch
 from torch import nn
 
 from ...types import TreeSpec
-from ..graphs import HostBuffer, StepGraphs, wall
+from ..graphs import StepGraphs, wall
 from ..round import Draft, Round, RoundBuffers, RoundShape
 from ..runner import ModelRunner
 from ..sampling import SamplingParams, row_transforms
 from ..slots import SlotState
 from .base import DrafterPolicy, empty_draft
-from .choosing import choose_draft, layout_tree, no_tree
+from .choosing import buffered_draft, choose_draft, no_tree
+from .eagle_static import EagleStaticSteps
 
 EAGLE_POLICY = DrafterPolicy(draft_forwards=True, trees=True)
 
@@ -73,7 +74,7 @@ def _keep(x: torch.Tensor, keep) -> torch.Tensor:
     return x.gather(1, keep[:, :, None].expand(-1, -1, x.shape[-1]))
 
 
-class EagleDrafter:
+class EagleDrafter(EagleStaticSteps):
     policy = EAGLE_POLICY
 
     def __init__(self, head, *, num_slots: int, capacity: int, max_position: int, target_vocab_size: int,
@@ -103,22 +104,8 @@ class EagleDrafter:
         """The generator's device state; on the static path, declare the steps: each drafting step of each
         shape over each bucket, and the stash's update for each verify width."""
         self._target, self._state, self._buffers, self._acceptor = target, state, buffers, acceptor
-        if not self.runner.static:
-            return
-        self._where = HostBuffer((2, self.num_slots), self.device)  # each slot's first entry to compute, and how many
-        self._where_args = torch.zeros(2, self.num_slots, dtype=torch.long, device=self.device)
-        if state.presence is not None:
-            self._presence = torch.zeros_like(state.presence)
-        specs = [None] + sorted({shape.tree for shape in shapes if shape.tree is not None}, key=str)
-        k_max = max((shape.drafts for shape in shapes if shape.tree is None), default=0)
-        for bucket in self.runner.buckets:
-            for spec in specs:
-                for i in range(max(spec.depth if spec is not None else k_max, 1)):
-                    self.graphs.declare(self._key(i, bucket, spec), partial(self._static_step, i=i, kv_len=bucket,
-                                        spec=spec), self._static_args(spec), size=bucket * self.num_slots)
-        for shape in shapes:
-            width = shape.width
-            self.graphs.declare(("eagle", "stash", width), self._stash_step, self._stash_args(width))
+        if self.runner.static:
+            self._declare_steps(shapes, state)
 
     # ---- requests in and out ----------------------------------------------------------------------
 
@@ -193,15 +180,6 @@ class EagleDrafter:
         index = torch.tensor(rows, device=self.device)
         self.stash[index, : gathered.shape[1]] = gathered.to(self.stash.dtype)
 
-    def _stash_args(self, width: int) -> tuple:
-        return (self._target.features_buffer(width), self._acceptor.path_out)
-
-    def _stash_step(self, features: torch.Tensor, path: torch.Tensor) -> None:
-        """Every slot's stash from the verify pass's features along its accepted path (static)."""
-        along = path[:, : min(features.shape[1], path.shape[1])]
-        gathered = features.gather(1, along[:, :, None].expand(-1, -1, features.shape[-1]))[:, : self.catch_up]
-        self.stash[:, : gathered.shape[1]] = gathered.to(self.stash.dtype)
-
     def release(self, slots):
         pass
 
@@ -232,16 +210,7 @@ class EagleDrafter:
         self._round = (list(round.rows), list(round.lengths), round)
         if steps == 0:
             return empty_draft(buffers, b) if spec is None else no_tree(buffers, b, spec)
-        if spec is None:
-            return Draft(tokens=buffers.drafts[:b, :steps], num_tokens=num,
-                         probs=probs[:b, :steps] if probs is not None else None, host_num=list(round.budgets))
-        n = spec.nodes
-        if round.static:  # the first step laid out the tree
-            return Draft(tokens=buffers.drafts[:, :n], num_tokens=num, parents=buffers.parents[:, :n],
-                         valid=buffers.valid[:, :n], q_at=probs[:, : n + 1] if probs is not None else None, spec=spec)
-        parents, valid = layout_tree(spec, num, buffers.drafts[:b, :n], self.device)
-        return Draft(tokens=buffers.drafts[:b, :n], num_tokens=valid.sum(1), parents=parents, valid=valid,
-                     q_at=probs[:b, : n + 1] if probs is not None else None, spec=spec)
+        return buffered_draft(round, steps, num, probs, spec, self.device)
 
     def _eager_steps(self, round: Round, steps: int, branching: int, probs, draft: bool) -> None:
         """The first step (the entries each row lacks, up to L - 2), then one drafted token per step."""
@@ -312,63 +281,3 @@ class EagleDrafter:
         the static path (L = 1) computes one throwaway entry at 0."""
         starts = [min(self.valid[r], max(n - 2, 0)) for r, n in zip(round.rows, round.lengths)]
         return starts, [max(n - 1 - v, 1) for n, v in zip(round.lengths, starts)]
-
-    # ---- the static path: one captured step per drafted token --------------------------------------
-
-    def _key(self, i: int, bucket: int, spec: TreeSpec | None) -> tuple:
-        return ("eagle", i, bucket, str(spec) if spec is not None else "chain")
-
-    def _static_args(self, spec: TreeSpec | None) -> tuple:
-        b = self._buffers
-        rejection = not (self.sampling.greedy or self.sampling.coupled)
-        probs = (b.q_at if spec is not None else b.probs) if rejection else None
-        return (self._state.tokens, self._where_args, b.drafts, b.num_drafts, b.gumbel, probs)
-
-    def _static_steps(self, round: Round, steps: int, spec: TreeSpec | None) -> None:
-        starts, counts = self._first_entries(round)
-        where = self._where.put([starts, counts])
-        bucket = self.runner.bucket(min(max(round.lengths) + steps, self.runner.capacity))
-        for i in range(steps):
-            args = self._static_args(spec)
-            self.graphs.run(self._key(i, bucket, spec), partial(self._static_step, i=i, kv_len=bucket, spec=spec),
-                            (args[0], where) + args[2:])
-
-    def _static_step(self, seqs, where, drafts, num, gumbel, probs, *, i: int, kv_len: int,
-                     spec: TreeSpec | None) -> None:
-        """Draft i of every slot (static shapes): step 0 computes each slot's missing entries (where [2, B]:
-        the first, and how many) from the stash and returns the draft after them; step i feeds draft i - 1
-        with the head's own output."""
-        runner, state, n_slots = self.runner, self._state, self.num_slots
-        lengths = self._target.lengths[:n_slots] + 1
-        branching = spec.branching if spec is not None else 0
-        if i == 0:
-            starts, counts = where[0], where[1]
-            width = self.catch_up
-            positions = (starts[:, None] + 1 + torch.arange(width, device=self.device)).clamp(max=seqs.shape[1] - 1)
-            runner.lengths[:n_slots] = starts
-            last = (counts - 1).clamp(min=0)[:, None]
-            logits = runner.step_logits(seqs, seqs.gather(1, positions), kv_len=kv_len,
-                                        extra={"hidden": self.stash}, keep=last)[:, 0]
-            self.out.copy_(runner.features.gather(1, last[:, :, None].expand(-1, -1, runner.features.shape[-1])))
-            if self._presence is not None:
-                self._presence.copy_(state.presence)
-            if spec is not None:
-                parents, valid = layout_tree(spec, num, drafts[:, : spec.nodes], self.device)
-                self._buffers.parents[:, : spec.nodes] = parents
-                self._buffers.valid[:, : spec.nodes] = valid
-                num.copy_(valid.sum(1))
-        else:
-            fed = (i - 1) * max(branching, 1)
-            runner.lengths[:n_slots] = lengths - 2 + i
-            logits = runner.step_logits(seqs, drafts[:, fed : fed + 1], kv_len=kv_len,
-                                        extra={"hidden": self.out})[:, -1]
-            self.out.copy_(runner.features)
-        token = choose_draft(logits, i, self.sampling, lengths, state.noise_keys, self._presence, gumbel, drafts,
-                             probs, branching, None if self.sampling.greedy else state.sampling)
-        if self._presence is not None:
-            self._presence[runner.slot_index, token] = True
-
-    def draft_seconds(self, k: int, kv_len: int) -> float:
-        """Static: k drafted tokens cost about k head steps (the first computes a few entries more); the
-        head's steps are not timed separately (0: adaptive's overhead estimate absorbs them)."""
-        return 0.0

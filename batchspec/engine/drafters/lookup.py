@@ -30,7 +30,7 @@ class NGramDrafter(HostDrafter):
         self.tables: dict[int, dict[tuple[int, ...], dict[int, list[int]]]] = {}
         self.history: dict[int, list[int]] = {}
 
-    def admit(self, slots, prompts):
+    def admit(self, slots, prompts, features=None):
         for slot, seq in zip(slots, prompts):
             self.tables[slot] = defaultdict(dict)
             self.history[slot] = []
@@ -118,7 +118,7 @@ class PromptLookupDrafter(HostDrafter):
         self.seqs: dict[int, list[int]] = {}
         self.index: dict[int, dict[tuple[int, ...], list[int]]] = {}
 
-    def admit(self, slots, prompts):
+    def admit(self, slots, prompts, features=None):
         for slot, prompt in zip(slots, prompts):
             self.seqs[slot], self.index[slot] = [], {}
             self._add(slot, prompt)

@@ -1,4 +1,5 @@
-"""A small draft model as the drafter, driven through its own ModelRunner."""
+"""A small draft model as the drafter, driven through its own ModelRunner: requests in and out, and its
+eager and packed drafting loops (its static path, captured steps: model_static.py)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,17 @@ from transformers import PreTrainedModel
 
 from ...types import TreeSpec
 from ..graphs import StepGraphs, wall
-from ..round import Draft, Round, RoundBuffers, RoundShape
 from ..packed import RowTokens, pack
+from ..round import Draft, Round, RoundBuffers
 from ..runner import ModelRunner
 from ..sampling import SamplingParams, row_transforms
 from ..slots import SlotState
-from ..timing import median_seconds
 from .base import MODEL_POLICY, empty_draft
-from .choosing import choose_draft, layout_tree, no_tree
+from .choosing import buffered_draft, choose_draft, no_tree
+from .model_static import ModelStaticSteps
 
 
-class ModelDrafter:
+class ModelDrafter(ModelStaticSteps):
     """A small draft model, driven through its own ModelRunner, run k times per round over the rows.
 
     It proposes greedily (its argmax) under greedy decoding, argmax(its scores + the round's Gumbel noise)
@@ -37,6 +38,7 @@ class ModelDrafter:
     """
 
     policy = MODEL_POLICY
+    feature_layers: tuple[int, ...] = ()  # it reads tokens, not the target's hidden states
 
     def __init__(self, model: PreTrainedModel, *, num_slots: int, capacity: int, max_position: int,
                  target_vocab_size: int, sampling: SamplingParams, graphs: StepGraphs,
@@ -67,7 +69,7 @@ class ModelDrafter:
     # ---- requests in and out ----------------------------------------------------------------------
 
     @torch.inference_mode()
-    def admit(self, slots, prompts):
+    def admit(self, slots, prompts, features=None):
         """Prefill the draft on each prompt; the first token is fed in the row's first drafted round. Packed
         drafting forwards feed a new row's prompt in its first drafting round instead."""
         if self.runner.packs:  # the first drafting forward of each row feeds its prompt (_packed_steps)
@@ -167,16 +169,7 @@ class ModelDrafter:
             self._packed_steps(round, probs)
         else:
             self._eager_steps(round, steps, kv_len, branching, probs)
-        if spec is None:
-            return Draft(tokens=buffers.drafts[:b, :steps], num_tokens=num,
-                         probs=probs[:b, :steps] if probs is not None else None, host_num=list(round.budgets))
-        n = spec.nodes
-        if round.static:  # the first step laid out the tree
-            return Draft(tokens=buffers.drafts[:, :n], num_tokens=num, parents=buffers.parents[:, :n],
-                         valid=buffers.valid[:, :n], q_at=probs[:, : n + 1] if probs is not None else None, spec=spec)
-        parents, valid = layout_tree(spec, num, buffers.drafts[:b, :n], self.device)
-        return Draft(tokens=buffers.drafts[:b, :n], num_tokens=valid.sum(1), parents=parents, valid=valid,
-                     q_at=probs[:b, : n + 1] if probs is not None else None, spec=spec)
+        return buffered_draft(round, steps, num, probs, spec, self.device)
 
     def _eager_steps(self, round: Round, steps: int, kv_len: int, branching: int, probs) -> None:
         """The drafting loop over the round's rows: one forward per drafted token."""
@@ -257,79 +250,3 @@ class ModelDrafter:
     def step_times(self) -> list[tuple[int, float]]:
         steps, self._steps = self._steps, []
         return steps
-
-    # ---- the static path: one captured step per drafted token --------------------------------------
-
-    def _key(self, i: int, bucket: int, spec: TreeSpec | None) -> tuple:
-        return ("draft", i, bucket, str(spec) if spec is not None else "chain")
-
-    def _static_args(self, i: int, spec: TreeSpec | None) -> tuple:
-        target_lengths, state, buffers = self._bound
-        probs = buffers.q_at if spec is not None else buffers.probs
-        return (state.tokens, buffers.drafts, buffers.num_drafts, buffers.gumbel, probs)
-
-    def _static_step(self, seqs, drafts, num, gumbel, probs, *, i: int, kv_len: int, spec: TreeSpec | None) -> None:
-        """Draft i for every slot (static shapes): step 0 feeds the last two tokens of each sequence, step i
-        the spine token drafted by step i - 1; the last step of a tree lays out its geometry."""
-        target_lengths, state, buffers = self._bound
-        runner, n_slots = self.runner, self.runner.num_slots
-        lengths = target_lengths[:n_slots] + 1  # L of every slot (1 for an idle one)
-        branching = spec.branching if spec is not None else 0
-        if i == 0:
-            runner.lengths[:n_slots] = (lengths - 2).clamp(min=0)
-            logits = runner.step_logits(seqs, drafts[:, :0], kv_len=kv_len, last_only=True, from_seqs=2)[:, -1]
-            if self._presence is not None:
-                self._presence.copy_(state.presence)
-            if spec is not None:  # the tree's geometry depends only on the budgets
-                parents, valid = layout_tree(spec, num, drafts[:, : spec.nodes], self.device)
-                buffers.parents[:, : spec.nodes] = parents
-                buffers.valid[:, : spec.nodes] = valid
-                num.copy_(valid.sum(1))
-        else:
-            fed = (i - 1) * max(branching, 1)
-            runner.lengths[:n_slots] = lengths + i - 1
-            logits = runner.step_logits(seqs, drafts[:, fed : fed + 1], kv_len=kv_len)[:, -1]
-        token = choose_draft(self._align(logits), i, self.sampling, lengths, state.noise_keys, self._presence, gumbel,
-                             drafts, probs, branching,
-                             None if self.sampling.greedy else state.sampling)
-        if self._presence is not None:
-            self._presence[runner.slot_index, token] = True
-
-    def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers,
-             acceptor=None) -> None:
-        """The generator's device state; on the static path, declare the steps: the draft's prefill chunks,
-        and each drafting step of each shape over each bucket."""
-        self._bound = (target.lengths, state, buffers)
-        if not self.runner.static:
-            return
-        if state.presence is not None:
-            self._presence = torch.zeros_like(state.presence)
-        self.runner.declare_steps(buffers.drafts, state.tokens, forwards=False)  # prefill chunks only
-        specs = {shape.tree for shape in shapes if shape.tree is not None}
-        k_max = max((shape.drafts for shape in shapes if shape.tree is None), default=0)
-        for bucket in self.runner.buckets:
-            for spec in [None, *specs]:
-                steps = spec.depth if spec is not None else k_max
-                for i in range(steps):
-                    self.graphs.declare(self._key(i, bucket, spec), partial(self._static_step, i=i, kv_len=bucket,
-                                        spec=spec), self._static_args(i, spec), size=bucket * self.runner.num_slots)
-
-    def draft_seconds(self, k: int, kv_len: int) -> float:
-        """k drafted tokens: one first step and k - 1 next steps (timed replays, per length bucket)."""
-        if k == 0:
-            return 0.0
-        bucket = self.runner.bucket(kv_len)
-        if bucket not in self._step_times:
-            self._step_times[bucket] = (self._time(0, bucket), self._time(1, bucket))
-        first, step = self._step_times[bucket]
-        return first + (k - 1) * step
-
-    def _time(self, i: int, bucket: int) -> float:
-        """Median seconds of drafting step i over `bucket` (static path): it writes only past every row's
-        valid draft entries (or rewrites them with the same tokens) and restores the draft's lengths."""
-        saved = self.runner.lengths.clone()
-        try:
-            return median_seconds(lambda: self.graphs.run(self._key(i, bucket, None), partial(
-                self._static_step, i=i, kv_len=bucket, spec=None), self._static_args(i, None)), self.device)
-        finally:
-            self.runner.lengths.copy_(saved)

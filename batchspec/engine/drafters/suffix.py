@@ -31,7 +31,7 @@ class SuffixDrafter(HostDrafter):
         self.keys: dict[int, int] = {}  # slot -> the key of the request in it (slots are reused)
         self._next = count()
 
-    def admit(self, slots, prompts):
+    def admit(self, slots, prompts, features=None):
         for slot, prompt in zip(slots, prompts):
             self.keys[slot] = next(self._next)
             self.index.start(self.keys[slot], prompt)

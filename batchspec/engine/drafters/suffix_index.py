@@ -36,28 +36,23 @@ the draft with the higher score (sum of probabilities) wins; ties (scores within
 per-request structure, then to newer job-wide segments, and within one structure to the longer match.
 Probabilities are floats, each the product of the per-step ratios along its path in path order.
 
-Memory. The per-request structure holds its request's tokens (O(tokens) states) until `finish`. The
-job-wide structure holds at most `corpus_max_tokens` tokens in `corpus_segments` automata of
-`corpus_max_tokens // corpus_segments` tokens each: completions go into the newest; when it is full a
-new one starts, and when there are more than `corpus_segments` the oldest is dropped whole. So the
-oldest completions are evicted first, a segment at a time, and once full it keeps between
-(segments - 1) / segments of the bound (less one completion) and all of it. A suffix automaton has at
-most two states per token; in CPython that is about 0.5 KB per token kept (measured: 73 MB for 154k
-tokens of standard-library code).
+Memory. The per-request structure holds its request's tokens (O(tokens) states) until `finish`; the
+job-wide structure at most `corpus_max_tokens` tokens, in segments evicted oldest first (suffix_corpus.py).
+A suffix automaton has at most two states per token; in CPython that is about 0.5 KB per token kept
+(measured: 73 MB for 154k tokens of standard-library code).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Iterator, Sequence
 
 from .suffix_automaton import ROOT, SuffixAutomaton, chain_draft, suffix_chain, tree_draft
+from .suffix_corpus import CorpusMatch, JobCorpus, Segment
 
 # Scores closer than this are a tie (float sums of the same probabilities in another order differ in
 # the last bits); with candidates pruned once their bound is <= the best score, nothing pruned could win.
 _SCORE_TIE = 1e-9
-_RECENT = 16  # strings per segment whose n-grams are kept to spare requests a full re-match
 
 
 @dataclass(slots=True)
@@ -82,37 +77,16 @@ class SuffixDraft:
 
 
 @dataclass(slots=True)
-class _Segment:
-    """One automaton of the job-wide structure, and the short n-grams of the strings added last."""
-
-    serial: int  # segments are numbered in creation order; requests key their matches by it
-    automaton: SuffixAutomaton
-    tokens: int = 0
-    # The 1-, 2- and 3-grams of each of the last _RECENT strings added (oldest first): a request whose
-    # match predates them redoes it only if its tail could match further in one of them.
-    recent: deque = field(default_factory=lambda: deque(maxlen=_RECENT))
-
-
-@dataclass(slots=True)
-class _Match:
-    """A request's longest recent suffix in one job-wide segment, as of that segment's `version`."""
-
-    state: int
-    length: int
-    version: int
-
-
-@dataclass(slots=True)
 class _Request:
     tokens: list[int]  # prompt + output so far
     prompt_len: int
     automaton: SuffixAutomaton
     state: int = ROOT  # the state of the last min(len, max_match) tokens in its own automaton
     matched: int = 0
-    corpus: dict[int, _Match] = field(default_factory=dict)  # segment serial -> match
+    corpus: dict[int, CorpusMatch] = field(default_factory=dict)  # segment serial -> match
 
 
-class SuffixIndex:
+class SuffixIndex(JobCorpus):
     """Suffix decoding's proposals for many concurrent requests (keys) in one job.
 
     Per request: `start(key, prompt_ids)`, then `extend(key, tokens)` with every emitted token,
@@ -157,7 +131,7 @@ class SuffixIndex:
         self.prompt_context, self.prior_count = prompt_context, prior_count
         self.window = max_match + max_spec
         self._requests: dict[Hashable, _Request] = {}
-        self._segments: list[_Segment] = []  # oldest first
+        self._segments: list[Segment] = []  # oldest first
         self._next_serial = 0
 
     # ---- requests ---------------------------------------------------------------------------------
@@ -215,55 +189,6 @@ class SuffixIndex:
             request.state, request.matched = automaton.advance(request.state, request.matched, token, cap)
             for match, advance in moving:
                 match.state, match.length = advance(match.state, match.length, token, cap)
-
-    # ---- the job-wide structure ------------------------------------------------------------------
-
-    @property
-    def corpus_tokens(self) -> int:
-        """Tokens held by the job-wide structure (at most corpus_max_tokens)."""
-        return sum(s.tokens for s in self._segments)
-
-    @property
-    def corpus_states(self) -> int:
-        return sum(s.automaton.num_states for s in self._segments)
-
-    def _add_to_corpus(self, tokens: Sequence[int]) -> None:
-        if self.segment_tokens == 0 or not tokens:
-            return
-        tokens = [int(t) for t in tokens[: self.segment_tokens]]  # longer than a segment: its beginning
-        if not self._segments or self._segments[-1].tokens + len(tokens) > self.segment_tokens:
-            self._segments.append(_Segment(self._next_serial, SuffixAutomaton(self.window)))
-            self._next_serial += 1
-            if len(self._segments) > self.corpus_segments:
-                self._segments.pop(0)  # evict the oldest completions
-        segment = self._segments[-1]
-        segment.automaton.add_string(tokens)
-        segment.tokens += len(tokens)
-        segment.recent.append({tuple(tokens[i:i + n]) for n in (1, 2, 3) for i in range(len(tokens) - n + 1)})
-
-    def _corpus_match(self, request: _Request, segment: _Segment) -> _Match:
-        """The request's longest recent suffix in `segment`, brought up to date if the segment grew.
-
-        Strings added since the match can only make it longer, and only by an occurrence inside one of
-        them of the request's last m + 1 tokens (m: the old match), hence of its last min(m + 1, 3): when
-        none of the new strings holds that n-gram the old match stands (its state possibly split:
-        `normalize`); otherwise it is redone from the request's last max_match tokens."""
-        automaton = segment.automaton
-        match = request.corpus.get(segment.serial)
-        version = automaton.num_strings
-        if match is not None and match.version == version:
-            return match
-        tokens = request.tokens
-        if match is not None and version - match.version <= len(segment.recent):
-            n = min(match.length + 1, 3)
-            tail = tuple(tokens[len(tokens) - n:])
-            if n > len(tokens) or not any(tail in grams for grams in list(segment.recent)[match.version - version:]):
-                match.state = automaton.normalize(match.state, match.length)
-                match.version = version
-                return match
-        state, length = automaton.match(tokens, self.max_match)
-        match = request.corpus[segment.serial] = _Match(state, length, version)
-        return match
 
     # ---- proposals --------------------------------------------------------------------------------
 

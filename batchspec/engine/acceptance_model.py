@@ -1,0 +1,148 @@
+"""Adaptive speculation's acceptance model: the tokens a row is expected to emit with n drafts, learned
+from the rounds' cut counts (adaptive.py chooses with it).
+
+A row's drafts are accepted independently with probability a_i, so with k drafts it emits
+E_i(k) = (1 - a_i^(k+1)) / (1 - a_i) tokens in expectation (Leviathan et al. 2023, eq. 1). a_i comes
+from the row's running count of accepted drafts A and of rounds that ended in a rejection R (a draft
+refused, or the drafter had nothing to propose), decayed so that it follows the text, and pooled into a
+job-wide prior for rows that have little history: a_i = (A + w a) / (A + R + w).
+
+Lookup drafters' proposals are bursty: a long match or nothing. A match is right or wrong as a whole
+more often than token by token, so one per-draft alpha would undervalue long proposals; instead (policy
+`bursty`) a row's a_i is the chance that its FIRST draft is accepted, and each later draft j is kept
+with the job-wide rate c_j at which a draft at position j was accepted given that j - 1 were:
+
+    E_i(n) = 1 + a_i (1 + c_2 + c_2 c_3 + ... + c_2 ... c_n)
+
+A drafter's own prior for a proposal (suffix decoding's continuation frequency) need not match the
+target: a continuation seen often in the job's earlier rows is not always the one this row takes. So
+priors are scaled by their job-wide reliability, the decayed ratio of first drafts accepted to the
+priors that came with them; without that, a hopeful prior kept a job drafting at a loss.
+
+A tree's acceptance is a job-wide average of the tokens a row emits per tree round (decayed like the
+pooled counts; a row with less room emits at most its budget + 1), started at what a chain of the
+tree's depth is predicted to emit, so that it is tried. Packed rounds also keep a calibration of the
+gains predicted for the drafts chosen against the drafts accepted (packed_choice.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens one round emits with k drafts, each accepted with probability alpha: 1 + a + ... + a^k."""
+    return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+@dataclass
+class Calibration:
+    """Decayed sums, over chain rounds, of the first drafts the rows kept and of the priors they came with."""
+
+    realized: float = 2.0  # a weak start at ratio 1
+    predicted: float = 2.0
+
+    @property
+    def ratio(self) -> float:
+        return self.realized / max(self.predicted, 1e-9)
+
+
+@dataclass
+class RowAcceptance:
+    """Decayed counts of one row's accepted drafts and rejecting rounds."""
+
+    accepted: float = 0.0
+    rejections: float = 0.0
+
+
+class AcceptanceModel:
+    """A mixin of AdaptiveK (adaptive.py): the acceptance estimates over its fields (rows, pooled, continued,
+    tree_counts, reliability, calibration, the round's priors and gains)."""
+
+    @property
+    def pooled_alpha(self) -> float:
+        p = self.pooled
+        return p.accepted / (p.accepted + p.rejections)
+
+    def alpha(self, slot: int, prior: float | None = None) -> float:
+        """The row's acceptance: its decayed counts, pulled towards a prior (the drafter's own estimate for
+        this proposal, or the job-wide rate) by prior_weight pseudo-observations."""
+        row = self.rows.get(slot) or RowAcceptance()
+        w = self.prior_weight
+        base = self.pooled_alpha if prior is None else min(1.0, prior * self.reliability.ratio)
+        return (row.accepted + w * base) / (row.accepted + row.rejections + w)
+
+    def expected(self, alpha: float, n: int, run: list[float] | None = None) -> float:
+        """Expected tokens of a row with n drafts: geometric in alpha, or for a bursty drafter
+        1 + alpha * run[n] where run[n] = 1 + c_2 + c_2 c_3 + ... (see the module docstring)."""
+        if n <= 0:
+            return 1.0
+        if not self.policy.bursty:
+            return expected_tokens(alpha, n)
+        return 1.0 + alpha * (run or self.run_lengths())[n]
+
+    def run_lengths(self) -> list[float]:
+        """[n] -> expected drafts kept once the first is: 0, 1, 1 + c_2, 1 + c_2 + c_2 c_3, ..."""
+        out, keep = [0.0, 1.0], 1.0
+        for c in self.continued[2:]:
+            keep *= c.accepted / (c.accepted + c.rejections)
+            out.append(out[-1] + keep)
+        return out
+
+    def tree_tokens(self, j: int, alphas: list[float], run: list[float] | None) -> float:
+        """Tokens a row emits in a round of tree j: the measured average, or before any measurement what a
+        chain of the tree's depth is predicted to emit (averaged over the rows)."""
+        t = self.tree_counts[j]
+        if t.rejections > 0.5:
+            return t.accepted / t.rejections
+        depth = min(self.tree_depths[j], self.k_max)
+        return sum(self.expected(a, depth, run) for a in alphas) / max(len(alphas), 1)
+
+    def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int]) -> None:
+        """Acceptance from a round of shape k: per row the drafts it was allowed (budgets), proposed and
+        accepted (see observe_index)."""
+        if self._gains:  # a packed round: what its drafts gained against what was predicted for them
+            c = self.calibration
+            c.realized, c.predicted = c.realized * self.pooled_decay, c.predicted * self.pooled_decay
+            for slot, m in zip(slots, accepted):
+                if slot in self._gains:
+                    c.realized += m
+                    c.predicted += self._gains[slot]
+            self._gains = {}
+        if k == 0:
+            return
+        if k > self.k_max:  # a tree round: the job-wide tokens per row-round of this tree
+            t = self.tree_counts[k - self.k_max - 1]
+            t.accepted *= self.pooled_decay
+            t.rejections *= self.pooled_decay
+            for budget, m in zip(budgets, accepted):
+                if budget > 0:
+                    t.accepted += m + 1
+                    t.rejections += 1
+            return
+        for counts in (self.pooled, *self.continued):
+            counts.accepted *= self.pooled_decay
+            counts.rejections *= self.pooled_decay
+        if self._priors:  # first drafts kept against the priors they came with
+            reliability = self.reliability
+            reliability.realized *= self.pooled_decay
+            reliability.predicted *= self.pooled_decay
+            for slot, budget, m in zip(slots, budgets, accepted):
+                if budget > 0 and slot in self._priors:
+                    reliability.realized += min(m, 1)
+                    reliability.predicted += self._priors[slot]
+        for slot, budget, n, m in zip(slots, budgets, drafted, accepted):
+            if budget == 0:
+                continue  # no room to draft (end of the request): nothing learned
+            if self.policy.bursty:  # the row's count is its first draft; later positions go to the job-wide c_j
+                kept, rejected = min(m, 1), m == 0
+                for j in range(2, min(n, m + 1) + 1):  # positions reached: all before them were kept
+                    self.continued[j].accepted += m >= j
+                    self.continued[j].rejections += m < j
+            else:
+                kept, rejected = m, m < n or n < budget
+            row = self.rows.setdefault(slot, RowAcceptance())
+            row.accepted = self.decay * row.accepted + kept
+            row.rejections = self.decay * row.rejections + rejected
+            self.pooled.accepted += kept
+            self.pooled.rejections += rejected

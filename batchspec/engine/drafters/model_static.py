@@ -1,0 +1,88 @@
+"""The draft model's static path (a mixin of ModelDrafter, drafters/model.py): one captured step per drafted
+token, declared at bind over every round shape and length bucket, and their timed replays
+(draft_seconds, what adaptive speculation's cost table adds for a shape's drafts)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from ...types import TreeSpec
+from ..round import RoundBuffers, RoundShape
+from ..runner import ModelRunner
+from ..slots import SlotState
+from ..timing import median_seconds
+from .choosing import choose_draft, lay_out_static_tree
+
+
+class ModelStaticSteps:
+    """Draft step i of every slot at fixed addresses (ModelDrafter's runner, graphs, sampling and `_bound`)."""
+
+    def _key(self, i: int, bucket: int, spec: TreeSpec | None) -> tuple:
+        return ("draft", i, bucket, str(spec) if spec is not None else "chain")
+
+    def _static_args(self, i: int, spec: TreeSpec | None) -> tuple:
+        target_lengths, state, buffers = self._bound
+        probs = buffers.q_at if spec is not None else buffers.probs
+        return (state.tokens, buffers.drafts, buffers.num_drafts, buffers.gumbel, probs)
+
+    def _static_step(self, seqs, drafts, num, gumbel, probs, *, i: int, kv_len: int, spec: TreeSpec | None) -> None:
+        """Draft i for every slot (static shapes): step 0 feeds the last two tokens of each sequence, step i
+        the spine token drafted by step i - 1; the last step of a tree lays out its geometry."""
+        target_lengths, state, buffers = self._bound
+        runner, n_slots = self.runner, self.runner.num_slots
+        lengths = target_lengths[:n_slots] + 1  # L of every slot (1 for an idle one)
+        branching = spec.branching if spec is not None else 0
+        if i == 0:
+            runner.set_lengths(slice(None, n_slots), (lengths - 2).clamp(min=0))
+            logits = runner.step_logits(seqs, drafts[:, :0], kv_len=kv_len, last_only=True, from_seqs=2)[:, -1]
+            if self._presence is not None:
+                self._presence.copy_(state.presence)
+            if spec is not None:  # the tree's geometry depends only on the budgets
+                lay_out_static_tree(spec, num, drafts, buffers, self.device)
+        else:
+            fed = (i - 1) * max(branching, 1)
+            runner.set_lengths(slice(None, n_slots), lengths + i - 1)
+            logits = runner.step_logits(seqs, drafts[:, fed : fed + 1], kv_len=kv_len)[:, -1]
+        token = choose_draft(self._align(logits), i, self.sampling, lengths, state.noise_keys, self._presence, gumbel,
+                             drafts, probs, branching,
+                             None if self.sampling.greedy else state.sampling)
+        if self._presence is not None:
+            self._presence[runner.slot_index, token] = True
+
+    def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers,
+             acceptor=None) -> None:
+        """The generator's device state; on the static path, declare the steps: the draft's prefill chunks,
+        and each drafting step of each shape over each bucket."""
+        self._bound = (target.lengths, state, buffers)
+        if not self.runner.static:
+            return
+        if state.presence is not None:
+            self._presence = torch.zeros_like(state.presence)
+        self.runner.declare_steps(buffers.drafts, state.tokens, forwards=False)  # prefill chunks only
+        specs = {shape.tree for shape in shapes if shape.tree is not None}
+        k_max = max((shape.drafts for shape in shapes if shape.tree is None), default=0)
+        for bucket in self.runner.buckets:
+            for spec in [None, *specs]:
+                steps = spec.depth if spec is not None else k_max
+                for i in range(steps):
+                    self.graphs.declare(self._key(i, bucket, spec), partial(self._static_step, i=i, kv_len=bucket,
+                                        spec=spec), self._static_args(i, spec), size=bucket * self.runner.num_slots)
+
+    def draft_seconds(self, k: int, kv_len: int) -> float:
+        """k drafted tokens: one first step and k - 1 next steps (timed replays, per length bucket)."""
+        if k == 0:
+            return 0.0
+        bucket = self.runner.bucket(kv_len)
+        if bucket not in self._step_times:
+            self._step_times[bucket] = (self._time(0, bucket), self._time(1, bucket))
+        first, step = self._step_times[bucket]
+        return first + (k - 1) * step
+
+    def _time(self, i: int, bucket: int) -> float:
+        """Median seconds of drafting step i over `bucket` (static path): it writes only past every row's
+        valid draft entries (or rewrites them with the same tokens) and restores the draft's lengths."""
+        with self.runner.lengths_kept():
+            return median_seconds(lambda: self.graphs.run(self._key(i, bucket, None), partial(
+                self._static_step, i=i, kv_len=bucket, spec=None), self._static_args(i, None)), self.device)

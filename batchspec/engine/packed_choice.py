@@ -1,0 +1,84 @@
+"""Adaptive speculation in packed rounds: each row its own number of drafts (a mixin of AdaptiveK).
+
+Packed rounds (eager, packed.py) price each row's drafts apart: `choose_rows` gives every row its own
+number of drafts, the choice of row_drafts.py over each row's expected gains E_i(j) - E_i(j - 1) (the
+acceptance model, acceptance_model.py) and the round's cost by what it computes (costs.PackedCosts: the
+target forward's time against its tokens, each drafting forward's against its tokens, the rest of the
+round against its drafts). The gains are scaled by their calibration, the decayed ratio of drafts
+accepted to the gains predicted for the drafts chosen, so that a systematic error of the acceptance
+model (choosing the rows whose estimates are highest picks estimates that err high) cannot keep a job
+drafting at a loss. A lookup is not asked to propose for rows that would draft nothing whatever they
+proposed (`hopeless`). Every `revisit_every` rounds each row verifies one draft more than chosen (the
+wait doubling, up to 8x, while nobody drafts), so that rows drafting nothing keep measuring their
+acceptance.
+"""
+
+from __future__ import annotations
+
+from .costs import PackedCosts
+from .row_drafts import choose_drafts
+
+
+class PackedChoice:
+    """A mixin of AdaptiveK (adaptive.py): the packed rounds' choice, over its acceptance model and fields."""
+
+    def hopeless(self, slots: list[int], base_tokens: int, costs: PackedCosts) -> list[bool]:
+        """Before a lookup proposes in a packed round: per row, whether its first draft cannot pay at the
+        round's prices whatever it proposes, so that the drafter need not propose for it (host work that
+        was 3% of round time at batch 64). Exactly the rows choose_rows would give no draft: a lookup's
+        drafts all cost the same (per token + per draft), and choose_drafts takes a draft only when its
+        gain per cost beats the rate of the round without drafts (row_drafts.py). Nobody is hopeless in
+        a probe round, before the costs are known, with trees, or for a drafter whose proposals carry
+        priors (its rows' worth is known only once they have proposed)."""
+        policy = self.policy
+        if (self._rounds + 1 >= self._next_probe or not costs.known or self.trees or policy.draft_forwards
+                or policy.priors):
+            return [False] * len(slots)
+        prices = costs.prices()
+        rate = len(slots) / max(prices.seconds(base_tokens, 0, 0), 1e-12)
+        threshold = rate * (prices.per_token + prices.per_draft) / max(self.calibration.ratio, 1e-12)
+        run = self.run_lengths() if policy.bursty else None
+        return [self.expected(self.alpha(s), 1, run) - 1.0 <= threshold for s in slots]
+
+    def choose_rows(self, slots: list[int], offers: list[int], room: list[int], priors: list[float | None] | None,
+                    base_tokens: int, costs: PackedCosts) -> tuple[int, list[int]]:
+        """A packed round (row_drafts.py): (shape index, drafts per row). offers: the most drafts each row may
+        verify (a lookup's proposal, or its budget); room: how deep its tree may go; base_tokens: the
+        forward's tokens without drafts. Until the costs are known, rounds alternate between every row
+        drafting nothing and every row drafting its offer; every `revisit_every` rounds (doubling, up to 8x,
+        while nobody drafts) each row verifies one draft more than chosen, so that rows drafting nothing
+        keep learning their acceptance."""
+        self._rounds += 1
+        priors = priors or [None] * len(slots)
+        self._priors = {s: p for s, p, n in zip(slots, priors, offers) if p is not None and n > 0}
+        trees = list(range(self.k_max + 1, self.num_shapes)) if max(room, default=0) > 0 else []
+        if max(offers, default=0) == 0 and not trees:
+            return 0, [0] * len(slots)
+        draws = self.policy.draft_forwards
+        if not costs.known or (draws and costs.step.w == 0):  # start of the job: time both extremes
+            return (0, [0] * len(slots)) if self._rounds % 2 else (max(offers), list(offers))
+        alphas = [self.alpha(s, p) for s, p in zip(slots, priors)]
+        run = self.run_lengths() if self.policy.bursty else None
+        gains = [[self.expected(a, j, run) - self.expected(a, j - 1, run) for j in range(1, n + 1)]
+                 for a, n in zip(alphas, offers)]
+        prices = costs.prices()
+        scale = self.calibration.ratio
+        drafts, rate = choose_drafts([[g * scale for g in row] for row in gains], base_tokens, prices, steps=draws)
+        shape = max(drafts, default=0)
+        for j in (t - self.k_max - 1 for t in trees):  # a tree round: every row its tree
+            spec, n = self.trees[j], len(slots)
+            per_row = self.tree_tokens(j, alphas, run)
+            tokens = sum(min(per_row, r + 1) for r in room)
+            seconds = prices.seconds(base_tokens + n * spec.nodes, spec.depth if draws else 0, n * spec.depth)
+            if tokens / max(seconds, 1e-12) > rate:
+                shape, rate, drafts = self.k_max + 1 + j, tokens / max(seconds, 1e-12), list(room)
+        if self._rounds >= self._next_probe:
+            idle = sum(drafts) == 0
+            self._interval = min(2 * self._interval, 8 * self.revisit_every) if idle and self._idle else self.revisit_every
+            self._next_probe, self._idle = self._rounds + self._interval, idle
+            if shape <= self.k_max:
+                drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
+                shape = max(drafts, default=0)
+        if shape <= self.k_max:
+            self._gains = {s: sum(g[:k]) for s, g, k in zip(slots, gains, drafts) if k > 0}
+        return shape, drafts

@@ -1,0 +1,119 @@
+"""The verify pass: a round's one target forward over every deciding row's pending token and drafts (static:
+every slot, a captured step; eager: the round's rows; packed: their own widths and new prompts' chunks in
+one forward, packed.py), and the tally of what target forwards computed (TokenCounts)."""
+
+from __future__ import annotations
+
+import torch
+
+from .costs import Line
+from .drafters import Drafter
+from .graphs import HostBuffer, wall
+from .packed import layout_round, pack
+from .round import Round
+from .runner import ModelRunner
+from .scheduler import Scheduler
+from .slots import SlotState
+
+
+class Verifier:
+    """Runs the generator's verify passes on the target's runner; `tokens` counts what they computed. A packed
+    pass's prompt chunks stay cached (their slots' lengths move on, samples copy a finished prompt), and a
+    drafter that reads the target's hidden states (EAGLE) takes the chunks' in before that."""
+
+    def __init__(self, runner: ModelRunner, state: SlotState, drafter: Drafter, scheduler: Scheduler):
+        self.runner, self.state, self.drafter, self.scheduler = runner, state, drafter, scheduler
+        self.device, self.static, self.packed = runner.device, runner.static, runner.packs
+        self.feature_layers = runner.feature_layers
+        self._fills = HostBuffer((2, runner.num_slots), runner.device)  # the slots a round prefilled, their new lengths
+        self.tokens = TokenCounts()
+
+    def run(self, round: Round) -> torch.Tensor | None:
+        """One target forward over [pending token, drafts] of every row -> logits [b, W, V]."""
+        if self.packed:
+            return self._packed(round)
+        draft, width = round.draft, round.shape.width
+        self.tokens.add(len(round.rows) * width, sum(width - 1 - n for n in draft.host_num or [width - 1] * len(round.rows))
+                        + (len(round.rows) - len(round.running)) * width, 0)
+        kv_len = max(round.lengths[i] for i in round.running) + width - 1
+        if self.static:
+            return self.runner.forward(draft.tokens, kv_len=kv_len, tree=round.tree, seqs=self.state.tokens,
+                                       from_seqs=1)
+        pending = self.state.tokens[round.rows_t, round.lengths_t - 1]
+        tokens = torch.cat([pending[:, None], draft.tokens], dim=1)
+        return self.runner.forward(tokens, kv_len=kv_len, rows=round.span or round.rows_t, tree=round.tree)
+
+    def _packed(self, round: Round) -> torch.Tensor | None:
+        """The round's one target forward, packed (packed.py): per deciding row its pending token and its own
+        drafts (a tree row its nodes), behind its last prompt chunk when this round ends its prompt; the
+        other prompt chunks. -> logits [b, W, V] of the deciding rows (None when no row decides)."""
+        tree, draft, b = round.tree, round.draft, len(round.rows)
+        width = round.shape.width if b else 1
+        num = draft.host_num if b and tree is None and draft.host_num is not None else [width - 1] * b
+        layout = layout_round(round.rows, round.lengths, [1 + min(n, width - 1) for n in num], width, round.fills,
+                              tree is not None)
+        if width > 1:  # the drafts go where they will be verified: the forward reads its tokens from there
+            index = round.lengths_t[:, None] + torch.arange(width - 1, device=self.device)
+            self.state.tokens[round.rows_t[:, None], index] = draft.tokens
+        batch = pack(layout.rows, device=self.device, dtype=self.runner.model.dtype, keep=layout.keep,
+                     tree_depth=tree.depth if tree is not None else None,
+                     tree_ancestors=tree.ancestors if tree is not None else None)
+        started = wall(self.device)
+        logits = self.runner.forward_packed(self.state.tokens[batch.slots, batch.index], batch)
+        round.forward = (batch.num_tokens, wall(self.device) - started)
+        filled = round.chunk_tokens
+        self.tokens.add(batch.num_tokens, 0, filled, round.forward[1] * filled / batch.num_tokens, round.forward[1])
+        if self.feature_layers and round.fills:  # before the commit hands the other samples their copies
+            self.drafter.prompt_features([(other, start, count, layout.chunk_at[slot, start])
+                                          for slot, start, count in round.fills
+                                          for other in self.scheduler.samples_of(slot)])
+        self._commit_fills(round.fills)
+        if not b:
+            return None
+        round.verify_index = torch.tensor(layout.verify, device=self.device)
+        if layout.full:
+            return logits.view(b, width, -1)
+        return logits[torch.tensor(layout.gather, device=self.device)]
+
+    def _commit_fills(self, fills: list[tuple[int, int, int]]) -> None:
+        """The prompt chunks a packed forward wrote stay cached: their slots' lengths move to the chunks'
+        ends; samples of a request whose prompt is now in copy its cache."""
+        if not fills:
+            return
+        table = self._fills.put([[slot for slot, _, _ in fills], [start + count for _, start, count in fills]],
+                                (2, len(fills)))
+        self.runner.copy_lengths(table[0], table[1])
+        for src, dst, length in self.scheduler.filled(fills):
+            self.runner.copy_prefix([src], [dst], length)
+            self.runner.set_lengths(dst, length)
+
+
+class TokenCounts:
+    """What target forwards computed, over a run: tokens in all (padding included), padding tokens (the
+    rows' width beyond their own drafts, idle rows riding along), prompt tokens prefilled inside packed
+    rounds, and admission's share of those forwards' time two ways: in proportion to their prompt tokens
+    (`prefill_s`), and at the marginal cost of a token (`prefill_marginal_s`: the slope of forward time
+    against tokens, fitted over the run, times the prompt tokens; what the prompts add to forwards that
+    run anyway)."""
+
+    def __init__(self):
+        self.computed, self.padding, self.prefilled, self.prefill_s = 0, 0, 0, 0.0
+        self._cost = Line(decay=1.0)
+
+    def add(self, computed: int, padding: int, prefilled: int, prefill_s: float = 0.0,
+            seconds: float | None = None) -> None:
+        self.computed += computed
+        self.padding += padding
+        self.prefilled += prefilled
+        self.prefill_s += prefill_s
+        if seconds is not None:
+            self._cost.add(computed, seconds)
+
+    @property
+    def prefill_marginal_s(self) -> float:
+        fit = self._cost.fit()
+        return fit[1] * self.prefilled if fit else 0.0
+
+    def summary(self) -> dict:
+        return {"computed": self.computed, "padding": self.padding, "prefilled": self.prefilled,
+                "prefill_s": self.prefill_s, "prefill_marginal_s": self.prefill_marginal_s}
