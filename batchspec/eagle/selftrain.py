@@ -10,8 +10,9 @@
     rows after     drafted by the head if the trial ran faster than rows 1..N did, else by `fallback` again
                    (seeded with the completions so far), so a head that does not pay costs only its trial
 
-`SelfTrainingGenerator` has the generator's interface (run, stats, stop_admitting, timings, capture_s),
-so the job loop drives it unchanged. A resumed job that finds the saved head and the trial's verdict
+`SelfTrainingGenerator` has the interface the job runner reads of a generator (run, stats, stop_admitting,
+k_max, trees, adaptive, max_seq_len, timings, capture_s), so the job loop drives it unchanged; `stage`
+says which of the phases above it is in, and `run` runs each from there. A resumed job that finds the saved head and the trial's verdict
 (`selftrain.json` beside it) drafts as the verdict says from its first row; without a verdict it runs the
 trial again. The same process, the same target weights: training reads the rows' token ids, not text.
 What it did goes to the job's summary (`report()`): rows and tokens/s of each phase, the training time,
@@ -22,10 +23,9 @@ included, is ahead of decoding every row at the first phase's rate).
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from itertools import chain, islice
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -36,76 +36,21 @@ from ..types import FINISH_ERROR, Request, Result, RunStats
 from .data import Sample
 from .evaluate import acceptance, head_matches
 from .features import sequence_states
-from ..files import atomic_write
 from .formats import save_head
 from .init import head_for_target, scale_fc
 from .loop import LoopOptions, NonFiniteLoss, train_loop
+from .phases import (TRAIN_MIN_S, Phase, break_even_row, read_verdict, training_seconds, verdict_of,
+                     write_verdict, written_completions)
 from .vocab import vocab_for
 
 log = logging.getLogger("batchspec")
 HEAD_FOLDER = "eagle_head"  # inside the job's output folder
-VERDICT_FILE = "selftrain.json"  # inside the head's folder: the first phase's rate and the trial's verdict
 NOT_TRAINED = "not trained"  # the verdict when no head was trained (the report's not_trained says why)
+FIRST, TRIAL, REST = "first rows", "trial", "rest"  # SelfTrainingGenerator.stage
 
 
 class NoHead(Exception):
     """The job trains no head (the reason is the message)."""
-
-
-@dataclass
-class Phase:
-    rows: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        return self.tokens / self.seconds if self.seconds else None
-
-    def add(self, other: "Phase") -> None:
-        self.rows, self.tokens, self.seconds = (self.rows + other.rows, self.tokens + other.tokens,
-                                                self.seconds + other.seconds)
-
-
-def break_even_row(before: Phase, train_s: float, after: Phase) -> int | None:
-    """The row count at which the job, training included, has taken no longer than decoding every row at
-    the first phase's rate: None while the second phase is not faster, or was not measured."""
-    if not (before.rows and after.rows and before.seconds and after.seconds):
-        return None
-    plain, drafted = before.seconds / before.rows, after.seconds / after.rows  # seconds per row
-    if drafted >= plain:
-        return None
-    # before.seconds + train_s + (n - before.rows) * drafted = n * plain
-    return before.rows + int(round(train_s / (plain - drafted))) + 1
-
-
-# The default budget is at most this share of the time the rest of the job is projected to take, so that a
-# head that loses its trial costs a short job little (a 3,000-row demo job paid a minute for a head that
-# lost, 0.96x a plain job, 2026-11-25); a job too short for TRAIN_MIN_S of training trains no head at all.
-TRAIN_SHARE = 0.15
-TRAIN_MIN_S = 10.0
-
-
-def training_seconds(minutes: float | None, first_phase_s: float, rest_s: float | None = None) -> float:
-    """The training budget: `minutes`, or by default as long as the first rows took, within 1 to 10 minutes and
-    at most TRAIN_SHARE of `rest_s` (the rest of the job's projected time at the first rows' rate, when the job
-    knows its length). 0 (train no head) when that leaves less than TRAIN_MIN_S. On the demo target over 3,000
-    rows (2 CPU cores, OMP_WAIT_POLICY=PASSIVE), 3 minutes of training made the whole job 0.91x a plain one;
-    1 minute, 1.16x; with OpenMP's spinning threads (batchspec's default since) plain decoding doubled in
-    speed and the same job with 1 minute was 0.96x (docs/eagle.md)."""
-    if minutes is not None:
-        return minutes * 60
-    budget = min(600.0, max(60.0, first_phase_s))
-    if rest_s is not None:
-        budget = min(budget, TRAIN_SHARE * rest_s)
-    return budget if budget >= TRAIN_MIN_S else 0.0
-
-
-def verdict_of(head_rate: float | None, first_rate: float | None, fallback: str) -> str:
-    """Which drafter drafts the rows after the trial: "head" unless it ran measurably slower (tokens/s) than the
-    fallback did on the first rows. The fallback's rate there is, if anything, low (suffix decoding starts
-    with nothing learnt), so a tie goes to the head."""
-    return fallback if head_rate and first_rate and head_rate < first_rate else "head"
 
 
 class SelfTrainingGenerator:
@@ -152,14 +97,35 @@ class SelfTrainingGenerator:
             self.generator = build(fallback, None, None)
         self._stop = False
 
-    # ---- the generator's interface ----------------------------------------------------------------
-
-    def __getattr__(self, name):  # k_max, trees, max_seq_len, adaptive, timings, capture_s: the current one's
-        return getattr(self.__dict__["generator"], name)
+    # ---- the generator's interface: what the job runner reads (jobs/shard.py, job.py, summary.py) ----------
 
     @property
     def stats(self) -> RunStats:
-        return self.generator.stats
+        return self.generator.stats  # one run's statistics, carried across the phases' generators (_switch)
+
+    @property
+    def k_max(self) -> int:
+        return self.generator.k_max
+
+    @property
+    def trees(self):
+        return self.generator.trees
+
+    @property
+    def adaptive(self):
+        return self.generator.adaptive
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.generator.max_seq_len
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self.generator.timings
+
+    @property
+    def capture_s(self) -> float:
+        return self.generator.capture_s
 
     def stop_admitting(self) -> None:
         self._stop = True
@@ -170,51 +136,70 @@ class SelfTrainingGenerator:
         """Whether the head lost its trial (the verdict names the fallback it lost to)."""
         return self.verdict not in (None, "head")
 
+    @property
+    def stage(self) -> str:
+        """Where the job is: FIRST (the fallback drafts the rows a head will be trained on), TRIAL (a head,
+        trained or loaded, drafts its trial rows) or REST (the verdict is in: the rows after)."""
+        if self.verdict is not None:
+            return REST
+        return FIRST if self.head is None else TRIAL
+
     def run(self, requests: Iterable[Request]) -> Iterator[Result]:
-        pending = iter(requests)
-        if self.head is None and self.verdict is None:
-            samples: list[Sample] = []
-            yield from self._phase(islice(pending, self.rows), self.before, samples)
-            pending = self._more(pending)
-            if pending is None:  # stopped, or no rows left to draft: no head to train
-                return
-            self.first_rate = self.before.tokens_per_s
-            budget = training_seconds(self.minutes, self.before.seconds, self._rest_seconds())
-            try:
-                if budget == 0.0:
-                    raise NoHead(f"the rest of this run (about {self.rest_s:.0f} s at the first rows' rate) is too "
-                                 "short for a head to pay back its training")
-                self.head = self._train(samples, budget)
-            except (NoHead, NonFiniteLoss) as e:  # the fallback, warm with what it learnt, drafts every row
-                reason = str(e) if isinstance(e, NoHead) else f"its training diverged ({e})"
-                self.verdict, self.not_trained, self.completions = NOT_TRAINED, reason, []
-                (self.head_dir / "checkpoint.pt").unlink(missing_ok=True)
-                write_verdict(self.head_dir, self.first_rate, NOT_TRAINED, reason)  # a resume goes on without one
-                log.warning("model.draft=train: no head: %s; %s drafts every row", reason, self.fallback)
-                if not self._stop:
-                    yield from self._phase(pending, self.back, None)
-                return
-            if self._stop:  # stopped while training: the saved head's trial runs on resume
-                return
-            self._switch("eagle", self.head, None)
-        if self.verdict is None:  # the trial: the head against the first phase's rate
-            trial = Phase()
-            yield from self._phase(islice(pending, self.trial_rows), trial, None)
-            self.after.add(trial)
-            if self._stop and trial.rows < self.trial_rows:  # an unfinished trial decides nothing
-                return
-            self.verdict = verdict_of(trial.tokens_per_s, self.first_rate, self.fallback)
-            write_verdict(self.head_dir, self.first_rate, self.verdict)
-            log.info("self-trained head: %.1f tokens/s in its trial of %d rows against %.1f with %s: the rest "
-                     "drafts with %s", trial.tokens_per_s or 0, trial.rows, self.first_rate or 0, self.fallback,
-                     self.fallback if self.lost else "the head")
-            pending = self._more(pending)
-            if pending is None:
-                return
-            if self.lost:
-                self._switch(self.fallback, None, self.completions)
-            self.completions = []
-        yield from self._phase(pending, self.back if self.lost else self.after, None)
+        """The rows of each stage in turn, from the stage this job is at; each stage returns the requests left,
+        or None when the run ends there (stopped, no rows left, or no head to trial)."""
+        pending: Iterator[Request] | None = iter(requests)
+        if self.stage == FIRST:
+            pending = yield from self._first_rows_and_training(pending)
+        if pending is not None and self.stage == TRIAL:
+            pending = yield from self._trial(pending)
+        if pending is not None:
+            yield from self._phase(pending, self.back if self.lost else self.after, None)
+
+    def _first_rows_and_training(self, pending: Iterator[Request]):
+        """Decode the first `rows` rows with the fallback, then train a head on them (or decide that no head
+        pays: the fallback, warm with what it learnt, then drafts every row)."""
+        samples: list[Sample] = []
+        yield from self._phase(islice(pending, self.rows), self.before, samples)
+        pending = self._more(pending)
+        if pending is None:  # stopped, or no rows left to draft: no head to train
+            return None
+        self.first_rate = self.before.tokens_per_s
+        budget = training_seconds(self.minutes, self.before.seconds, self._rest_seconds())
+        try:
+            if budget == 0.0:
+                raise NoHead(f"the rest of this run (about {self.rest_s:.0f} s at the first rows' rate) is too "
+                             "short for a head to pay back its training")
+            self.head = self._train(samples, budget)
+        except (NoHead, NonFiniteLoss) as e:
+            reason = str(e) if isinstance(e, NoHead) else f"its training diverged ({e})"
+            self.verdict, self.not_trained, self.completions = NOT_TRAINED, reason, []
+            (self.head_dir / "checkpoint.pt").unlink(missing_ok=True)
+            write_verdict(self.head_dir, self.first_rate, NOT_TRAINED, reason)  # a resume goes on without one
+            log.warning("model.draft=train: no head: %s; %s drafts every row", reason, self.fallback)
+            return None if self._stop else pending
+        if self._stop:  # stopped while training: the saved head's trial runs on resume
+            return None
+        self._switch("eagle", self.head, None)
+        return pending
+
+    def _trial(self, pending: Iterator[Request]):
+        """The head drafts `trial_rows` rows; the verdict (head or fallback, by tokens/s against the first
+        rows') decides who drafts the rest, and is saved so that a resume drafts as it says."""
+        trial = Phase()
+        yield from self._phase(islice(pending, self.trial_rows), trial, None)
+        self.after.add(trial)
+        if self._stop and trial.rows < self.trial_rows:  # an unfinished trial decides nothing
+            return None
+        self.verdict = verdict_of(trial.tokens_per_s, self.first_rate, self.fallback)
+        write_verdict(self.head_dir, self.first_rate, self.verdict)
+        log.info("self-trained head: %.1f tokens/s in its trial of %d rows against %.1f with %s: the rest "
+                 "drafts with %s", trial.tokens_per_s or 0, trial.rows, self.first_rate or 0, self.fallback,
+                 self.fallback if self.lost else "the head")
+        pending = self._more(pending)
+        if pending is not None and self.lost:
+            self._switch(self.fallback, None, self.completions)
+        self.completions = []
+        return pending
 
     def _more(self, pending: Iterator[Request]) -> Iterator[Request] | None:
         """`pending` if it has a request left and the job has not been stopped, else None."""
@@ -230,9 +215,7 @@ class SelfTrainingGenerator:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         self.generator = self.build(drafter, head, corpus)
-        fresh = self.generator.scheduler.stats.run
-        stats.widen(len(fresh.proposed_by_position), len(fresh.rounds_by_k) - 1)  # e.g. after drafter=none's k=0
-        self.generator.scheduler.stats.run = stats
+        self.generator.continue_stats(stats)
         if self._stop:
             self.generator.stop_admitting()
 
@@ -347,29 +330,3 @@ class SelfTrainingGenerator:
         return out
 
 
-def written_completions(out_dir: str | Path, tokenizer, max_tokens: int | None = None) -> list[list[int]] | None:
-    """The newest completions, up to about max_tokens, that a job has written to out_dir/data so far (None if
-    none): a resumed fallback's corpus."""
-    from ..corpus import load_corpus
-
-    if not any((Path(out_dir) / "data").glob("*.parquet")):
-        return None
-    try:
-        return load_corpus(str(out_dir), tokenizer, max_tokens=max_tokens)
-    except ValueError as e:  # an unreadable part: the fallback starts cold, and says so
-        log.warning("the fallback drafter starts without the job's earlier rows: %s", e)
-        return None
-
-
-def read_verdict(head_dir: Path) -> dict:
-    path = head_dir / VERDICT_FILE
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def write_verdict(head_dir: Path, first_rate: float | None, verdict: str | None, not_trained: str | None = None
-                  ) -> None:
-    record = {"tokens_per_s_before": first_rate, "verdict": verdict}
-    if not_trained:
-        record["not_trained"] = not_trained
-    head_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(head_dir / VERDICT_FILE, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=2) + "\n"))

@@ -27,7 +27,7 @@ from typing import Iterable, Iterator
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..types import Request, Result, TreeSpec
+from ..types import Request, Result, RunStats, TreeSpec
 from .accept import Acceptor
 from .adaptive import AdaptiveK
 from .admission import Admitter
@@ -161,6 +161,13 @@ class SpecBatchGenerator:
         self.noise_s = 0.0
         self.verifier.tokens = TokenCounts()
         self.grammars.mask_s = self.grammars.compile_s = 0.0
+
+    def continue_stats(self, stats: RunStats) -> None:
+        """Count into `stats` from now on (an earlier generator's, widened to this one's drafts): one run's
+        statistics across generators that follow each other (a self-training job's phases)."""
+        fresh = self.scheduler.stats.run
+        stats.widen(len(fresh.proposed_by_position), len(fresh.rounds_by_k) - 1)  # e.g. after drafter=none's k=0
+        self.scheduler.stats.run = stats
 
     def stop_admitting(self) -> None:
         """Finish the requests in flight, take no new ones; run() then returns."""

@@ -57,7 +57,41 @@ def validate(job: JobConfig) -> None:
         TreeSpec.parse_list(job.drafter.tree)
     except ValueError as e:
         raise ConfigError(f"drafter.{e}; several comma-separated") from None
-    checks = [
+    for ok, message in value_checks(job):
+        if not ok:
+            raise ConfigError(message)
+    clash = [c for c in src.keep_columns if c in RESULT_SCHEMA.names]
+    if clash:
+        raise ConfigError(f"source.keep_columns: {clash[0]!r} is also an output column; rename it in the input")
+    if job.output.format.value == "openai" and not openai_lines(job):
+        raise ConfigError("output.format=openai writes answers to OpenAI batch request lines: it needs "
+                          "source.format=openai")
+    if openai_lines(job):
+        clashing = [key for key, bad in (("source.template", src.template is not None), ("source.chat", src.chat),
+                                         ("source.row_params", bool(src.row_params)),
+                                         ("source.keep_columns", bool(src.keep_columns)),
+                                         ("source.id_column", src.id_column not in (None, "custom_id")))
+                    if bad]
+        if clashing:
+            raise ConfigError(f"source.format=openai reads each line's custom_id, messages or prompt and settings "
+                              f"itself: unset {clashing[0]}")
+    try:
+        RowParamColumns(src.row_params)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    constraint = job_constraint(job)
+    if isinstance(constraint, str):
+        raise ConfigError(f"sampling.{constraint}" if constraint.startswith(CONSTRAINT_KINDS) else
+                          f"sampling: {constraint}")
+    twice = [c for i, c in enumerate(src.keep_columns) if c in src.keep_columns[:i]]
+    if twice:  # Parquet would write two columns of one name, which readers refuse to open
+        raise ConfigError(f"source.keep_columns lists {twice[0]!r} twice")
+
+
+def value_checks(job: JobConfig) -> list[tuple[bool, str]]:
+    """(holds, the message naming the key when it does not) for each value a job's keys must have."""
+    s, src = job.sampling, job.source
+    return [
         (job.batch_size >= 1, f"batch_size={job.batch_size}: need >= 1"),
         (job.max_seq_len is None or job.max_seq_len >= 2, f"max_seq_len={job.max_seq_len}: need >= 2"),
         (job.drafter.name == DrafterName.none or job.drafter.k >= 1, f"drafter.k={job.drafter.k}: need >= 1"),
@@ -101,35 +135,7 @@ def validate(job: JobConfig) -> None:
         (job.progress.every_s > 0, f"progress.every_s={job.progress.every_s}: need > 0"),
         (job.threads is None or job.threads >= 1, f"threads={job.threads}: need >= 1"),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
-    clash = [c for c in src.keep_columns if c in RESULT_SCHEMA.names]
-    if clash:
-        raise ConfigError(f"source.keep_columns: {clash[0]!r} is also an output column; rename it in the input")
-    if job.output.format.value == "openai" and not openai_lines(job):
-        raise ConfigError("output.format=openai writes answers to OpenAI batch request lines: it needs "
-                          "source.format=openai")
-    if openai_lines(job):
-        clashing = [key for key, bad in (("source.template", src.template is not None), ("source.chat", src.chat),
-                                         ("source.row_params", bool(src.row_params)),
-                                         ("source.keep_columns", bool(src.keep_columns)),
-                                         ("source.id_column", src.id_column not in (None, "custom_id")))
-                    if bad]
-        if clashing:
-            raise ConfigError(f"source.format=openai reads each line's custom_id, messages or prompt and settings "
-                              f"itself: unset {clashing[0]}")
-    try:
-        RowParamColumns(src.row_params)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    constraint = job_constraint(job)
-    if isinstance(constraint, str):
-        raise ConfigError(f"sampling.{constraint}" if constraint.startswith(CONSTRAINT_KINDS) else
-                          f"sampling: {constraint}")
-    twice = [c for i, c in enumerate(src.keep_columns) if c in src.keep_columns[:i]]
-    if twice:  # Parquet would write two columns of one name, which readers refuse to open
-        raise ConfigError(f"source.keep_columns lists {twice[0]!r} twice")
+
 
 def needed_columns(job: JobConfig) -> dict[str, str]:
     """Input column -> the config key that needs it (a template's fields, else the prompt column)."""

@@ -161,6 +161,76 @@ def pass_on_signal(signum: int) -> None:
         handler(signum, None)
 
 
+class StopSignals:
+    """run_job's signal handling, installed for the loop and restored after it.
+
+    The first SIGTERM, SIGUSR2 or SIGINT stops admitting (the rows in flight finish); a second stops at
+    once by raising StopNow, except a SIGTERM within 1 s of a SIGTERM (srun delivers it twice). StopNow is
+    raised from a signal handler, so anywhere in the loop: never while a part is being written (a part
+    renamed into data/ but not yet cleared from the buffer would be written twice), so a signal during a
+    write takes effect after it. After a SIGTERM the rows in flight get TERM_GRACE_S, then it stops at once."""
+
+    def __init__(self, generator):
+        self.generator = generator
+        self.received: list[int] = []
+        self.writing = self.stop_after_write = self.closing = False  # closing: signals are only recorded
+        self.last_signal = 0.0
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopSignals":
+        self.previous = {s: signal.signal(s, self.on_signal) for s in STOP_SIGNALS}
+        self.previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self.on_deadline)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+    @property
+    def first(self) -> int | None:
+        return self.received[0] if self.received else None
+
+    def stop_now(self) -> None:
+        if self.closing:
+            return
+        if self.writing:
+            self.stop_after_write = True
+        else:
+            raise StopNow
+
+    def on_signal(self, signum, frame) -> None:
+        now = time.monotonic()
+        if self.received and signum == self.received[-1] == signal.SIGTERM and now - self.last_signal < 1.0:
+            return  # the same request, delivered twice by srun
+        self.received.append(signum)
+        self.last_signal = now
+        if self.closing:
+            return
+        if len(self.received) == 1:
+            log.warning("%s: finishing the rows in flight, then stopping (send it again to stop now)",
+                        signal.Signals(signum).name)
+            self.generator.stop_admitting()
+            if signum == signal.SIGTERM:
+                signal.setitimer(signal.ITIMER_REAL, TERM_GRACE_S)
+        else:
+            self.stop_now()
+
+    def on_deadline(self, signum, frame) -> None:
+        log.warning("rows still in flight %g s after SIGTERM: stopping now", TERM_GRACE_S)
+        self.stop_now()
+
+    def write(self, flush) -> None:
+        """Run `flush()` with signals held off it; a second signal that came meanwhile stops now after."""
+        self.writing = True
+        try:
+            flush()
+        finally:
+            self.writing = False
+        if self.stop_after_write and not self.closing:
+            raise StopNow
+
+
 def run_job(requests: Iterable[Request], generator, sink: ParquetSink, progress: Progress,
             remaining=None, groups: RowGroups | None = None) -> JobOutcome:
     """Drive `generator.run(requests)` into `sink` until the requests run out or a signal stops it.
@@ -170,87 +240,37 @@ def run_job(requests: Iterable[Request], generator, sink: ParquetSink, progress:
     (grouping.RowGroups) holds a request's samples until all are in (and, if asked, keeps input order).
     """
     groups = groups or RowGroups(1)
-    received: list[int] = []
-    # StopNow is raised from a signal handler, so anywhere in the loop: never while a part is being
-    # written (a part renamed into data/ but not yet cleared from the buffer would be written twice).
-    writing = [False]
-    stop_after_write = [False]
-    closing = [False]  # set in the final flush: from then on signals only get recorded
-    last_signal = [0.0]
-
-    def stop_now():
-        if closing[0]:
-            return
-        if writing[0]:
-            stop_after_write[0] = True
-        else:
-            raise StopNow
-
-    def on_signal(signum, frame):
-        now = time.monotonic()
-        # Under srun a step gets SIGTERM twice (from slurmstepd and forwarded by srun) within a moment:
-        # a SIGTERM again within a second is the same request, not "stop now".
-        if received and signum == received[-1] == signal.SIGTERM and now - last_signal[0] < 1.0:
-            return
-        received.append(signum)
-        last_signal[0] = now
-        if closing[0]:
-            return
-        if len(received) == 1:
-            log.warning("%s: finishing the rows in flight, then stopping (send it again to stop now)",
-                        signal.Signals(signum).name)
-            generator.stop_admitting()
-            if signum == signal.SIGTERM:
-                signal.setitimer(signal.ITIMER_REAL, TERM_GRACE_S)
-        else:
-            stop_now()
-
-    def on_deadline(signum, frame):
-        log.warning("rows still in flight %g s after SIGTERM: stopping now", TERM_GRACE_S)
-        stop_now()
-
-    def flush():
-        writing[0] = True
-        try:
-            sink.flush(delta.take())
-        finally:
-            writing[0] = False
-
-    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
-    previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, on_deadline)
     delta = StatsDelta(generator.stats)
+    flush = lambda: sink.flush(delta.take())  # noqa: E731
     start = time.perf_counter()
     rows = errors = tokens = 0
-    try:
-        for result in generator.run(groups.track(requests)):
-            ready = groups.add(result)
-            for r in ready:
+    with StopSignals(generator) as signals:
+        try:
+            for result in generator.run(groups.track(requests)):
+                ready = groups.add(result)
+                for r in ready:
+                    sink.add(r)
+                rows += len(ready)
+                errors += sum(r.finish_reason == FINISH_ERROR for r in ready)
+                tokens += result.completion_tokens
+                if remaining is not None:
+                    progress.set_total(remaining())
+                progress.update(result.completion_tokens, result.finish_reason == FINISH_ERROR, generator.stats,
+                                rows=sum(r.sample_index == 0 for r in ready))
+                if sink.full:
+                    signals.write(flush)
+        except StopNow:
+            log.warning("stopping now; rows in flight are left for the next run")
+        finally:
+            # The buffer holds only complete rows; write them even when stopping early. No signal may
+            # interrupt this (StopNow escaping here would skip the flush and exit 1 instead of 128+N).
+            signals.closing = True
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            for r in groups.drain():
                 sink.add(r)
-            rows += len(ready)
-            errors += sum(r.finish_reason == FINISH_ERROR for r in ready)
-            tokens += result.completion_tokens
-            if remaining is not None:
-                progress.set_total(remaining())
-            progress.update(result.completion_tokens, result.finish_reason == FINISH_ERROR, generator.stats,
-                            rows=sum(r.sample_index == 0 for r in ready))
-            if sink.full:
-                flush()
-                if stop_after_write[0]:
-                    raise StopNow
-    except StopNow:
-        log.warning("stopping now; rows in flight are left for the next run")
-    finally:
-        # The buffer holds only complete rows; write them even when stopping early. No signal may
-        # interrupt this (StopNow escaping here would skip the flush and exit 1 instead of 128+N).
-        closing[0] = True
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        for r in groups.drain():
-            sink.add(r)
-            rows += 1
-            errors += r.finish_reason == FINISH_ERROR
-        flush()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        progress.close()
+                rows += 1
+                errors += r.finish_reason == FINISH_ERROR
+            signals.write(flush)
+            progress.close()
     return JobOutcome(rows=rows, errors=errors, completion_tokens=tokens, wall_s=time.perf_counter() - start,
-                      interrupted_by=received[0] if received else None)
+                      interrupted_by=signals.first)

@@ -26,24 +26,8 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
     """Mark the shard finished, rewrite summary.json over the whole output dir, print it."""
     shards_dir = out_dir / "shards"
     shards_dir.mkdir(exist_ok=True)
-    marker = shards_dir / f"{shard_name(index, count)}.json"
-    if outcome is not None or not readable_json(marker):
-        this_run = None
-        if outcome is not None:
-            this_run = {
-                "rows": outcome.rows, "rows_error": outcome.errors, "completion_tokens": outcome.completion_tokens,
-                "setup_s": round(load_s, 3), "wall_s": round(outcome.wall_s, 3),
-                "tokens_per_s": outcome.completion_tokens / outcome.wall_s if outcome.wall_s else None,
-                "generator": generator.stats.as_dict(), "io": io, "capture_s": round(generator.capture_s, 3),
-                "round_phases_s": {name: round(t, 3) for name, t in generator.timings.items()},
-            }
-            if hasattr(generator, "report"):  # model.draft=train: the self-training's before/after
-                this_run["self_training"] = generator.report()
-        atomic_write_text(marker, json.dumps({
-            "shard": index, "count": count, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "duplicate_ids_skipped": selector.duplicates, "duplicate_ids": selector.duplicate_ids,
-            "skipped_files": selector.source.skipped, "last_run": this_run,
-        }, indent=2) + "\n")
+    write_marker(shards_dir / f"{shard_name(index, count)}.json", index, count, selector, outcome=outcome,
+                 load_s=load_s, generator=generator, io=io)
     finished, skipped, trained = [], [], {}
     for path in sorted(shards_dir.glob("shard-*.json")):
         try:
@@ -82,6 +66,30 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
              summary["rows_ok"], errors, f", e.g. {next(iter(summary['errors']))!r}" if errors else "",
              out_dir / "summary.json")
     return summary
+
+def write_marker(marker: Path, index: int, count: int, selector: RowSelector, *, outcome, load_s: float,
+                 generator, io: dict[str, Any] | None) -> None:
+    """shards/shard-I-of-N.json: the shard is finished, with what its last run did (a run with nothing to do
+    keeps the marker it finds, unless that one is unreadable)."""
+    if outcome is None and readable_json(marker):
+        return
+    this_run = None
+    if outcome is not None:
+        this_run = {
+            "rows": outcome.rows, "rows_error": outcome.errors, "completion_tokens": outcome.completion_tokens,
+            "setup_s": round(load_s, 3), "wall_s": round(outcome.wall_s, 3),
+            "tokens_per_s": outcome.completion_tokens / outcome.wall_s if outcome.wall_s else None,
+            "generator": generator.stats.as_dict(), "io": io, "capture_s": round(generator.capture_s, 3),
+            "round_phases_s": {name: round(t, 3) for name, t in generator.timings.items()},
+        }
+        if hasattr(generator, "report"):  # model.draft=train: the self-training's before/after
+            this_run["self_training"] = generator.report()
+    atomic_write_text(marker, json.dumps({
+        "shard": index, "count": count, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "duplicate_ids_skipped": selector.duplicates, "duplicate_ids": selector.duplicate_ids,
+        "skipped_files": selector.source.skipped, "last_run": this_run,
+    }, indent=2) + "\n")
+
 
 def readable_json(path: Path) -> bool:
     try:
