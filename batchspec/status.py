@@ -101,89 +101,124 @@ def flatten(values: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def status(out_dir: Path) -> dict[str, Any]:
-    """The completion report of an output dir as a dict (what --json prints)."""
-    shards: dict[tuple[int, int], dict[str, Any]] = {}
+class Tally:
+    """What status() gathers from the part files and finish markers of an output dir, shard by shard."""
 
-    def shard(index: int, count: int) -> dict[str, Any]:
-        return shards.setdefault((count, index), {"shard": index, "count": count, "finished": False, "rows": 0,
-                                                   "errors": 0, "parts": 0, "finished_at": None, "last_run": None})
+    def __init__(self):
+        self.shards: dict[tuple[int, int], dict[str, Any]] = {}  # (count, index) -> the shard's line
+        self.ids: Counter = Counter()  # (id, sample_index) -> rows: a row of n samples is n distinct keys
+        self.first_file: dict[tuple, str] = {}  # (id, sample_index) -> the part file it was first seen in
+        self.failed: list[dict[str, str]] = []
+        self.dropped: list[str] = []  # input rows dropped as repeats of an earlier id (from the finish markers)
+        self.duplicate_files: set[tuple[str, str]] = set()
+        self.messages: Counter = Counter()
+        self.problems: list[str] = []
+        self.skipped: list[dict[str, Any]] = []
 
-    ids: Counter = Counter()  # (id, sample_index) -> rows: a row of n samples is n distinct keys
-    first_file: dict[tuple, str] = {}  # (id, sample_index) -> the part file it was first seen in
-    failed: list[dict[str, str]] = []
-    dropped: list[str] = []  # input rows dropped as repeats of an earlier id (from the finish markers)
-    duplicate_files: set[tuple[str, str]] = set()
-    messages: Counter = Counter()
-    problems: list[str] = []
-    settings = PartSettings()
-    for f in part_files(out_dir):
-        try:
-            table = read_checked_part(f)
-        except (OSError, ValueError, pa.ArrowException) as e:
-            problems.append(f"unreadable part file {f.name}: {first_line(e)}")
-            continue
-        m = PART_NAME.match(f.name)
-        s = shard(int(m.group(1)), int(m.group(2)))
+    def shard(self, index: int, count: int) -> dict[str, Any]:
+        return self.shards.setdefault((count, index), {"shard": index, "count": count, "finished": False, "rows": 0,
+                                                        "errors": 0, "parts": 0, "finished_at": None,
+                                                        "last_run": None})
+
+    def add_part(self, name: str, table: pa.Table) -> None:
+        """A part's rows, errors and ids, counted for the shard its name gives."""
+        m = PART_NAME.match(name)
+        s = self.shard(int(m.group(1)), int(m.group(2)))
         s["parts"] += 1
         s["rows"] += table.num_rows
         reasons = table.column("finish_reason").to_pylist()
         s["errors"] += reasons.count(FINISH_ERROR)
         errors = table.column("error").to_pylist()
-        messages.update(e for e in errors if e is not None)
+        self.messages.update(e for e in errors if e is not None)
         row_ids = table.column("id").to_pylist()
-        failed += [{"id": i, "error": e} for i, e in zip(row_ids, errors) if e is not None][: FAILED_LISTED - len(failed)]
+        self.failed += [{"id": i, "error": e} for i, e in zip(row_ids, errors)
+                        if e is not None][: FAILED_LISTED - len(self.failed)]
         for row_id in zip(row_ids, table.column("sample_index").to_pylist()):
-            ids[row_id] += 1
-            if first_file.setdefault(row_id, f.name) != f.name:
-                duplicate_files.add((first_file[row_id], f.name))
+            self.ids[row_id] += 1
+            if self.first_file.setdefault(row_id, name) != name:
+                self.duplicate_files.add((self.first_file[row_id], name))
+
+    def add_marker(self, s: dict[str, Any], marker: dict[str, Any]) -> None:
+        """A finish marker: its shard finished, and what it skipped or dropped."""
+        s.update(finished=True, finished_at=marker.get("finished_at"), last_run=marker.get("last_run"))
+        self.skipped += [x for x in marker.get("skipped_files") or [] if x not in self.skipped]
+        self.dropped += [i for i in marker.get("duplicate_ids") or [] if i not in self.dropped]
+
+    def complete_counts(self) -> tuple[list[int], list[int]]:
+        """The shard counts seen and those all of whose shards finished. A shard of an N-shard run that has
+        written nothing yet is added as missing, not left out."""
+        counts = sorted({count for count, _ in self.shards})
+        for count in counts:
+            for index in range(count):
+                self.shard(index, count)
+        return counts, [n for n in counts if all(self.shards[(n, i)]["finished"] for i in range(n))]
+
+    def duplicates(self) -> list[str]:
+        """The ids in more than one part file (a problem if any)."""
+        duplicates = sorted(f"{i}" if j == 0 else f"{i} (sample {j})" for (i, j), n in self.ids.items() if n > 1)
+        if duplicates:
+            pairs = ", ".join(f"{a} and {b}" for a, b in sorted(self.duplicate_files)[:3])
+            self.problems.append(f"DUPLICATE ids in more than one part file: {len(duplicates)} "
+                                 f"(e.g. {duplicates[:5]}; in {pairs})")
+        return duplicates
+
+
+def read_parts(tally: Tally, out_dir: Path) -> None:
+    settings = PartSettings()
+    for f in part_files(out_dir):
+        try:
+            table = read_checked_part(f)
+        except (OSError, ValueError, pa.ArrowException) as e:
+            tally.problems.append(f"unreadable part file {f.name}: {first_line(e)}")
+            continue
+        tally.add_part(f.name, table)
         settings.add(f.name, table.schema.metadata)
-    problems += settings.problems()
-    skipped: list[dict[str, Any]] = []
+    tally.problems += settings.problems()
+
+
+def read_markers(tally: Tally, out_dir: Path) -> None:
     for f in sorted((out_dir / "shards").glob("shard-*.json")):
         if (m := MARKER.match(f.name)) is None:
             continue
-        s = shard(int(m.group(1)), int(m.group(2)))
+        s = tally.shard(int(m.group(1)), int(m.group(2)))
         try:
             marker = read_json(f)
         except OSError as e:
-            problems.append(f"unreadable finish marker: {e}")
+            tally.problems.append(f"unreadable finish marker: {e}")
             continue
-        s.update(finished=True, finished_at=marker.get("finished_at"), last_run=marker.get("last_run"))
-        skipped += [x for x in marker.get("skipped_files") or [] if x not in skipped]
-        dropped += [i for i in marker.get("duplicate_ids") or [] if i not in dropped]
+        tally.add_marker(s, marker)
+
+
+def status(out_dir: Path) -> dict[str, Any]:
+    """The completion report of an output dir as a dict (what --json prints)."""
+    tally = Tally()
+    read_parts(tally, out_dir)
+    read_markers(tally, out_dir)
     foreign = [p.name for p in foreign_files(out_dir)]
     if foreign:
-        problems.append(f"{len(foreign)} file(s) in data/ that are not part files (readers of data/ include them; "
-                        f"move them out): {', '.join(foreign[:5])}")
-
-    counts = sorted({count for count, _ in shards})
-    for count in counts:  # a shard of an N-shard run that has written nothing yet is missing, not absent
-        for index in range(count):
-            shard(index, count)
-    complete_counts = [n for n in counts if all(shards[(n, i)]["finished"] for i in range(n))]
-    duplicates = sorted(f"{i}" if j == 0 else f"{i} (sample {j})" for (i, j), n in ids.items() if n > 1)
-    if duplicates:
-        pairs = ", ".join(f"{a} and {b}" for a, b in sorted(duplicate_files)[:3])
-        problems.append(f"DUPLICATE ids in more than one part file: {len(duplicates)} (e.g. {duplicates[:5]}; in {pairs})")
+        tally.problems.append(f"{len(foreign)} file(s) in data/ that are not part files (readers of data/ include "
+                              f"them; move them out): {', '.join(foreign[:5])}")
+    counts, complete_counts = tally.complete_counts()
+    duplicates = tally.duplicates()
     in_flight = sorted(p.name for p in (out_dir / ".tmp").glob("*")) if (out_dir / ".tmp").is_dir() else []
+    shards, ids = tally.shards, tally.ids
     return {
         "output_dir": str(out_dir),
-        "complete": bool(complete_counts) and not problems,
+        "complete": bool(complete_counts) and not tally.problems,
         "shard_counts": counts,
         "shards": [shards[key] for key in sorted(shards)],
         "rows": sum(ids.values()),
         "distinct_ids": len({i for i, _ in ids}),
-        "failed": failed,  # the first failed rows, id and error (retry_errors=true runs them again)
-        "duplicate_input_ids_dropped": dropped,  # input rows repeating an earlier id, not run
+        "failed": tally.failed,  # the first failed rows, id and error (retry_errors=true runs them again)
+        "duplicate_input_ids_dropped": tally.dropped,  # input rows repeating an earlier id, not run
         "duplicate_ids": duplicates[:20],
         "duplicate_id_count": len(duplicates),
-        "duplicate_files": sorted({name for pair in duplicate_files for name in pair}),
+        "duplicate_files": sorted({name for pair in tally.duplicate_files for name in pair}),
         "foreign_files": foreign,
-        "skipped_files": skipped,  # unreadable input files the shards skipped (source.skip_unreadable)
-        "problems": problems,
+        "skipped_files": tally.skipped,  # unreadable input files the shards skipped (source.skip_unreadable)
+        "problems": tally.problems,
         "rows_error": sum(s["errors"] for s in shards.values()),
-        "errors": dict(messages.most_common(5)),
+        "errors": dict(tally.messages.most_common(5)),
         "tmp_files": in_flight,  # parts being written now, or left by a killed run (never read)
     }
 

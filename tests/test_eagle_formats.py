@@ -154,6 +154,9 @@ def edit(path: Path, config=None, weights=None):
         (path / "config.json").write_text(json.dumps(c))
     if weights == "junk":
         (path / "model.safetensors").write_bytes(b"not safetensors")
+    elif weights == "truncated":  # a copy or download cut short (issue 34, item 1: was a traceback)
+        data = (path / "model.safetensors").read_bytes()
+        (path / "model.safetensors").write_bytes(data[: len(data) // 2])
     elif weights:
         w = load_file(str(path / "model.safetensors"))
         weights(w)
@@ -184,6 +187,7 @@ BAD = {
                        "model.safetensors holds weight midlayer.self_attn.o_proj.bias (a bias), which batchspec "
                        "does not implement"),
     "unreadable weights": (None, None, "junk", "cannot read model.safetensors"),
+    "truncated weights": (None, None, "truncated", "cannot read model.safetensors (SafetensorError"),
     "d2t size": (None, None, lambda w: w.__setitem__("d2t", torch.zeros(7, dtype=torch.long)), "d2t has shape (7,)"),
     "d2t range": (None, None, lambda w: w.__setitem__("d2t", torch.full((8,), 200)), "outside the target vocabulary"),
     "d2t duplicates": (None, None, lambda w: w.__setitem__("d2t", -torch.arange(8)), "same target id"),

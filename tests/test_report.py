@@ -1,6 +1,7 @@
 """`python -m batchspec.report`: a page built from real small jobs (one job, a two-member sweep), checked
 for its tables, numbers and embedded images; the config in the Parquet metadata; hive-readable sweep
-folders; and the page rendered by a headless chromium where one is installed."""
+folders; and the page rendered by a headless chromium where one is installed, showing every plot the
+terminal summary counts."""
 
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ class Page(HTMLParser):
         super().__init__()
         self.tables: list[list[list[str]]] = []
         self.images: list[str] = []
+        self.figure_count = 0  # <figure> elements: a plot each
         self.cell: list[str] | None = None
         self.best: list[str] = []  # texts of highlighted cells
         self.highlight = False
@@ -81,6 +83,8 @@ class Page(HTMLParser):
             self.cell.append("\n")
         elif tag == "img":
             self.images.append(attrs["src"])
+        elif tag == "figure":
+            self.figure_count += 1
 
     def handle_endtag(self, tag):
         if tag in ("td", "th"):
@@ -98,6 +102,24 @@ class Page(HTMLParser):
         """The figures table (the first with a 'figure' header): figure -> values, one per output."""
         table = next(t for t in self.tables if t[0][0] == "figure")
         return {row[0]: row[1:] for row in table[1:]}
+
+
+def printed_plots(printed: str) -> int:
+    """The plots the terminal summary says the page holds (0: tables only)."""
+    first = printed.splitlines()[0]
+    if "(tables only: " in first:
+        return 0
+    return int(re.fullmatch(r".* \((\d+) plots\)", first).group(1))
+
+
+def assert_plots_on_page(text: str, printed: str) -> int:
+    """Every plot the summary counts is on the written page: as many <img> elements, each in a <figure>
+    of its own, and as many lines holding an <img> (a line-by-line reader of the file, grep -c, counts
+    the same). Returns the count."""
+    count, page = printed_plots(printed), Page(text)
+    assert len(page.images) == page.figure_count == count, (len(page.images), page.figure_count, count)
+    assert sum("<img" in line for line in text.splitlines()) == text.count("<img") == count
+    return count
 
 
 def png_images(page: Page) -> list[bytes]:
@@ -144,6 +166,7 @@ def test_one_job_report(jobs, capsys):
     assert "no cost curve" in text
     # The terminal summary.
     assert printed.splitlines()[0] == f"batchspec report: 1 output -> {html} (6 plots)"
+    assert assert_plots_on_page(text, printed) == 6
     assert f"  tokens per target forward    {s['tokens_per_target_forward']:.2f}" in printed
 
 
@@ -154,6 +177,7 @@ def test_sweep_report_side_by_side(jobs, capsys):
     printed = capsys.readouterr().out
     html = sweep / "compare.html"
     page = Page(html.read_text())
+    assert assert_plots_on_page(html.read_text(), printed) == 7
     figures = page.figures()
     header = next(t for t in page.tables if t[0][0] == "figure")[0]
     assert header == ["figure", f"{members[0]}\nngram k=1 fixed", f"{members[1]}\nngram k=3 fixed"]
@@ -205,6 +229,7 @@ def test_tables_without_matplotlib(jobs, monkeypatch):
     page = Page(html.read_text())
     assert page.images == [] and page.figures()["rows"] == ["10"]
     assert "matplotlib is not installed" in html.read_text() and "tables only" in printed
+    assert assert_plots_on_page(html.read_text(), printed) == 0
 
 
 def test_not_an_output(tmp_path, capsys):
@@ -275,18 +300,27 @@ def chromium() -> str | None:
     return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
 
-@pytest.mark.skipif(chromium() is None, reason="no chromium on PATH (Debian: apt-get install -y chromium)")
+def headless(html: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """Headless chromium on the page `html`: kept offline, with a fresh profile under tmp_path."""
+    offline = ["--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update",
+               "--disable-sync"]
+    return subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", *offline,
+                           f"--user-data-dir={tmp_path / 'profile'}", *args, html.resolve().as_uri()],
+                          capture_output=True, text=True, timeout=120, check=True)
+
+
+needs_chromium = pytest.mark.skipif(chromium() is None,
+                                    reason="no chromium on PATH (Debian: apt-get install -y chromium)")
+
+
+@needs_chromium
 def test_page_renders_in_headless_chromium(jobs, tmp_path):
     from matplotlib.image import imread
 
     html = jobs / "sweep" / "rendered.html"
     report.build_report([jobs / "sweep"], html)
     shot = tmp_path / "page.png"
-    subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                    f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", f"--screenshot={shot}",
-                    "--window-size=1280,1800", html.resolve().as_uri()],
-                   capture_output=True, timeout=120, check=True)
+    headless(html, tmp_path, "--hide-scrollbars", f"--screenshot={shot}", "--window-size=1280,1800")
     pixels = imread(shot)
     assert pixels.shape[:2] == (1800, 1280)
     # The plots are drawn: many pixels of the first two series' colours (matplotlib's C0 blue, C1 orange).
@@ -294,3 +328,25 @@ def test_page_renders_in_headless_chromium(jobs, tmp_path):
     blue = ((abs(rgb - [31, 119, 180]).sum(axis=-1)) < 30).sum()
     orange = ((abs(rgb - [255, 127, 14]).sum(axis=-1)) < 30).sum()
     assert blue > 2000 and orange > 2000, (blue, orange)
+
+
+# Run in the page once it has loaded: how many <img> elements the browser has, and how many of them it
+# decoded and laid out (a broken or hidden image has no natural or no laid-out width).
+SHOWN = ("<script>addEventListener('load', () => { const images = [...document.images]; "
+         "document.body.dataset.images = images.length; document.body.dataset.shown = images.filter(i => "
+         "i.complete && i.naturalWidth > 0 && i.getBoundingClientRect().width > 0).length; });</script>")
+
+
+@needs_chromium
+@pytest.mark.parametrize("output, plots", [("one", 6), ("sweep", 7)])
+def test_browser_shows_every_plot_the_summary_counts(jobs, tmp_path, output, plots):
+    html = tmp_path / "page.html"
+    _, _, printed = report.build_report([jobs / output], html)
+    assert printed_plots(printed) == plots
+    probe = tmp_path / "probe.html"  # the page as written, with SHOWN run in it
+    probe.write_text(html.read_text().replace("</body>", SHOWN + "</body>"))
+    dom = headless(probe, tmp_path, "--virtual-time-budget=10000", "--dump-dom").stdout
+    body = re.search(r"<body ([^>]*)>", dom)
+    assert body, dom[:500]
+    counts = dict(re.findall(r'data-(images|shown)="(\d+)"', body.group(1)))
+    assert counts == {"images": str(plots), "shown": str(plots)}, counts

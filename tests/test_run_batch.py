@@ -1,4 +1,4 @@
-"""`batchspec run-batch`: OpenAI batch files in and out (batchspec/run_batch.py, openai_format.py).
+"""`batchspec run-batch`: OpenAI batch files in and out (batchspec/run_batch.py, openai_format.py, openai_output.py).
 
 Parsing and formatting as tables; then runs on the tiny Llama of conftest_jobs (it has a chat template):
 chat and completion lines, n=2, logprobs, a bad line of each kind, the openai package's own types,
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from batchspec import openai_format as fmt
+from batchspec import openai_output as ofmt
 from batchspec import run_batch
 from batchspec.types import Result, RowParams
 from conftest_jobs import REPO, cli_env, one_thread, run_inprocess, tiny_models  # noqa: F401 (fixtures)
@@ -117,8 +118,6 @@ def test_max_tokens_defaults():
     assert fmt.with_defaults(chat, 300).max_new_tokens == 300  # chat: what the context holds
     assert fmt.with_defaults(comp, 300).max_new_tokens == fmt.COMPLETIONS_MAX_TOKENS == 16
     assert fmt.with_defaults(fmt.parse_line(line(prompt="x", max_tokens=5), 3), 300).max_new_tokens == 5
-    assert fmt.max_logprobs([chat, comp]) is None
-    assert fmt.max_logprobs([comp, fmt.parse_line(line(prompt="x", logprobs=3), 4)]) == 3
 
 
 # ---- formatting ------------------------------------------------------------------------------------------
@@ -144,7 +143,7 @@ def decode(ids):
 def test_format_output_validates(url):
     parsed = fmt.BatchLine(7, "a", url)
     results = [fake_result(1, [2, 3], finish="length"), fake_result(0, [1, 2, 4])]
-    out = fmt.format_output(parsed, results, key="k", model="m", created=5, decode=decode, drafter="ngram")
+    out = ofmt.format_output(parsed, results, key="k", model="m", created=5, decode=decode, drafter="ngram")
     assert out["custom_id"] == "a" and out["error"] is None and out["response"]["status_code"] == 200
     body = out["response"]["body"]
     typed = (ChatCompletion if url == CHAT else Completion).model_validate(body)
@@ -165,21 +164,21 @@ def test_format_output_validates(url):
         assert typed.choices[0].text == "a b"
         lp = typed.choices[1].logprobs
         assert lp.tokens == [" b", " c"] and lp.text_offset == [0, 2] and lp.top_logprobs[0] == {" b": -0.5, " c": -1.5}
-    assert json.loads(fmt.dumps(out)) == out
+    assert json.loads(ofmt.dumps(out)) == out
 
 
 def test_format_without_logprobs_and_errors():
     parsed = fmt.BatchLine(3, "a", COMP)
-    out = fmt.format_output(parsed, [fake_result(0, [1], logprobs=False)], key="k", model="m", created=1,
+    out = ofmt.format_output(parsed, [fake_result(0, [1], logprobs=False)], key="k", model="m", created=1,
                             decode=decode, drafter="none")
     assert out["response"]["body"]["choices"][0]["logprobs"] is None and "samples" not in out["response"]["body"]["batchspec"]
-    failed = fmt.format_output(parsed, [fake_result(0, [], error="prompt too long", finish="error")], key="k",
+    failed = ofmt.format_output(parsed, [fake_result(0, [], error="prompt too long", finish="error")], key="k",
                                model="m", created=1, decode=decode, drafter="none")
-    assert fmt.is_error(failed) and failed["response"]["status_code"] == 400
+    assert ofmt.is_error(failed) and failed["response"]["status_code"] == 400
     assert failed["error"] == {"code": "invalid_request", "message": "prompt too long", "line": 3}
     assert BatchError.model_validate(failed["error"]).line == 3
     assert failed["response"]["body"]["error"]["message"] == "prompt too long"
-    assert fmt.line_key("abc", 3) == fmt.line_key("abc", 3) != fmt.line_key("abc", 4)
+    assert ofmt.line_key("abc", 3) == ofmt.line_key("abc", 3) != ofmt.line_key("abc", 4)
 
 
 # ---- runs on a tiny model --------------------------------------------------------------------------------
@@ -496,7 +495,9 @@ def test_retry_errors(tiny_models, tmp_path, one_thread, capsys):
     assert read_lines(out)[0]["error"]["message"] == "out of memory"  # without the flag: kept as it is
     capsys.readouterr()
     assert run_batch.main(args_for(tiny_models, inp, out, "--retry-errors")) == 0
-    assert "2 rows to do (0 already done)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "2 rows to do (0 already done)" in err
+    assert "retry_errors: 1 of the 2 retried id(s) failed again: 'bad': body.n=0" in err  # issue 34, item 14
     assert stable(read_lines(out)) == stable(first)
     assert "body.n=0" in read_lines(out)[1]["error"]["message"]
 

@@ -5,7 +5,7 @@ Each line is a row: its id is `custom_id`, its prompt the body's `messages` (thr
 template) or `prompt`, its settings the body's (openai_format.row_params: OpenAI's defaults, temperature
 1). A line that cannot run is that row's error. The Parquet parts stay the job's resumable store; once
 every shard has finished, `results.jsonl` in the output dir is (re)written from them atomically, one
-OpenAI batch output line per input line, in input order (openai_format.format_output).
+OpenAI batch output line per input line, in input order (openai_output.format_output).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..openai_format import (BatchLine, dumps, error_output, format_output, line_key, parse_request, token_decoder,
-                             with_defaults)
 from ..files import atomic_write_text
+from ..openai_format import BatchLine, parse_request, with_defaults
+from ..openai_output import dumps, error_output, format_output, line_key, token_decoder
 from ..types import MAX_CHARS_PER_TOKEN, Request, Result
 from .layout import part_files, read_part
 from .prompts import PromptBuilder

@@ -40,6 +40,19 @@ def drop_error_rows(out_dir: Path, index: int, count: int) -> list[str]:
     return dropped
 
 
+def failed_again(out_dir: Path, index: int, count: int, ids: list[str]) -> list[tuple[str, str]]:
+    """(id, error) of the rows of `ids` in shard `index` of `count`'s parts that are errors (again)."""
+    prefix = shard_name(index, count) + "-part-"
+    order, failed = {row_id: n for n, row_id in enumerate(ids)}, {}
+    for path in part_files(out_dir):
+        if path.name.startswith(prefix):
+            with pq.ParquetFile(path) as f:
+                rows = f.read(columns=["id", "finish_reason", "error"], use_threads=False).to_pylist()
+            failed.update((r["id"], r["error"] or "") for r in rows
+                          if r["finish_reason"] == FINISH_ERROR and r["id"] in order)
+    return sorted(failed.items(), key=lambda item: order[item[0]])
+
+
 def replace_part(out_dir: Path, path: Path, table: pa.Table) -> None:
     """Write `table` over the part at `path` atomically. Its metadata (the drafting statistics of the rounds
     before it, the configuration) is kept, even with no rows left, so the summary still counts them."""

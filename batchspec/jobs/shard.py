@@ -25,7 +25,7 @@ from .job import Progress, resolve_progress_mode, run_job
 from .layout import check_output_dir, done_ids, foreign_files, shard_rows
 from .locks import DirLock, ShardLock, other_runs
 from .prompts import PromptBuilder
-from .retry import drop_error_rows
+from .retry import drop_error_rows, failed_again
 from .rowparams import RowParamColumns
 from .schema import CONFIG_KEY, FINGERPRINT_KEY
 from .sink import ParquetSink
@@ -58,6 +58,7 @@ class ShardInput:
     scan_s: float  # reading the done ids (and, with retry_errors, dropping the failed rows)
     peek_s: float  # reading up to the first row to do
     own_done: int  # input rows of this shard already in the parts
+    retried: list[str]  # with retry_errors: the failed ids dropped to run again
 
 
 def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: str, index: int,
@@ -85,6 +86,12 @@ def run_shard(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_na
         raise SourceError(f"{shard.selector.read_error} ({outcome.rows} rows before it written this run)")
     finish(out_dir, index, count, composed, shard.selector, outcome=outcome, load_s=load_s, generator=generator,
            io=io, job=job)
+    again = failed_again(out_dir, index, count, shard.retried) if shard.retried else []
+    if again:  # which retried rows failed again, and why (the summary lists the first failed rows of all)
+        log.warning("retry_errors: %d of the %d retried id(s) failed again: %s", len(again), len(shard.retried),
+                    "; ".join(f"{row_id!r}: {error}" for row_id, error in again[:5]) + ("; ..." if len(again) > 5 else ""))
+    elif shard.retried:
+        log.info("retry_errors: all %d retried id(s) ran without an error this time", len(shard.retried))
     return 0
 
 
@@ -119,8 +126,8 @@ def prepare(job: JobConfig, out_dir: Path, composed: dict[str, Any], index: int,
         log.warning("%s holds %d file(s) that are not this job's part files (e.g. %s): resume ignores them, "
                     "but readers of data/ do not; move them out", out_dir / "data", len(strays), strays[0].name)
     scan_started = time.perf_counter()
-    if job.retry_errors:
-        retried = drop_error_rows(out_dir, index, count)
+    retried = drop_error_rows(out_dir, index, count) if job.retry_errors else []
+    if retried:
         if retried:
             log.info("retry_errors: %d failed id(s) of this shard will run again (e.g. %s)", len(retried),
                      ", ".join(map(repr, retried[:5])))
@@ -131,7 +138,8 @@ def prepare(job: JobConfig, out_dir: Path, composed: dict[str, Any], index: int,
     rows = iter(selector)
     peek_started = time.perf_counter()
     first = next(rows, None)
-    return ShardInput(source, selector, rows, first, wanted, scan_s, time.perf_counter() - peek_started, own_done)
+    return ShardInput(source, selector, rows, first, wanted, scan_s, time.perf_counter() - peek_started, own_done,
+                      retried)
 
 
 def run_rows(job: JobConfig, shard: ShardInput, out_dir: Path, composed: dict[str, Any], job_name: str,

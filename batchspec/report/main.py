@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from .data import NotAnOutput, Output, cost_files, find_outputs, load_output, predict, read_cost_curves
-from .page import label_outputs, render, terminal_summary
+from .labels import label_outputs
+from .page import render
+from .terminal import terminal_summary
 
 
 def build_report(paths: list[Path], html_path: Path | None = None, *, cost: list[Path] = (), top: int = 5,
