@@ -10,10 +10,8 @@ SpecBatchGenerator whose `run(requests)` pulls requests lazily and yields Result
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import Iterable, Iterator, Sequence
 
-import torch
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -21,14 +19,13 @@ from .engine.drafters import Drafter, load_paths, make_drafter, needs_draft
 from .engine.generator import FILL_TOKENS, FORCED_DRAFTS, SpecBatchGenerator
 from .engine.graphs import LaunchCounter, StepGraphs, resolve_capture
 from .engine.intake import Defaults
-from .engine.memory import Shape, fit_buckets, kv_problem
-from .engine.memory import estimate as memory_estimate
-from .engine.shapes import kv_buckets, kv_capacity
+from .engine.memory import capture_buckets, kv_problem
+from .engine.shapes import kv_capacity
 from .engine.threads import guard_for
 from .engine.sampling import SamplingParams
 from .types import TreeSpec
 from .corpus import load_corpus
-from .models import Models, load_models
+from .models import Models, load_models, model_max_positions
 from .textcheck import text_problem
 from .types import Constraint, Request, Result, RowParams
 
@@ -36,15 +33,6 @@ DEFAULT_MAX_SEQ_LEN = 2048
 log = logging.getLogger("batchspec")
 
 __all__ = ["generate", "load_models", "build_generator", "run_grouped", "Models"]
-
-
-def model_max_positions(model: PreTrainedModel) -> int | None:
-    config = model.config.get_text_config()
-    for name in ("max_position_embeddings", "n_positions"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 def build_generator(
@@ -164,32 +152,6 @@ def build_generator(
         profile=profile, buckets=buckets,
         threads=guard_for(device) if guard_threads else None, fill_tokens=fill_tokens,
     )
-
-
-def capture_buckets(models: Models, mode: str | None, capacity: int, *, batch_size: int, k: int, trees, sampling,
-                    drafter: str, budget: int | None) -> list[int]:
-    """The attended-length buckets of the static steps: all of them, or on a GPU as many as the memory
-    budget for captured steps allows (engine/memory.py; default: what is free after the KV caches, less
-    1 GiB). Logs the estimate when capturing."""
-    buckets = kv_buckets(capacity)
-    if mode != "cuda_graphs":
-        return buckets
-    target = models.target
-    widths = sorted({*range(1, k + 2), *(t.nodes + 1 for t in trees)})
-    dtype_bytes = target.dtype.itemsize
-    draft = Shape.of(models.draft.config) if drafter == "model" and models.draft is not None else None
-    if budget is None:
-        free = torch.cuda.mem_get_info(target.device)[0]
-        kv = sum(2 * (batch_size + 1) * capacity * s.kv_heads * s.head_dim * s.layers * dtype_bytes
-                 for s in filter(None, (Shape.of(target.config), draft)))
-        budget = free - kv - (1 << 30)
-    estimate_for = partial(memory_estimate, Shape.of(target.config), num_slots=batch_size, widths=widths,
-                           dtype_bytes=dtype_bytes, draft=draft, draft_steps=max([k, *(t.depth for t in trees)]),
-                           noise=sampling.coupled, probs=not (sampling.greedy or sampling.coupled) and draft is not None)
-    chosen, memory = fit_buckets(buckets, budget, lambda b: estimate_for(buckets=b))
-    log.info("captured steps: about %s%s", memory,
-             "" if chosen == buckets else f"; buckets {chosen} of {buckets} to fit {budget >> 20:,} MiB")
-    return chosen
 
 
 def checked_request(request_id: str, prompt: str | list[int]) -> Request:

@@ -194,3 +194,12 @@ def load_models(
 
         head = load_head(head, target_model, dtype=torch_dtype, device=torch_device)
     return Models(target=target_model, draft=draft_model, tokenizer=tokenizer, eos_token_ids=eos, head=head)
+
+
+def model_max_positions(model) -> int | None:
+    config = model.config.get_text_config()
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -11,9 +11,16 @@ high: it counts every temporary of a layer as alive at once.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from functools import partial
+
+import torch
 
 from .graphs import CaptureError
+from .shapes import kv_buckets
+
+log = logging.getLogger("batchspec")
 
 GRAPH_BYTES = 2 << 20  # per captured graph, beyond the pool (assumed)
 MiB = 1 << 20
@@ -138,3 +145,29 @@ def kv_problem(models, *, num_slots: int, capacity: int, max_seq_len: int) -> st
     return (f"batch_size={num_slots} with max_seq_len={max_seq_len}: the KV caches need {need / (1 << 30):,.1f} GiB, "
             f"more than the {have / (1 << 30):,.1f} GiB of memory of {models.target.device}; lower batch_size or "
             "max_seq_len")
+
+
+def capture_buckets(models, mode: str | None, capacity: int, *, batch_size: int, k: int, trees, sampling,
+                    drafter: str, budget: int | None) -> list[int]:
+    """The attended-length buckets of the static steps: all of them, or on a GPU as many as the memory
+    budget for captured steps allows (engine/memory.py; default: what is free after the KV caches, less
+    1 GiB). Logs the estimate when capturing."""
+    buckets = kv_buckets(capacity)
+    if mode != "cuda_graphs":
+        return buckets
+    target = models.target
+    widths = sorted({*range(1, k + 2), *(t.nodes + 1 for t in trees)})
+    dtype_bytes = target.dtype.itemsize
+    draft = Shape.of(models.draft.config) if drafter == "model" and models.draft is not None else None
+    if budget is None:
+        free = torch.cuda.mem_get_info(target.device)[0]
+        kv = sum(2 * (batch_size + 1) * capacity * s.kv_heads * s.head_dim * s.layers * dtype_bytes
+                 for s in filter(None, (Shape.of(target.config), draft)))
+        budget = free - kv - (1 << 30)
+    estimate_for = partial(estimate, Shape.of(target.config), num_slots=batch_size, widths=widths,
+                           dtype_bytes=dtype_bytes, draft=draft, draft_steps=max([k, *(t.depth for t in trees)]),
+                           noise=sampling.coupled, probs=not (sampling.greedy or sampling.coupled) and draft is not None)
+    chosen, memory = fit_buckets(buckets, budget, lambda b: estimate_for(buckets=b))
+    log.info("captured steps: about %s%s", memory,
+             "" if chosen == buckets else f"; buckets {chosen} of {buckets} to fit {budget >> 20:,} MiB")
+    return chosen
