@@ -44,6 +44,7 @@ from .calibrate import read_prompts
 from .corpus import load_corpus
 from .engine.drafters.registry import DRAFTERS, HEAD, drafter_spec
 from .engine.graphs import resolve_capture
+from .files import atomic_write_text
 from .models import load_models
 from .types import Constraint, TreeSpec
 
@@ -64,9 +65,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         summary = reports[0]["table"]
     if args.json:
-        Path(args.json).write_text(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
+        atomic_write_text(Path(args.json), json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
     if args.markdown:
-        Path(args.markdown).write_text(summary + "\n")
+        atomic_write_text(Path(args.markdown), summary + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

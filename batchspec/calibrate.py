@@ -24,6 +24,7 @@ import torch
 
 from .api import build_generator
 from .engine.drafters.registry import DRAFTERS, load_paths
+from .files import atomic_write_text
 from .engine.graphs import StepGraphs
 from .engine.runner import ModelRunner
 from .engine.timing import time_step
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(report(result))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        atomic_write_text(Path(args.json), json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

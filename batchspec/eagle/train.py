@@ -24,7 +24,7 @@ from .data import Prompts, SampleStore, generate_data, split_prompts
 from .evaluate import acceptance, head_matches, measure_costs
 from .config import default_layer_ids, target_num_layers
 from .features import recorded_states, sequence_states
-from ..files import atomic_write
+from ..files import atomic_write, atomic_write_text
 from .formats import save_head
 from .init import head_for_target, scale_fc
 from .loop import LoopOptions, default_lr, train_loop
@@ -233,8 +233,8 @@ def finish(options: TrainDraftOptions, head, target, data, heldout_states, state
         agreement=state.agreement, history=state.history, acceptance=asdict(result), costs=asdict(costs),
         lr=loop.lr, skipped_steps=state.skipped, positions_seen=state.positions,
     )
-    (out / "train_summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
-    (out / "train_summary.txt").write_text(render(summary) + "\n")
+    atomic_write_text(out / "train_summary.json", json.dumps(asdict(summary), indent=2) + "\n")
+    atomic_write_text(out / "train_summary.txt", render(summary) + "\n")
     return summary
 
 

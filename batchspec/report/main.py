@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..files import atomic_write_text
 from .data import NotAnOutput, Output, cost_files, find_outputs, load_output, predict, read_cost_curves
 from .labels import label_outputs
 from .page import render
@@ -40,7 +41,7 @@ def build_report(paths: list[Path], html_path: Path | None = None, *, cost: list
             common = Path(os.path.commonpath([o.path.absolute() for o in outs]))
         html_path = outs[0].path / "report.html" if len(outs) == 1 else common / "compare.html"
     html_path.parent.mkdir(parents=True, exist_ok=True)
-    html_path.write_text(render(outs, drawn, missing), encoding="utf-8")
+    atomic_write_text(html_path, render(outs, drawn, missing))
     return outs, html_path, terminal_summary(outs, html_path, len(drawn or []), missing)
 
 
