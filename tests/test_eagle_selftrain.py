@@ -226,7 +226,9 @@ def test_a_diverged_training_hands_every_row_to_the_fallback_and_a_resume_keeps_
     def diverge(*args, **kwargs):
         raise NonFiniteLoss("the training loss was not finite in 20 steps in a row (step 20, peak learning rate 0.003)")
 
-    monkeypatch.setattr(selftrain, "train_loop", diverge)
+    from batchspec.eagle import job_head
+
+    monkeypatch.setattr(job_head, "train_loop", diverge)
     models = batchspec.load_models(str(llama_pair.target))
     ids = [str(i) for i in range(2 * len(PROMPTS))]
     requests = [batchspec.Request(i, p) for i, p in zip(ids, PROMPTS * 2)]

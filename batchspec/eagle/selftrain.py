@@ -25,7 +25,6 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from dataclasses import asdict
 from itertools import chain, islice
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -34,23 +33,15 @@ import torch
 
 from ..types import FINISH_ERROR, Request, Result, RunStats
 from .data import Sample
-from .evaluate import acceptance, head_matches
-from .features import sequence_states
-from .formats import save_head
-from .init import head_for_target, scale_fc
-from .loop import LoopOptions, NonFiniteLoss, train_loop
-from .phases import (TRAIN_MIN_S, Phase, break_even_row, read_verdict, training_seconds, verdict_of,
+from .job_head import NoHead, train_job_head
+from .loop import NonFiniteLoss
+from .phases import (Phase, break_even_row, read_verdict, training_seconds, verdict_of,
                      write_verdict, written_completions)
-from .vocab import vocab_for
 
 log = logging.getLogger("batchspec")
 HEAD_FOLDER = "eagle_head"  # inside the job's output folder
 NOT_TRAINED = "not trained"  # the verdict when no head was trained (the report's not_trained says why)
 FIRST, TRIAL, REST = "first rows", "trial", "rest"  # SelfTrainingGenerator.stage
-
-
-class NoHead(Exception):
-    """The job trains no head (the reason is the message)."""
 
 
 class SelfTrainingGenerator:
@@ -267,49 +258,12 @@ class SelfTrainingGenerator:
         NoHead when the target's features leave less than TRAIN_MIN_S of the budget for training steps."""
         started = time.perf_counter()
         try:
-            return self._train_head(samples, budget, started)
+            self.head, self.heldout_acceptance = train_job_head(
+                self.models, samples, budget, started, heldout_rows=self.heldout, seed=self.seed,
+                minutes=self.minutes, head_dir=self.head_dir, first_rate=self.first_rate)
+            return self.head
         finally:
             self.train_s = time.perf_counter() - started
-
-    def _train_head(self, samples: list[Sample], budget: float, started: float):
-        target = self.models.target
-        heldout = samples[-self.heldout:] if len(samples) > 2 * self.heldout else []
-        train = samples[: len(samples) - len(heldout)]
-        if not train:
-            raise RuntimeError("model.draft=train: the first rows gave no completions to train a head on")
-        draft_ids = vocab_for(train, target.config.get_text_config().vocab_size,
-                              always=tuple(self.models.eos_token_ids)).target_ids
-        torch.manual_seed(self.seed)
-        head = head_for_target(target, draft_target_ids=draft_ids)
-        layer_ids = head.config.target_layer_ids
-        work = torch.float32 if target.device.type == "cpu" else target.dtype
-        states = sequence_states(target, [s.ids for s in train], layer_ids, dtype=work)
-        heldout_states = sequence_states(target, [s.ids for s in heldout], layer_ids, dtype=torch.float32)
-        scale_fc(head, torch.cat([st[0] for st in states[:64]]))
-        spent = time.perf_counter() - started
-        if self.minutes is None and budget - spent < TRAIN_MIN_S:
-            raise NoHead(f"the target's features took {spent:.0f} s of the {budget:.0f} s training budget, which "
-                         f"leaves less than {TRAIN_MIN_S:.0f} s to train a head")
-        # No tqdm bar inside a job: its own progress (bar or log lines) reports the rows, and this logs the start/end.
-        # Small batches and no loss on the prompts: with a budget of minutes, more steps over the positions the
-        # head will draft at teach it most (a 60 s budget on the demo target: 3.15 tokens per forward at k=4 on
-        # held-out rows against 2.97 with 8 sequences, 5 unrolled steps and the prompts' positions).
-        options = LoopOptions(seconds=max(1.0, budget - spent),
-                              batch_size=4, ttt_steps=4, train_on_prompt=False, eval_every=10**9, seed=self.seed,
-                              show_progress=False)
-        log.info("training an EAGLE-3 head on %d rows for about %.1f min", len(train), options.seconds / 60)
-        self.head_dir.mkdir(parents=True, exist_ok=True)
-        write_verdict(self.head_dir, self.first_rate, None)  # before the head: a saved head always has its record
-        train_loop(head, target, train, states, [], [], options, self.head_dir / "checkpoint.pt", device=target.device)
-        head.to(device=target.device, dtype=torch.float32).eval()
-        if heldout:
-            self.heldout_acceptance = asdict(acceptance(head_matches(head, heldout, heldout_states, 5), heldout, k_max=5))
-        head.to(dtype=target.dtype)
-        save_head(head, self.head_dir)
-        (self.head_dir / "checkpoint.pt").unlink(missing_ok=True)
-        log.info("trained an EAGLE-3 head on %d rows in %.0f s -> %s", len(train), time.perf_counter() - started,
-                 self.head_dir)
-        return head
 
     def report(self) -> dict:
         """What the self-training did, for the job's summary."""
