@@ -288,3 +288,18 @@ def test_states_recorded_while_generating_equal_a_forward_over_each_sequence(tin
         torch.testing.assert_close(features, f_ref[: n - 1], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(final[: n - 1], final_ref[: n - 1], atol=1e-4, rtol=1e-4)
         assert greedy[n - 1] == -1 and greedy[: n - 1].tolist() == g_ref[: n - 1].tolist()
+
+
+@pytest.mark.parametrize("value, ok", [("0.5", True), ("0", True), ("-0.1", False), ("nan", False)])
+def test_weight_decay_flag(value, ok, capsys):
+    """--weight-decay is taken as given (train_draft passes it to LoopOptions); a negative or NaN one is refused
+    in one line."""
+    from batchspec.train_draft import parse_args
+
+    argv = ["target", "--prompts", "p.parquet", "--out", "head", "--weight-decay", value]
+    if ok:
+        assert parse_args(argv).weight_decay == float(value)
+        return
+    with pytest.raises(SystemExit) as info:
+        parse_args(argv)
+    assert info.value.code == 2 and "--weight-decay" in capsys.readouterr().err.strip().splitlines()[-1]
