@@ -123,6 +123,8 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < (0 if name == "k" else 1):
             raise SetupError(f"--{name.replace('_', '-')}={value} is too small")
+    if args.k == 0 and args.drafter != "none":
+        raise SetupError(f"--k=0 with --drafter {args.drafter} drafts nothing: use --drafter none, or --k >= 1")
     work = work_folder(out)
     if out.exists() and not work.is_dir():
         raise SetupError(f"{out} exists and has no work folder {work.name}/: remove it or choose another --output-file")
@@ -136,7 +138,7 @@ def job_for(args: argparse.Namespace) -> JobConfig:
     return JobConfig(
         model=ModelConfig(target=args.model, draft=args.draft if needs_draft(args.drafter) else None,
                           dtype=Dtype(args.dtype), device=args.device),
-        drafter=DrafterConfig(name=DrafterName(args.drafter), k=max(args.k, 1) if args.drafter != "none" else 4),
+        drafter=DrafterConfig(name=DrafterName(args.drafter), k=args.k if args.drafter != "none" else 4),
         sampling=SamplingConfig(seed=args.seed),
         source=SourceConfig(path=str(args.input_file), format=SourceFormat.openai, prompt_column=None),
         output=OutputConfig(dir=str(work_folder(Path(args.output_file))), rows_per_file=FLUSH_LINES,

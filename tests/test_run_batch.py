@@ -549,6 +549,8 @@ def test_setup_errors_exit_2(tiny_models, tmp_path, capsys):
         (["-i", str(inp), "-o", str(inp / "out.jsonl"), "--model", "x"], "cannot make the output file's folder"),
         (["-i", str(inp), "-o", str(out), "--model", str(tmp_path / "nope")], "no such local directory"),
         (["-i", str(inp), "-o", str(out), "--model", str(tiny_models.target), "--drafter", "model"], "needs --draft"),
+        (["-i", str(inp), "-o", str(out), "--model", str(tiny_models.target), "--drafter", "ngram", "--k", "0"],
+         "drafts nothing"),
         (["-i", str(inp), "-o", str(out), "--model", str(tiny_models.not_a_model)], "cannot load model"),
         (["-i", str(inp), "-o", str(tmp_path / "o2.jsonl"), "--model", str(tiny_models.target), "--max-seq-len", "9999",
           "--device", "cpu"], "exceeds"),
