@@ -62,7 +62,7 @@ class TrainDraftOptions:
     temperature: float = 0.0
     labels: str = "auto"  # auto: hard for greedy continuations, else soft at the sampling temperature
     data_fraction: float = 0.4
-    gen_batch_size: int = 64
+    gen_batch_size: int = 128
     train_on_prompt: bool = False
     layers: tuple[int, int, int] | None = None
     format: str = "eagle"
