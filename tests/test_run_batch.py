@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -293,8 +294,10 @@ def test_run_batch_end_to_end(tiny_models, inputs, tmp_path, one_thread, monkeyp
     assert 0 <= stats["accepted_tokens"] <= stats["draft_tokens"] <= 4 * stats["target_forwards"]
     assert set(stats) >= {"target_forwards", "draft_tokens", "accepted_tokens", "acceptance_rate", "tokens_per_forward"}
 
-    # A rerun of a finished file is a no-op that loads no model, and leaves the output as it was.
+    # A rerun of a finished file is a no-op that loads no model, and leaves the output as it was, byte for
+    # byte, in a later second too (`created` is when the newest part was written, not when the file was).
     before = out.read_text()
+    time.sleep(1.1)
     assert run_batch.main(args_for(tiny_models, inputs, out, "--draft", str(tiny_models.draft))) == 0
     assert "nothing to do" in capsys.readouterr().err and out.read_text() == before
     # --retry-errors: the start line counts lines, not the Parquet rows of their samples (two lines have n=2).

@@ -83,14 +83,16 @@ def write_results(out_dir: Path, input_path: str, tokenizer, *, model: str, draf
     """results.jsonl from every part of `out_dir`: one output line per input row, in input order."""
     groups: dict[str, list[dict[str, Any]]] = {}
     wanted = [*RESULT_FIELDS, "stop_reason", "stop_token_id", POSITION_COLUMN, URL_COLUMN, CUSTOM_ID_COLUMN]
-    for path in part_files(out_dir):
+    parts = part_files(out_dir)
+    for path in parts:
         with pq.ParquetFile(path) as f:  # parts written before CUSTOM_ID_COLUMN was kept lack it
             columns = [c for c in wanted if c in f.schema_arrow.names]
         for row in read_part(path, columns).to_pylist():
             groups.setdefault(row["id"], []).append(row)
     digest = file_digest(input_path)
     decode = token_decoder(tokenizer)
-    created = int(time.time())
+    # When the newest part was written: a rerun that adds nothing rewrites the same file, byte for byte.
+    created = int(max(path.stat().st_mtime for path in parts)) if parts else int(time.time())
     lines = []
     for rows in sorted(groups.values(), key=lambda rs: rs[0][POSITION_COLUMN]):
         first = rows[0]
