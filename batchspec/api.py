@@ -62,6 +62,7 @@ def build_generator(
     guard_threads: bool = True,
     fill_tokens: int = FILL_TOKENS,
     constraint: Constraint | None = None,
+    pack_static: bool = True,
     **sampling_fields,
 ) -> SpecBatchGenerator:
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
@@ -106,7 +107,9 @@ def build_generator(
     guard_threads: on CPU, lower torch's thread count while another process competes for the cores and
     raise it again when they are free (engine/threads.py). fill_tokens: the most prompt tokens one packed
     round prefills (the rest of a long prompt rides in the next rounds). constraint: the structured output
-    every request must match unless it sets its own (types.Constraint; RowParams' json_schema etc.)."""
+    every request must match unless it sets its own (types.Constraint; RowParams' json_schema etc.).
+    pack_static: on the static path (a GPU) chain verifies are packed, every running row computing only its
+    own tokens (engine/packed_static.py); False gives every slot the round's width (for comparisons)."""
     limit = model_max_positions(models.target)
     if max_seq_len is None:
         max_seq_len = min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
@@ -150,7 +153,7 @@ def build_generator(
         max_seq_len=max_seq_len, eos_token_ids=models.eos_token_ids, graphs=graphs, keep_stop=keep_stop,
         k_max=k, adaptive=sampling.adapts_by_default if adaptive is None else adaptive, trees=trees,
         profile=profile, buckets=buckets,
-        threads=guard_for(device) if guard_threads else None, fill_tokens=fill_tokens,
+        threads=guard_for(device) if guard_threads else None, fill_tokens=fill_tokens, pack_static=pack_static,
     )
 
 

@@ -104,6 +104,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         "a list (e.g. on,off) runs every batchspec contender in each mode")
     parser.add_argument("--tree", default="", help="tree drafts to run too, BxD (e.g. 2x4,2x8): a fixed-tree "
                         "contender for each, and adaptive chooses between chains and these trees")
+    parser.add_argument("--pack-static", choices=("on", "off", "both"), default="on",
+                        help="on the static path (a GPU): chain verifies packed, each row computing only its own "
+                        "tokens (on), every slot the round's width (off), or each batchspec contender both ways")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples, seeded")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)

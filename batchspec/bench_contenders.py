@@ -34,6 +34,7 @@ class Contender:
     compile: str = "auto"  # batchspec: how its static-shape forwards are captured
     verify: str = "coupled"  # batchspec with sampling: coupled or rejection
     tree: str | None = None  # batchspec: tree drafts (a fixed tree, or the trees adaptive may choose)
+    pack_static: bool = True  # batchspec on the static path: chain verifies packed (engine/packed_static.py)
     warmup_s: float | None = None  # the untimed first run (compile / capture included)
     capture_s: float | None = None  # of which batchspec spent capturing its forwards
     generator: object | None = None  # batchspec: built at the warm-up, reused by every repeat
@@ -53,8 +54,20 @@ def contenders(args, has_draft: bool) -> list[Contender]:
     out = hf_contenders(args, has_draft)
     drafters = [d for d in DRAFTERS if d in args.drafters and (has_draft or drafter_spec(d).needs != DRAFT_MODEL)]
     for mode, verify in variants(args):
-        out += batchspec_contenders(args, drafters, mode, verify)
+        for pack in packings(args):
+            field = batchspec_contenders(args, drafters, mode, verify)
+            for contender in field:
+                contender.pack_static = pack
+                if len(packings(args)) > 1:
+                    contender.name += " [packed]" if pack else " [unpacked]"
+            out += field
     return out
+
+
+def packings(args) -> list[bool]:
+    """Whether the static path's verifies are packed, per --pack-static (both: each contender twice)."""
+    choice = getattr(args, "pack_static", "on")
+    return {"on": [True], "off": [False], "both": [True, False]}[choice]
 
 
 def hf_contenders(args, has_draft: bool) -> list[Contender]:
@@ -182,7 +195,8 @@ def generator_settings(contender: Contender, args) -> dict:
     return dict(drafter=contender.drafter, k=contender.k, batch_size=args.batch_size,
                 max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, adaptive=contender.adaptive,
                 temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                verify=contender.verify, tree=contender.tree, corpus=args.corpus_tokens)
+                verify=contender.verify, tree=contender.tree, corpus=args.corpus_tokens,
+                pack_static=contender.pack_static)
 
 
 def run_batchspec(contender: Contender, models, prompts, args):

@@ -136,8 +136,9 @@ def test_run_aggregates(llama_pair, adaptive):
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_greedy_parity_with_static_shapes(pair, drafter, batch_size, adaptive):
-    """compile="static": every round runs every slot (idle ones as padding) at a verify width from a fixed
-    set over length buckets, positions and masks from the device lengths: the captured path, uncaptured."""
+    """compile="static": every round's steps take every slot, the chain verify packed (each running row its own
+    tokens, rounded up to a token bucket), over length buckets, positions and masks from the device lengths:
+    the captured path, uncaptured (tests/test_packed_static.py has the unpacked verify beside it)."""
     results = run(pair, drafter, batch_size, k=3, adaptive=adaptive, compile="static")
     assert [r.completion_token_ids for r in results] == pair.reference
     assert all(r.target_forwards == len(r.accepted_per_round) for r in results)

@@ -202,7 +202,7 @@ def test_the_cache_goes_by_the_name_the_model_takes(model):
     import inspect
     import warnings
 
-    from batchspec.engine.runner import cache_argument
+    from batchspec.engine.model_calls import cache_argument
 
     params = inspect.signature(model.forward).parameters
     assert cache_argument(model) == ("cache" if "cache" in params else "past_key_values")
@@ -217,7 +217,7 @@ def test_row_positions_keep_each_rows_own_logits(model):
     """Per-row logits positions on any transformers release: the runner asks for every position and a hook on
     the LM head keeps each row's own (before 5.2x a 2D logits_to_keep indexed every row with it). Equal to the
     full logits gathered; the hook passes everything through once the call is done; one hook per model."""
-    from batchspec.engine.runner import RowPositions
+    from batchspec.engine.model_calls import RowPositions
 
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(3, 300, (3, 6), generator=gen)

@@ -84,7 +84,8 @@ def test_every_kind_of_step_traces_as_one_graph(shallow_and_deep, drafter, tree,
         kind = key[:2] if key[0] in ("target", "draft") else key[:1]
         if kind not in widest or step.size >= widest[kind][1].size:
             widest[kind] = (key, step)
-    assert {("accept",), ("first",), ("target", "forward"), ("target", "prefill")} <= set(widest)
+    kinds = {("accept",), ("first",), ("target", "packed"), ("target", "gather"), ("target", "prefill")}
+    assert kinds | ({("target", "forward")} if tree else set()) <= set(widest)  # chains verify packed
     for key, step in widest.values():
         torch._dynamo.reset()
         with torch.inference_mode():

@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--draft-layers", type=int, default=0, help="a draft of the target's first N layers (0: none)")
     p.add_argument("--budget-mib", type=int, help="a memory budget: the buckets that fit")
     p.add_argument("--sampling", action="store_true", help="coupled sampling's noise buffer too")
+    p.add_argument("--unpacked", action="store_true", help="chains verify unpacked (build_generator's pack_static=False)")
     args = p.parse_args(argv)
     config = target_config(args.shape)
     target = Shape.of(config)
@@ -42,7 +43,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def memory(b):
         return estimate(target, num_slots=args.batch_size, widths=widths, buckets=b, dtype_bytes=args.dtype_bytes,
-                        draft=draft, draft_steps=args.k, noise=args.sampling)
+                        draft=draft, draft_steps=args.k, noise=args.sampling,
+                        packed_chain=0 if args.unpacked else args.k + 1)
 
     print(f"{args.shape} (vocab {target.vocab}), batch {args.batch_size}, k {args.k}, max_seq_len {args.max_seq_len}, "
           f"{args.dtype_bytes}-byte weights{f', draft of {args.draft_layers} layers' if draft else ''}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from ..engine.runner import cache_argument
+from ..engine.model_calls import cache_argument
 from .features import pad_batch
 from .head import EagleHead
 from .ttt import unroll

@@ -32,13 +32,14 @@ from .accept import Acceptor
 from .adaptive import AdaptiveK
 from .admission import Admitter
 from .constrain import constrain_drafts, mask_round
-from .costs import PackedCosts, RoundTimes, StepTable
+from .costs import PackedCosts, RoundTimes, StaticPackedCosts, StepTable
 from .drafters import Drafter
 from .grammar import Grammars
 from .graphs import HostBuffer, StepGraphs
 from .intake import Defaults
 from .round import Round, RoundBuffers, RoundShape
 from .round_steps import declare_round_steps, shape_seconds
+from .timing import packed_seconds
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .shapes import kv_capacity
@@ -64,7 +65,8 @@ class SpecBatchGenerator:
     drafter), profile (sync a GPU after each phase, so that phase times are exact), and buckets (the
     attended lengths of static steps; default: 64, 128, ... up to the capacity), threads (a ThreadGuard
     that run() polls: torch's CPU threads back off while another process shares the cores), fill_tokens
-    (the most prompt tokens one packed round prefills).
+    (the most prompt tokens one packed round prefills), pack_static (the static path's chain verifies are
+    packed, packed_static.py: every running row computes its own tokens; False: every slot the round's width).
 
     Eager forwards of a model whose attention transformers dispatches are packed (packed.py): a round's
     one target forward carries each deciding row's pending token and its own drafts, and chunks of new
@@ -78,7 +80,7 @@ class SpecBatchGenerator:
                  graphs: StepGraphs, keep_stop: bool = False, k_max: int = 4, adaptive: bool = False,
                  trees: tuple[TreeSpec, ...] = (), profile: bool = False, buckets: list[int] | None = None,
                  threads: ThreadGuard | None = None, fill_tokens: int = FILL_TOKENS,
-                 forced_drafts: int = FORCED_DRAFTS):
+                 forced_drafts: int = FORCED_DRAFTS, pack_static: bool = True):
         sampling = defaults.sampling
         if batch_size < 1 or k_max < 0 or defaults.max_new_tokens < 1 or max_seq_len < 2:
             raise ValueError(f"need batch_size >= 1, k >= 0, max_new_tokens >= 1, max_seq_len >= 2; got "
@@ -99,7 +101,8 @@ class SpecBatchGenerator:
         # A drafter that reads the target's hidden states (EAGLE-3) names the layers: every forward hands them out.
         self.runner = ModelRunner(target, num_slots=batch_size, capacity=capacity, max_position=max_seq_len,
                                   graphs=graphs, widths={shape.width for shape in self.shapes}, buckets=buckets,
-                                  name="target", feature_layers=drafter.feature_layers)
+                                  name="target", feature_layers=drafter.feature_layers,
+                                  packed_width=1 + max(k_max, self.forced_max) if pack_static else 0)
         vocab = self.runner.vocab_size
         self.state = SlotState(batch_size, capacity, vocab, self.device,
                                track_presence=sampling.repetition_penalty != 1.0)
@@ -112,15 +115,16 @@ class SpecBatchGenerator:
         self.acceptor = Acceptor(self.runner, self.state, self.buffers, sampling=sampling, stops=stops, graphs=graphs,
                                  counter=graphs.counter, logprobs=defaults.max_logprobs, grammars=self.grammars)
         controller = None
+        # The static path's packed chains give each row its own number of drafts too (without trees, whose
+        # verify is not packed there).
+        self.static_per_row = bool(self.static and self.runner.packed_width and not self.trees)
         if adaptive and (k_max > 0 or self.trees):
-            costs = (StepTable(partial(shape_seconds, self.shapes, self.runner, drafter), self.runner.bucket) if self.static else
-                     PackedCosts() if self.runner.packs else RoundTimes())
-            controller = AdaptiveK(k_max, policy=drafter.policy, costs=costs, trees=self.trees)
+            controller = AdaptiveK(k_max, policy=drafter.policy, costs=self._costs(drafter), trees=self.trees)
         self.packed = self.runner.packs
         self.scheduler = Scheduler(tokenizer, stops, num_slots=batch_size, vocab_size=vocab, max_seq_len=max_seq_len,
                                    defaults=defaults, k_max=k_max, trees=self.trees, adaptive=controller,
                                    static=self.static, fill_budget=fill_tokens if self.packed else 0,
-                                   grammars=self.grammars)
+                                   grammars=self.grammars, per_row=self.static_per_row)
         self.timings = dict.fromkeys(PHASES, 0.0)  # seconds per phase (exact on a GPU only with profile)
         self.noise_s = 0.0  # seconds making coupled sampling's noise (inside the draft phase)
         self._sync_phases = profile and self.device.type == "cuda"
@@ -133,6 +137,17 @@ class SpecBatchGenerator:
             declare_round_steps(self.shapes, self.runner, self.state, self.buffers, self.acceptor, drafter, graphs)
         else:
             drafter.bind(self.shapes, self.runner, self.state, self.buffers, self.acceptor)
+
+    def _costs(self, drafter: Drafter):
+        """What adaptive speculation prices rounds by (costs.py): timed replays of the captured steps (static),
+        packed rounds' forwards by their tokens (eager packed), or whole rounds' wall time."""
+        runner = self.runner
+        if self.static_per_row:
+            return StaticPackedCosts(measure_verify=partial(packed_seconds, runner),
+                                     measure_step=partial(drafter.draft_seconds, 1), bucket_of=runner.bucket)
+        if self.static:
+            return StepTable(partial(shape_seconds, self.shapes, runner, drafter), runner.bucket)
+        return PackedCosts() if runner.packs else RoundTimes()
 
     # ---- what callers read ----------------------------------------------------------------------
 
@@ -211,9 +226,17 @@ class SpecBatchGenerator:
             finished, emitted = self.scheduler.postprocess(round, outcome)
             self.drafter.extend(emitted.slots, emitted.tokens, emitted.num_accepted, emitted.path)
             results = self._release(finished)
-        cost = (*round.forward, self.drafter.step_times()) if self.packed else None
-        self.scheduler.learn(round, emitted, time.perf_counter() - started, cost)
+        self.scheduler.learn(round, emitted, time.perf_counter() - started, self._round_costs(round))
         return results
+
+    def _round_costs(self, round: Round) -> tuple | None:
+        """A packed round's (forward tokens, forward seconds, drafting forwards' (tokens, seconds)) for adaptive
+        speculation's prices: measured eagerly, from the timed replays on the static path; None otherwise."""
+        if self.packed:
+            return (*round.forward, self.drafter.step_times())
+        if self.static_per_row and self.scheduler.adaptive is not None and round.forward is not None:
+            return self.scheduler.adaptive.costs.round_costs(round.forward[0], round.shape.depth)
+        return None
 
     # ---- admission -------------------------------------------------------------------------------
 
@@ -259,7 +282,8 @@ class SpecBatchGenerator:
             draft = drafter.propose(round)
             shape = self.scheduler.choose(round, draft.host_num, draft.priors)
             if shape.tree is None:
-                round.draft = draft.cut(round.budgets, self.buffers) if self.packed else draft.truncate(shape.drafts)
+                per_row = self.scheduler.per_row
+                round.draft = draft.cut(round.budgets, self.buffers) if per_row else draft.truncate(shape.drafts)
         else:
             shape = self.scheduler.choose(round)
         if coupled:

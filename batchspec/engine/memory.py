@@ -18,7 +18,8 @@ from functools import partial
 import torch
 
 from .graphs import CaptureError
-from .shapes import kv_buckets
+from .packed import supports_packing
+from .shapes import kv_buckets, token_buckets
 
 log = logging.getLogger("batchspec")
 
@@ -80,9 +81,11 @@ def step_temporaries(m: Shape, rows: int, width: int, kv_len: int, dtype_bytes: 
 
 def estimate(target: Shape, *, num_slots: int, widths: list[int], buckets: list[int], dtype_bytes: int,
              draft: Shape | None = None, draft_steps: int = 0, prefill_chunk: int = 64, noise: bool = False,
-             probs: bool = False) -> GraphMemory:
+             probs: bool = False, packed_chain: int = 0) -> GraphMemory:
     """The captured path of a generator: the target's verify widths and prefill chunks over every bucket,
-    the acceptance, and a draft model's drafting steps (draft_steps per bucket) and prefill chunks."""
+    the acceptance, and a draft model's drafting steps (draft_steps per bucket) and prefill chunks.
+    packed_chain: the widest chain when chains verify packed (packed_static.py: a step per token bucket
+    instead of one per chain width, a gather per width, and the packed logits buffer); 0: unpacked."""
     widest = max(widths)
     v = target.vocab
     buffers = num_slots * widest * v * dtype_bytes + (num_slots + 1) * v * dtype_bytes  # logits, prefill's last
@@ -91,7 +94,12 @@ def estimate(target: Shape, *, num_slots: int, widths: list[int], buckets: list[
     pool = max(step_temporaries(target, num_slots, widest, buckets[-1], dtype_bytes, widest),
                step_temporaries(target, chunk_rows, prefill_chunk, buckets[-1], dtype_bytes, 1))
     rows_buckets = max(num_slots - 1, 0).bit_length() + 1
-    graphs = len(buckets) * (len(widths) + rows_buckets) + len(widths) + 3  # forwards, chunks; acceptance, noise...
+    forwards, gathers = len(widths), 0
+    if packed_chain:
+        buffers += num_slots * packed_chain * v * dtype_bytes
+        forwards = len(token_buckets(num_slots, packed_chain)) + len([w for w in widths if w > packed_chain])
+        gathers = packed_chain
+    graphs = len(buckets) * (forwards + rows_buckets) + len(widths) + gathers + 3  # forwards, chunks; acceptance...
     if draft is not None:
         buffers += (num_slots + 1) * draft.vocab * dtype_bytes
         pool = max(pool, step_temporaries(draft, num_slots, 2, buckets[-1], dtype_bytes, 1),
@@ -157,6 +165,7 @@ def capture_buckets(models, mode: str | None, capacity: int, *, batch_size: int,
         return buckets
     target = models.target
     widths = sorted({*range(1, k + 2), *(t.nodes + 1 for t in trees)})
+    packed_chain = k + 1 if supports_packing(target) else 0  # the verify's default (build_generator's pack_static)
     dtype_bytes = target.dtype.itemsize
     draft = Shape.of(models.draft.config) if drafter == "model" and models.draft is not None else None
     if budget is None:
@@ -166,7 +175,8 @@ def capture_buckets(models, mode: str | None, capacity: int, *, batch_size: int,
         budget = free - kv - (1 << 30)
     estimate_for = partial(estimate, Shape.of(target.config), num_slots=batch_size, widths=widths,
                            dtype_bytes=dtype_bytes, draft=draft, draft_steps=max([k, *(t.depth for t in trees)]),
-                           noise=sampling.coupled, probs=not (sampling.greedy or sampling.coupled) and draft is not None)
+                           noise=sampling.coupled, probs=not (sampling.greedy or sampling.coupled) and draft is not None,
+                           packed_chain=packed_chain)
     chosen, memory = fit_buckets(buckets, budget, lambda b: estimate_for(buckets=b))
     log.info("captured steps: about %s%s", memory,
              "" if chosen == buckets else f"; buckets {chosen} of {buckets} to fit {budget >> 20:,} MiB")

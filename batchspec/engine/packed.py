@@ -202,7 +202,10 @@ def _group(rows: list[RowTokens], offsets: list[int], members: list[int], device
 def packed_attention(module, query, key, value, attention_mask, *, packed: PackedBatch | None = None,
                      scaling: float | None = None, dropout: float = 0.0, **kwargs):
     """transformers' attention signature: query [1, H, N, D]; key/value the whole layer cache
-    [slots, H_kv, capacity, D] (SlotLayer.update in a packed forward) -> ([1, N, H, D], None)."""
+    [slots, H_kv, capacity, D] (SlotLayer.update in a packed forward) -> ([1, N, H, D], None). A static
+    packed forward (packed_static.py) brings its own layout, which attends itself."""
+    if not isinstance(packed, PackedBatch):
+        return packed.attention(query, key, value, scaling)
     q = query[0].transpose(0, 1)  # [N, H, D]
     out = q.new_empty(q.shape)
     heads, dim = q.shape[1], q.shape[2]

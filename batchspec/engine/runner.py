@@ -19,7 +19,6 @@ Forwards:
 
 from __future__ import annotations
 
-import inspect
 from contextlib import contextmanager
 from functools import partial
 from typing import Iterable, Iterator
@@ -29,62 +28,12 @@ from transformers import PreTrainedModel
 
 from .graphs import HostBuffer, StepGraphs
 from .kv_cache import SlotKVCache, causal_mask
+from .model_calls import RowPositions, cache_argument
 from .packed import PackedBatch, packed_attention_on, register, supports_packing
 from .prefill import StaticPrefill
-from .shapes import PREFILL_CHUNK, kv_buckets
+from .shapes import PREFILL_CHUNK, kv_buckets, token_buckets
 from .static_steps import StaticSteps
 from .tree import TreeShape, tree_mask
-
-
-def cache_argument(model) -> str:
-    """The name `model.forward` takes its KV cache by: transformers 5.24 renamed `past_key_values` to `cache`
-    (the old name warns, and goes in 5.40); older releases, and our own EAGLE draft model, know only the old one."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-class RowPositions:
-    """Per-row logits positions (`logits_to_keep` [b, n]) on any transformers release.
-
-    transformers 5.24 reads a 2D integer `logits_to_keep` as a position per row; 5.17 (on the GPU machines,
-    measured) indexes `hidden_states[:, keep]` with it and returns [b, b, n, V]. So the runner asks the model
-    for every position and this pre-hook on the LM head keeps each row's own: the same take_along_dim the
-    newer releases do, before the vocabulary projection, so it costs nothing extra. Only for models whose
-    forward takes `logits_to_keep` (then 0 means every position reaches the LM head); others get the
-    request as it is.
-    """
-
-    def __init__(self, model):
-        self.keep: torch.Tensor | None = None
-        head = model.get_output_embeddings()
-        self.hooked = isinstance(head, torch.nn.Module) and \
-            "logits_to_keep" in inspect.signature(model.forward).parameters
-        if self.hooked:
-            head.register_forward_pre_hook(self._narrow)
-
-    def _narrow(self, module, args):
-        if self.keep is not None:
-            return (torch.take_along_dim(args[0], self.keep[..., None], dim=1), *args[1:])
-
-    def model_argument(self, logits_to_keep):
-        """What to pass as logits_to_keep; remembers a per-row request for the hook (cleared by `done`)."""
-        if self.hooked and isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.dim() == 2:
-            self.keep = logits_to_keep
-            return 0
-        return logits_to_keep
-
-    def done(self) -> None:
-        self.keep = None
-
-    @classmethod
-    def of(cls, model) -> "RowPositions":
-        """The model's one instance: every runner of a model shares its hook (a job builds many generators)."""
-        head = model.get_output_embeddings()
-        found = getattr(head, "_batchspec_row_positions", None)
-        if found is None:
-            found = cls(model)
-            if found.hooked:
-                head._batchspec_row_positions = found
-        return found
 
 
 class ModelRunner(StaticPrefill, StaticSteps):
@@ -93,11 +42,13 @@ class ModelRunner(StaticPrefill, StaticSteps):
     graphs: the generator's StepGraphs (its mode decides eager or static forwards). widths: the step
     widths T of static forwards (verify widths for a target; 1 and 2 for a draft). max_position clamps
     position ids so that padding never indexes past a learned position table. name appears in logs.
+    packed_width: a target's widest chain verify, whose static verify forwards are packed
+    (packed_static.py; 0: not packed, and models that cannot pack never are).
     """
 
     def __init__(self, model: PreTrainedModel, *, num_slots: int, capacity: int, max_position: int,
                  graphs: StepGraphs, widths: Iterable[int] = (1,), buckets: list[int] | None = None,
-                 name: str = "model", feature_layers: tuple[int, ...] = ()):
+                 name: str = "model", feature_layers: tuple[int, ...] = (), packed_width: int = 0):
         self.model, self.name, self.graphs = model, name, graphs
         self._cache_argument = cache_argument(model)
         self._row_positions = RowPositions.of(model)
@@ -105,6 +56,7 @@ class ModelRunner(StaticPrefill, StaticSteps):
         self.feature_layers = tuple(feature_layers)
         self.features: torch.Tensor | None = None  # [b, T, F] of the last forward (static: a buffer view)
         self._features_out: torch.Tensor | None = None
+        self._packed: tuple | None = None  # the static packed verify's logits and features buffers
         self.device = model.device
         self.num_slots, self.capacity, self.max_position = num_slots, capacity, max_position
         self.scratch = num_slots  # the extra slot
@@ -123,10 +75,17 @@ class ModelRunner(StaticPrefill, StaticSteps):
         max_chunks = (capacity + PREFILL_CHUNK - 1) // PREFILL_CHUNK
         self._chunks = HostBuffer((max_chunks, 4, num_slots), self.device) if graphs.static else None
         self._pairs = HostBuffer((2, num_slots), self.device) if graphs.static else None  # copy_prefix's src, dst
-        # Eager forwards of a model whose attention transformers dispatches are packed (packed.py).
+        # Eager forwards of a model whose attention transformers dispatches are packed (packed.py); static
+        # chain verify forwards too when asked (packed_static.py).
         self.packs = not graphs.static and supports_packing(model)
-        if self.packs:
+        self.packed_width = packed_width if graphs.static and supports_packing(model) else 0
+        if self.packs or self.packed_width:
             register()
+        if self.packed_width:
+            self.token_buckets = token_buckets(num_slots, self.packed_width)
+            # A packed verify's host plan, one copy a round: rows 0-1 the slot and t of each token, then a
+            # row per slot of its verify positions (packed_static.host_layout).
+            self._plan = HostBuffer((2 + num_slots, self.token_buckets[-1]), self.device)
 
     @property
     def static(self) -> bool:
@@ -232,25 +191,34 @@ class ModelRunner(StaticPrefill, StaticSteps):
         at batch.keep (every token when keep is None); the features of all N tokens, [N, F], when the
         runner hands them out. Lengths are not changed. extra: more model inputs [1, N, ...]."""
         self._check(max(row.start + row.count for row in batch.rows))
+        logits, self.features = self._call_packed(ids, batch.positions, batch, batch.keep, extra)
+        return logits
+
+    def _call_packed(self, ids: torch.Tensor, positions: torch.Tensor, batch, keep: torch.Tensor | None = None,
+                     extra: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One packed forward of ids [N] at positions [N], written and attended as `batch` says (a PackedBatch,
+        or a static layout: packed_static.py) -> (logits [M, V] at keep, or every token's; the features
+        [N, F] when the runner hands them out, else None)."""
         self.cache.plan.packed = batch
         try:
             with packed_attention_on(self.model):
                 out = self.model(
                     input_ids=ids.clamp(max=self.vocab_size - 1)[None],
-                    position_ids=batch.positions.clamp(max=self.max_position - 1)[None],
-                    attention_mask=None,  # packed_attention masks per group
+                    position_ids=positions.clamp(max=self.max_position - 1)[None],
+                    attention_mask=None,  # the packed attention masks by its own layout
                     **{self._cache_argument: self.cache},
                     use_cache=True,
-                    logits_to_keep=batch.keep if batch.keep is not None else 0,
+                    logits_to_keep=keep if keep is not None else 0,
                     output_hidden_states=bool(self.feature_layers),
                     packed=batch,
                     **(extra or {}),
                 )
         finally:
             self.cache.plan.packed = None
+        features = None
         if self.feature_layers:
-            self.features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
-        return out.logits[0]
+            features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
+        return out.logits[0], features
 
     def _call(self, tokens, starts, kv_len, logits_to_keep, depth=None, ancestors=None, rows=None,
               span: slice | None = None, extra: dict | None = None) -> torch.Tensor:

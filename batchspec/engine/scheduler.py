@@ -46,12 +46,14 @@ class Scheduler(RowOutcomes):
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: StopRules, *, num_slots: int, vocab_size: int,
                  max_seq_len: int, defaults: Defaults, k_max: int, trees: tuple[TreeSpec, ...] = (),
                  adaptive: AdaptiveK | None = None, static: bool = False, fill_budget: int = 0,
-                 grammars: Grammars | None = None):
+                 grammars: Grammars | None = None, per_row: bool = False):
         self.tokenizer, self.stops, self.adaptive = tokenizer, stops, adaptive
         self.max_seq_len = max_seq_len
         self.k_max, self.trees, self.static = k_max, trees, static
         self.grammars = grammars
         self.fill_budget = fill_budget  # prompt tokens a packed round prefills (0: not packed)
+        # Packed verifies (eager, or the static path's chains): adaptive gives each row its own number of drafts.
+        self.per_row = per_row or bool(fill_budget)
         self.filling: list[int] = []  # slots whose prompts are prefilled in packed rounds, in admission order
         no_constraints = ("structured output (json_schema, regex, choice, grammar, json_object) does not run "
                           "with tree drafts: drop drafter.tree") if trees else None
@@ -187,9 +189,14 @@ class Scheduler(RowOutcomes):
     def skip_hopeless(self, round: Round) -> None:
         """A packed round of a lookup, before it proposes: rows whose drafts cannot pay get budget 0, so it does
         not propose for them (AdaptiveK.hopeless; the choice is the same as if they had proposed)."""
-        if self.adaptive is None or not self.fill_budget:
+        if self.adaptive is None or not self.per_row:
             return
-        for i, skip in enumerate(self.adaptive.hopeless(round.rows, round.base_tokens, self.adaptive.costs)):
+        if self.static:
+            self.adaptive.costs.at_length(max(round.lengths) + self._widest)
+        at = round.running  # a static round's idle slots draft nothing
+        hopeless = self.adaptive.hopeless([round.rows[i] for i in at], len(at) + round.chunk_tokens,
+                                          self.adaptive.costs)
+        for i, skip in zip(at, hopeless):
             if skip:
                 round.budgets[i] = 0
 
@@ -198,12 +205,8 @@ class Scheduler(RowOutcomes):
         """Set the round's shape and budgets. proposed: what each row already proposed (a drafter that
         proposes first), whose longest proposal bounds a chain's width; priors: the drafter's own chance
         that each row's first draft is right (its rows' acceptance prior)."""
-        if self.adaptive is not None and self.fill_budget:  # packed: each row's own number of drafts
-            offer = proposed if proposed is not None else round.budgets
-            index, drafts = self.adaptive.choose_rows(round.rows, offer, round.room, priors, round.base_tokens,
-                                                      self.adaptive.costs)
-            round.shape, round.budgets = self.adaptive.shapes[index], drafts
-            return round.shape
+        if self.adaptive is not None and self.per_row:  # packed: each row's own number of drafts
+            return self._choose_rows(round, proposed if proposed is not None else round.budgets, priors)
         if self.adaptive is None:
             shape = RoundShape(tree=self.trees[0]) if self.trees else RoundShape(drafts=self.k_max)
         else:
@@ -220,6 +223,23 @@ class Scheduler(RowOutcomes):
             round.budgets = [min(shape.drafts, n) for n in offer]
         round.shape = shape
         return shape
+
+    def _choose_rows(self, round: Round, offer: list[int], priors: list[float | None] | None) -> RoundShape:
+        """A packed round's shape and each row's drafts (AdaptiveK.choose_rows) over its running rows; a static
+        round's idle slots draft nothing."""
+        adaptive = self.adaptive
+        if self.static:
+            adaptive.costs.at_length(max(round.lengths) + self._widest)
+        at = round.running
+        pick = lambda values: [values[i] for i in at]  # noqa: E731
+        index, drafts = adaptive.choose_rows(pick(round.rows), pick(offer), pick(round.room),
+                                             pick(priors) if priors is not None else None,
+                                             len(at) + round.chunk_tokens, adaptive.costs)
+        round.budgets = [0] * len(round.rows)
+        for i, k in zip(at, drafts):
+            round.budgets[i] = k
+        round.shape = adaptive.shapes[index]
+        return round.shape
 
     @property
     def _widest(self) -> int:

@@ -29,3 +29,15 @@ def row_buckets(num_slots: int) -> list[int]:
         out.append(size)
         size *= 2
     return out + [num_slots]
+
+
+def token_buckets(num_slots: int, width: int) -> list[int]:
+    """Token counts of static packed verify steps (packed_static.py) for `num_slots` slots of at most `width`
+    tokens: powers of two below num_slots (rounds with idle slots), then steps of half the slots up to
+    num_slots * width, so that a round computes at most about num_slots / 2 padding tokens."""
+    out, size = [], 1
+    while size < num_slots:
+        out.append(size)
+        size *= 2
+    step = max(1, num_slots // 2)
+    return out + list(range(num_slots, num_slots * width, step)) + [num_slots * width]

@@ -43,9 +43,31 @@ def time_step(runner: ModelRunner, width: int, kv_len: int, *, last_only: bool =
             shape = tree_shape(parents, torch.ones_like(parents, dtype=torch.bool))
     with runner.lengths_kept():
         runner.set_lengths(slice(None, runner.num_slots), runner.capacity - width)
+        if runner.packed_width and not tree and not last_only:  # a chain verifies packed: every slot its width
+            return median_seconds(lambda: runner.verify_static([width] * runner.num_slots, width, kv_len, seqs, tokens),
+                                  runner.device, repeats)
         return median_seconds(lambda: runner.forward(tokens[:, : width - from_seqs], kv_len=kv_len, last_only=last_only,
                                                      tree=shape, seqs=seqs, from_seqs=from_seqs),
                               runner.device, repeats)
+
+
+@torch.inference_mode()
+def packed_seconds(runner: ModelRunner, kv_len: int, repeats: int = 3, points: int = 5) -> list[tuple[int, float]]:
+    """(tokens, median seconds) of the runner's static packed verify (packed_static.py) at up to `points` token
+    buckets from half the slots to the widest (where rounds are: a line through them prices a token),
+    attending over kv_len: the tokens spread over the slots as evenly as they go, written past every valid
+    entry as in time_step (the lengths come back after)."""
+    tokens, seqs, _, _ = runner.declared_io
+    slots, out = runner.num_slots, []
+    buckets = [n for n in runner.token_buckets if 2 * n >= slots]
+    picked = sorted({buckets[round(i * (len(buckets) - 1) / max(points - 1, 1))] for i in range(points)})
+    with runner.lengths_kept():
+        runner.set_lengths(slice(None, slots), runner.capacity - runner.packed_width)
+        for n in picked:
+            widths = [n // slots + (1 if s < n % slots else 0) for s in range(slots)]
+            run = lambda: runner.verify_static(widths, max(widths), kv_len, seqs, tokens)  # noqa: E731
+            out.append((n, median_seconds(run, runner.device, repeats)))
+    return out
 
 
 def _sync(device: torch.device) -> None:

@@ -33,6 +33,8 @@ class Verifier:
         if self.packed:
             return self._packed(round)
         draft, width = round.draft, round.shape.width
+        if self.runner.packed_width and round.tree is None:
+            return self._packed_static(round)
         self.tokens.add(len(round.rows) * width, sum(width - 1 - n for n in draft.host_num or [width - 1] * len(round.rows))
                         + (len(round.rows) - len(round.running)) * width, 0)
         kv_len = max(round.lengths[i] for i in round.running) + width - 1
@@ -42,6 +44,20 @@ class Verifier:
         pending = self.state.tokens[round.rows_t, round.lengths_t - 1]
         tokens = torch.cat([pending[:, None], draft.tokens], dim=1)
         return self.runner.forward(tokens, kv_len=kv_len, rows=round.span or round.rows_t, tree=round.tree)
+
+    def _packed_static(self, round: Round) -> torch.Tensor:
+        """The static path's packed verify (packed_static.py): every running row its pending token and its own
+        drafts, idle slots nothing -> logits [num_slots, W, V]."""
+        draft, width = round.draft, round.shape.width
+        num = draft.host_num if draft.host_num is not None else [width - 1] * len(round.rows)
+        running = set(round.running)
+        widths = [1 + min(n, width - 1) if i in running else 0 for i, n in enumerate(num)]
+        kv_len = max(round.lengths[i] for i in round.running) + width - 1
+        logits = self.runner.verify_static(widths, width, kv_len, self.state.tokens, round.buffers.drafts)
+        n = next(b for b in self.runner.token_buckets if b >= sum(widths))
+        self.tokens.add(n, n - sum(widths), 0)
+        round.forward = (n, 0.0)  # its tokens; its time is not measured (a sync): the replay tables price it
+        return logits
 
     def _packed(self, round: Round) -> torch.Tensor | None:
         """The round's one target forward, packed (packed.py): per deciding row its pending token and its own

@@ -1,0 +1,124 @@
+"""The static path's packed verify (engine/packed_static.py): each running row computes only its own tokens,
+idle slots none, padding at most the rounding to a token bucket; exact against `generate` and against the
+unpacked static verify (every slot the round's width), which stays for comparisons."""
+
+from __future__ import annotations
+
+import pytest
+
+import batchspec
+from batchspec.engine.packed_static import host_layout
+from batchspec.engine.shapes import token_buckets
+from conftest import MAX_NEW
+from tiny import PROMPTS
+
+
+@pytest.mark.parametrize("widths,width,n,layout,table", [
+    # slot 0 verifies 2 tokens, slot 1 is idle, slot 2 one token; the bucket pads one token into the scratch slot 3
+    ([2, 0, 1], 3, 4, [[0, 0, 2, 3], [0, 1, 0, 0]], [[0, 1, 1], [0, 0, 0], [2, 2, 2]]),
+    ([1, 1], 1, 2, [[0, 1], [0, 0]], [[0], [1]]),
+    ([3, 2], 3, 5, [[0, 0, 0, 1, 1], [0, 1, 2, 0, 1]], [[0, 1, 2], [3, 4, 4]]),
+    ([0, 0, 4], 4, 4, [[2, 2, 2, 2], [0, 1, 2, 3]], [[0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 2, 3]]),
+])
+def test_host_layout(widths, width, n, layout, table):
+    got_layout, got_table = host_layout(widths, width, n, scratch=len(widths))
+    assert got_layout == layout and got_table == table
+
+
+@pytest.mark.parametrize("slots,width,buckets", [
+    (1, 5, [1, 2, 3, 4, 5]),
+    (8, 2, [1, 2, 4, 8, 12, 16]),
+    (3, 2, [1, 2, 3, 4, 5, 6]),
+    (64, 1, [1, 2, 4, 8, 16, 32, 64]),
+    (64, 3, [1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192]),
+])
+def test_token_buckets(slots, width, buckets):
+    assert token_buckets(slots, width) == buckets
+
+
+def generator_run(pair, drafter: str, batch_size: int, pack: bool, **kw):
+    draft = {"model-random": pair.draft, "model-identical": pair.target}.get(drafter)
+    models = batchspec.load_models(str(pair.target), str(draft) if draft else None)
+    generator = batchspec.build_generator(models, drafter="model" if draft else drafter, k=3, batch_size=batch_size,
+                                          max_new_tokens=MAX_NEW, compile="static", pack_static=pack, **kw)
+    results = sorted(generator.run(batchspec.Request(str(i), p) for i, p in enumerate(PROMPTS)),
+                     key=lambda r: int(r.id))
+    return [r.completion_token_ids for r in results], generator
+
+
+@pytest.mark.parametrize("drafter,batch_size,adaptive", [
+    ("none", 8, False), ("ngram", 8, False), ("prompt_lookup", 3, True), ("model-random", 3, False),
+    ("model-identical", 8, True), ("suffix", 3, False), ("ngram", 1, True),
+])
+def test_packed_and_unpacked_static_verifies_are_exact_and_packing_computes_less(llama_pair, drafter, batch_size,
+                                                                                 adaptive):
+    packed, with_packing = generator_run(llama_pair, drafter, batch_size, True, adaptive=adaptive)
+    unpacked, without = generator_run(llama_pair, drafter, batch_size, False, adaptive=adaptive)
+    assert packed == llama_pair.reference and unpacked == llama_pair.reference
+    rounds, step = with_packing.stats.rounds, max(1, batch_size // 2)
+    # Padding is the rounding to a token bucket: below half the slots per round (or below the real tokens).
+    assert with_packing.tokens.padding < rounds * step
+    if adaptive:  # its choices follow measured times: the two runs need not draft alike
+        return
+    assert with_packing.tokens.computed <= without.tokens.computed
+    if not drafter.startswith("model") and batch_size > 1:  # rows propose different numbers of drafts, or end apart
+        assert with_packing.tokens.computed < without.tokens.computed
+
+
+def test_unpacked_static_steps_are_declared_only_when_asked(llama_pair):
+    _, packed = generator_run(llama_pair, "ngram", 3, True)
+    _, unpacked = generator_run(llama_pair, "ngram", 3, False)
+    kinds = lambda g: {key[1] for key in g.graphs.declared if key[0] == "target"}  # noqa: E731
+    assert {"packed", "gather"} <= kinds(packed) and "forward" not in kinds(packed)
+    assert "forward" in kinds(unpacked) and not {"packed", "gather"} & kinds(unpacked)
+
+
+def test_static_packed_costs_time_each_length_bucket_once_and_price_the_rest_from_round_times():
+    from batchspec.engine.costs import StaticPackedCosts
+    timed = []
+
+    def verify(bucket):  # 1 ms fixed + 0.01 ms a token at bucket 64, twice that at 128
+        timed.append(bucket)
+        scale = bucket // 64
+        return [(n, scale * (1e-3 + 1e-5 * n)) for n in (8, 16, 32, 40)]
+
+    costs = StaticPackedCosts(measure_verify=verify, measure_step=lambda bucket: 2e-4, bucket_of=lambda n: 64 if n <= 64 else 128)
+    assert not costs.known
+    costs.at_length(50)
+    costs.at_length(60)
+    assert timed == [64]
+    tokens, verify_s, steps = costs.round_costs(16, 2)
+    assert tokens == 16 and verify_s == pytest.approx(1e-3 + 16e-5) and steps == [(1, 2e-4), (1, 2e-4)]
+    for drafts, rest in ((0, 1e-3), (8, 1e-3 + 8 * 5e-5), (16, 1e-3 + 16 * 5e-5), (4, 1e-3 + 4 * 5e-5)):
+        costs.observe(*costs.round_costs(16 + drafts, 2), round_s=verify_s + 4e-4 + rest, drafts=drafts)
+    prices = costs.prices()
+    # verify 1 ms + 0.01 ms a token, a drafting step 0.2 ms, the rest 1 ms + 0.05 ms a draft (less the verify's
+    # token price: observe subtracts the verify of each round's own tokens)
+    assert prices.per_token == pytest.approx(1e-5) and prices.per_step == pytest.approx(2e-4)
+    assert prices.fixed == pytest.approx(2e-3, rel=1e-3)
+    assert prices.per_draft == pytest.approx(5e-5 - 1e-5, rel=1e-3)
+    costs.at_length(100)
+    assert timed == [64, 128] and costs.prices().per_token == pytest.approx(2e-5)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model-identical"])
+def test_static_rounds_give_each_row_its_own_drafts(llama_pair, monkeypatch, drafter):
+    """Adaptive on the static path with packed chains: each running row gets its own number of drafts
+    (Scheduler._choose_rows, priced by timed replays), idle slots none; exact."""
+    from batchspec.engine.scheduler import Scheduler
+    chosen = []
+    original = Scheduler._choose_rows
+
+    def spy(self, round, offer, priors):
+        shape = original(self, round, offer, priors)
+        chosen.append((list(round.budgets), set(round.running)))
+        return shape
+
+    monkeypatch.setattr(Scheduler, "_choose_rows", spy)
+    outputs, generator = generator_run(llama_pair, drafter, 8, True, adaptive=True)
+    assert outputs == llama_pair.reference
+    assert type(generator.adaptive.costs).__name__ == "StaticPackedCosts" and generator.adaptive.costs.tables
+    assert chosen and all(b == 0 for budgets, running in chosen for i, b in enumerate(budgets) if i not in running)
+    assert any(sum(budgets) > 0 for budgets, _ in chosen)
+    if drafter == "ngram":  # proposals differ by row: some round drafts different numbers for different rows
+        assert any(len({budgets[i] for i in running}) > 1 for budgets, running in chosen)
