@@ -664,3 +664,34 @@ def test_lines_refused_as_run_batch_refused_them(tiny_models, tmp_path, one_thre
     assert run_batch.main(args_for(tiny_models, array, tmp_path / "array.out.jsonl")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds a JSON array, not JSON Lines" in err[0]
+
+
+def test_a_job_resumed_over_a_changed_input_answers_the_input_as_it_is(tiny_models, tmp_path, one_thread, monkeypatch,
+                                                                        capsys):
+    """output.format=openai: rows are keyed by custom_id, so a rerun over a changed input keeps what it already
+    ran; results.jsonl then holds one line per line of the input as it is now, in its order: lines no longer
+    in it are left out (their rows stay in the Parquet parts), moved lines take their new place."""
+    from conftest_jobs import write_job
+
+    def lines(*ids):
+        return [line(i, COMP, prompt=f"say {i}", max_tokens=3, temperature=0) for i in ids]
+
+    write_input(tmp_path / "in.jsonl", lines("a", "b", "c"))
+    write_job(tmp_path, "ob", {
+        "model": {"target": str(tiny_models.target), "dtype": "float32", "device": "cpu"},
+        "source": {"path": "in.jsonl", "format": "openai", "prompt_column": None},
+        "output": {"format": "openai"}, "batch_size": 2, "max_seq_len": 96, "progress": {"mode": "off"},
+    })
+    assert run_inprocess(tmp_path, "job=ob", monkeypatch=monkeypatch) == 0, capsys.readouterr().err
+    results = tmp_path / "outputs" / "ob" / "results.jsonl"
+    first = {o["custom_id"]: o for o in read_lines(results)}
+    assert list(first) == ["a", "b", "c"]
+    write_input(tmp_path / "in.jsonl", lines("c", "d", "a"))
+    assert run_inprocess(tmp_path, "job=ob", monkeypatch=monkeypatch) == 0, capsys.readouterr().err
+    got = read_lines(results)
+    assert [o["custom_id"] for o in got] == ["c", "d", "a"]
+    for o in got:
+        validate_batch_output(o)
+        assert o["error"] is None
+    assert got[0]["response"]["body"]["choices"] == first["c"]["response"]["body"]["choices"]  # not run again
+    assert len(got) == len({o["id"] for o in got})

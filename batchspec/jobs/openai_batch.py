@@ -14,7 +14,7 @@ import hashlib
 import time
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,7 +26,7 @@ from ..types import MAX_CHARS_PER_TOKEN, Request, Result
 from .layout import part_files, read_part
 from .prompts import PromptBuilder
 from .schema import POSITION_COLUMN
-from .sources import ABSENT, GENERATED_ID_PREFIX, Row
+from .sources import ABSENT, GENERATED_ID_PREFIX, Row, RowSelector, SourceError, open_source
 
 LINE_COLUMNS = ("custom_id", "url", "body")  # read from every line
 OPTIONAL_COLUMNS = ("method",)  # read where a line has it (POST when absent; anything else is refused)
@@ -79,8 +79,23 @@ def keep_schema() -> pa.Schema:
     return pa.schema([(URL_COLUMN, pa.string()), (CUSTOM_ID_COLUMN, pa.string())])
 
 
-def write_results(out_dir: Path, input_path: str, tokenizer, *, model: str, drafter: str) -> Path:
-    """results.jsonl from every part of `out_dir`: one output line per input row, in input order."""
+def input_rows(path: str, limit: int | None = None) -> Iterator[tuple[str, int]]:
+    """(row id, position) of each line of an OpenAI batch input file as a job's rows take them (a line without
+    a usable custom_id, or repeating an earlier one, under its made-up id), in file order."""
+    source = open_source(path, "jsonl", "train", {CUSTOM_ID_COLUMN: "source.format=openai"})
+    selector = RowSelector(source, id_column=CUSTOM_ID_COLUMN, shard_index=0, shard_count=1, limit=limit,
+                           done=set(), repeats_are_errors=True)
+    for row in selector:
+        yield row.id, row.position
+    if selector.read_error:
+        raise SourceError(selector.read_error)
+
+
+def write_results(out_dir: Path, input_path: str, tokenizer, *, model: str, drafter: str,
+                  limit: int | None = None) -> Path:
+    """results.jsonl from the parts of `out_dir`: one output line per line of the input as it is now (the first
+    `limit`), in its order. Parts may also hold rows of lines an earlier run read and the input no longer has
+    (a resumed job keys rows by custom_id): those are left out, so the file always answers this input."""
     groups: dict[str, list[dict[str, Any]]] = {}
     wanted = [*RESULT_FIELDS, "stop_reason", "stop_token_id", POSITION_COLUMN, URL_COLUMN, CUSTOM_ID_COLUMN]
     parts = part_files(out_dir)
@@ -94,12 +109,17 @@ def write_results(out_dir: Path, input_path: str, tokenizer, *, model: str, draf
     # When the newest part was written: a rerun that adds nothing rewrites the same file, byte for byte.
     created = int(max(path.stat().st_mtime for path in parts)) if parts else int(time.time())
     lines = []
-    for rows in sorted(groups.values(), key=lambda rs: rs[0][POSITION_COLUMN]):
-        first = rows[0]
-        number = first[POSITION_COLUMN] + 1
-        custom_id = first.get(CUSTOM_ID_COLUMN, None if first["id"].startswith(GENERATED_ID_PREFIX) else first["id"])
-        line = BatchLine(number, custom_id, first[URL_COLUMN])
+    for row_id, position in input_rows(input_path, limit):
+        number, rows = position + 1, groups.get(row_id)
         key = line_key(digest, number)
+        made_up = row_id.startswith(GENERATED_ID_PREFIX)
+        if rows is None:  # the input changed after the run that finished every shard
+            lines.append(error_output(BatchLine(number, None if made_up else row_id, None),
+                                      "no result: this line is not in the job's output; run the job again", key=key))
+            continue
+        first = rows[0]
+        custom_id = first.get(CUSTOM_ID_COLUMN, None if made_up else row_id)
+        line = BatchLine(number, custom_id, first[URL_COLUMN])
         results = [as_result(r) for r in rows]
         if line.url is None:  # the line never parsed: no url to format a body for
             lines.append(error_output(line, results[0].error or "error", key=key))

@@ -58,7 +58,8 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
 
         tokenizer = load_tokenizer(job.model.target, trust_remote_code=job.model.trust_remote_code)
         summary["openai_results"] = str(openai_batch.write_results(
-            out_dir, job.source.path, tokenizer, model=job.output.model_name or job.model.target, drafter=job.drafter.name.value))
+            out_dir, job.source.path, tokenizer, model=job.output.model_name or job.model.target, drafter=job.drafter.name.value,
+            limit=job.source.limit))
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     print(format_summary(summary, outcome), flush=True)
     errors = summary["rows_error"]
