@@ -11,9 +11,10 @@ Per slot, with seq = prompt + output so far and L = len(seq):
   - the cache length is set to L' - 1, O(1): the rejected entries are stale and never attended.
 The host side (requests, slots, budgets, the round's shape, stops, statistics) is the Scheduler; the
 device side is the ModelRunners (target, and a draft model's), the drafter and the Acceptor. On the
-static path (a GPU) every round runs every slot, idle ones as padding, as steps captured at start: one
-per drafted token, one verify, one acceptance, and one host sync; eager rounds (CPU) are packed: one
-forward of the deciding rows' own tokens and of new prompts' chunks (packed.py).
+static path (a GPU) every round runs as steps captured at start over every slot: one per drafted token,
+one verify (a chain's packed: each running row its own tokens, idle slots none; packed_static.py), one
+acceptance, and one host sync; eager rounds (CPU) are packed: one forward of the deciding rows' own
+tokens and of new prompts' chunks (packed.py).
 Stops (EOS ids, stop strings, max_new_tokens, max_seq_len) are checked on emitted tokens only.
 """
 

@@ -1,6 +1,7 @@
 """The verify pass: a round's one target forward over every deciding row's pending token and drafts (static:
-every slot, a captured step; eager: the round's rows; packed: their own widths and new prompts' chunks in
-one forward, packed.py), and the tally of what target forwards computed (TokenCounts)."""
+captured steps, a chain's packed over the running rows' own tokens (packed_static.py), a tree's over every
+slot; eager: the round's rows; packed: their own widths and new prompts' chunks in one forward,
+packed.py), and the tally of what target forwards computed (TokenCounts)."""
 
 from __future__ import annotations
 
