@@ -36,10 +36,10 @@ def test_token_buckets(slots, width, buckets):
     assert token_buckets(slots, width) == buckets
 
 
-def generator_run(pair, drafter: str, batch_size: int, pack: bool, **kw):
+def generator_run(pair, drafter: str, batch_size: int, pack: bool, k: int = 3, **kw):
     draft = {"model-random": pair.draft, "model-identical": pair.target}.get(drafter)
     models = batchspec.load_models(str(pair.target), str(draft) if draft else None)
-    generator = batchspec.build_generator(models, drafter="model" if draft else drafter, k=3, batch_size=batch_size,
+    generator = batchspec.build_generator(models, drafter="model" if draft else drafter, k=k, batch_size=batch_size,
                                           max_new_tokens=MAX_NEW, compile="static", pack_static=pack, **kw)
     results = sorted(generator.run(batchspec.Request(str(i), p) for i, p in enumerate(PROMPTS)),
                      key=lambda r: int(r.id))
@@ -122,3 +122,11 @@ def test_static_rounds_give_each_row_its_own_drafts(llama_pair, monkeypatch, dra
     assert any(sum(budgets) > 0 for budgets, _ in chosen)
     if drafter == "ngram":  # proposals differ by row: some round drafts different numbers for different rows
         assert any(len({budgets[i] for i in running}) > 1 for budgets, running in chosen)
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "unpacked"])
+def test_a_draft_model_at_k_1_prices_its_one_step(llama_pair, pack):
+    """k=1 with adaptive on the static path: pricing a draft model's steps timed a second drafting step that
+    is never declared at k=1 and wrote past the one-column drafts buffer (found by a review)."""
+    outputs, _ = generator_run(llama_pair, "model-identical", 3, pack, k=1, adaptive=True)
+    assert outputs == llama_pair.reference

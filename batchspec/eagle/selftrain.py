@@ -258,10 +258,10 @@ class SelfTrainingGenerator:
         NoHead when the target's features leave less than TRAIN_MIN_S of the budget for training steps."""
         started = time.perf_counter()
         try:
-            self.head, self.heldout_acceptance = train_job_head(
+            head, self.heldout_acceptance = train_job_head(
                 self.models, samples, budget, started, heldout_rows=self.heldout, seed=self.seed,
                 minutes=self.minutes, head_dir=self.head_dir, first_rate=self.first_rate)
-            return self.head
+            return head
         finally:
             self.train_s = time.perf_counter() - started
 

@@ -76,7 +76,10 @@ class ModelStaticSteps:
             return 0.0
         bucket = self.runner.bucket(kv_len)
         if bucket not in self._step_times:
-            self._step_times[bucket] = (self._time(0, bucket), self._time(1, bucket))
+            first = self._time(0, bucket)
+            # With at most one draft a round (k = 1) there is no next step to time (none is declared).
+            step = self._time(1, bucket) if self._key(1, bucket, None) in self.graphs.declared else first
+            self._step_times[bucket] = (first, step)
         first, step = self._step_times[bucket]
         return first + (k - 1) * step
 
