@@ -271,3 +271,21 @@ def test_a_tree_that_pays_is_chosen_and_one_that_does_not_is_left():
     assert rate > best_chain
     rate, share = simulate_with_tree(0.7, FLAT_CURVE, FLAT_CURVE[4] * 2.0, 0.5)
     assert share < 0.1 and rate >= 0.9 * best_chain
+
+
+@pytest.mark.parametrize("k_max,trees,shape,expected", [
+    (4, (), 0, [1]), (4, (), 2, [3, 1]), (4, (), 4, [3]),
+    (4, (TreeSpec(2, 3),), 2, [3, 1, 5]), (4, (TreeSpec(2, 3),), 0, [1]),
+    (0, (TreeSpec(2, 3),), 0, [1]),  # k = 0 the only chain: the tree is its neighbour (found by a review)
+    (0, (TreeSpec(2, 2), TreeSpec(2, 4)), 0, [1]), (0, (TreeSpec(2, 3),), 1, [0]),
+    (0, (), 0, []),
+])
+def test_neighbours_of_a_choice(k_max, trees, shape, expected):
+    assert AdaptiveK(k_max, trees=trees).neighbours(shape) == expected
+
+
+def test_re_timing_plain_decoding_with_only_a_tree_beside_it():
+    controller = AdaptiveK(0, trees=(TreeSpec(2, 3),), revisit_every=2)
+    for _ in range(12):  # past several re-timings: each probes the tree (an empty probe list crashed here)
+        shape = controller.choose_index([0, 1], [0, 0], room=[3, 3])
+        controller.observe_index(shape, 0.01 if shape == 0 else 0.02, [0, 1], [0, 0], [0, 0], [0, 0])

@@ -189,6 +189,8 @@ class AdaptiveK(AcceptanceModel, PackedChoice):
             self._interval = min(2 * self._interval, 8 * self.revisit_every) if steady else self.revisit_every
             self._next_probe, self._probed_best = self._rounds + self._interval, best
             self._probes = [k for k in self.neighbours(best) for _ in range(2)]
+            if not self._probes:  # nothing beside it (k_max 0, no trees)
+                return best
             probe = self._probes.pop(0)
             return probe if probe > self.k_max and trees else min(probe, limit)
         return best
@@ -198,8 +200,8 @@ class AdaptiveK(AcceptanceModel, PackedChoice):
         for a tree the chain of its depth and the trees beside it."""
         if shape <= self.k_max:
             out = [k for k in (shape + 1, shape - 1) if 0 <= k <= self.k_max]
-            if self.tree_depths and shape > 0:
-                j = min(range(len(self.tree_depths)), key=lambda j: abs(self.tree_depths[j] - shape))
+            if self.tree_depths and (shape > 0 or not out):  # k = 0 with no chain beside it (k_max 0): a tree
+                j = min(range(len(self.tree_depths)), key=lambda j: abs(self.tree_depths[j] - max(shape, 1)))
                 out.append(self.k_max + 1 + j)
             return out
         j = shape - self.k_max - 1
