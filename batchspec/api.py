@@ -25,7 +25,7 @@ from .engine.threads import guard_for
 from .engine.sampling import SamplingParams
 from .types import TreeSpec
 from .corpus import load_corpus
-from .models import Models, load_models, model_max_positions
+from .models import Models, attention_window, load_models, model_max_positions
 from .textcheck import text_problem
 from .types import Constraint, Request, Result, RowParams
 
@@ -110,11 +110,14 @@ def build_generator(
     every request must match unless it sets its own (types.Constraint; RowParams' json_schema etc.).
     pack_static: on the static path (a GPU) chain verifies are packed, every running row computing only its
     own tokens (engine/packed_static.py); False gives every slot the round's width (for comparisons)."""
-    limit = model_max_positions(models.target)
+    limit, window = model_max_positions(models.target), attention_window(models.target)
     if max_seq_len is None:
-        max_seq_len = min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
+        max_seq_len = min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN, window or DEFAULT_MAX_SEQ_LEN)
     elif limit is not None and max_seq_len > limit:
         raise ValueError(f"max_seq_len={max_seq_len} exceeds the target's {limit} positions")
+    elif window is not None and max_seq_len > window:
+        raise ValueError(f"max_seq_len={max_seq_len} exceeds the target's sliding attention window of {window} tokens, "
+                         f"which batchspec does not apply: outputs are exact only up to max_seq_len={window}")
     if sampling is None:
         sampling = SamplingParams(**sampling_fields)
     elif sampling_fields:
@@ -136,7 +139,7 @@ def build_generator(
         raise ValueError(problem)
     buckets = capture_buckets(models, graphs.mode, capacity, batch_size=batch_size, k=k, trees=trees,
                               sampling=sampling, drafter=drafter if isinstance(drafter, str) else "custom",
-                              budget=graph_memory)
+                              budget=graph_memory, pack_static=pack_static)
     target_vocab = models.target.get_output_embeddings().weight.shape[0]
     draft = drafter if not isinstance(drafter, str) else make_drafter(
         drafter, graphs=graphs, num_slots=batch_size, capacity=capacity, max_position=max_seq_len,

@@ -196,6 +196,21 @@ def load_models(
     return Models(target=target_model, draft=draft_model, tokenizer=tokenizer, eos_token_ids=eos, head=head)
 
 
+def attention_window(model) -> int | None:
+    """The sliding window a model's attention keeps to (Mistral's `sliding_window`; layers of type
+    "sliding_attention"), or None when every layer attends to the whole sequence. batchspec's masks (slot
+    caches, packed and tree attention) do not apply a window, so output is exact only while every sequence
+    fits inside it."""
+    config = model.config.get_text_config()
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or window <= 0 or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return window
+
+
 def model_max_positions(model) -> int | None:
     config = model.config.get_text_config()
     for name in ("max_position_embeddings", "n_positions"):

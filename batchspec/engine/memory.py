@@ -81,11 +81,12 @@ def step_temporaries(m: Shape, rows: int, width: int, kv_len: int, dtype_bytes: 
 
 def estimate(target: Shape, *, num_slots: int, widths: list[int], buckets: list[int], dtype_bytes: int,
              draft: Shape | None = None, draft_steps: int = 0, prefill_chunk: int = 64, noise: bool = False,
-             probs: bool = False, packed_chain: int = 0) -> GraphMemory:
+             probs: bool = False, packed_chain: int = 0, tree_widths: int = 0) -> GraphMemory:
     """The captured path of a generator: the target's verify widths and prefill chunks over every bucket,
     the acceptance, and a draft model's drafting steps (draft_steps per bucket) and prefill chunks.
     packed_chain: the widest chain when chains verify packed (packed_static.py: a step per token bucket
-    instead of one per chain width, a gather per width, and the packed logits buffer); 0: unpacked."""
+    instead of one per chain width, a gather per width, and the packed logits buffer); 0: unpacked.
+    tree_widths: how many of `widths` are trees' (their verify is never packed)."""
     widest = max(widths)
     v = target.vocab
     buffers = num_slots * widest * v * dtype_bytes + (num_slots + 1) * v * dtype_bytes  # logits, prefill's last
@@ -97,7 +98,7 @@ def estimate(target: Shape, *, num_slots: int, widths: list[int], buckets: list[
     forwards, gathers = len(widths), 0
     if packed_chain:
         buffers += num_slots * packed_chain * v * dtype_bytes
-        forwards = len(token_buckets(num_slots, packed_chain)) + len([w for w in widths if w > packed_chain])
+        forwards = len(token_buckets(num_slots, packed_chain)) + tree_widths
         gathers = packed_chain
     graphs = len(buckets) * (forwards + rows_buckets) + len(widths) + gathers + 3  # forwards, chunks; acceptance...
     if draft is not None:
@@ -156,7 +157,7 @@ def kv_problem(models, *, num_slots: int, capacity: int, max_seq_len: int) -> st
 
 
 def capture_buckets(models, mode: str | None, capacity: int, *, batch_size: int, k: int, trees, sampling,
-                    drafter: str, budget: int | None) -> list[int]:
+                    drafter: str, budget: int | None, pack_static: bool = True) -> list[int]:
     """The attended-length buckets of the static steps: all of them, or on a GPU as many as the memory
     budget for captured steps allows (engine/memory.py; default: what is free after the KV caches, less
     1 GiB). Logs the estimate when capturing."""
@@ -165,7 +166,7 @@ def capture_buckets(models, mode: str | None, capacity: int, *, batch_size: int,
         return buckets
     target = models.target
     widths = sorted({*range(1, k + 2), *(t.nodes + 1 for t in trees)})
-    packed_chain = k + 1 if supports_packing(target) else 0  # the verify's default (build_generator's pack_static)
+    packed_chain = k + 1 if pack_static and supports_packing(target) else 0
     dtype_bytes = target.dtype.itemsize
     draft = Shape.of(models.draft.config) if drafter == "model" and models.draft is not None else None
     if budget is None:
@@ -176,7 +177,7 @@ def capture_buckets(models, mode: str | None, capacity: int, *, batch_size: int,
     estimate_for = partial(estimate, Shape.of(target.config), num_slots=batch_size, widths=widths,
                            dtype_bytes=dtype_bytes, draft=draft, draft_steps=max([k, *(t.depth for t in trees)]),
                            noise=sampling.coupled, probs=not (sampling.greedy or sampling.coupled) and draft is not None,
-                           packed_chain=packed_chain)
+                           packed_chain=packed_chain, tree_widths=len({t.nodes + 1 for t in trees}))
     chosen, memory = fit_buckets(buckets, budget, lambda b: estimate_for(buckets=b))
     log.info("captured steps: about %s%s", memory,
              "" if chosen == buckets else f"; buckets {chosen} of {buckets} to fit {budget >> 20:,} MiB")
