@@ -71,8 +71,7 @@ class StaticSteps:
         [num_slots, S] at lengths[s], then drafts[s, :widths[s] - 1]; drafts [num_slots, >= packed_width - 1]
         is the round's buffer), attending over the bucket of kv_len -> logits [num_slots, width, V], a view
         of the output buffer (a slot's positions past its own width repeat its last). Two steps, no sync."""
-        real = max(sum(widths), 1)
-        n = next(b for b in self.token_buckets if b >= real)
+        n = self.token_bucket(sum(widths))
         layout, table = host_layout(widths, width, n, self.scratch)
         columns = max(n, width)
         self._plan.put([row + [0] * (columns - len(row)) for row in layout + table])
@@ -84,6 +83,10 @@ class StaticSteps:
         if self.feature_layers:
             self.features = self.features_buffer(width)
         return out
+
+    def token_bucket(self, tokens: int) -> int:
+        """The token bucket a packed verify of `tokens` real tokens runs at (the rest is padding)."""
+        return next(b for b in self.token_buckets if b >= max(tokens, 1))
 
     def _packed_step(self, seqs: torch.Tensor, drafts: torch.Tensor, plan: torch.Tensor, *, n: int,
                      kv_len: int) -> None:
