@@ -73,7 +73,7 @@ def parity(lines: list[str], report: dict, num_prompts: int, max_new_tokens: int
                     continue
                 generator = batchspec.build_generator(models, drafter=drafter, k=4, batch_size=batch_size,
                                                       max_new_tokens=max_new_tokens, adaptive=adaptive,
-                                                      compile=compile, max_seq_len=512)
+                                                      **compile_settings(compile), max_seq_len=512)
                 started = time.perf_counter()
                 results = {r.id: r for r in generator.run(batchspec.Request(str(i), p) for i, p in enumerate(prompts))}
                 wall = time.perf_counter() - started
@@ -84,6 +84,12 @@ def parity(lines: list[str], report: dict, num_prompts: int, max_new_tokens: int
                 lines.append(f"| {compile} | {drafter} | {batch_size} | {'adaptive <= 4' if adaptive else '4'} | "
                              f"{same}/{len(prompts)} | {generator.capture_s:.2f} | {wall:.1f} |")
                 print(lines[-1], flush=True)
+
+
+def compile_settings(mode: str) -> dict:
+    """build_generator's settings for a --modes entry: a compile mode, or `unpacked` (CUDA graphs with the
+    static path's chain verify unpacked: pack_static=False)."""
+    return dict(compile="on", pack_static=False) if mode == "unpacked" else dict(compile=mode)
 
 
 STRUCTURED = [dict(json_object=True), dict(regex=r"(def|return|for) [a-z_]+[(:]( [a-z_]+)*"),
@@ -120,7 +126,7 @@ def structured_parity(lines: list[str], report: dict, num_prompts: int, max_new_
             for batch_size in (8, 1):
                 generator = batchspec.build_generator(models, drafter=drafter, k=4, batch_size=batch_size,
                                                       max_new_tokens=max_new_tokens, adaptive=batch_size > 1,
-                                                      compile=compile, max_seq_len=512)
+                                                      **compile_settings(compile), max_seq_len=512)
                 started = time.perf_counter()
                 requests = [batchspec.Request(str(i), prompt, params=p) for i, (prompt, p) in enumerate(zip(prompts, params))]
                 results = {r.id: r for r in generator.run(requests)}
@@ -189,7 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kv-len", type=int, default=256)
     parser.add_argument("--skip-parity", action="store_true")
     parser.add_argument("--structured", action="store_true", help="also the structured-output parity (llguidance)")
-    parser.add_argument("--modes", default="on,static,off", help="compile modes the parity check runs")
+    parser.add_argument("--modes", default="on,static,off", help="compile modes the parity check runs, and "
+                        "`unpacked` (CUDA graphs with the chain verify unpacked)")
     parser.add_argument("--drafters", default="none,model,eagle,ngram,prompt_lookup,suffix",
                         help="drafters the parity check runs")
     parser.add_argument("--device", default="cuda", help="cpu runs the same checks with torch.compile for capture "
