@@ -53,12 +53,13 @@ def contenders(args, has_draft: bool) -> list[Contender]:
     """The field, in table order: the HF contenders, then batchspec's in every (compile, verify) variant."""
     out = hf_contenders(args, has_draft)
     drafters = [d for d in DRAFTERS if d in args.drafters and (has_draft or drafter_spec(d).needs != DRAFT_MODEL)]
+    packs = packings(args)
     for mode, verify in variants(args):
-        for pack in packings(args):
+        for pack in packs:
             field = batchspec_contenders(args, drafters, mode, verify)
             for contender in field:
                 contender.pack_static = pack
-                if len(packings(args)) > 1:
+                if len(packs) > 1:
                     contender.name += " [packed]" if pack else " [unpacked]"
             out += field
     return out

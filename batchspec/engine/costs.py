@@ -165,32 +165,34 @@ class PackedCosts:
 class StaticPackedCosts(PackedCosts):
     """The static path's packed verifies (packed_static.py), priced like eager packed rounds but without timing
     a forward by the wall clock (that would sync the device every round): per attended-length bucket, timed
-    replays of the packed verify at every token bucket give the verify line, and of one drafting step (every
+    replays of the packed verify at a few token buckets give the verify line, and of one drafting step (every
     slot rides along in a captured one) the price of a step; the rest of the round (host work, acceptance) is
     its wall time less those, by its drafts, as in PackedCosts."""
 
     measure_verify: Callable[[int], list[tuple[int, float]]] | None = None  # bucket -> [(tokens, seconds)]
     measure_step: Callable[[int], float] | None = None  # bucket -> seconds of one drafting step
     bucket_of: Callable[[int], int] = lambda kv_len: kv_len
-    tables: dict[int, tuple[Line, float]] = field(default_factory=dict)  # bucket -> (verify line, step seconds)
-    step_s: float = 0.0
+    tables: dict[int, tuple[Line, Line]] = field(default_factory=dict)  # bucket -> (verify line, step price)
+    bucket: int | None = None
 
     def at_length(self, kv_len: int) -> None:
         """Rows grew (or shrank) into another attended-length bucket: time its steps the first time."""
         bucket = self.bucket_of(kv_len)
+        if bucket == self.bucket:
+            return
         if bucket not in self.tables:
-            verify = Line(decay=1.0)
+            verify, step = Line(decay=1.0), Line(proportional=False)
             for tokens, seconds in self.measure_verify(bucket):
                 verify.add(tokens, seconds)
-            self.tables[bucket] = (verify, self.measure_step(bucket) if self.measure_step else 0.0)
-        self.verify, self.step_s = self.tables[bucket]
-        self.step = Line(proportional=False)
-        self.step.add(1, self.step_s)  # a price per step, whatever it drafts
+            step.add(1, self.measure_step(bucket) if self.measure_step else 0.0)  # a price per step
+            self.tables[bucket] = (verify, step)
+        self.verify, self.step = self.tables[bucket]
+        self.bucket = bucket
 
     def round_costs(self, tokens: int, steps: int) -> tuple[int, float, list[tuple[int, float]]]:
         """A round's (tokens, verify seconds, drafting steps' (tokens, seconds)) as the tables price them: what
         `observe` takes."""
-        return tokens, self.verify.at(tokens) or 0.0, [(1, self.step_s)] * steps
+        return tokens, self.verify.at(tokens) or 0.0, [(1, self.step.at(1) or 0.0)] * steps
 
     def observe(self, tokens: int, verify_s: float, steps: list[tuple[int, float]], round_s: float,
                 drafts: int = 0) -> None:

@@ -42,13 +42,16 @@ class StaticSteps:
     def features_buffer(self, width: int) -> torch.Tensor:
         """The static steps' features as [num_slots, width, F] (a prefix of one buffer, like `output`)."""
         if self._features_out is None:
-            size = sum(self._feature_width(i) for i in self.feature_layers)
-            self._features_out = torch.zeros(self.num_slots, max(self.widths + [1]), size, dtype=self.model.dtype,
-                                             device=self.device)
+            self._features_out = torch.zeros(self.num_slots, max(self.widths + [1]), self._features_size(),
+                                             dtype=self.model.dtype, device=self.device)
         return self._features_out[:, :width]
 
     def _feature_width(self, index: int) -> int:
         return self.model.config.get_text_config().hidden_size
+
+    def _features_size(self) -> int:
+        """F: the handed-out hidden states of one token, concatenated."""
+        return sum(self._feature_width(i) for i in self.feature_layers)
 
     def step_logits(self, seqs, tokens, depth=None, ancestors=None, *, kv_len: int, last_only: bool = False,
                     from_seqs: int = 0, extra: dict | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -120,8 +123,7 @@ class StaticSteps:
             n = self.token_buckets[-1]
             features = None
             if self.feature_layers:
-                size = sum(self._feature_width(i) for i in self.feature_layers)
-                features = torch.zeros(n, size, dtype=self.model.dtype, device=self.device)
+                features = torch.zeros(n, self._features_size(), dtype=self.model.dtype, device=self.device)
             self._packed = (torch.zeros(n, self.vocab_size, dtype=self.model.dtype, device=self.device), features)
         return self._packed
 
