@@ -86,6 +86,42 @@ def test_prompt_lookup_learns_emitted_tokens_incrementally():
     assert proposals(grown.propose(context([seq], [2]))) == proposals(whole.propose(context([seq], [2]))) == [[4, 1]]
 
 
+LAZY_CASES = [  # drafter, a row's tokens: learning put off (lazy) proposes as learning every token at once
+    ("ngram", NGramDrafter, [THE, CAT, SAT, ON, THE, MAT, DOT, THE, CAT, SAT, ON, THE, CAT, SAT, DOWN, THE, CAT]),
+    ("prompt_lookup", PromptLookupDrafter, [1, 2, 3, 9, 1, 2, 4, 1, 2, 3, 9, 1, 2, 4, 5, 1, 2, 3]),
+]
+
+
+@pytest.mark.parametrize("name,make,seq", LAZY_CASES, ids=[c[0] for c in LAZY_CASES])
+def test_lazy_learning_proposes_as_eager_learning(name, make, seq):
+    """Rows 0 and 1 grow by the same chunks; row 0 proposes every step, row 1 only at some steps, with
+    learn_pending (the generator's call while a captured verify runs) at others. At every step each row's
+    proposal equals that of a drafter admitted with the row's whole sequence so far; a row that does not
+    propose keeps its tokens queued."""
+    lazy = make()
+    lazy.admit([0, 1], [seq[:3], seq[:3]])
+    at, step = 3, 0
+    for chunk in (1, 2, 1, 3, 1, 1, 2, 1, 1):
+        if at + chunk > len(seq):
+            break
+        lazy.extend([0, 1], [seq[at : at + chunk]] * 2, [0, 0])
+        at, step = at + chunk, step + 1
+        whole = make()
+        whole.admit([0], [seq[:at]])
+        want = proposals(whole.propose(context([seq[:at]], [3])))[0]
+        k1 = 3 if step % 3 == 0 else 0
+        got = proposals(lazy.propose(context([seq[:at], seq[:at]], [3, k1])))
+        assert got[0] == want
+        assert got[1] == (want if k1 else [])
+        if k1 == 0:
+            assert lazy.pending[1], "a row that did not propose learnt nonetheless"
+        if step % 4 == 0:
+            lazy.learn_pending()
+            assert not any(lazy.pending.values())
+    lazy.release([0, 1])
+    assert lazy.pending == {}
+
+
 # name, sequence, tree, expected (token, parent) per valid node in index order
 TREE_CASES = [
     # (1, 2) follows at 0 (-> 3, 9) and at 4 (-> 4, 1): the most recent match first

@@ -217,6 +217,8 @@ class SpecBatchGenerator:
                 self._draft(round)
         with self._phase("verify"):
             logits = self.verifier.run(round)
+            if self.static:  # a captured verify runs on the device: the idle host does the drafter's put-off work
+                self.drafter.learn_pending()
         if not round.rows:  # a round that only prefilled
             return []
         with self._phase("accept"):  # constrained rows first: their verify positions masked by their grammars

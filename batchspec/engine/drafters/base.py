@@ -9,6 +9,8 @@ Every drafter speaks the same verbs (cf. transformers' CandidateGenerator, made 
   extend(slots, emitted, num_accepted)  the tokens each running row emitted this round (a new row's first
                                         token in front), and how many drafts it had accepted
   release(slots)                        these requests are done
+  learn_pending()                       host work it may put off (a lookup's learning): the generator calls it
+                                        while the device computes a captured verify, when the host is idle
 and declares a DrafterPolicy: what the adaptive controller needs to know about it, so that the
 controller never looks inside a drafter. A row that proposes nothing costs only its 1-token decode in
 the verify pass. Drafts are written into the round's buffers (round.py): on the static path every slot,
@@ -67,6 +69,7 @@ class Drafter(Protocol):
     def extend(self, slots: list[int], emitted: list[list[int]], num_accepted: list[int],
                path: list[int] | None = None) -> None: ...
     def release(self, slots: list[int]) -> None: ...
+    def learn_pending(self) -> None: ...
     def draft_seconds(self, k: int, kv_len: int) -> float: ...  # device time of proposing k tokens (static steps)
     def step_times(self) -> list[tuple[int, float]]: ...  # the last round's drafting forwards: (tokens, seconds)
     #    each, eager (what a packed round's cost model prices drafts by); read once
@@ -154,6 +157,9 @@ class HostDrafter:
 
     def prompt_features(self, chunks):
         pass  # it does not read the target's hidden states
+
+    def learn_pending(self):
+        pass  # nothing put off (the lookups' LazyLookup overrides this)
 
 
 class NoDrafter(HostDrafter):

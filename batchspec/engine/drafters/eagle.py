@@ -132,6 +132,9 @@ class EagleDrafter(EagleStaticSteps):
         for slot, prompt in zip(slots, prompts):
             self.valid[slot] = len(prompt) - 1
 
+    def learn_pending(self):
+        pass  # its entries are device work, written in the forwards that make them
+
     @torch.inference_mode()
     def prompt_features(self, chunks):
         """The head's entries over prompt chunks a packed forward just wrote (slot, start, count, at: the

@@ -124,6 +124,9 @@ class ModelDrafter(ModelStaticSteps):
     def prompt_features(self, chunks):
         pass  # it reads tokens, not the target's hidden states
 
+    def learn_pending(self):
+        pass  # its catch-up is device work, run when a row drafts
+
     # ---- proposing --------------------------------------------------------------------------------
 
     @torch.inference_mode()
