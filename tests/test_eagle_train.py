@@ -303,3 +303,38 @@ def test_weight_decay_flag(value, ok, capsys):
     with pytest.raises(SystemExit) as info:
         parse_args(argv)
     assert info.value.code == 2 and "--weight-decay" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_training_continuations_in_another_dtype(tiny, tmp_path, monkeypatch):
+    """--gen-dtype bfloat16: a bfloat16 copy writes the training continuations (their states stored as float32),
+    the float32 target the held-out ones (equal to a float32 run's), and the target itself stays float32; the
+    run trains and saves a head."""
+    import batchspec.eagle.data as data
+    from batchspec.eagle.data import SampleStore
+    from batchspec.eagle.train import generation_target
+
+    target = _target(tiny)
+    assert generation_target(target, "auto") is target and generation_target(target, "float32") is target
+    writer = generation_target(target, "bfloat16")
+    assert writer.dtype == torch.bfloat16 and target.dtype == torch.float32
+    with pytest.raises(TrainDraftError, match="--gen-dtype"):
+        generation_target(target, "int8")
+
+    written = []  # (dtype of the model that wrote, max_new_tokens: 12 training, 10 held-out)
+    real = data.continue_prompts
+    monkeypatch.setattr(data, "continue_prompts", lambda model, *a, **kw: (
+        written.append((model.dtype, kw["max_new_tokens"])), real(model, *a, **kw))[1])
+    summaries = {}
+    for dtype in ("auto", "bfloat16"):
+        written.clear()
+        summaries[dtype] = run(options(tiny, tmp_path / dtype, steps=2, eval_new_tokens=10, gen_dtype=dtype),
+                               log=lambda *a: None)
+        want = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        assert written and all(d == (want if n == 12 else torch.float32) for d, n in written), written
+        assert {n for _, n in written} == {10, 12}
+    stores = {d: SampleStore(tmp_path / d / ".train" / "samples") for d in summaries}
+    held = {d: s.unpack(s.read("heldout.json")) for d, s in stores.items()}
+    assert [x.ids for x in held["auto"]] == [x.ids for x in held["bfloat16"]]
+    assert all(st.dtype == torch.float32 for st in stores["bfloat16"].load_states("train-00000"))
+    assert summaries["bfloat16"].steps == 2
+    assert load_head(tmp_path / "bfloat16", target) is not None

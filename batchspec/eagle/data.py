@@ -78,7 +78,7 @@ def continue_prompts(target, tokenizer, prompts: list[tuple[int, list[int]]], *,
             continue
         samples.append(Sample(prompt_ids + list(result.completion_token_ids), len(prompt_ids)))
         if recorder is not None:
-            states.append(match(recorder, prompt_ids, result.completion_token_ids))
+            states.append(match(recorder, prompt_ids, result.completion_token_ids).float())
     return samples, states if recorder is not None else None
 
 
@@ -131,11 +131,13 @@ class GeneratedData:
 
 def generate_data(target, tokenizer, prompts: Prompts, store: SampleStore, *, max_new_tokens: int,
                   eval_new_tokens: int, temperature: float, seed: int, batch_size: int, chunk: int,
-                  deadline: float, layers: tuple[int, ...] | None = None, progress=None) -> GeneratedData:
+                  deadline: float, layers: tuple[int, ...] | None = None, progress=None,
+                  writer=None) -> GeneratedData:
     """Held-out continuations first (greedy), then training ones chunk by chunk until all prompts are done
     or `deadline` (time.time()) passes: a chunk stops taking finished rows there (the first chunk keeps at
     least a batch's worth); whatever is on disk is reused. With `layers`, each chunk's recorded states are
-    stored beside it (NAME.pt, written before NAME.json, which marks the chunk done)."""
+    stored beside it (NAME.pt, written before NAME.json, which marks the chunk done). writer: the model that
+    writes the training continuations (the target in another dtype; default the target)."""
     done = store.read("done.json")
     heldout = store.read("heldout.json")
     seconds = sum(c.get("seconds", 0.0) for c in store.chunks()) + (heldout or {}).get("seconds", 0.0)
@@ -152,7 +154,8 @@ def generate_data(target, tokenizer, prompts: Prompts, store: SampleStore, *, ma
     while done is None and position < len(prompts.train) and (time.time() < deadline or not chunks):
         t0 = time.time()
         part = prompts.train[position: position + chunk]
-        samples, states = continue_prompts(target, tokenizer, part, max_new_tokens=max_new_tokens,
+        samples, states = continue_prompts(writer if writer is not None else target, tokenizer, part,
+                                           max_new_tokens=max_new_tokens,
                                            temperature=temperature, seed=seed, batch_size=batch_size, layers=layers,
                                            deadline=deadline, keep=batch_size if not chunks else 0)
         payload = store.pack(samples, prompts=len(part), seconds=time.time() - t0)
