@@ -13,6 +13,7 @@ it, training gets what is left (less a reserve for the evaluation).
 from __future__ import annotations
 
 import copy
+import gc
 
 import json
 import time
@@ -35,7 +36,8 @@ from .vocab import vocab_for
 
 # Options whose change makes the saved samples or checkpoint meaningless for a resumed run.
 DATA_KEYS = ("target", "prompts", "prompt_column", "chat", "split", "limit", "max_prompt_tokens", "max_new_tokens",
-             "eval_new_tokens", "temperature", "heldout", "max_heldout", "seed", "layers", "draft_vocab_size")
+             "eval_new_tokens", "temperature", "heldout", "max_heldout", "seed", "layers", "draft_vocab_size",
+             "gen_dtype")
 
 
 @dataclass
@@ -88,6 +90,7 @@ def check_run_folder(options: TrainDraftOptions, state_dir: Path) -> dict:
             raise TrainDraftError(f"{options.out} holds an earlier run ({state_dir}); pass --resume to continue it "
                                   "or choose another --out")
         stored = json.loads(run_file.read_text())
+        stored.setdefault("gen_dtype", "auto")  # a run folder from before --gen-dtype
         changed = [k for k in DATA_KEYS if stored.get(k) != record[k]]
         if changed:
             raise TrainDraftError(f"--resume with different {', '.join(changed)} than the run in {options.out}")
@@ -128,7 +131,9 @@ def run(options: TrainDraftOptions, log=print) -> Summary:
         batch_size=options.gen_batch_size, chunk=4 * options.gen_batch_size, deadline=deadline,
         layers=(*layer_ids, num_layers),  # and the LM head's input (hidden_states[-1])
         progress=lambda n, tokens: log(f"  generated {n} continuations, {tokens} tokens ({time.time() - t_start:.0f}s)"))
-    del writer  # a copy in another dtype is not needed for training
+    if writer is not target:  # a copy in another dtype is not needed for training; the engine holds cycles
+        del writer
+        gc.collect()
     log(f"data: {len(data.train)} training samples from {data.prompts_used}/{data.prompts_total} prompts, "
         f"{sum(len(s.ids) for s in data.train)} tokens; generation {data.seconds / 60:.1f} min")
 
