@@ -78,7 +78,7 @@ def continue_prompts(target, tokenizer, prompts: list[tuple[int, list[int]]], *,
             continue
         samples.append(Sample(prompt_ids + list(result.completion_token_ids), len(prompt_ids)))
         if recorder is not None:
-            states.append(match(recorder, prompt_ids, result.completion_token_ids).float())
+            states.append(match(recorder, prompt_ids, result.completion_token_ids))
     return samples, states if recorder is not None else None
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import gc
-
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -168,7 +167,7 @@ def generation_target(target, gen_dtype: str):
     `gen_dtype`. On a CPU with bf16 instructions (AVX512-BF16) SmolLM2 decoded 1.6-1.7x faster in bfloat16
     than in float32 (batch 128, 2 cores: 372-385 against 223-238 tokens/s), so a budget's data share
     writes that much more data; the held-out continuations, which measure the head, stay in the target's
-    dtype. The states are stored in float32 whichever dtype wrote them."""
+    dtype. The states are stored in float32 whichever dtype wrote them (record.py casts them)."""
     if gen_dtype in ("auto", str(target.dtype).removeprefix("torch.")):
         return target
     if gen_dtype not in ("float32", "bfloat16", "float16"):

@@ -139,7 +139,7 @@ class NGramDrafter(LazyLookup):
 
     def propose_tree(self, round: Round, spec: TreeSpec) -> Draft:
         """The `branching` best first tokens, each continued as a chain to `depth`: their prefix tree."""
-        self._ready(round, [min(k, spec.depth) for k in round.budgets])
+        self._ready(round, round.budgets)  # a tree is at least one deep: the same rows propose
         rows = []
         for slot, k in zip(round.rows, round.budgets):
             depth = min(k, spec.depth)
@@ -220,7 +220,7 @@ class PromptLookupDrafter(LazyLookup):
     def propose_tree(self, round: Round, spec: TreeSpec) -> Draft:
         """The continuations of the `branching` most recent occurrences of the trailing n-gram (the longest n
         that has any), each up to `depth` tokens: their prefix tree."""
-        self._ready(round, [min(k, spec.depth) for k in round.budgets])
+        self._ready(round, round.budgets)  # a tree is at least one deep: the same rows propose
         rows = []
         for slot, k in zip(round.rows, round.budgets):
             depth = min(k, spec.depth)
