@@ -55,6 +55,14 @@ def pick_extra_eos(reference: list[list[int]]) -> int:
     raise RuntimeError("no suitable extra EOS token")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (the README's test command runs two workers) the tests of the one SLURM cluster
+    go to one worker: the cluster is a session fixture, and two workers would start two on one machine."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_tokenizer()
