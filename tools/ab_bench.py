@@ -38,6 +38,10 @@ from batchspec.models import load_models  # noqa: E402
 def load_base(checkout: Path, into: Path):
     """The other checkout's package under the name batchspec_base -> (its api, its types)."""
     shutil.copytree(checkout / "batchspec", into / "batchspec_base", ignore=shutil.ignore_patterns("assets", "__pycache__"))
+    # Both packages register their packed attention with transformers by name: give the base's its own.
+    packed = into / "batchspec_base" / "engine" / "packed.py"
+    if packed.exists():
+        packed.write_text(packed.read_text().replace('ATTENTION = "batchspec_packed"', 'ATTENTION = "batchspec_packed_base"'))
     sys.path.insert(0, str(into))
     return importlib.import_module("batchspec_base.api"), importlib.import_module("batchspec_base.types")
 

@@ -38,6 +38,7 @@ from .drafters import Drafter
 from .grammar import Grammars
 from .graphs import HostBuffer, StepGraphs
 from .intake import Defaults
+from .payoff import PayoffCheck
 from .round import Round, RoundBuffers, RoundShape
 from .round_steps import declare_round_steps, shape_seconds
 from .timing import packed_seconds
@@ -125,7 +126,9 @@ class SpecBatchGenerator:
         self.scheduler = Scheduler(tokenizer, stops, num_slots=batch_size, vocab_size=vocab, max_seq_len=max_seq_len,
                                    defaults=defaults, k_max=k_max, trees=self.trees, adaptive=controller,
                                    static=self.static, fill_budget=fill_tokens if self.packed else 0,
-                                   grammars=self.grammars, per_row=self.static_per_row)
+                                   grammars=self.grammars, per_row=self.static_per_row,
+                                   payoff=PayoffCheck() if controller is not None and (self.packed or self.static_per_row)
+                                   else None)
         self.timings = dict.fromkeys(PHASES, 0.0)  # seconds per phase (exact on a GPU only with profile)
         self.noise_s = 0.0  # seconds making coupled sampling's noise (inside the draft phase)
         self._sync_phases = profile and self.device.type == "cuda"
@@ -229,7 +232,8 @@ class SpecBatchGenerator:
             finished, emitted = self.scheduler.postprocess(round, outcome)
             self.drafter.extend(emitted.slots, emitted.tokens, emitted.num_accepted, emitted.path)
             results = self._release(finished)
-        self.scheduler.learn(round, emitted, time.perf_counter() - started, self._round_costs(round))
+        self.scheduler.learn(round, emitted, time.perf_counter() - started, self._round_costs(round),
+                             tokens=sum(len(outcome.emitted[i]) for i in round.running))
         return results
 
     def _round_costs(self, round: Round) -> tuple | None:

@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..types import Request, Result, TreeSpec
 from .adaptive import AdaptiveK
+from .payoff import PayoffCheck
 from .grammar import Grammars
 from .intake import Admission, Defaults, Intake
 from .postprocess import Emitted, RowOutcomes
@@ -41,13 +42,15 @@ class Scheduler(RowOutcomes):
     """Host bookkeeping for `num_slots` slots. k_max: the most drafts a chain round may have per row;
     trees: the tree shapes rounds may draft; adaptive: the controller choosing each round's shape (None:
     every round drafts the first tree, or a chain of k_max); grammars: the constrained rows' matchers
-    (grammar.py: structured output), which advance by the tokens rows emit."""
+    (grammar.py: structured output), which advance by the tokens rows emit; payoff: the wall clock's check
+    that drafting pays (payoff.py), which may keep a per-row round's rows from drafting."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: StopRules, *, num_slots: int, vocab_size: int,
                  max_seq_len: int, defaults: Defaults, k_max: int, trees: tuple[TreeSpec, ...] = (),
                  adaptive: AdaptiveK | None = None, static: bool = False, fill_budget: int = 0,
-                 grammars: Grammars | None = None, per_row: bool = False):
+                 grammars: Grammars | None = None, per_row: bool = False, payoff: PayoffCheck | None = None):
         self.tokenizer, self.stops, self.adaptive = tokenizer, stops, adaptive
+        self.payoff = payoff  # per-row rounds: epochs with and without drafting, compared (payoff.py)
         self.max_seq_len = max_seq_len
         self.k_max, self.trees, self.static = k_max, trees, static
         self.grammars = grammars
@@ -194,6 +197,10 @@ class Scheduler(RowOutcomes):
         if self.static:
             self.adaptive.costs.at_length(max(round.lengths) + self._widest)
         at = round.running  # a static round's idle slots draft nothing
+        if self.payoff is not None and not self.payoff.drafting:  # an epoch without drafts: nobody proposes
+            for i in at:
+                round.budgets[i] = 0
+            return
         hopeless = self.adaptive.hopeless([round.rows[i] for i in at], len(at) + round.chunk_tokens,
                                           self.adaptive.costs)
         for i, skip in zip(at, hopeless):
@@ -231,6 +238,10 @@ class Scheduler(RowOutcomes):
         if self.static:
             adaptive.costs.at_length(max(round.lengths) + self._widest)
         at = round.running
+        if self.payoff is not None and not self.payoff.drafting:
+            round.budgets = [0] * len(round.rows)
+            round.shape = adaptive.shapes[0]
+            return round.shape
         pick = lambda values: [values[i] for i in at]  # noqa: E731
         index, drafts = adaptive.choose_rows(pick(round.rows), pick(offer), pick(round.room),
                                              pick(priors) if priors is not None else None,
@@ -245,12 +256,15 @@ class Scheduler(RowOutcomes):
     def _widest(self) -> int:
         return max([self.k_max, *(t.nodes for t in self.trees)])
 
-    def learn(self, round: Round, emitted: Emitted, seconds: float, cost: tuple | None = None) -> None:
+    def learn(self, round: Round, emitted: Emitted, seconds: float, cost: tuple | None = None,
+              tokens: int = 0) -> None:
         """Adaptive speculation learns the round's cost and, from the same cut counts as the statistics,
         its acceptance. cost: a packed round's (forward tokens, forward seconds, drafting forwards' (tokens,
-        seconds)), which price its rows' drafts apart."""
+        seconds)), which price its rows' drafts apart; tokens: what its rows emitted (the payoff check's)."""
         if self.adaptive is None:
             return
+        if self.payoff is not None:
+            self.payoff.observe(tokens, seconds)
         drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
         if cost is None:
             self.adaptive.observe(round.shape, seconds, emitted.slots, emitted.budgets, drafted, accepted)

@@ -1,0 +1,136 @@
+"""Whether drafting pays, measured by the wall clock: epochs of rounds with drafting and without, compared.
+
+Adaptive speculation chooses drafts from its books: an acceptance model and a cost model fitted to the
+rounds it ran (adaptive.py, packed_choice.py). Costs the books do not see can make a drafter that they
+call profitable slower than plain decoding: on 2 CPU cores, ngram at batch 32 ran 0.85-0.93x drafter
+none while its calibration said its drafts paid (docs/benchmarks.md, 2026-11-26, fifth session). So
+per-row rounds (packed, or the captured path's) run in epochs, each with drafting allowed (the
+controller chooses as before; `drafting_rounds` rounds) or not (every row drafts nothing;
+`plain_rounds`, fewer, since in a job of a few hundred rounds that drafts well its first plain epochs
+are a cost), and the tokens the rounds emit per second of their wall time are compared:
+
+    warm-up (drafting; not counted) | off | on | off | on | the winner ... | the loser | the winner ...
+
+An epoch is only ever compared with the two epochs of the other arm around it (the geometric mean of
+their rates), so that a machine whose speed drifts over minutes (this project's 2-core VMs move by
+10-20%) does not decide; the log-ratios of those comparisons are averaged with a decay. The loser is
+tried again after `interval` drafting epochs' worth of rounds of the winner, an interval that doubles
+while the verdict holds (up to `max_interval`; straight there when one arm is `clear` times the other)
+and starts over at 2 when it flips or the last comparison doubts it, so that a job whose workload
+changes finds out, at a cost of about one epoch in max_interval + 1 at the loser's rate. Drafting wins
+ties: plain decoding must be `margin` faster.
+
+The check changes which rounds draft, never a greedy output (speculation is exact); like the rest of
+adaptive speculation it makes a sampled output depend on timing, which is why sampling keeps k fixed
+unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+log = logging.getLogger("batchspec")
+
+OFF, ON = 0, 1
+
+
+@dataclass
+class PayoffCheck:
+    """Call `drafting` before a round (may its rows draft?) and `observe(tokens, seconds)` after it."""
+
+    drafting_rounds: int = 24  # rounds in an epoch with drafting allowed
+    plain_rounds: int = 8  # rounds in an epoch without: shorter, since a short job that drafts well pays for them
+    margin: float = 0.02  # plain decoding must be this much faster than drafting to be preferred
+    clear: float = 1.15  # a gap this wide needs no confirming: the loser is next tried after max_interval
+    decay: float = 0.5  # per comparison
+    max_interval: int = 16  # epochs of the winner between trials of the loser, at most
+    rounds: list[int] = field(default_factory=lambda: [0, 0])  # rounds run per arm, warm-up included
+    _arm: int = ON  # the current epoch's arm (the first epoch: the controller's warm-up)
+    _round: int = 0  # rounds into the current epoch
+    _warm: bool = False  # the warm-up epoch (the controller learning its costs) is over; it is not compared
+    _epoch: list[float] = field(default_factory=lambda: [0.0, 0.0])  # the current epoch's tokens, seconds
+    _last: list[tuple[int, float]] = field(default_factory=list)  # the last three counted epochs: (arm, rate)
+    _score: float = 0.0  # decayed sum of log(drafting's rate / plain's rate) over the comparisons
+    _weight: float = 0.0
+    _compared: int = 0
+    _latest: float = 0.0  # the last comparison's log-ratio
+    _winner: int | None = None
+    _interval: int = 2
+    _since: int = 0  # rounds of the winner since the comparison that closed the loser's last trial
+    _rates: list[float] = field(default_factory=lambda: [0.0, 0.0])  # each arm's rate in its last comparison
+
+    @property
+    def drafting(self) -> bool:
+        return self._arm == ON
+
+    @property
+    def winner(self) -> str | None:
+        """'drafting', 'plain' or None before the first two comparisons."""
+        return None if self._winner is None else ("drafting" if self._winner == ON else "plain")
+
+    @property
+    def ratio(self) -> float:
+        """Drafting's tokens per second over plain decoding's, as the comparisons average it (1.0 before)."""
+        return math.exp(self._score / self._weight) if self._weight else 1.0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A round ended: it emitted `tokens` over its rows in `seconds` of wall time."""
+        self.rounds[self._arm] += 1
+        self._epoch[0] += tokens
+        self._epoch[1] += seconds
+        self._round += 1
+        if self._round >= (self.drafting_rounds if self._arm == ON else self.plain_rounds):
+            self._end_epoch()
+
+    def _end_epoch(self) -> None:
+        (tokens, seconds), ended = self._epoch, self._arm
+        self._round, self._epoch = 0, [0.0, 0.0]
+        if self._warm:
+            self._last = (self._last + [(ended, tokens / max(seconds, 1e-12))])[-3:]
+            if len(self._last) == 3 and self._last[0][0] == self._last[2][0] != self._last[1][0]:
+                self._compare()
+        if self._compared < 2:  # alternate until two comparisons: off first, after the warm-up
+            self._arm = ON if self._warm and self._last[-1][0] == OFF else OFF
+            self._warm = True
+            return
+        self._arm = self._next(ended)
+
+    def _compare(self) -> None:
+        """The last three epochs are a, b, a: b's rate against the geometric mean of the a's."""
+        (a, first), (b, middle), (_, last) = self._last
+        around = math.sqrt(first * last)
+        self._rates[a], self._rates[b] = around, middle
+        r = self._latest = math.log(max(self._rates[ON], 1e-12) / max(self._rates[OFF], 1e-12))
+        self._score, self._weight = self.decay * self._score + r, self.decay * self._weight + 1
+        self._compared += 1
+
+    def _next(self, ended: int) -> int:
+        """The arm of the next epoch, once two comparisons were made."""
+        if self._winner is None or (ended == self._winner and self._last[-2][0] != ended):  # a comparison just ended
+            verdict = ON if self.ratio * (1 + self.margin) >= 1 else OFF
+            latest = math.exp(self._latest)
+            agrees = (latest * (1 + self.margin) >= 1) == (verdict == ON)
+            wide = agrees and min(max(self.ratio, 1 / self.ratio), max(latest, 1 / latest)) >= self.clear
+            if verdict != self._winner or not agrees:  # a new verdict, or one the last comparison doubts: soon again
+                if verdict != self._winner:
+                    log.info("speculation: %s (%.1f tokens/s drafting, %.1f without, in the last comparison)",
+                             "drafting pays" if verdict == ON else "drafting does not pay; plain decoding until the next trial",
+                             self._rates[ON], self._rates[OFF])
+                self._interval = self.max_interval if wide else 2
+            else:
+                self._interval = self.max_interval if wide else min(2 * self._interval, self.max_interval)
+            self._winner, self._since = verdict, 0
+            return verdict
+        if ended != self._winner:  # the loser's trial: the winner again, which closes the comparison
+            return self._winner
+        # The interval counts drafting epochs' worth of rounds, so that plain decoding's shorter epochs do not
+        # bring drafting's trials round sooner.
+        self._since += self.drafting_rounds if ended == ON else self.plain_rounds
+        return (1 - self._winner) if self._since >= self._interval * self.drafting_rounds else self._winner
+
+    def summary(self) -> dict:
+        """Rounds per arm, the verdict and drafting's rate over plain decoding's (for logs and statistics)."""
+        return {"rounds_drafting": self.rounds[ON], "rounds_plain": self.rounds[OFF], "winner": self.winner,
+                "ratio": self.ratio}

@@ -1,0 +1,88 @@
+"""The payoff check (engine/payoff.py) against simulated rounds: each arm emits tokens at its own rate, each
+round's time noisy (uniform +-noise, fixed seed), the machine drifting slowly; and its schedule, exactly."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from batchspec.engine.payoff import PayoffCheck
+
+
+def simulate(drafting_rate, plain_rate, *, rounds=4000, noise=0.2, drift=0.2, seed=0, check=None):
+    """Rounds of 32 tokens; a round takes 32 / rate seconds of its arm, times (1 +- noise), times a slow
+    drift of the whole machine (a sine of amplitude `drift` over 1,000 rounds). -> (the check, tokens per
+    second achieved relative to the faster arm's rate)."""
+    check = check or PayoffCheck()
+    rng = random.Random(seed)
+    tokens = seconds = 0.0
+    for r in range(rounds):
+        rate = drafting_rate if check.drafting else plain_rate
+        speed = 1 + drift * math.sin(2 * math.pi * r / 1000)
+        s = 32 / rate * (1 + rng.uniform(-noise, noise)) / speed
+        check.observe(32, s)
+        tokens, seconds = tokens + 32, seconds + s * speed  # achieved at the machine's mean speed
+    return check, tokens / seconds / max(drafting_rate, plain_rate)
+
+
+# (name, drafting's rate, plain decoding's rate, the verdict, the least share of the better arm's rate)
+CASES = [
+    ("drafting pays 1.6x", 1.6, 1.0, "drafting", 0.94),
+    ("drafting pays 1.1x", 1.1, 1.0, "drafting", 0.97),
+    ("drafting loses 0.85x", 0.85, 1.0, "plain", 0.97),
+    ("drafting loses 0.93x", 0.93, 1.0, "plain", 0.97),
+    ("drafting halves the rate", 0.5, 1.0, "plain", 0.92),  # its trials cost twice: 1 epoch in 17
+]
+
+
+@pytest.mark.parametrize("name,on,off,winner,least", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_faster_arm_wins_and_the_trials_cost_little(name, on, off, winner, least, seed):
+    """4,000 rounds (~170 epochs of 24 rounds with drafting, 8 without), 3 seeds: the verdict is the faster arm and the job runs at >= `least`
+    of that arm's rate (the warm-up, the alternation and the loser's trials are the rest)."""
+    check, achieved = simulate(on, off, seed=seed)
+    assert check.winner == winner
+    assert achieved >= least, achieved
+
+
+def test_a_tie_goes_to_drafting():
+    """Within the margin (2%) drafting is kept: its rounds also keep the acceptance estimates fresh."""
+    check, _ = simulate(1.0, 1.01, noise=0.0, drift=0.0)
+    assert check.winner == "drafting"
+
+
+def test_a_change_in_the_workload_is_found():
+    """Drafting pays for 2,000 rounds, then loses (its rows stop matching): plain wins within ~40 epochs."""
+    check, _ = simulate(1.5, 1.0, rounds=2000)
+    assert check.winner == "drafting"
+    before = check.rounds[0]
+    check, _ = simulate(0.8, 1.0, rounds=1000, check=check)
+    assert check.winner == "plain"
+    assert check.rounds[0] - before >= 600  # most of the last 1,000 rounds ran without drafts
+
+
+def test_schedule_warm_up_then_alternation_then_trials():
+    """Epochs of 3 rounds drafting and 1 plain, drafting twice as fast, no noise: warm-up (on), off, on, off,
+    on, then the verdict (a gap wider than `clear`: the loser next after max_interval = 4 epochs of the winner)."""
+    check = PayoffCheck(drafting_rounds=3, plain_rounds=1, max_interval=4)
+    arms = []
+    while len(arms) < 3 * 11 + 3:
+        arms.append(int(check.drafting))
+        check.observe(10, 0.5 if check.drafting else 1.0)
+    assert "".join(map(str, arms)) == "111" "0" "111" "0" "111" "111111111111" "0" "111111111111"
+    assert check.summary() == {"rounds_drafting": 33, "rounds_plain": 3, "winner": "drafting", "ratio": pytest.approx(2.0)}
+
+
+def test_a_narrow_verdict_is_confirmed_at_doubling_intervals():
+    """Drafting 1.05x (below `clear`): after the verdict the loser is tried once 2 epochs of the winner have
+    passed, then, after the winner's epoch that closes each trial's comparison, 4 and then 8."""
+    check = PayoffCheck(drafting_rounds=1, plain_rounds=1, max_interval=8)
+    arms = []
+    for _ in range(30):
+        arms.append(int(check.drafting))
+        check.observe(105 if check.drafting else 100, 1.0)
+    trials = [i for i, a in enumerate(arms) if a == 0 and i > 4]
+    assert arms[:5] == [1, 0, 1, 0, 1]
+    assert trials == [7, 13, 23]
