@@ -16,9 +16,9 @@ from transformers import PreTrainedTokenizerBase
 
 from ..types import Request, Result, TreeSpec
 from .adaptive import AdaptiveK
-from .payoff import PayoffCheck
 from .grammar import Grammars
 from .intake import Admission, Defaults, Intake
+from .payoff import PayoffCheck
 from .postprocess import Emitted, RowOutcomes
 from .round import Round, RoundShape
 from .slots import SlotTable
