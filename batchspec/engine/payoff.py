@@ -55,7 +55,6 @@ class PayoffCheck:
     _score: float = 0.0  # decayed sum of log(drafting's rate / plain's rate) over the comparisons
     _weight: float = 0.0
     _compared: int = 0
-    _latest: float = 0.0  # the last comparison's log-ratio
     _winner: int | None = None
     _interval: int = 2
     _since: int = 0  # rounds of the winner since the comparison that closed the loser's last trial
@@ -89,28 +88,29 @@ class PayoffCheck:
         self._round, self._epoch = 0, [0.0, 0.0]
         if self._warm:
             self._last = (self._last + [(ended, tokens / max(seconds, 1e-12))])[-3:]
-            if len(self._last) == 3 and self._last[0][0] == self._last[2][0] != self._last[1][0]:
-                self._compare()
+        compared = self._warm and len(self._last) == 3 and self._last[0][0] == self._last[2][0] != self._last[1][0]
+        if compared:
+            self._compare()
         if self._compared < 2:  # alternate until two comparisons: off first, after the warm-up
             self._arm = ON if self._warm and self._last[-1][0] == OFF else OFF
             self._warm = True
             return
-        self._arm = self._next(ended)
+        self._arm = self._next(ended, compared)
 
     def _compare(self) -> None:
         """The last three epochs are a, b, a: b's rate against the geometric mean of the a's."""
         (a, first), (b, middle), (_, last) = self._last
         around = math.sqrt(first * last)
         self._rates[a], self._rates[b] = around, middle
-        r = self._latest = math.log(max(self._rates[ON], 1e-12) / max(self._rates[OFF], 1e-12))
+        r = math.log(max(self._rates[ON], 1e-12) / max(self._rates[OFF], 1e-12))
         self._score, self._weight = self.decay * self._score + r, self.decay * self._weight + 1
         self._compared += 1
 
-    def _next(self, ended: int) -> int:
-        """The arm of the next epoch, once two comparisons were made."""
-        if self._winner is None or (ended == self._winner and self._last[-2][0] != ended):  # a comparison just ended
+    def _next(self, ended: int, compared: bool) -> int:
+        """The arm of the next epoch, once two comparisons were made (compared: the epoch that ended closed one)."""
+        if compared:  # (the first verdict comes with the second comparison)
             verdict = ON if self.ratio * (1 + self.margin) >= 1 else OFF
-            latest = math.exp(self._latest)
+            latest = self._rates[ON] / max(self._rates[OFF], 1e-12)  # the last comparison's
             agrees = (latest * (1 + self.margin) >= 1) == (verdict == ON)
             wide = agrees and min(max(self.ratio, 1 / self.ratio), max(latest, 1 / latest)) >= self.clear
             if verdict != self._winner or not agrees:  # a new verdict, or one the last comparison doubts: soon again
