@@ -86,3 +86,52 @@ def test_a_narrow_verdict_is_confirmed_at_doubling_intervals():
     trials = [i for i, a in enumerate(arms) if a == 0 and i > 4]
     assert arms[:5] == [1, 0, 1, 0, 1]
     assert trials == [7, 13, 23]
+
+
+def test_rounds_below_full_occupancy_do_not_count():
+    """A job's tail (fewer rows than the most seen) runs in the current arm and counts towards no epoch: slow
+    tail rounds in plain epochs would otherwise hand drafting the verdict. Same schedule as above, with 5 rounds
+    of 4 rows (10x slower per token) after every plain round: the arms and the verdict are unchanged."""
+    check = PayoffCheck(drafting_rounds=3, plain_rounds=1, max_interval=4)
+    arms = []
+    while len(arms) < 3 * 11 + 3:
+        arms.append(int(check.drafting))
+        drafting = check.drafting
+        check.observe(10, 0.5 if drafting else 1.0, rows=32)
+        if not drafting:
+            for _ in range(5):
+                check.observe(1, 1.0, rows=4)
+    assert "".join(map(str, arms)) == "111" "0" "111" "0" "111" "111111111111" "0" "111111111111"
+    assert check.winner == "drafting" and check.ratio == pytest.approx(2.0)
+    assert check.rounds == [3, 33 + 15]  # a plain epoch is one round here: its tail rounds ran in the next (drafting)
+
+
+def test_the_first_rounds_set_full_occupancy():
+    """Full is the most rows seen so far: a job smaller than the batch counts its rounds (5 rows of 8 slots)."""
+    check = PayoffCheck(drafting_rounds=2, plain_rounds=1)
+    for _ in range(7):
+        check.observe(5, 1.0, rows=5)
+    assert check.rounds == [2, 5] and check._compared == 1
+
+
+ADMISSION_CASES = [
+    # name, fills (slot, start, count), forward (tokens, seconds), admission seconds
+    ("no prompt chunks", [], (32, 0.024), 0.0),
+    ("a chunk of 96 in a forward of 128", [(3, 0, 96)], (128, 0.040), 0.030),
+    ("two chunks", [(3, 0, 32), (5, 10, 32)], (96, 0.030), 0.020),
+    ("untimed forward (the static path)", [(3, 0, 32)], (64, 0.0), 0.0),
+    ("no forward", [(3, 0, 32)], None, 0.0),
+]
+
+
+@pytest.mark.parametrize("name,fills,forward,expected", ADMISSION_CASES, ids=[c[0] for c in ADMISSION_CASES])
+def test_admission_share_of_a_round(name, fills, forward, expected):
+    """What the scheduler takes out of a round's time before the check sees it: the forward's seconds times
+    the prompt chunks' share of its tokens."""
+    import torch
+
+    from batchspec.engine.round import Round
+
+    round = Round(rows=[0], rows_t=torch.tensor([0]), span=slice(0, 1), lengths=[5], lengths_t=torch.tensor([5]),
+                  running=[0], room=[0], budgets=[0], static=False, fills=fills, forward=forward)
+    assert round.admission_seconds == pytest.approx(expected)

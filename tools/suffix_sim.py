@@ -282,29 +282,32 @@ def check_baselines(rows: list[Row], k: int, count: int) -> None:
     first `count` rows."""
     import torch
 
-    from batchspec.engine.drafters import DraftContext, NGramDrafter, PromptLookupDrafter
+    from batchspec.engine.drafters import NGramDrafter, PromptLookupDrafter
+    from batchspec.engine.round import Round, RoundBuffers
 
     cpu = torch.device("cpu")
-    for name, real, sim in (("ngram", NGramDrafter(cpu), NGramSim(k)), ("prompt_lookup", PromptLookupDrafter(cpu),
-                                                                          PromptLookupSim(k))):
+    buffers = RoundBuffers(1, k, 32, cpu, noise=False, probs=False, trees=False)
+    for name, real, sim in (("ngram", NGramDrafter(), NGramSim(k)), ("prompt_lookup", PromptLookupDrafter(),
+                                                                      PromptLookupSim(k))):
         checked = 0
         for r, row in enumerate(rows[:count]):
             seq = row.prompt_ids + row.completion[:1]
             real.admit([0], [list(seq)])
             sim.start(r, list(seq))
             for token in row.completion[1:]:
-                tokens = torch.tensor([seq])
-                ctx = DraftContext(rows=[0], lengths=[len(seq)], k=[k], tokens=tokens, presence=None,
-                                   noise_keys=torch.zeros(1, dtype=torch.long))
-                draft = real.propose(ctx)
+                round = Round(rows=[0], rows_t=torch.tensor([0]), span=slice(0, 1), lengths=[len(seq)],
+                              lengths_t=torch.tensor([len(seq)]), running=[0], room=[k], budgets=[k],
+                              static=False, buffers=buffers)
+                draft = real.propose(round)
                 want = draft.tokens[0, : int(draft.num_tokens[0])].tolist()
                 got = sim.propose(r, k)[0]
                 if got != want:
                     raise SystemExit(f"{name}: the simulation proposes {got}, the drafter {want} (row {row.id})")
                 seq.append(token)
-                real.commit([0], [[token]], [0])
+                real.extend([0], [[token]], [0])
                 sim.extend(r, [token])
                 checked += 1
+            real.release([0])
             sim.finish(r)
         print(f"check: {name} simulation == engine drafter on {checked} positions of {count} rows", file=sys.stderr)
 

@@ -172,7 +172,8 @@ def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, 
                 p = F.softmax(target_head(F.pad(final[:, 1 + j:], (0, 0, 0, j))[ok]) / options.label_temperature, -1)
             losses.append(-(p * F.log_softmax(logits, dim=-1)).sum() / max(len(p), 1))
         agree.append(float((logits.argmax(-1) == label).sum()) / max(len(label), 1))
-        positions = len(label) if j == 0 else positions
+        if j == 0:
+            positions = len(label)  # the first step's positions: what the summary counts as tokens seen
     weights = [options.step_weight ** j for j in range(len(losses))]
     loss = sum(w * l for w, l in zip(weights, losses)) / sum(weights)
     return loss, agree, positions

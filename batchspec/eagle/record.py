@@ -87,4 +87,4 @@ def match(recorder: FeatureRecorder, prompt: list[int], completion: list[int]) -
         if len(rec.ids) >= len(sequence) and rec.ids[: len(sequence)] == sequence:
             del recorder.finished[i]
             return rec.states[: len(sequence) - 1]
-    raise RuntimeError(f"no recorded states for a finished row: the engine released it without its tokens")
+    raise RuntimeError("no recorded states for a finished row: the engine released it without its tokens")

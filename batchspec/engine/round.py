@@ -149,6 +149,14 @@ class Round:
         return sum(count for _, _, count in self.fills)
 
     @property
+    def admission_seconds(self) -> float:
+        """Packed: the share of the forward's measured time that its prompt chunks took, in proportion to their
+        tokens (0 when the forward was not timed: the static path's)."""
+        if not self.fills or self.forward is None or not self.forward[0]:
+            return 0.0
+        return self.forward[1] * self.chunk_tokens / self.forward[0]
+
+    @property
     def base_tokens(self) -> int:
         """Packed: the forward's tokens before any draft (one pending token a deciding row, the chunks)."""
         return len(self.rows) + self.chunk_tokens

@@ -263,8 +263,8 @@ class Scheduler(RowOutcomes):
         seconds)), which price its rows' drafts apart; tokens: what its rows emitted (the payoff check's)."""
         if self.adaptive is None:
             return
-        if self.payoff is not None:
-            self.payoff.observe(tokens, seconds)
+        if self.payoff is not None:  # admission is the job's work whichever arm runs: it is taken out
+            self.payoff.observe(tokens, seconds - round.admission_seconds, rows=len(round.running))
         drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
         if cost is None:
             self.adaptive.observe(round.shape, seconds, emitted.slots, emitted.budgets, drafted, accepted)
