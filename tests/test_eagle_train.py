@@ -338,3 +338,53 @@ def test_training_continuations_in_another_dtype(tiny, tmp_path, monkeypatch):
     assert all(st.dtype == torch.float32 for st in stores["bfloat16"].load_states("train-00000"))
     assert summaries["bfloat16"].steps == 2
     assert load_head(tmp_path / "bfloat16", target) is not None
+
+
+# ttt_steps, ttt_ramp, progress -> unrolled steps
+RAMP = [
+    (4, 0.0, 0.0, 4), (4, 0.0, 0.9, 4),  # no ramp: every step unrolls ttt_steps
+    (4, 0.6, 0.0, 1), (4, 0.6, 0.19, 1), (4, 0.6, 0.2, 2), (4, 0.6, 0.45, 3), (4, 0.6, 0.6, 4), (4, 0.6, 1.0, 4),
+    (1, 0.5, 0.0, 1), (2, 1.0, 0.5, 1), (2, 0.5, 0.49, 1), (2, 0.5, 0.5, 2),  # full steps from the ramp's end
+]
+
+
+@pytest.mark.parametrize("ttt,ramp,progress,expected", RAMP)
+def test_unrolled_steps_ramp(ttt, ramp, progress, expected):
+    from batchspec.eagle.loop import LoopOptions, steps_at
+
+    assert steps_at(progress, LoopOptions(ttt_steps=ttt, ttt_ramp=ramp)) == expected
+
+
+@pytest.mark.parametrize("value, ok", [("0.5", True), ("0", True), ("1", True), ("1.5", False), ("-0.1", False)])
+def test_ttt_ramp_flag(value, ok, capsys):
+    from batchspec.train_draft import parse_args
+
+    argv = ["target", "--prompts", "p.parquet", "--out", "head", "--ttt-ramp", value]
+    if ok:
+        assert parse_args(argv).ttt_ramp == float(value)
+        return
+    with pytest.raises(SystemExit) as info:
+        parse_args(argv)
+    assert info.value.code == 2 and "--ttt-ramp" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_ramped_run_trains_every_step_by_its_end(tiny, tmp_path):
+    """20 steps ramping 1 -> 3 unrolled steps over the first half: the agreement covers all three (each step's
+    mean over the recent steps that ran it) and the weights stay finite."""
+    from batchspec.eagle.features import sequence_states
+    from batchspec.eagle.init import head_for_target
+    from batchspec.eagle.loop import LoopOptions, train_loop
+
+    target = _target(tiny)
+    gen = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(3, 300, (12,), generator=gen).tolist() for _ in range(4)]
+    samples = [Sample(ids, prompt_len=4) for ids in sequences]
+    torch.manual_seed(0)
+    head = head_for_target(target)
+    states = sequence_states(target, sequences, head.config.target_layer_ids, dtype=torch.float32)
+    options = LoopOptions(steps=20, seconds=0, batch_size=2, ttt_steps=3, ttt_ramp=0.5, show_progress=False,
+                          eval_every=10**9)
+    state = train_loop(head, target, samples, states, [], [], options, tmp_path / "ckpt.pt")
+    assert state.step == 20 and len(state.agreement) == 3
+    assert all(0.0 <= a <= 1.0 for a in state.agreement)
+    assert all(torch.isfinite(p).all() for p in head.parameters())

@@ -119,6 +119,7 @@ ADMISSION_CASES = [
     ("no prompt chunks", [], (32, 0.024), 0.0),
     ("a chunk of 96 in a forward of 128", [(3, 0, 96)], (128, 0.040), 0.030),
     ("two chunks", [(3, 0, 32), (5, 10, 32)], (96, 0.030), 0.020),
+    ("the last chunk of a deciding row (slot 0): its first decision too", [(0, 0, 63)], (128, 0.040), 0.020),
     ("untimed forward (the static path)", [(3, 0, 32)], (64, 0.0), 0.0),
     ("no forward", [(3, 0, 32)], None, 0.0),
 ]

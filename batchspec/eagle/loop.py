@@ -34,6 +34,7 @@ class LoopOptions:
     lr: float | None = None  # peak learning rate; None: default_lr(the head's hidden size)
     batch_size: int = 8  # sequences per step
     ttt_steps: int = 5  # unrolled draft steps per position (EAGLE-3's test length)
+    ttt_ramp: float = 0.0  # share of training over which unrolled steps grow from 1 to ttt_steps (0: none)
     step_weight: float = 0.8  # loss weight of step j: step_weight ** j
     weight_decay: float = 0.0
     grad_clip: float = 0.5
@@ -91,6 +92,15 @@ def lr_at(progress: float, options: LoopOptions, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(p, 1.0))))
 
 
+def steps_at(progress: float, options: LoopOptions) -> int:
+    """Unrolled steps at this point of training: ttt_steps, or with ttt_ramp growing from 1 in equal parts of
+    the ramp to ttt_steps at its end (an early step with fewer unrolled steps costs less, so the head sees
+    more batches while it learns the first draft, which every longer chain needs)."""
+    if options.ttt_ramp <= 0 or options.ttt_steps <= 1:
+        return options.ttt_steps
+    return min(options.ttt_steps, 1 + int((options.ttt_steps - 1) * progress / options.ttt_ramp))
+
+
 def autocast_enabled(kind: str, mode: str = "auto") -> bool:
     """Whether the training step runs under bf16 autocast on a device of this kind ("cpu", "cuda", ...).
     "auto": on a GPU only. On a 2-core EPYC with AVX512-BF16, bf16 steps of the demo head were 1.3x faster
@@ -136,7 +146,8 @@ class TargetHead:
         return F.linear(final.float(), self.weight, self.bias)
 
 
-def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, options: LoopOptions, device):
+def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, options: LoopOptions, device,
+               steps: int | None = None):
     """Weighted TTT loss over the batch `rows`, the per-step top-1 agreement with the target, and the number
     of labelled positions of the first step.
     With a reduced draft vocabulary, labels are over the draft vocabulary (the target's distribution
@@ -157,7 +168,7 @@ def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, 
     greedy = torch.where(greedy >= 0, target_head.draft_id[greedy.clamp(min=0)], -1)
     usable = greedy >= 0
     losses, agree = [], []
-    for j, out in enumerate(unroll(head, ids, feats, options.ttt_steps)):
+    for j, out in enumerate(unroll(head, ids, feats, steps or options.ttt_steps)):
         # row i of step j predicts the token at position i+2+j: the target's logits at i+1+j
         ok = F.pad(usable[:, j:], (0, j)) & (rows_i + 2 + j <= lengths)
         if not options.train_on_prompt:
@@ -219,7 +230,7 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
                 group["lr"] = lr_at(progress_of(state, options), options, peak_lr)
             with autocast:
                 loss, agree, positions = batch_loss(head, target_head, samples, states, pick_batch(order, state.step, options),
-                                         options, device)
+                                                    options, device, steps_at(progress_of(state, options), options))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(params, options.grad_clip)
@@ -239,7 +250,9 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
             state.positions += positions
             recent = (recent + [(loss.item(), agree)])[-20:]
             state.loss = sum(r[0] for r in recent) / len(recent)
-            state.agreement = [sum(r[1][j] for r in recent) / len(recent) for j in range(len(agree))]
+            # (with a ramp recent steps unrolled different numbers of steps: each one's mean over those that ran it)
+            state.agreement = [sum(r[1][j] for r in recent if j < len(r[1])) / sum(1 for r in recent if j < len(r[1]))
+                               for j in range(max(len(r[1]) for r in recent))]
             if heldout and (state.step % options.eval_every == 0):
                 head.eval()
                 shown = quick_eval(head, heldout[:16], heldout_states[:16])

@@ -38,6 +38,7 @@ class Summary:
     lr: float | None = None  # the peak learning rate used
     skipped_steps: int = 0  # steps not applied: their loss or gradient was not finite
     positions_seen: int = 0  # labelled positions trained on, summed over steps (a position seen twice counts twice)
+    ttt_ramp: float = 0.0  # share of training over which the unrolled steps grew from 1 (0: none)
 
     @property
     def total_seconds(self) -> float:
@@ -68,7 +69,9 @@ def render(s: Summary) -> str:
         f"prompts x {s.eval_new_tokens} greedy tokens",
         f"  time: {share('generation', s.generation_seconds)}, {share('target features', s.feature_seconds)}, "
         f"{share('training', s.train_seconds)} ({s.steps} steps x {s.batch_size} sequences, {s.positions_seen:,} "
-        f"labelled positions seen, {s.ttt_steps} unrolled steps, peak lr {s.lr or 0:.2g}"
+        f"labelled positions seen, {s.ttt_steps} unrolled steps"
+        + (f" (from 1 over the first {s.ttt_ramp:.0%} of training)" if s.ttt_ramp else "")
+        + f", peak lr {s.lr or 0:.2g}"
         + (f", {s.skipped_steps} skipped: loss not finite" if s.skipped_steps else "")
         + f"), {share('evaluation', s.eval_seconds)}; total {s.total_seconds / 60:.1f} min",
         f"  training loss ({s.labels} labels) {s.final_loss:.3f}; top-1 agreement with the target by unrolled step: "

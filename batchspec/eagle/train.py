@@ -255,7 +255,7 @@ def finish(options: TrainDraftOptions, head, target, data, heldout_states, state
         feature_seconds=feature_seconds, train_seconds=state.seconds, eval_seconds=time.time() - t_eval,
         steps=state.step, batch_size=loop.batch_size, ttt_steps=loop.ttt_steps, final_loss=state.loss,
         agreement=state.agreement, history=state.history, acceptance=asdict(result), costs=asdict(costs),
-        lr=loop.lr, skipped_steps=state.skipped, positions_seen=state.positions,
+        lr=loop.lr, skipped_steps=state.skipped, positions_seen=state.positions, ttt_ramp=loop.ttt_ramp,
     )
     atomic_write_text(out / "train_summary.json", json.dumps(asdict(summary), indent=2) + "\n")
     atomic_write_text(out / "train_summary.txt", render(summary) + "\n")

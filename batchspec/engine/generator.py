@@ -232,8 +232,9 @@ class SpecBatchGenerator:
             finished, emitted = self.scheduler.postprocess(round, outcome)
             self.drafter.extend(emitted.slots, emitted.tokens, emitted.num_accepted, emitted.path)
             results = self._release(finished)
-        self.scheduler.learn(round, emitted, time.perf_counter() - started, self._round_costs(round),
-                             tokens=sum(len(outcome.emitted[i]) for i in round.running))
+        admitted = round.admitted  # their first tokens are admission's, not the round's arm's (payoff.py)
+        tokens = sum(len(outcome.emitted[i]) for i in round.running if round.rows[i] not in admitted)
+        self.scheduler.learn(round, emitted, time.perf_counter() - started, self._round_costs(round), tokens=tokens)
         return results
 
     def _round_costs(self, round: Round) -> tuple | None:

@@ -149,12 +149,20 @@ class Round:
         return sum(count for _, _, count in self.fills)
 
     @property
+    def admitted(self) -> set[int]:
+        """Packed: the deciding rows (as slots) whose prompt's last chunk is in this round: their first token
+        comes from it."""
+        chunked = {slot for slot, _, _ in self.fills}
+        return {self.rows[i] for i in self.running if self.rows[i] in chunked}
+
+    @property
     def admission_seconds(self) -> float:
-        """Packed: the share of the forward's measured time that its prompt chunks took, in proportion to their
-        tokens (0 when the forward was not timed: the static path's)."""
+        """Packed: the share of the forward's measured time that admission took, in proportion to its tokens
+        (the prompt chunks, and one for each admitted row's first decision); 0 when the forward was not timed
+        (the static path's)."""
         if not self.fills or self.forward is None or not self.forward[0]:
             return 0.0
-        return self.forward[1] * self.chunk_tokens / self.forward[0]
+        return self.forward[1] * min(1.0, (self.chunk_tokens + len(self.admitted)) / self.forward[0])
 
     @property
     def base_tokens(self) -> int:
