@@ -67,6 +67,21 @@ def _target(tiny):
     return AutoModelForCausalLM.from_pretrained(tiny[0], dtype=torch.float32)
 
 
+def _head_and_states(tiny, count: int):
+    """The tiny target, a fresh head (seed 0) and `count` random 12-token samples with their target states."""
+    from batchspec.eagle.features import sequence_states
+    from batchspec.eagle.init import head_for_target
+
+    target = _target(tiny)
+    gen = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(3, 300, (12,), generator=gen).tolist() for _ in range(count)]
+    samples = [Sample(ids, prompt_len=4) for ids in sequences]
+    torch.manual_seed(0)
+    head = head_for_target(target)
+    states = sequence_states(target, sequences, head.config.target_layer_ids, dtype=torch.float32)
+    return target, head, samples, states
+
+
 def test_refuses_an_earlier_run_without_resume(tiny, tmp_path):
     run(options(tiny, tmp_path, steps=2), log=lambda *a: None)
     with pytest.raises(TrainDraftError, match="pass --resume"):
@@ -224,17 +239,9 @@ POISONED = [(1, False), (8, True)]
 
 @pytest.mark.parametrize("poisoned,stops", POISONED)
 def test_non_finite_steps_are_skipped_and_a_run_of_them_stops_training(tiny, tmp_path, poisoned, stops):
-    from batchspec.eagle.features import sequence_states
-    from batchspec.eagle.init import head_for_target
     from batchspec.eagle.loop import LoopOptions, NonFiniteLoss, train_loop
 
-    target = _target(tiny)
-    gen = torch.Generator().manual_seed(0)
-    sequences = [torch.randint(3, 300, (12,), generator=gen).tolist() for _ in range(8)]
-    samples = [Sample(ids, prompt_len=4) for ids in sequences]
-    torch.manual_seed(0)
-    head = head_for_target(target)
-    states = sequence_states(target, sequences, head.config.target_layer_ids, dtype=torch.float32)
+    target, head, samples, states = _head_and_states(tiny, 8)
     for i in range(poisoned):
         states[i] = (states[i][0] * float("nan"), *states[i][1:])
     options = LoopOptions(steps=30, seconds=0, batch_size=1, ttt_steps=2, show_progress=False, eval_every=10**9)
@@ -290,19 +297,24 @@ def test_states_recorded_while_generating_equal_a_forward_over_each_sequence(tin
         assert greedy[n - 1] == -1 and greedy[: n - 1].tolist() == g_ref[: n - 1].tolist()
 
 
-@pytest.mark.parametrize("value, ok", [("0.5", True), ("0", True), ("-0.1", False), ("nan", False)])
-def test_weight_decay_flag(value, ok, capsys):
-    """--weight-decay is taken as given (train_draft passes it to LoopOptions); a negative or NaN one is refused
-    in one line."""
+# flag, value, accepted: train_draft takes the value as given (it passes it to LoopOptions), or refuses it in one line
+FLAGS = [("--weight-decay", "0.5", True), ("--weight-decay", "0", True), ("--weight-decay", "-0.1", False),
+         ("--weight-decay", "nan", False),
+         ("--ttt-ramp", "0.5", True), ("--ttt-ramp", "0", True), ("--ttt-ramp", "1", True), ("--ttt-ramp", "1.5", False),
+         ("--ttt-ramp", "-0.1", False)]
+
+
+@pytest.mark.parametrize("flag, value, ok", FLAGS)
+def test_number_flags(flag, value, ok, capsys):
     from batchspec.train_draft import parse_args
 
-    argv = ["target", "--prompts", "p.parquet", "--out", "head", "--weight-decay", value]
+    argv = ["target", "--prompts", "p.parquet", "--out", "head", flag, value]
     if ok:
-        assert parse_args(argv).weight_decay == float(value)
+        assert getattr(parse_args(argv), flag[2:].replace("-", "_")) == float(value)
         return
     with pytest.raises(SystemExit) as info:
         parse_args(argv)
-    assert info.value.code == 2 and "--weight-decay" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert info.value.code == 2 and flag in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_training_continuations_in_another_dtype(tiny, tmp_path, monkeypatch):
@@ -355,33 +367,12 @@ def test_unrolled_steps_ramp(ttt, ramp, progress, expected):
     assert steps_at(progress, LoopOptions(ttt_steps=ttt, ttt_ramp=ramp)) == expected
 
 
-@pytest.mark.parametrize("value, ok", [("0.5", True), ("0", True), ("1", True), ("1.5", False), ("-0.1", False)])
-def test_ttt_ramp_flag(value, ok, capsys):
-    from batchspec.train_draft import parse_args
-
-    argv = ["target", "--prompts", "p.parquet", "--out", "head", "--ttt-ramp", value]
-    if ok:
-        assert parse_args(argv).ttt_ramp == float(value)
-        return
-    with pytest.raises(SystemExit) as info:
-        parse_args(argv)
-    assert info.value.code == 2 and "--ttt-ramp" in capsys.readouterr().err.strip().splitlines()[-1]
-
-
 def test_a_ramped_run_trains_every_step_by_its_end(tiny, tmp_path):
     """20 steps ramping 1 -> 3 unrolled steps over the first half: the agreement covers all three (each step's
     mean over the recent steps that ran it) and the weights stay finite."""
-    from batchspec.eagle.features import sequence_states
-    from batchspec.eagle.init import head_for_target
     from batchspec.eagle.loop import LoopOptions, train_loop
 
-    target = _target(tiny)
-    gen = torch.Generator().manual_seed(0)
-    sequences = [torch.randint(3, 300, (12,), generator=gen).tolist() for _ in range(4)]
-    samples = [Sample(ids, prompt_len=4) for ids in sequences]
-    torch.manual_seed(0)
-    head = head_for_target(target)
-    states = sequence_states(target, sequences, head.config.target_layer_ids, dtype=torch.float32)
+    target, head, samples, states = _head_and_states(tiny, 4)
     options = LoopOptions(steps=20, seconds=0, batch_size=2, ttt_steps=3, ttt_ramp=0.5, show_progress=False,
                           eval_every=10**9)
     state = train_loop(head, target, samples, states, [], [], options, tmp_path / "ckpt.pt")

@@ -232,9 +232,8 @@ class SpecBatchGenerator:
             finished, emitted = self.scheduler.postprocess(round, outcome)
             self.drafter.extend(emitted.slots, emitted.tokens, emitted.num_accepted, emitted.path)
             results = self._release(finished)
-        admitted = round.admitted  # their first tokens are admission's, not the round's arm's (payoff.py)
-        tokens = sum(len(outcome.emitted[i]) for i in round.running if round.rows[i] not in admitted)
-        self.scheduler.learn(round, emitted, time.perf_counter() - started, self._round_costs(round), tokens=tokens)
+        self.scheduler.learn(round, emitted, time.perf_counter() - started, self._round_costs(round),
+                             tokens=[len(outcome.emitted[i]) for i in round.running])
         return results
 
     def _round_costs(self, round: Round) -> tuple | None:

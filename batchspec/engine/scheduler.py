@@ -197,7 +197,7 @@ class Scheduler(RowOutcomes):
         if self.static:
             self.adaptive.costs.at_length(max(round.lengths) + self._widest)
         at = round.running  # a static round's idle slots draft nothing
-        if self.payoff is not None and not self.payoff.drafting:  # an epoch without drafts: nobody proposes
+        if self._plain_epoch:  # nobody proposes
             for i in at:
                 round.budgets[i] = 0
             return
@@ -238,7 +238,7 @@ class Scheduler(RowOutcomes):
         if self.static:
             adaptive.costs.at_length(max(round.lengths) + self._widest)
         at = round.running
-        if self.payoff is not None and not self.payoff.drafting:
+        if self._plain_epoch:
             round.budgets = [0] * len(round.rows)
             round.shape = adaptive.shapes[0]
             return round.shape
@@ -253,18 +253,28 @@ class Scheduler(RowOutcomes):
         return round.shape
 
     @property
+    def _plain_epoch(self) -> bool:
+        """The payoff check runs an epoch without drafts (payoff.py)."""
+        return self.payoff is not None and not self.payoff.drafting
+
+    @property
     def _widest(self) -> int:
         return max([self.k_max, *(t.nodes for t in self.trees)])
 
     def learn(self, round: Round, emitted: Emitted, seconds: float, cost: tuple | None = None,
-              tokens: int = 0) -> None:
+              tokens: list[int] | None = None) -> None:
         """Adaptive speculation learns the round's cost and, from the same cut counts as the statistics,
         its acceptance. cost: a packed round's (forward tokens, forward seconds, drafting forwards' (tokens,
-        seconds)), which price its rows' drafts apart; tokens: what its rows emitted (the payoff check's)."""
+        seconds)), which price its rows' drafts apart; tokens: how many each running row emitted (the payoff
+        check's)."""
         if self.adaptive is None:
             return
-        if self.payoff is not None:  # admission is the job's work whichever arm runs: it is taken out
-            self.payoff.observe(tokens, seconds - round.admission_seconds, rows=len(round.running))
+        if self.payoff is not None and tokens is not None:
+            # Admission is the job's work whichever arm runs: its share of the forward and the admitted rows'
+            # first tokens are taken out.
+            admitted = round.admitted
+            counted = sum(n for i, n in zip(round.running, tokens) if round.rows[i] not in admitted)
+            self.payoff.observe(counted, seconds - round.admission_seconds, rows=len(round.running))
         drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
         if cost is None:
             self.adaptive.observe(round.shape, seconds, emitted.slots, emitted.budgets, drafted, accepted)
