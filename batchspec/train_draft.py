@@ -69,8 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--labels", choices=["auto", "hard", "soft"], default="auto",
                    help="learn the target's greedy token (hard) or its distribution (soft); auto: hard for "
                         "greedy continuations, soft at --temperature otherwise")
-    p.add_argument("--data-fraction", type=float, default=0.4,
-                   help="share of --minutes generation may use (more data beat more steps on SmolLM2: docs/eagle.md)")
+    p.add_argument("--data-fraction", type=float, default=0.25,
+                   help="share of --minutes generation may use (0.25: with the unrolled-step ramp, SmolLM2 gained more "
+                        "from training steps than from more data; docs/eagle.md)")
     p.add_argument("--gen-batch-size", type=int, default=128, help="batch size of the generation (plain decoding, "
                    "recording states: on SmolLM2 on 2 cores 234-258 tokens/s at 128, 203-206 at 64; its KV cache "
                    "grows with it: lower it when memory is short)")
@@ -173,15 +174,14 @@ def main(argv=None) -> None:
     options = TrainDraftOptions(
         target=args.target, prompts=args.prompts, out=args.out, prompt_column=args.prompt_column, chat=args.chat, split=args.split,
         limit=args.limit, minutes=args.minutes, steps=args.steps, device=args.device, dtype=args.dtype,
-        resume=args.resume, lr=args.lr, batch_size=args.batch_size, ttt_steps=args.ttt_steps,
+        resume=args.resume, lr=args.lr, batch_size=args.batch_size, ttt_steps=args.ttt_steps, ttt_ramp=args.ttt_ramp,
         draft_vocab_size=args.draft_vocab_size, heldout=args.heldout, max_heldout=args.max_heldout,
         max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
         eval_new_tokens=args.eval_new_tokens, temperature=args.temperature, labels=args.labels,
         data_fraction=args.data_fraction,
         gen_batch_size=args.gen_batch_size, gen_dtype=args.gen_dtype, train_on_prompt=args.prompt_loss and not args.no_prompt_loss, layers=args.layers,
         format=args.format, save_dtype=dtype, seed=args.seed,
-        loop={"checkpoint_every": args.checkpoint_every, "autocast": args.autocast, "weight_decay": args.weight_decay,
-              "ttt_ramp": args.ttt_ramp},
+        loop={"checkpoint_every": args.checkpoint_every, "autocast": args.autocast, "weight_decay": args.weight_decay},
     )
     from .eagle.config import HeadError
     from .files import atomic_write

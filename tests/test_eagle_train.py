@@ -317,6 +317,21 @@ def test_number_flags(flag, value, ok, capsys):
     assert info.value.code == 2 and flag in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def test_api_defaults_are_the_command_defaults():
+    """TrainDraftOptions (what tools/build_demo.py and other callers build) defaults every option as the command
+    does: a default measured and set on the command only (the unrolled-step ramp was, at first) would leave API
+    callers without it. save_dtype differs by design: the command's "auto" is resolved before the options."""
+    from dataclasses import MISSING, fields
+
+    from batchspec.train_draft import parse_args
+
+    args = vars(parse_args(["target", "--prompts", "p.parquet", "--out", "head"]))
+    shared = [f for f in fields(TrainDraftOptions) if f.name in args and f.default is not MISSING]
+    assert {f.name for f in shared} >= {"ttt_steps", "ttt_ramp", "data_fraction", "gen_dtype", "minutes", "batch_size"}
+    assert {f.name: f.default for f in shared if f.name != "save_dtype"} == \
+        {f.name: args[f.name] for f in shared if f.name != "save_dtype"}
+
+
 def test_training_continuations_in_another_dtype(tiny, tmp_path, monkeypatch):
     """--gen-dtype bfloat16: a bfloat16 copy writes the training continuations (their states stored as float32),
     the float32 target the held-out ones (equal to a float32 run's), and the target itself stays float32; the
@@ -331,6 +346,8 @@ def test_training_continuations_in_another_dtype(tiny, tmp_path, monkeypatch):
     assert writer.dtype == torch.bfloat16 and target.dtype == torch.float32
     with pytest.raises(TrainDraftError, match="--gen-dtype"):
         generation_target(target, "int8")
+    with pytest.raises(TrainDraftError, match="float16 on a CPU"):
+        generation_target(target, "float16")
 
     written = []  # (dtype of the model that wrote, max_new_tokens: 12 training, 10 held-out)
     real = data.continue_prompts

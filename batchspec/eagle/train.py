@@ -56,6 +56,7 @@ class TrainDraftOptions:
     lr: float | None = None  # None: eagle.loop.default_lr(head width)
     batch_size: int = 4
     ttt_steps: int = 4
+    ttt_ramp: float = 0.5  # share of training over which the unrolled steps grow from 1 to ttt_steps (loop.py)
     draft_vocab_size: int | None = None  # None: the most frequent tokens covering 99% of the data (vocab.py)
     heldout: float = 0.05
     max_heldout: int = 32
@@ -64,7 +65,7 @@ class TrainDraftOptions:
     eval_new_tokens: int = 64
     temperature: float = 0.0
     labels: str = "auto"  # auto: hard for greedy continuations, else soft at the sampling temperature
-    data_fraction: float = 0.4
+    data_fraction: float = 0.25
     gen_batch_size: int = 128
     gen_dtype: str = "auto"  # the training continuations' target dtype: auto = the target's (`generation_target`)
     train_on_prompt: bool = False
@@ -152,7 +153,8 @@ def run(options: TrainDraftOptions, log=print) -> Summary:
 
     labels = options.labels if options.labels != "auto" else ("hard" if options.temperature == 0 else "soft")
     lr = options.lr if options.lr is not None else default_lr(head.config.hidden_size)
-    loop = LoopOptions(lr=lr, batch_size=options.batch_size, ttt_steps=options.ttt_steps, steps=options.steps,
+    loop = LoopOptions(lr=lr, batch_size=options.batch_size, ttt_steps=options.ttt_steps, ttt_ramp=options.ttt_ramp,
+                       steps=options.steps,
                        train_on_prompt=options.train_on_prompt, seed=options.seed, labels=labels,
                        label_temperature=options.temperature or 1.0, **options.loop)
     reserve = min(60.0, 0.05 * budget)  # for the evaluation below
@@ -172,6 +174,10 @@ def generation_target(target, gen_dtype: str):
         return target
     if gen_dtype not in ("float32", "bfloat16", "float16"):
         raise TrainDraftError(f"--gen-dtype {gen_dtype}: choose auto, float32, bfloat16 or float16")
+    if gen_dtype == "float16" and target.device.type == "cpu":
+        # CPUs have no float16 matmul units worth the name: it would spend the data share writing less data.
+        raise TrainDraftError("--gen-dtype float16 on a CPU: float16 matmuls are emulated there (slower than "
+                              "float32); use bfloat16 (fast on CPUs with AVX512-BF16 or AMX) or float32")
     return copy.deepcopy(target).to(getattr(torch, gen_dtype))
 
 
