@@ -262,14 +262,20 @@ def start(root: Path, timeout: float = 90) -> Cluster:
                munged, log / "munged.out", timeout)
 
     datadir = root / "mysql" / "data"
+    # Its own temp dir, not /tmp: a bootstrap once failed on a temp table that vanished from the shared /tmp
+    # ("Could not remove temporary table '/tmp/#sql-temptable-...'", during a full test run).
+    tmpdir = root / "mysql" / "tmp"
+    tmpdir.mkdir(parents=True, exist_ok=True)
     if not (datadir / "mysql").is_dir():
         install = subprocess.run([program("mariadb-install-db"), "--no-defaults", f"--datadir={datadir}",
-                                  "--user=root", "--skip-test-db", "--auth-root-authentication-method=socket"],
+                                  f"--tmpdir={tmpdir}", "--user=root", "--skip-test-db",
+                                  "--auth-root-authentication-method=socket"],
                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
         if install.returncode != 0:
             raise ClusterError(f"mariadb-install-db: exit {install.returncode}: {install.stderr.strip()[-2000:]}")
     mariadbd = spawn(root, "mariadbd", [
-        program("mariadbd"), "--no-defaults", f"--datadir={datadir}", "--user=root", "--bind-address=127.0.0.1",
+        program("mariadbd"), "--no-defaults", f"--datadir={datadir}", f"--tmpdir={tmpdir}", "--user=root",
+        "--bind-address=127.0.0.1",
         f"--port={ports['mariadb']}", f"--socket={root}/mysql/mysqld.sock", f"--pid-file={root}/run/mariadbd.pid",
         f"--init-file={root}/mysql/init.sql", f"--log-error={log}/mariadbd.log", "--skip-log-bin",
         "--innodb-buffer-pool-size=64M"])
