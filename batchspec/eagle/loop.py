@@ -13,6 +13,7 @@ label from the target for the token it predicts, weighted 0.8^j (EAGLE-3). Label
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -251,8 +252,8 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
             recent = (recent + [(loss.item(), agree)])[-20:]
             state.loss = sum(r[0] for r in recent) / len(recent)
             # (with a ramp recent steps unrolled different numbers of steps: each one's mean over those that ran it)
-            state.agreement = [sum(r[1][j] for r in recent if j < len(r[1])) / sum(1 for r in recent if j < len(r[1]))
-                               for j in range(max(len(r[1]) for r in recent))]
+            state.agreement = [statistics.fmean(a[j] for _, a in recent if j < len(a))
+                               for j in range(max(len(a) for _, a in recent))]
             if heldout and (state.step % options.eval_every == 0):
                 head.eval()
                 shown = quick_eval(head, heldout[:16], heldout_states[:16])

@@ -242,7 +242,7 @@ def start(root: Path, timeout: float = 90) -> Cluster:
         raise ClusterError("the test cluster runs its daemons as root (SlurmUser=root); run as root")
     if (root / "pids.json").exists() and running(root):
         raise ClusterError(f"{root} already has running daemons ({', '.join(running(root))}); stop it first")
-    for d in ("etc", "munge", "mysql/data", "state", "spool", "run", "log"):
+    for d in ("etc", "munge", "mysql/data", "mysql/tmp", "state", "spool", "run", "log"):
         (root / d).mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)  # munged checks that no one else can write the dirs above its socket and key
     (root / "pids.json").unlink(missing_ok=True)
@@ -265,7 +265,6 @@ def start(root: Path, timeout: float = 90) -> Cluster:
     # Its own temp dir, not /tmp: a bootstrap once failed on a temp table that vanished from the shared /tmp
     # ("Could not remove temporary table '/tmp/#sql-temptable-...'", during a full test run).
     tmpdir = root / "mysql" / "tmp"
-    tmpdir.mkdir(parents=True, exist_ok=True)
     if not (datadir / "mysql").is_dir():
         install = subprocess.run([program("mariadb-install-db"), "--no-defaults", f"--datadir={datadir}",
                                   f"--tmpdir={tmpdir}", "--user=root", "--skip-test-db",
