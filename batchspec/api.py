@@ -80,8 +80,10 @@ def build_generator(
     and coupled sampling; off with rejection sampling, where it would make seeded output depend on load.
 
     compile: auto = CUDA graphs on a GPU (every step captured at start), eager on CPU; on = CUDA graphs on
-    a GPU, torch.compile (inductor) of the forwards on CPU; off = eager everywhere; static = the captured
-    path's static shapes without capturing (tests, launch counts).
+    a GPU, torch.compile (inductor) of the forwards on CPU; inductor = on a GPU the forwards compiled by
+    torch.compile and then captured, each shape the first time it runs (tens of seconds per shape: for
+    long jobs), on CPU as on; off = eager everywhere; static = the captured path's static shapes without
+    capturing (tests, launch counts).
 
     drafter: a name (make_drafter), or a Drafter object built by the caller (train_draft's FeatureRecorder).
 

@@ -100,7 +100,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--compile", default="auto", help="how batchspec captures its static-shape forwards: auto "
-                        "(CUDA graphs on a GPU, eager on CPU), on (CUDA graphs; torch.compile on CPU), off, static; "
+                        "(CUDA graphs on a GPU, eager on CPU), on (CUDA graphs; torch.compile on CPU), inductor "
+                        "(forwards compiled, then captured, per shape on first use), off, static; "
                         "a list (e.g. on,off) runs every batchspec contender in each mode")
     parser.add_argument("--tree", default="", help="tree drafts to run too, BxD (e.g. 2x4,2x8): a fixed-tree "
                         "contender for each, and adaptive chooses between chains and these trees")

@@ -115,7 +115,8 @@ def test_buckets_and_capture_modes():
     assert kv_buckets(64) == [64]
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     table = [("auto", cpu, None), ("auto", cuda, "cuda_graphs"), ("on", cpu, "inductor"), ("on", cuda, "cuda_graphs"),
-             ("off", cuda, None), (False, cuda, None), ("static", cpu, "static")]
+             ("inductor", cpu, "inductor"), ("inductor", cuda, "cuda_inductor"), ("off", cuda, None), (False, cuda, None),
+             ("static", cpu, "static")]
     for setting, device, expected in table:
         assert resolve_capture(setting, device) == expected, (setting, device)
     with pytest.raises(ValueError, match="compile="):

@@ -10,7 +10,9 @@
    EAGLE-3 head (batchspec/assets/demo/eagle) the eagle drafter too.
 2. Step times (with --pair, a `tools/synthetic_pair.py` pair in bf16): one static step of T = 1..5
    tokens per slot for the target and T = 1, 2 for the draft, at several batch sizes, eager against
-   a CUDA-graph replay (median of timed runs), which is the cost table adaptive k uses on a GPU.
+   a CUDA-graph replay (median of timed runs), which is the cost table adaptive k uses on a GPU. With
+   --inductor-widths, those target steps also compiled by inductor before capture (compile=inductor),
+   against the weight-streaming time of the target's bytes at --bandwidth.
 3. With --structured (needs llguidance): the same parity under per-row constraints (a JSON object, a
    regex, a choice), against `generate` with batchspec.bench_grammar's logits processor on each prompt
    alone: masks on captured verify logits, first tokens drawn under the grammar at admission.
@@ -55,7 +57,7 @@ def hf_reference(models, prompts: list[str], max_new_tokens: int) -> list[list[i
 
 
 def parity(lines: list[str], report: dict, num_prompts: int, max_new_tokens: int, device: str,
-           modes: list[str], drafters: list[str]) -> None:
+           modes: list[str], drafters: list[str], batch_sizes: list[int]) -> None:
     head = DEMO / "eagle"
     models = batchspec.load_models(str(DEMO / "target"), str(DEMO / "draft"), dtype="float32", device=device,
                                    head=str(head) if head.is_dir() else None)
@@ -69,7 +71,7 @@ def parity(lines: list[str], report: dict, num_prompts: int, max_new_tokens: int
             if drafter == "eagle" and models.head is None:
                 continue
             for batch_size, adaptive in ((8, False), (8, True), (1, False)):
-                if drafter == "none" and adaptive:
+                if (drafter == "none" and adaptive) or batch_size not in batch_sizes:
                     continue
                 generator = batchspec.build_generator(models, drafter=drafter, k=4, batch_size=batch_size,
                                                       max_new_tokens=max_new_tokens, adaptive=adaptive,
@@ -101,7 +103,7 @@ def structured_parity(lines: list[str], report: dict, num_prompts: int, max_new_
     from transformers import LogitsProcessorList
 
     from batchspec.bench_grammar import GrammarLogitsProcessor
-    from batchspec.types import Constraint, RowParams
+    from batchspec.types import RowParams
 
     models = batchspec.load_models(str(DEMO / "target"), str(DEMO / "draft"), dtype="float32", device=device)
     prompts = read_prompts(str(DEMO / "prompts.parquet"), num_prompts)
@@ -141,19 +143,35 @@ def structured_parity(lines: list[str], report: dict, num_prompts: int, max_new_
                 print(lines[-1], flush=True)
 
 
-def step_times(lines: list[str], report: dict, pair: Path, batch_sizes: list[int], kv_len: int, device: str) -> None:
+def step_times(lines: list[str], report: dict, pair: Path, batch_sizes: list[int], kv_len: int, device: str,
+               inductor_widths: set[int], bandwidth: float) -> None:
     models = batchspec.load_models(str(pair / "target"), str(pair / "draft"), dtype="bfloat16", device=device)
     captured = resolve_capture("on", torch.device(device))
+    compiled = resolve_capture("inductor", torch.device(device))
+    weights = sum(p.numel() * p.element_size() for p in models.target.parameters())
+    streaming_ms = 1000 * weights / bandwidth
     lines += ["", f"## Step times, bf16, {pair}: ms per static step over every slot, {kv_len} positions attended", "",
-              "| model | batch | T | eager ms | captured ms | eager / captured |", "|---|---:|---:|---:|---:|---:|"]
-    report["steps"] = []
+              f"Streaming the target's {weights / 1e9:.2f} GB of weights once at {bandwidth / 1e12:.2f} TB/s takes "
+              f"{streaming_ms:.2f} ms.", "",
+              "| model | batch | T | eager ms | captured ms | eager / captured | inductor + captured ms | compile s "
+              "| streaming / inductor |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    report["steps"], report["weights_bytes"], report["streaming_ms"] = [], weights, streaming_ms
     for name, model, widths in (("target", models.target, range(1, 6)), ("draft", models.draft, (1, 2))):
         for b in batch_sizes:
             for T in widths:  # kv_len - T cached, then a step of T tokens: kv_len attended
                 eager = forward_ms(model, b, T, kv_len - T, repeats=10, capture="static")
                 graph = forward_ms(model, b, T, kv_len - T, repeats=20, capture=captured)
-                report["steps"].append(dict(model=name, batch=b, T=T, eager_ms=eager, graph_ms=graph))
-                lines.append(f"| {name} | {b} | {T} | {eager:.2f} | {graph:.2f} | {eager / graph:.1f} |")
+                row = dict(model=name, batch=b, T=T, eager_ms=eager, graph_ms=graph)
+                fused = ""
+                if name == "target" and T in inductor_widths:
+                    started = time.perf_counter()
+                    row["inductor_ms"] = forward_ms(model, b, T, kv_len - T, repeats=20, capture=compiled)
+                    row["inductor_compile_s"] = time.perf_counter() - started
+                    fused = (f" {row['inductor_ms']:.2f} | {row['inductor_compile_s']:.0f} | "
+                             f"{streaming_ms / row['inductor_ms']:.2f} |")
+                report["steps"].append(row)
+                lines.append(f"| {name} | {b} | {T} | {eager:.2f} | {graph:.2f} | {eager / graph:.1f} |"
+                             + (fused or " | | |"))
                 print(lines[-1], flush=True)
                 torch.cuda.empty_cache()
 
@@ -193,10 +211,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-sizes", default="1,8,32,64")
     parser.add_argument("--kv-len", type=int, default=256)
+    parser.add_argument("--inductor-widths", default="", help="with --pair: the target's steps of these widths "
+                        "(e.g. 1 or 1,5) also compiled by inductor before capture (about a minute of compiling each)")
+    parser.add_argument("--bandwidth", type=float, default=3.35e12, help="the card's memory bandwidth in bytes/s "
+                        "(the weight-streaming time in the step table; H100 SXM: 3.35e12)")
     parser.add_argument("--skip-parity", action="store_true")
+    parser.add_argument("--parity-batches", default="8,1", help="batch sizes of the parity check (8 runs k=4 and "
+                        "adaptive, 1 runs k=4)")
     parser.add_argument("--structured", action="store_true", help="also the structured-output parity (llguidance)")
-    parser.add_argument("--modes", default="on,static,off", help="compile modes the parity check runs, and "
-                        "`unpacked` (CUDA graphs with the chain verify unpacked)")
+    parser.add_argument("--modes", default="on,static,off", help="compile modes the parity check runs (also "
+                        "inductor), and `unpacked` (CUDA graphs with the chain verify unpacked)")
     parser.add_argument("--drafters", default="none,model,eagle,ngram,prompt_lookup,suffix",
                         help="drafters the parity check runs")
     parser.add_argument("--device", default="cuda", help="cpu runs the same checks with torch.compile for capture "
@@ -213,13 +237,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if not args.skip_parity:
             parity(lines, report, args.num_prompts, args.max_new_tokens, args.device, args.modes.split(","),
-                   args.drafters.split(","))
+                   args.drafters.split(","), [int(b) for b in args.parity_batches.split(",")])
         if args.structured:
             structured_parity(lines, report, args.num_prompts, args.max_new_tokens, args.device,
                               args.modes.split(","), [d for d in args.drafters.split(",") if d != "eagle"])
         if args.pair:
             step_times(lines, report, Path(args.pair), [int(b) for b in args.batch_sizes.split(",")], args.kv_len,
-                       args.device)
+                       args.device, {int(w) for w in args.inductor_widths.split(",") if w}, args.bandwidth)
         attention_check(lines, report, Path(args.pair) if args.pair else None, args.device)
     finally:
         (out / "report.md").write_text("\n".join(lines) + "\n")

@@ -15,7 +15,10 @@ step by key, in one of four modes:
     its capture ends, so the next capture reuses them; graphs never run concurrently), and replayed
     after; a step run with other tensors than it was captured with has them copied in first;
   - "inductor" (CPU opt-in): steps declared `compile=True` (model forwards) run through
-    torch.compile(fullgraph=True, dynamic=False), compiled on first use; the rest run as in "static".
+    torch.compile(fullgraph=True, dynamic=False), compiled on first use; the rest run as in "static";
+  - "cuda_inductor" (GPU opt-in, gpt-fast's recipe): as "cuda_graphs", except that steps declared
+    `compile=True` are compiled by inductor, which fuses a forward's small kernels, and captured the first
+    time they run (a compile per shape takes tens of seconds, so only the shapes a job uses pay it).
 
 A capture that fails raises CaptureError: one line naming the step and the error (never a silent slow
 path). A step that was never declared runs eagerly with one warning per key.
@@ -35,7 +38,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 log = logging.getLogger("batchspec")
 
-CAPTURE_MODES = (None, "static", "cuda_graphs", "inductor")
+CAPTURE_MODES = (None, "static", "cuda_graphs", "inductor", "cuda_inductor")
+CAPTURED = ("cuda_graphs", "cuda_inductor")  # modes that replay CUDA graphs
 # Every inductor step compiles the same code object (a runner's `_step`, its shape fixed by the partial's
 # arguments), and dynamo counts each (width, bucket) as a recompile of that object, across all runners in
 # the process: past torch's default of 8, fullgraph=True turns that into a hard failure. Each key is one
@@ -50,17 +54,20 @@ class CaptureError(ValueError):
 
 def resolve_capture(compile: str | bool | None, device: torch.device) -> str | None:
     """The capture mode for a `compile=` setting: auto (CUDA graphs on a GPU, eager on CPU, where an eager
-    forward is not launch-bound), on (CUDA graphs; torch.compile on CPU), off (eager), static (the static
-    shapes of the captured path, run without capturing: for tests and launch counts)."""
+    forward is not launch-bound), on (CUDA graphs; torch.compile on CPU), inductor (the forwards compiled by
+    torch.compile, then captured into CUDA graphs, on first use; on CPU as on), off (eager), static (the
+    static shapes of the captured path, run without capturing: for tests and launch counts)."""
     if compile in (None, "auto"):
         return "cuda_graphs" if device.type == "cuda" else None
     if compile in (False, "off"):
         return None
     if compile in (True, "on"):
         return "cuda_graphs" if device.type == "cuda" else "inductor"
+    if compile == "inductor":
+        return "cuda_inductor" if device.type == "cuda" else "inductor"
     if compile == "static":
         return "static"
-    raise ValueError(f"compile={compile!r}: choose auto, on, off or static")
+    raise ValueError(f"compile={compile!r}: choose auto, on, inductor, off or static")
 
 
 def wall(device: torch.device) -> float:
@@ -179,8 +186,8 @@ class StepGraphs:
     def __init__(self, mode: str | None, device: torch.device, counter: LaunchCounter | None = None):
         if mode not in CAPTURE_MODES:
             raise ValueError(f"capture={mode!r}: choose one of {CAPTURE_MODES}")
-        if mode == "cuda_graphs" and device.type != "cuda":
-            raise ValueError("capture='cuda_graphs' needs a CUDA device")
+        if mode in CAPTURED and device.type != "cuda":
+            raise ValueError(f"capture={mode!r} needs a CUDA device")
         self.mode, self.device, self.counter = mode, device, counter
         self.declared: dict[Hashable, _Declared] = {}
         self.graphs: dict[Hashable, _Graph] = {}
@@ -202,22 +209,17 @@ class StepGraphs:
             self.declared[key] = _Declared(fn, tuple(args), size, compile)
 
     def capture_all(self, reset: Callable[[], None] = lambda: None) -> None:
-        """Capture every declared step not yet captured, largest first (cuda_graphs only). Capturing runs
-        each step twice (a warm-up, then the capture) on whatever its buffers hold: `reset` restores
-        the state the steps wrote (lengths) afterwards."""
-        if self.mode != "cuda_graphs":
+        """Capture every declared step not yet captured, largest first (cuda_graphs; in cuda_inductor the steps
+        not compiled). Capturing runs each step twice (a warm-up, then the capture) on whatever its buffers
+        hold: `reset` restores the state the steps wrote (lengths) afterwards."""
+        if self.mode not in CAPTURED:
             return
-        todo = sorted((k for k in self.declared if k not in self.graphs), key=lambda k: -self.declared[k].size)
+        todo = sorted((k for k in self.declared if k not in self.graphs and not self._lazy(k)),
+                      key=lambda k: -self.declared[k].size)
         started = time.perf_counter()
-        # A garbage collection during a capture that frees an earlier engine's graphs (a cycle holding a
-        # CUDAGraph) resets them mid-capture, which invalidates the capture: collect first, then hold it off.
-        gc.collect()
-        gc.disable()
-        try:
+        with _no_gc():
             for key in todo:
-                self.graphs[key] = self._capture(key, self.declared[key])
-        finally:
-            gc.enable()
+                self.graphs[key] = self._capture(key, self.declared[key].fn, self.declared[key].args)
         reset()
         torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - started
@@ -225,18 +227,23 @@ class StepGraphs:
         if todo:
             log.info("captured %d steps in %.1f s (%d in all)", len(todo), seconds, len(self.graphs))
 
-    def _capture(self, key: Hashable, step: _Declared) -> _Graph:
+    def _lazy(self, key: Hashable) -> bool:
+        """Compiled, then captured, the first time it runs (cuda_inductor)."""
+        return self.mode == "cuda_inductor" and self.declared[key].compile
+
+    def _capture(self, key: Hashable, fn: Callable[..., None], args: tuple) -> _Graph:
         try:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream), torch.inference_mode():  # warm-up: lazy inits, cuBLAS handles
-                step.fn(*step.args)
+            # warm-up: lazy inits, cuBLAS handles, and a compiled step's compile and autotuning
+            with torch.cuda.stream(stream), torch.inference_mode(), _recompiles():
+                fn(*args)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool):
-                step.fn(*step.args)
+            with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool), _recompiles():
+                fn(*args)
             self._pool = graph.pool()
-            return _Graph(graph, step.args)
+            return _Graph(graph, args)
         except Exception as e:  # noqa: BLE001 - any failure: one line naming the step, then stop
             first = (str(e).splitlines() or [""])[0][:200]
             raise CaptureError(f"capturing step {key} failed ({type(e).__name__}: {first}); run with compile=off "
@@ -249,6 +256,8 @@ class StepGraphs:
             return
         counting = self.counter.step(key) if self.counter is not None else _nothing()
         graph = self.graphs.get(key)
+        if graph is None and key in self.declared and self._lazy(key):
+            graph = self.graphs[key] = self._compile_and_capture(key, fn, args)
         with counting:
             if graph is not None:
                 for given, captured in zip(args, graph.args):
@@ -257,7 +266,7 @@ class StepGraphs:
                 graph.graph.replay()
                 return
             declared = self.declared.get(key)
-            if declared is None and self.mode in ("cuda_graphs", "inductor") and key not in self._warned:
+            if declared is None and self.mode in (*CAPTURED, "inductor") and key not in self._warned:
                 self._warned.add(key)
                 log.warning("step %s was not declared, so not captured at start: it runs eagerly (slower than "
                             "the captured ones)", key)
@@ -266,13 +275,42 @@ class StepGraphs:
                 started = time.perf_counter() if compiled is None else None
                 if compiled is None:
                     compiled = self.compiled[key] = torch.compile(fn, fullgraph=True, dynamic=False)
-                with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT,
-                                                accumulated_recompile_limit=RECOMPILE_LIMIT):
+                with _recompiles():
                     compiled(*args)
                 if started is not None:
                     self.capture_s += time.perf_counter() - started
                 return
             fn(*args)
+
+
+    def _compile_and_capture(self, key: Hashable, fn: Callable[..., None], args: tuple) -> _Graph:
+        """cuda_inductor: compile a step at its first run and capture the compiled step into the shared pool.
+        Its warm-up and capture write the step's outputs as a run would, and the run that follows replays
+        it on the same inputs, so the step's state (cache entries at fixed positions) ends as after one run."""
+        started = time.perf_counter()
+        log.info("compiling step %s (inductor, once per shape)", key)
+        compiled = torch.compile(fn, fullgraph=True, dynamic=False)
+        with _no_gc():
+            graph = self._capture(key, compiled, args)
+        torch.cuda.synchronize(self.device)
+        self.capture_s += time.perf_counter() - started
+        return graph
+
+
+@contextmanager
+def _no_gc():
+    """A garbage collection during a capture that frees an earlier engine's graphs (a cycle holding a
+    CUDAGraph) resets them mid-capture, which invalidates the capture: collect first, then hold it off."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _recompiles():
+    return torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, accumulated_recompile_limit=RECOMPILE_LIMIT)
 
 
 def _bool_index(name: str, args) -> bool:

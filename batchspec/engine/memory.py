@@ -17,7 +17,7 @@ from functools import partial
 
 import torch
 
-from .graphs import CaptureError
+from .graphs import CAPTURED, CaptureError
 from .packed import supports_packing
 from .shapes import kv_buckets, token_buckets
 
@@ -162,7 +162,7 @@ def capture_buckets(models, mode: str | None, capacity: int, *, batch_size: int,
     budget for captured steps allows (engine/memory.py; default: what is free after the KV caches, less
     1 GiB). Logs the estimate when capturing."""
     buckets = kv_buckets(capacity)
-    if mode != "cuda_graphs":
+    if mode not in CAPTURED:
         return buckets
     target = models.target
     widths = sorted({*range(1, k + 2), *(t.nodes + 1 for t in trees)})

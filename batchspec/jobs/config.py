@@ -71,6 +71,7 @@ class Verify(Enum):
 class Compile(Enum):
     auto = "auto"  # CUDA graphs on a GPU, eager on CPU
     on = "on"  # CUDA graphs on a GPU, torch.compile (inductor) on CPU
+    inductor = "inductor"  # forwards compiled by inductor, then captured, on first use (GPU; on CPU as on)
     off = "off"  # eager forwards everywhere
     static = "static"  # the captured path's static shapes, run eagerly (to tell a capture problem from a shape one)
 
