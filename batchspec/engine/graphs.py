@@ -195,6 +195,7 @@ class StepGraphs:
         self.capture_s = 0.0  # seconds spent capturing or compiling
         self._pool = None
         self._warned: set[Hashable] = set()
+        self._lazy_told = 0
 
     @property
     def static(self) -> bool:
@@ -226,6 +227,11 @@ class StepGraphs:
         self.capture_s += seconds
         if todo:
             log.info("captured %d steps in %.1f s (%d in all)", len(todo), seconds, len(self.graphs))
+        lazy = sum(1 for k in self.declared if k not in self.graphs and self._lazy(k))
+        if lazy > self._lazy_told:  # once per new set of declared steps, not per call
+            self._lazy_told = lazy
+            log.info("compile=inductor: %d forward shapes are compiled the first time each runs (tens of seconds "
+                     "each for a large model; compile=on captures them all now without compiling)", lazy)
 
     def _lazy(self, key: Hashable) -> bool:
         """Compiled, then captured, the first time it runs (cuda_inductor)."""
