@@ -263,7 +263,7 @@ class StepGraphs:
         counting = self.counter.step(key) if self.counter is not None else _nothing()
         graph = self.graphs.get(key)
         if graph is None and key in self.declared and self._lazy(key):
-            graph = self.graphs[key] = self._compile_and_capture(key, fn, args)
+            graph = self.graphs[key] = self._compile_and_capture(key, args)
         with counting:
             if graph is not None:
                 for given, captured in zip(args, graph.args):
@@ -289,15 +289,20 @@ class StepGraphs:
             fn(*args)
 
 
-    def _compile_and_capture(self, key: Hashable, fn: Callable[..., None], args: tuple) -> _Graph:
-        """cuda_inductor: compile a step at its first run and capture the compiled step into the shared pool.
-        Its warm-up and capture write the step's outputs as a run would, and the run that follows replays
-        it on the same inputs, so the step's state (cache entries at fixed positions) ends as after one run."""
+    def _compile_and_capture(self, key: Hashable, args: tuple) -> _Graph:
+        """cuda_inductor: compile a step at its first run and capture the compiled step on its declared buffers
+        (which outlive the graph) into the shared pool. The run's inputs are copied in first, so the warm-up
+        and the capture write what the run writes (cache entries where the run's plan puts them, not where
+        stale inputs would), and the replay that follows writes the same again."""
         started = time.perf_counter()
         log.info("compiling step %s (inductor, once per shape)", key)
-        compiled = torch.compile(fn, fullgraph=True, dynamic=False)
+        declared = self.declared[key]
+        for given, buffer in zip(args, declared.args):
+            if given is not None and buffer is not None and given.data_ptr() != buffer.data_ptr():
+                buffer.copy_(given)
+        compiled = torch.compile(declared.fn, fullgraph=True, dynamic=False)
         with _no_gc():
-            graph = self._capture(key, compiled, args)
+            graph = self._capture(key, compiled, declared.args)
         torch.cuda.synchronize(self.device)
         self.capture_s += time.perf_counter() - started
         return graph
