@@ -266,9 +266,7 @@ class StepGraphs:
             graph = self.graphs[key] = self._compile_and_capture(key, args)
         with counting:
             if graph is not None:
-                for given, captured in zip(args, graph.args):
-                    if given is not None and given.data_ptr() != captured.data_ptr():
-                        captured.copy_(given)
+                _copy_into(graph.args, args)
                 graph.graph.replay()
                 return
             declared = self.declared.get(key)
@@ -288,7 +286,6 @@ class StepGraphs:
                 return
             fn(*args)
 
-
     def _compile_and_capture(self, key: Hashable, args: tuple) -> _Graph:
         """cuda_inductor: compile a step at its first run and capture the compiled step on its declared buffers
         (which outlive the graph) into the shared pool. The run's inputs are copied in first, so the warm-up
@@ -297,15 +294,20 @@ class StepGraphs:
         started = time.perf_counter()
         log.info("compiling step %s (inductor, once per shape)", key)
         declared = self.declared[key]
-        for given, buffer in zip(args, declared.args):
-            if given is not None and buffer is not None and given.data_ptr() != buffer.data_ptr():
-                buffer.copy_(given)
+        _copy_into(declared.args, args)
         compiled = torch.compile(declared.fn, fullgraph=True, dynamic=False)
         with _no_gc():
             graph = self._capture(key, compiled, declared.args)
         torch.cuda.synchronize(self.device)
         self.capture_s += time.perf_counter() - started
         return graph
+
+
+def _copy_into(buffers: tuple, given: tuple) -> None:
+    """A step's buffers take the tensors it is run with, where those are other tensors (None: nothing)."""
+    for buffer, tensor in zip(buffers, given):
+        if tensor is not None and buffer is not None and tensor.data_ptr() != buffer.data_ptr():
+            buffer.copy_(tensor)
 
 
 @contextmanager
