@@ -390,6 +390,7 @@ def build_eagle(args, root: Path, train_files: list[Path], out: Path) -> dict:
         pq.write_table(pa.table({"prompt": prompts}), source)
         options = TrainDraftOptions(target=str(out / "target"), prompts=str(source), out=str(Path(tmp) / "head"),
                                     minutes=args.eagle_minutes, draft_vocab_size=args.eagle_vocab, seed=args.seed,
+                                    layers=args.eagle_layers,
                                     device="cpu", dtype="float32")
         summary = run(options)
         (out / "eagle").mkdir(exist_ok=True)
@@ -510,6 +511,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eagle-only", action="store_true",
                    help="only the --eagle stage, on the target already in OUT (nothing else is rebuilt)")
     p.add_argument("--eagle-minutes", type=float, default=15.0, help="train_draft's time budget for the head")
+    p.add_argument("--eagle-layers", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
+                   help="the target hidden-state indices the head reads, e.g. 2,7,13 (default: train_draft's)")
     p.add_argument("--eagle-vocab", type=int, default=None, help="draft vocabulary of the head (default: full)")
     p.add_argument("--eagle-compare", type=int, default=200, help="held-out prompts for the eagle/draft comparison")
     return p.parse_args(argv)
