@@ -396,3 +396,20 @@ def test_a_ramped_run_trains_every_step_by_its_end(tiny, tmp_path):
     assert state.step == 20 and len(state.agreement) == 3
     assert all(0.0 <= a <= 1.0 for a in state.agreement)
     assert all(torch.isfinite(p).all() for p in head.parameters())
+
+
+@pytest.mark.parametrize("lm_head, stays_the_targets", [("frozen", True), ("train", False)])
+def test_lm_head_frozen_or_trained(tiny, tmp_path, lm_head, stays_the_targets):
+    """--lm-head frozen: the saved head's LM head is exactly the target's rows of its draft vocabulary and is not
+    counted as trained; train: it moves. A resumed run with the other choice is refused (its optimiser holds
+    different weights)."""
+    summary = run(options(tiny, tmp_path / "head", lm_head=lm_head), log=lambda *a: None)
+    target = _target(tiny)
+    head = load_head(tmp_path / "head", target)
+    rows = target.get_output_embeddings().weight.detach()[head.t2d.bool()]
+    assert torch.equal(head.lm_head.weight.detach(), rows) == stays_the_targets
+    others = sum(p.numel() for name, p in head.named_parameters() if name not in ("lm_head.weight", "embed_tokens.weight"))
+    assert summary.trained_parameters == others + (0 if stays_the_targets else rows.numel())
+    other = "train" if lm_head == "frozen" else "frozen"
+    with pytest.raises(TrainDraftError, match="lm_head"):
+        run(options(tiny, tmp_path / "head", lm_head=other, resume=True), log=lambda *a: None)

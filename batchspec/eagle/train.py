@@ -36,7 +36,7 @@ from .vocab import vocab_for
 # Options whose change makes the saved samples or checkpoint meaningless for a resumed run.
 DATA_KEYS = ("target", "prompts", "prompt_column", "chat", "split", "limit", "max_prompt_tokens", "max_new_tokens",
              "eval_new_tokens", "temperature", "heldout", "max_heldout", "seed", "layers", "draft_vocab_size",
-             "gen_dtype")
+             "gen_dtype", "lm_head")
 
 
 @dataclass
@@ -70,6 +70,7 @@ class TrainDraftOptions:
     gen_dtype: str = "auto"  # the training continuations' target dtype: auto = the target's (`generation_target`)
     train_on_prompt: bool = False
     layers: tuple[int, int, int] | None = None
+    lm_head: str = "train"  # "frozen": the head's LM head stays the target's rows of the draft vocabulary (new_head)
     format: str = "eagle"
     save_dtype: str = "float32"
     seed: int = 0
@@ -91,6 +92,7 @@ def check_run_folder(options: TrainDraftOptions, state_dir: Path) -> dict:
                                   "or choose another --out")
         stored = json.loads(run_file.read_text())
         stored.setdefault("gen_dtype", "auto")  # a run folder from before --gen-dtype
+        stored.setdefault("lm_head", "train")  # ... or before --lm-head
         changed = [k for k in DATA_KEYS if stored.get(k) != record[k]]
         if changed:
             raise TrainDraftError(f"--resume with different {', '.join(changed)} than the run in {options.out}")
@@ -108,6 +110,8 @@ def run(options: TrainDraftOptions, log=print) -> Summary:
     from ..models import load_models
 
     t_start = time.time()
+    if options.lm_head not in ("train", "frozen"):
+        raise TrainDraftError(f"--lm-head {options.lm_head}: choose train or frozen")
     state_dir = Path(options.out) / ".train"
     if Path(options.out).exists() and not Path(options.out).is_dir():
         raise TrainDraftError(f"--out {options.out} is a file; give a folder for the head (it is created)")
@@ -237,7 +241,12 @@ def new_head(options: TrainDraftOptions, target, data, eos_ids, resume: dict | N
         draft_ids = vocab_for(data.train, target.config.get_text_config().vocab_size, prompts=options.train_on_prompt,
                               size=options.draft_vocab_size, always=tuple(eos_ids)).target_ids
     torch.manual_seed(options.seed)
-    return head_for_target(target, draft_target_ids=draft_ids, layer_ids=options.layers)
+    head = head_for_target(target, draft_target_ids=draft_ids, layer_ids=options.layers)
+    # Frozen, the LM head stays the target's own rows (head_for_target): the head then learns only to move its
+    # hidden state where the target's final state would be. Its weight is 40% of SmolLM2's head (6,400 x 576),
+    # so steps run faster and fewer weights can learn the samples by heart (docs/eagle.md).
+    head.lm_head.weight.requires_grad_(options.lm_head == "train")
+    return head
 
 
 def finish(options: TrainDraftOptions, head, target, data, heldout_states, state, loop: LoopOptions,
