@@ -481,6 +481,7 @@ def update_readme_eagle(out: Path, section: str) -> None:
 # ------------------------------------------------------------------------------------------------- main
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from batchspec.train_draft import layer_ids  # train_draft's --layers parser, its check and message
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "batchspec/assets/demo")
     p.add_argument("--steps", type=int, default=700, help="target training steps")
@@ -511,7 +512,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eagle-only", action="store_true",
                    help="only the --eagle stage, on the target already in OUT (nothing else is rebuilt)")
     p.add_argument("--eagle-minutes", type=float, default=15.0, help="train_draft's time budget for the head")
-    p.add_argument("--eagle-layers", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
+    p.add_argument("--eagle-layers", type=layer_ids, default=None,
                    help="the target hidden-state indices the head reads, e.g. 2,7,13 (default: train_draft's)")
     p.add_argument("--eagle-vocab", type=int, default=None, help="draft vocabulary of the head (default: full)")
     p.add_argument("--eagle-compare", type=int, default=200, help="held-out prompts for the eagle/draft comparison")
