@@ -59,6 +59,7 @@ def test_run_end_to_end(tiny, tmp_path):
     assert 1.0 <= acc["tokens_per_forward"][4] <= 5.0
     text = render(summary)
     assert "predicted speedup" in text and len(text.splitlines()) <= 16
+    assert "(hard labels + 10 x feature regression)" in text  # the default weight, named where the loss is
     assert json.loads((tmp_path / "head" / "train_summary.json").read_text())["steps"] == 12
 
 
@@ -301,7 +302,9 @@ def test_states_recorded_while_generating_equal_a_forward_over_each_sequence(tin
 FLAGS = [("--weight-decay", "0.5", True), ("--weight-decay", "0", True), ("--weight-decay", "-0.1", False),
          ("--weight-decay", "nan", False),
          ("--ttt-ramp", "0.5", True), ("--ttt-ramp", "0", True), ("--ttt-ramp", "1", True), ("--ttt-ramp", "1.5", False),
-         ("--ttt-ramp", "-0.1", False)]
+         ("--ttt-ramp", "-0.1", False),
+         ("--feature-loss", "5", True), ("--feature-loss", "0", True), ("--feature-loss", "-1", False),
+         ("--feature-loss", "nan", False), ("--feature-loss", "inf", False)]
 
 
 @pytest.mark.parametrize("flag, value, ok", FLAGS)
@@ -315,6 +318,41 @@ def test_number_flags(flag, value, ok, capsys):
     with pytest.raises(SystemExit) as info:
         parse_args(argv)
     assert info.value.code == 2 and flag in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.5, 5.0])
+def test_feature_loss_adds_the_weighted_regression_onto_the_targets_lm_head_input(tiny, weight):
+    """batch_loss with feature_loss w is the label loss plus, at every unrolled step j (weighted 0.8^j like the
+    labels), w x smooth-L1 between the head's normed output and the target's LM-head input at position i+1+j:
+    the state whose logits the step's label comes from. Recomputed here from unroll's outputs."""
+    import torch.nn.functional as F
+
+    from batchspec.eagle.loop import LoopOptions, TargetHead, batch_loss
+    from batchspec.eagle.ttt import unroll
+
+    target, head, samples, states = _head_and_states(tiny, 4)
+    rows, steps = [0, 1, 2, 3], 3
+    base = LoopOptions(ttt_steps=steps, train_on_prompt=True)
+    target_head = TargetHead(target, head.t2d, "cpu")
+    plain, _, _ = batch_loss(head, target_head, samples, states, rows, base, "cpu")
+    with_features, _, _ = batch_loss(head, target_head, samples, states, rows,
+                                     LoopOptions(ttt_steps=steps, train_on_prompt=True, feature_loss=weight), "cpu")
+    ids = torch.tensor([s.ids for s in samples])  # all 12 tokens long: no padding
+    feats = torch.stack([st[0] for st in states])
+    final = torch.stack([st[1] for st in states])
+    greedy = torch.stack([st[2] for st in states])[:, 1:]
+    n = ids.shape[1] - 1
+    regressions = []
+    with torch.no_grad():
+        for j, out in enumerate(unroll(head, ids, feats, steps)):
+            rows_ok = torch.zeros(4, n, dtype=torch.bool)
+            rows_ok[:, : n - j] = (greedy[:, j:] >= 0) & head.t2d[greedy[:, j:].clamp(min=0)]
+            want = torch.cat([final[:, 1 + j:], final.new_zeros(4, j, final.shape[-1])], dim=1)
+            regressions.append(F.smooth_l1_loss(head.norm(out[rows_ok]), want[rows_ok]))
+    weights = [0.8 ** j for j in range(steps)]
+    expected = weight * sum(w * r for w, r in zip(weights, regressions)) / sum(weights)
+    assert regressions[0] > 0.01  # a fresh head is far from the target's states: the term is not vacuous
+    torch.testing.assert_close(with_features.detach() - plain.detach(), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_api_defaults_are_the_command_defaults():

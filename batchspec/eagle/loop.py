@@ -8,6 +8,10 @@ label from the target for the token it predicts, weighted 0.8^j (EAGLE-3). Label
 - soft: the target's distribution at a temperature (EAGLE-3 / SpecForge use it at 1; soft
   cross-entropy = forward KL up to a constant). Sampled verification accepts against the whole
   distribution (coupled: the draw; rejection: sum of min(p, q)), so jobs that sample want this.
+With `feature_loss` w > 0, each step's loss also gets w x smooth-L1 between the head's normed output (what
+its LM head reads) and the target's LM-head input for the same token (EAGLE-1's feature regression): Ht
+numbers per position where the label gives one, which keeps a head short of data nearer the target's
+states (docs/eagle.md has what it did on three targets).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class LoopOptions:
     train_on_prompt: bool = True  # also learn at prompt positions (the target's states are real there too)
     labels: str = "hard"  # "hard": the target's greedy token; "soft": its distribution at label_temperature
     label_temperature: float = 1.0
+    feature_loss: float = 0.0  # weight of a smooth-L1 loss between the head's normed output and the target's LM-head input (EAGLE-1)
     show_progress: bool = True  # the tqdm bar (off inside a job, whose own progress lines go to its log)
     autocast: str = "auto"  # bf16 matmuls in training: "auto" (on a GPU only), "bfloat16" or "off"
     seed: int = 0
@@ -183,6 +188,11 @@ def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, 
             with torch.no_grad():
                 p = F.softmax(target_head(F.pad(final[:, 1 + j:], (0, 0, 0, j))[ok]) / options.label_temperature, -1)
             losses.append(-(p * F.log_softmax(logits, dim=-1)).sum() / max(len(p), 1))
+        if options.feature_loss:
+            # EAGLE-1's regression: the state the target's LM head read for the same token, a dense signal
+            # (Ht numbers per position against one label) for heads trained on little data.
+            want = F.pad(final[:, 1 + j:], (0, 0, 0, j))[ok].float()
+            losses[-1] = losses[-1] + options.feature_loss * F.smooth_l1_loss(head.norm(out[ok]).float(), want)
         agree.append(float((logits.argmax(-1) == label).sum()) / max(len(label), 1))
         if j == 0:
             positions = len(label)  # the first step's positions: what the summary counts as tokens seen

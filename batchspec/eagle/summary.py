@@ -39,6 +39,7 @@ class Summary:
     skipped_steps: int = 0  # steps not applied: their loss or gradient was not finite
     positions_seen: int = 0  # labelled positions trained on, summed over steps (a position seen twice counts twice)
     ttt_ramp: float = 0.0  # share of training over which the unrolled steps grew from 1 (0: none)
+    feature_loss: float = 0.0  # weight of the regression onto the target's LM-head input in the loss
 
     @property
     def total_seconds(self) -> float:
@@ -74,7 +75,8 @@ def render(s: Summary) -> str:
         + f", peak lr {s.lr or 0:.2g}"
         + (f", {s.skipped_steps} skipped: loss not finite" if s.skipped_steps else "")
         + f"), {share('evaluation', s.eval_seconds)}; total {s.total_seconds / 60:.1f} min",
-        f"  training loss ({s.labels} labels) {s.final_loss:.3f}; top-1 agreement with the target by unrolled step: "
+        f"  training loss ({s.labels} labels" + (f" + {s.feature_loss:g} x feature regression" if s.feature_loss else "")
+        + f") {s.final_loss:.3f}; top-1 agreement with the target by unrolled step: "
         + " ".join(f"{v:.2f}" for v in s.agreement) if s.final_loss is not None else "  no training steps ran",
         f"  held-out acceptance (greedy chains replayed on the target's continuations, {a['chains']:,} chain starts):",
         "    draft position          " + "".join(f"{j:7d}" for j in range(1, k_max + 1)),

@@ -71,6 +71,7 @@ class TrainDraftOptions:
     train_on_prompt: bool = False
     layers: tuple[int, int, int] | None = None
     lm_head: str = "train"  # "frozen": the head's LM head stays the target's rows of the draft vocabulary (new_head)
+    feature_loss: float = 10.0  # weight of the regression onto the target's LM-head input (loop.py; docs/eagle.md)
     format: str = "eagle"
     save_dtype: str = "float32"
     seed: int = 0
@@ -112,6 +113,8 @@ def run(options: TrainDraftOptions, log=print) -> Summary:
     t_start = time.time()
     if options.lm_head not in ("train", "frozen"):
         raise TrainDraftError(f"--lm-head {options.lm_head}: choose train or frozen")
+    if not 0 <= options.feature_loss < float("inf"):  # NaN included
+        raise TrainDraftError(f"--feature-loss {options.feature_loss}: need a weight >= 0")
     state_dir = Path(options.out) / ".train"
     if Path(options.out).exists() and not Path(options.out).is_dir():
         raise TrainDraftError(f"--out {options.out} is a file; give a folder for the head (it is created)")
@@ -160,7 +163,7 @@ def run(options: TrainDraftOptions, log=print) -> Summary:
     loop = LoopOptions(lr=lr, batch_size=options.batch_size, ttt_steps=options.ttt_steps, ttt_ramp=options.ttt_ramp,
                        steps=options.steps,
                        train_on_prompt=options.train_on_prompt, seed=options.seed, labels=labels,
-                       label_temperature=options.temperature or 1.0, **options.loop)
+                       label_temperature=options.temperature or 1.0, feature_loss=options.feature_loss, **options.loop)
     reserve = min(60.0, 0.05 * budget)  # for the evaluation below
     loop.seconds = max(1.0, budget - data.seconds - feature_seconds - reserve) if budget else 0.0
     state = train_loop(head, target, data.train, states, data.heldout, heldout_states, loop, checkpoint_path,
@@ -271,6 +274,7 @@ def finish(options: TrainDraftOptions, head, target, data, heldout_states, state
         steps=state.step, batch_size=loop.batch_size, ttt_steps=loop.ttt_steps, final_loss=state.loss,
         agreement=state.agreement, history=state.history, acceptance=asdict(result), costs=asdict(costs),
         lr=loop.lr, skipped_steps=state.skipped, positions_seen=state.positions, ttt_ramp=loop.ttt_ramp,
+        feature_loss=loop.feature_loss,
     )
     atomic_write_text(out / "train_summary.json", json.dumps(asdict(summary), indent=2) + "\n")
     atomic_write_text(out / "train_summary.txt", render(summary) + "\n")
