@@ -182,17 +182,19 @@ def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, 
         # The LM head is most of a step's work: run it only where there is something to learn.
         logits = head.logits(out[ok]).float()  # [valid, Vd]
         label = F.pad(greedy[:, j:], (0, j))[ok]
+        # the target's LM-head input for the token this step predicts (its position i+1+j), where a loss reads it
+        target_final = (F.pad(final[:, 1 + j:], (0, 0, 0, j))[ok].float()
+                        if options.labels != "hard" or options.feature_loss else None)
         if options.labels == "hard":
             losses.append(F.cross_entropy(logits, label) if len(label) else logits.sum() * 0)
         else:  # the target's distribution over the draft vocabulary (renormalised), at the label temperature
             with torch.no_grad():
-                p = F.softmax(target_head(F.pad(final[:, 1 + j:], (0, 0, 0, j))[ok]) / options.label_temperature, -1)
+                p = F.softmax(target_head(target_final) / options.label_temperature, -1)
             losses.append(-(p * F.log_softmax(logits, dim=-1)).sum() / max(len(p), 1))
         if options.feature_loss:
-            # EAGLE-1's regression: the state the target's LM head read for the same token, a dense signal
-            # (Ht numbers per position against one label) for heads trained on little data.
-            want = F.pad(final[:, 1 + j:], (0, 0, 0, j))[ok].float()
-            losses[-1] = losses[-1] + options.feature_loss * F.smooth_l1_loss(head.norm(out[ok]).float(), want)
+            # EAGLE-1's regression onto that state: a dense signal (Ht numbers per position against one label)
+            # for heads trained on little data.
+            losses[-1] = losses[-1] + options.feature_loss * F.smooth_l1_loss(head.norm(out[ok]).float(), target_final)
         agree.append(float((logits.argmax(-1) == label).sum()) / max(len(label), 1))
         if j == 0:
             positions = len(label)  # the first step's positions: what the summary counts as tokens seen
