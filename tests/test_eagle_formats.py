@@ -341,6 +341,29 @@ def test_train_draft_summary_says_what_was_written(case, fmt):
         assert words in lines[1], lines[1]
 
 
+@pytest.mark.parametrize("sizes, shown", [([], None), ([1 << 29, 1 << 29], "1.00 GiB"), ([3 * (1 << 20)], "0.00 GiB")])
+def test_train_draft_summary_says_how_much_its_run_folder_keeps(tmp_path, sizes, shown):
+    """OUT/.train keeps the samples and the target's states for --resume (3 GiB after SmolLM2's 20 minutes on
+    CPU): the summary names the folder and its size, and says nothing when there is none."""
+    from types import SimpleNamespace
+
+    from batchspec.train_draft import save_notes
+
+    out = tmp_path / "head"
+    for i, size in enumerate(sizes):
+        path = out / ".train" / "samples" / f"train-{i:05d}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            f.truncate(size)
+    summary = SimpleNamespace(out=str(out), format="eagle", config={"target_num_layers": 8, "target_layer_ids": [2, 4, 5]})
+    kept = [line for line in save_notes(summary, "float32", "the target's dtype") if line.startswith("  kept: ")]
+    if shown is None:
+        assert kept == []
+    else:
+        assert kept == [f"  kept: {out / '.train'} ({shown}: the samples, the target's states and the last checkpoint, "
+                        "for --resume; delete it when the head is final)"]
+
+
 def test_train_draft_refuses_layers_other_engines_cannot_capture_before_running(tmp_path):
     from transformers import LlamaConfig
 

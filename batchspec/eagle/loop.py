@@ -52,6 +52,7 @@ class LoopOptions:
     labels: str = "hard"  # "hard": the target's greedy token; "soft": its distribution at label_temperature
     label_temperature: float = 1.0
     feature_loss: float = 0.0  # weight of a smooth-L1 loss between the head's normed output and the target's LM-head input (EAGLE-1)
+    feature_noise: float = 0.0  # uniform noise on the input features, +- this share of each layer's RMS (EAGLE-1)
     show_progress: bool = True  # the tqdm bar (off inside a job, whose own progress lines go to its log)
     autocast: str = "auto"  # bf16 matmuls in training: "auto" (on a GPU only), "bfloat16" or "off"
     seed: int = 0
@@ -127,6 +128,18 @@ def training_autocast(device, mode: str = "auto") -> torch.autocast:
                           enabled=autocast_enabled(kind, mode))
 
 
+def noisy(features: torch.Tensor, share: float, layers: int, generator: torch.Generator) -> torch.Tensor:
+    """features [b, N, layers*Ht] plus uniform noise in +- share x each layer's RMS at the position (EAGLE-1
+    adds uniform noise to the target's features: at inference the head reads states a little off the ones it
+    trained on, and a head that learns its data by heart is pushed to use what generalises). Relative to the
+    RMS because residual streams are tens in size on one target and ones on another."""
+    b, n, width = features.shape
+    per_layer = features.float().view(b, n, layers, width // layers)
+    rms = per_layer.pow(2).mean(-1, keepdim=True).sqrt()
+    noise = torch.rand(per_layer.shape, generator=generator).to(features.device) * 2 - 1
+    return (per_layer + share * rms * noise).view(b, n, width).to(features.dtype)
+
+
 def pick_batch(order: list[int], step: int, options: LoopOptions) -> list[int]:
     """A window of batch_size sequences of similar length (order: indices sorted by length), at a random
     place drawn from (seed, step), so a resumed run draws the same batches."""
@@ -153,9 +166,9 @@ class TargetHead:
 
 
 def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, options: LoopOptions, device,
-               steps: int | None = None):
+               steps: int | None = None, noise: torch.Generator | None = None):
     """Weighted TTT loss over the batch `rows`, the per-step top-1 agreement with the target, and the number
-    of labelled positions of the first step.
+    of labelled positions of the first step. `noise`: the generator of the feature noise (none: no noise).
     With a reduced draft vocabulary, labels are over the draft vocabulary (the target's distribution
     renormalised over it, as SpecForge does) and positions whose greedy token is outside it are skipped."""
     part = [samples[i] for i in rows]
@@ -164,6 +177,8 @@ def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, 
     final = torch.nn.utils.rnn.pad_sequence([states[i][1] for i in rows], batch_first=True)
     greedy = torch.nn.utils.rnn.pad_sequence([states[i][2] for i in rows], batch_first=True)
     ids, feats, final = ids.to(device), feats.to(device, head.fc.weight.dtype), final.to(device)
+    if options.feature_noise and noise is not None:
+        feats = noisy(feats, options.feature_noise, head.config.feature_size // head.config.target_hidden_size, noise)
     length = ids.shape[1] - 1
     lengths = torch.tensor([len(s.ids) for s in part], device=device)[:, None]
     prompt = torch.tensor([s.prompt_len for s in part], device=device)[:, None]
@@ -242,8 +257,10 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
             for group in opt.param_groups:
                 group["lr"] = lr_at(progress_of(state, options), options, peak_lr)
             with autocast:
+                # the noise, like the batch, is drawn from (seed, step): a resumed run draws the same
+                noise = torch.Generator().manual_seed((options.seed * 1_000_003 + state.step) * 2 + 1)
                 loss, agree, positions = batch_loss(head, target_head, samples, states, pick_batch(order, state.step, options),
-                                                    options, device, steps_at(progress_of(state, options), options))
+                                                    options, device, steps_at(progress_of(state, options), options), noise)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(params, options.grad_clip)

@@ -57,7 +57,7 @@ class TrainDraftOptions:
     batch_size: int = 4
     ttt_steps: int = 4
     ttt_ramp: float = 0.5  # share of training over which the unrolled steps grow from 1 to ttt_steps (loop.py)
-    draft_vocab_size: int | None = None  # None: the most frequent tokens covering 99% of the data (vocab.py)
+    draft_vocab_size: int | None = None  # None: the most frequent tokens covering 97% of the data (vocab.py)
     heldout: float = 0.05
     max_heldout: int = 32
     max_prompt_tokens: int = 512
