@@ -258,7 +258,8 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
                 group["lr"] = lr_at(progress_of(state, options), options, peak_lr)
             with autocast:
                 # the noise, like the batch, is drawn from (seed, step): a resumed run draws the same
-                noise = torch.Generator().manual_seed((options.seed * 1_000_003 + state.step) * 2 + 1)
+                noise = (torch.Generator().manual_seed((options.seed * 1_000_003 + state.step) * 2 + 1)
+                         if options.feature_noise else None)
                 loss, agree, positions = batch_loss(head, target_head, samples, states, pick_batch(order, state.step, options),
                                                     options, device, steps_at(progress_of(state, options), options), noise)
             opt.zero_grad(set_to_none=True)
