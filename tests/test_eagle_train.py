@@ -300,6 +300,35 @@ def test_states_recorded_while_generating_equal_a_forward_over_each_sequence(tin
         assert greedy[n - 1] == -1 and greedy[: n - 1].tolist() == g_ref[: n - 1].tolist()
 
 
+def test_rows_in_flight_at_the_data_deadline_are_kept_with_their_states(tiny):
+    """Past the data phase's deadline the rows still running are cut short and kept as far as they got (they
+    were dropped, up to a whole generation batch): each a prefix of its uninterrupted continuation, with the
+    states a forward over it gives."""
+    from batchspec.eagle.data import continue_prompts
+    from batchspec.eagle.features import recorded_states, sequence_states
+    from batchspec.models import load_models
+
+    models = load_models(str(tiny[0]), device="cpu")
+    prompts = [(i, models.tokenizer(p)["input_ids"]) for i, p in enumerate(PROMPTS)]
+    layers = (1, 2, 3)
+    run = dict(max_new_tokens=20, temperature=0.0, seed=0, batch_size=3, layers=(*layers, 4))
+    full, _ = continue_prompts(models.target, models.tokenizer, prompts, **run)
+    early = next(i for i, s in enumerate(full) if s.new_tokens < 20)  # a row that ends on EOS goes first
+    prompts = [prompts[early]] + prompts[:early] + prompts[early + 1:]
+    samples, recorded = continue_prompts(models.target, models.tokenizer, prompts, deadline=0.0, keep=1, **run)
+    assert 1 < len(samples) <= 3 < len(PROMPTS)  # the first row to finish, and the rows running beside it
+    whole = {tuple(s.ids[: s.prompt_len]): s.ids for s in full}
+    assert any(len(s.ids) < len(whole[tuple(s.ids[: s.prompt_len])]) for s in samples)  # some were cut short
+    for sample in samples:
+        assert whole[tuple(sample.ids[: sample.prompt_len])][: len(sample.ids)] == sample.ids
+    got = recorded_states(models.target, samples, recorded, greedy_data=True)
+    want = sequence_states(models.target, [s.ids for s in samples], layers)
+    for sample, (features, _, greedy), (f_ref, _, g_ref) in zip(samples, got, want):
+        n = len(sample.ids)
+        torch.testing.assert_close(features, f_ref[: n - 1], atol=1e-4, rtol=1e-4)
+        assert greedy[: n - 1].tolist() == g_ref[: n - 1].tolist()
+
+
 # flag, value, accepted: train_draft takes the value as given (it passes it to LoopOptions), or refuses it in one line
 FLAGS = [("--weight-decay", "0.5", True), ("--weight-decay", "0", True), ("--weight-decay", "-0.1", False),
          ("--weight-decay", "nan", False),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 import batchspec
-from batchspec.types import Request
+from batchspec.types import Request, RowParams
 from tiny import PROMPTS, model_config
 
 
@@ -61,6 +63,37 @@ def test_stop_admitting_finishes_in_flight_only(llama_pair):
         results.append(result)
         generator.stop_admitting()
     assert len(results) == len(pulled) == 2
+
+
+@pytest.mark.parametrize("drafter", ["none", "model", "ngram"])
+def test_cut_short_keeps_the_rows_in_flight_as_far_as_they_got(llama_pair, drafter):
+    """train_draft's data phase stops at a deadline: generator.cut_short hands back every running row with
+    the tokens it has (a prefix of its uninterrupted greedy output, finish_reason length); run() then yields
+    only the rows that had finished before the cut (the rest of that round's) and ends."""
+    models = batchspec.load_models(str(llama_pair.target), str(llama_pair.draft))
+    generator = batchspec.build_generator(models, drafter=drafter, k=3, batch_size=3, max_new_tokens=len(llama_pair.reference[0]))
+    pulled = []
+
+    def requests():  # the first row stops early, so that the others are mid-way when it finishes
+        for i, p in enumerate(PROMPTS):
+            pulled.append(i)
+            yield Request(str(i), p, params=RowParams(max_new_tokens=2 if i == 0 else None))
+
+    finished, cut = [], []
+    for result in generator.run(requests()):
+        finished.append(result)
+        if len(finished) == 1:
+            cut = generator.cut_short()
+    assert cut and {r.id for r in finished}.isdisjoint(r.id for r in cut)
+    assert sorted(int(r.id) for r in finished + cut) == pulled and len(pulled) < len(PROMPTS)
+    for result in finished:
+        want = llama_pair.reference[int(result.id)]
+        assert result.completion_token_ids == (want[:2] if result.id == "0" else want)
+    for result in cut:
+        want = llama_pair.reference[int(result.id)]
+        assert result.finish_reason == "length"
+        assert result.completion_token_ids == want[: len(result.completion_token_ids)]
+    assert any(0 < len(r.completion_token_ids) < len(llama_pair.reference[int(r.id)]) for r in cut)
 
 
 def test_a_sliding_attention_window_bounds_max_seq_len(tokenizer, tmp_path):

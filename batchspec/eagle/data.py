@@ -53,8 +53,9 @@ def continue_prompts(target, tokenizer, prompts: list[tuple[int, list[int]]], *,
     """The target's continuations of `prompts` ((index, token ids) pairs), written by plain decoding (at
     batch 64 on 2 cores it outran ngram drafts: 180 against 132 tokens/s on SmolLM2; train_draft uses 128), and with `layers`
     the target's hidden states there of every position but the last, taken from the forwards that wrote
-    them (record.py): [len(ids) - 1, len(layers) * Ht] per sample. Past `deadline` (time.time()) no more
-    rows are taken once `keep` have finished (the rows still running are dropped). Request ids are the
+    them (record.py): [len(ids) - 1, len(layers) * Ht] per sample. Past `deadline` (time.time()), once
+    `keep` rows have finished, the rows still running are cut short and kept as far as they got (the time
+    spent on them is training signal too). Request ids are the
     indices, so a sampled continuation is the same whichever chunk it was generated in (coupled sampling)."""
     from ..api import build_generator, checked_request
     from ..models import load_models
@@ -66,11 +67,12 @@ def continue_prompts(target, tokenizer, prompts: list[tuple[int, list[int]]], *,
     generator = build_generator(models, drafter=recorder or "none", k=0, batch_size=batch_size,
                                 max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, adaptive=False,
                                 max_seq_len=longest + max_new_tokens, compile=False if recorder else "auto")
-    results = {}
+    results, cut = {}, False
     for result in generator.run(checked_request(str(i), ids) for i, ids in prompts):
-        results[result.id] = result
-        if time.time() > deadline and len(results) >= keep:
-            break
+        results[result.id] = result  # after the cut: the rows its round had finished, then run() ends
+        if not cut and time.time() > deadline and len(results) >= keep:
+            results.update((late.id, late) for late in generator.cut_short())
+            cut = True
     samples, states = [], []
     for i, prompt_ids in prompts:
         result = results.get(str(i))

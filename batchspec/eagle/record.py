@@ -74,7 +74,10 @@ class FeatureRecorder(NoDrafter):
 
     def release(self, slots):
         for slot in slots:
-            states = torch.cat(self.parts.pop(slot))
+            parts = self.parts.pop(slot)
+            if not parts:  # cut short before its prompt came in (generator.cut_short): nothing to keep
+                continue
+            states = torch.cat(parts)
             ids = self._state.tokens[slot, : len(states) + 1].tolist()
             self.finished.append(Recorded(ids, states))
 

@@ -192,6 +192,14 @@ class SpecBatchGenerator:
         """Finish the requests in flight, take no new ones; run() then returns."""
         self.scheduler.admitting = False
 
+    def cut_short(self) -> list[Result]:
+        """Finish every running request now with the tokens it has (finish_reason "length"), take no new
+        ones, and return their Results; run() then ends. For callers with a deadline (train_draft's data
+        phase), whose rows in flight would otherwise be lost. Rows still waiting for their first token come
+        back with an empty completion."""
+        self.stop_admitting()
+        return self._release(self.scheduler.cut_short())
+
     # ---- the loop --------------------------------------------------------------------------------
 
     def run(self, requests: Iterable[Request]) -> Iterator[Result]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..types import FINISH_ERROR, FINISH_STOP, Result
+from ..types import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, Result
 from .round import Round
 from .slots import Slot
 from .stats import RowCounts, cut_counts
@@ -119,6 +119,12 @@ class RowOutcomes:
             if reason is not None:
                 finished.append((slot, self._finish(slot, reason)))
         return finished, emitted
+
+    def cut_short(self) -> list[tuple[int, Result]]:
+        """Every running row finished as it stands (finish_reason "length": a deadline is a limit), and no
+        prompt left to bring in; a row still waiting for its first token ends with an empty completion."""
+        self.filling = []
+        return [(slot, self._finish(slot, FINISH_LENGTH)) for slot in self.slots.active()]
 
     def set_prompt_logprobs(self, slot: int, blocks: list[list[float]], k: int) -> None:
         """A row's prompt logprobs: blocks [logprob, K best, their ids] for prompt tokens 1.. (the first has
