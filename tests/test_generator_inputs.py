@@ -71,7 +71,8 @@ def test_cut_short_keeps_the_rows_in_flight_as_far_as_they_got(llama_pair, draft
     the tokens it has (a prefix of its uninterrupted greedy output, finish_reason length); run() then yields
     only the rows that had finished before the cut (the rest of that round's) and ends."""
     models = batchspec.load_models(str(llama_pair.target), str(llama_pair.draft))
-    generator = batchspec.build_generator(models, drafter=drafter, k=3, batch_size=3, max_new_tokens=len(llama_pair.reference[0]))
+    longest = max(len(r) for r in llama_pair.reference)  # the references' max_new_tokens (some end on EOS)
+    generator = batchspec.build_generator(models, drafter=drafter, k=3, batch_size=3, max_new_tokens=longest)
     pulled = []
 
     def requests():  # the first row stops early, so that the others are mid-way when it finishes
