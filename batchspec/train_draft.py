@@ -38,6 +38,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="render each prompt with the target's chat template (a generation prompt added)")
     p.add_argument("--split", default="train", help="dataset split (Hugging Face datasets)")
     p.add_argument("--limit", type=int, default=None, help="read at most this many prompts")
+    p.add_argument("--prompt-order", choices=["shuffled", "file"], default="shuffled",
+                   help="shuffled (default): prompts held out evenly over the source, the rest continued in an "
+                        "order shuffled by --seed, so a budget that stops generation early still samples the whole "
+                        "source; file: the old order, every round(1/--heldout)-th prompt from the start held out, the "
+                        "rest in the source's order")
     p.add_argument("--minutes", type=float, default=15.0,
                    help="time budget for the whole run, generation included (0: none; then give --steps)")
     p.add_argument("--steps", type=int, default=0, help="stop training after this many steps (0: the budget decides)")
@@ -197,7 +202,7 @@ def main(argv=None) -> None:
 
     options = TrainDraftOptions(
         target=args.target, prompts=args.prompts, out=args.out, prompt_column=args.prompt_column, chat=args.chat, split=args.split,
-        limit=args.limit, minutes=args.minutes, steps=args.steps, device=args.device, dtype=args.dtype,
+        limit=args.limit, prompt_order=args.prompt_order, minutes=args.minutes, steps=args.steps, device=args.device, dtype=args.dtype,
         resume=args.resume, lr=args.lr, batch_size=args.batch_size, ttt_steps=args.ttt_steps, ttt_ramp=args.ttt_ramp,
         draft_vocab_size=args.draft_vocab_size, heldout=args.heldout, max_heldout=args.max_heldout,
         max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,

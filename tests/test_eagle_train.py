@@ -89,6 +89,14 @@ def test_refuses_an_earlier_run_without_resume(tiny, tmp_path):
         run(options(tiny, tmp_path, steps=2), log=lambda *a: None)
     with pytest.raises(TrainDraftError, match="different max_new_tokens"):
         run(options(tiny, tmp_path, steps=2, resume=True, max_new_tokens=5), log=lambda *a: None)
+    # A folder from before --prompt-order held its prompts out and continued them in the source's order.
+    record = tmp_path / ".train" / "run.json"
+    stored = json.loads(record.read_text())
+    assert stored.pop("prompt_order") == "shuffled"
+    record.write_text(json.dumps(stored))
+    with pytest.raises(TrainDraftError, match="different prompt_order"):
+        run(options(tiny, tmp_path, steps=2, resume=True), log=lambda *a: None)
+    assert run(options(tiny, tmp_path, steps=3, resume=True, prompt_order="file"), log=lambda *a: None).steps == 3
 
 
 def cli(tiny, out, *extra) -> list[str]:
@@ -197,6 +205,26 @@ def test_replay_and_acceptance_are_exact():
 def test_split_prompts():
     split = split_prompts([[i] for i in range(40)], 0.1, 3)
     assert [i for i, _ in split.heldout] == [9, 19, 29] and len(split.train) == 37
+    assert [i for i, _ in split.train[:10]] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 10]
+
+
+def test_shuffled_prompts_spread_the_data_and_the_held_out_prompts_over_the_whole_source():
+    """A source written topic by topic (as the shipped instructions are): the first chunk a budget continues
+    is drawn from every topic and so are the held-out prompts (the same ones for every seed), and every
+    prompt is used once."""
+    source = [[topic, n] for topic in range(4) for n in range(100)]  # 4 topics of 100 prompts, in order
+    split = split_prompts(source, 0.05, 8, order="shuffled", seed=0)
+    again, other_seed = (split_prompts(source, 0.05, 8, order="shuffled", seed=s) for s in (0, 1))
+    assert split == again and split.train != other_seed.train and split.heldout == other_seed.heldout
+    assert sorted(i for i, _ in split.train + split.heldout) == list(range(400))
+    assert all(source[i] == ids for i, ids in split.train + split.heldout)
+    assert [i for i, _ in split.heldout] == [25, 75, 125, 175, 225, 275, 325, 375]
+    assert {ids[0] for _, ids in split.train[:40]} == {0, 1, 2, 3}
+    in_file_order = split_prompts(source, 0.05, 8)
+    assert {ids[0] for _, ids in in_file_order.train[:40]} == {0}
+    assert {ids[0] for _, ids in in_file_order.heldout} == {0, 1}  # the first 160 prompts: two topics
+    with pytest.raises(ValueError, match="shuffled or file"):
+        split_prompts(source, 0.05, 8, order="random")
 
 
 @pytest.mark.parametrize("kind, mode, enabled", [

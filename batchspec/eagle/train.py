@@ -36,7 +36,7 @@ from .vocab import vocab_for
 # Options whose change makes the saved samples or checkpoint meaningless for a resumed run.
 DATA_KEYS = ("target", "prompts", "prompt_column", "chat", "split", "limit", "max_prompt_tokens", "max_new_tokens",
              "eval_new_tokens", "temperature", "heldout", "max_heldout", "seed", "layers", "draft_vocab_size",
-             "gen_dtype", "lm_head")
+             "gen_dtype", "lm_head", "prompt_order")
 
 
 @dataclass
@@ -48,6 +48,7 @@ class TrainDraftOptions:
     chat: bool = False  # the column's text as a user message, or its message list, through the chat template
     split: str = "train"
     limit: int | None = None
+    prompt_order: str = "shuffled"  # or "file": which prompts are held out and the order the rest are continued in (data.split_prompts)
     minutes: float = 15.0  # budget for the whole run (0: no time limit; then give steps)
     steps: int = 0
     device: str = "auto"
@@ -94,6 +95,7 @@ def check_run_folder(options: TrainDraftOptions, state_dir: Path) -> dict:
         stored = json.loads(run_file.read_text())
         stored.setdefault("gen_dtype", "auto")  # a run folder from before --gen-dtype
         stored.setdefault("lm_head", "train")  # ... or before --lm-head
+        stored.setdefault("prompt_order", "file")  # ... or before --prompt-order (file order was the only one)
         changed = [k for k in DATA_KEYS if stored.get(k) != record[k]]
         if changed:
             raise TrainDraftError(f"--resume with different {', '.join(changed)} than the run in {options.out}")
@@ -113,6 +115,8 @@ def run(options: TrainDraftOptions, log=print) -> Summary:
     t_start = time.time()
     if options.lm_head not in ("train", "frozen"):
         raise TrainDraftError(f"--lm-head {options.lm_head}: choose train or frozen")
+    if options.prompt_order not in ("shuffled", "file"):
+        raise TrainDraftError(f"--prompt-order {options.prompt_order}: choose shuffled or file")
     if not 0 <= options.feature_loss < float("inf"):  # NaN included
         raise TrainDraftError(f"--feature-loss {options.feature_loss}: need a weight >= 0")
     state_dir = Path(options.out) / ".train"
@@ -227,7 +231,7 @@ def encode_prompts(options: TrainDraftOptions, source, tokenizer, log) -> Prompt
     if usable < 2 or bad > usable:
         raise TrainDraftError(f"{where}: only {usable} of {rows} rows give a prompt of at most "
                               f"{options.max_prompt_tokens} tokens" + (f" ({first})" if first else ""))
-    split = split_prompts(encoded, options.heldout, options.max_heldout)
+    split = split_prompts(encoded, options.heldout, options.max_heldout, order=options.prompt_order, seed=options.seed)
     split.train = [p for p in split.train if p[1]]
     split.heldout = [p for p in split.heldout if p[1]]
     log(f"prompts: {len(split.train)} for training, {len(split.heldout)} held out "
