@@ -38,6 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="render each prompt with the target's chat template (a generation prompt added)")
     p.add_argument("--split", default="train", help="dataset split (Hugging Face datasets)")
     p.add_argument("--limit", type=int, default=None, help="read at most this many prompts")
+    # eagle.data.PROMPT_ORDERS, spelt out: importing it would load torch for --help
     p.add_argument("--prompt-order", choices=["shuffled", "file"], default="shuffled",
                    help="shuffled (default): prompts held out evenly over the source, the rest continued in an "
                         "order shuffled by --seed, so a budget that stops generation early still samples the whole "

@@ -225,6 +225,10 @@ def test_shuffled_prompts_spread_the_data_and_the_held_out_prompts_over_the_whol
     assert {ids[0] for _, ids in in_file_order.heldout} == {0, 1}  # the first 160 prompts: two topics
     with pytest.raises(ValueError, match="shuffled or file"):
         split_prompts(source, 0.05, 8, order="random")
+    # Rows that gave no prompt (unreadable, too long: empty) are never held out, so the set keeps its size.
+    gaps = [[] if n % 3 == 0 else ids for n, ids in enumerate(source)]
+    spread = split_prompts(gaps, 0.05, 8, order="shuffled", seed=0)
+    assert len(spread.heldout) == 8 and all(ids for _, ids in spread.heldout)
 
 
 @pytest.mark.parametrize("kind, mode, enabled", [

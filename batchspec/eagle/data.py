@@ -37,16 +37,19 @@ class Prompts:
     heldout: list[tuple[int, list[int]]]
 
 
+PROMPT_ORDERS = ("shuffled", "file")  # split_prompts' orders; train_draft's --prompt-order
+
+
 def split_prompts(prompts: list[list[int]], heldout_fraction: float, max_heldout: int, *, order: str = "file",
                   seed: int = 0) -> Prompts:
     """The source's prompts as (index, token ids) pairs: the held-out ones, and the training ones in the order
-    they are continued. `file`: every round(1/fraction)-th prompt (at most max_heldout, at least one) held out,
-    the rest in the source's order. `shuffled`: as many held out, evenly spread over the source (the same
-    for every seed, so runs with different seeds are scored on the same prompts), the rest shuffled by
-    `seed`. A budget usually stops generation after its first few chunks, and a source written topic by
-    topic (the shipped instructions: 87 topics, then 240) would otherwise give the head, and the held-out
-    prompts that score it, only its first topics."""
-    if order not in ("file", "shuffled"):
+    they are continued (an empty list marks a row that gave no prompt). `file`: every round(1/fraction)-th
+    prompt (at most max_heldout, at least one) held out, the rest in the source's order. `shuffled`: as many
+    held out, evenly spread over the usable prompts (the same for every seed, so runs with different seeds
+    are scored on the same prompts), the rest shuffled by `seed`. A budget usually stops generation after
+    its first few chunks, and a source written topic by topic (the shipped instructions: 87 topics, then
+    240) would otherwise give the head, and the held-out prompts that score it, only its first topics."""
+    if order not in PROMPT_ORDERS:
         raise ValueError(f"prompt order {order!r}: choose shuffled or file")
     indexed = list(enumerate(prompts))
     held: list[tuple[int, list[int]]] = []
@@ -55,8 +58,9 @@ def split_prompts(prompts: list[list[int]], heldout_fraction: float, max_heldout
         if order == "file":
             held = [p for p in indexed if p[0] % every == every - 1][:max_heldout] or [indexed[-1]]
         else:
-            count = max(1, min(max_heldout, len(prompts) // every))
-            held = [indexed[(2 * j + 1) * len(prompts) // (2 * count)] for j in range(count)]
+            usable = [p for p in indexed if p[1]]
+            count = min(max_heldout, len(usable) // every) or min(1, len(usable))
+            held = [usable[(2 * j + 1) * len(usable) // (2 * count)] for j in range(count)]
     held_ids = {i for i, _ in held}
     train = [p for p in indexed if p[0] not in held_ids]
     if order == "shuffled":

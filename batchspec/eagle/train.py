@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from .config import HeadError
-from .data import Prompts, SampleStore, generate_data, split_prompts
+from .data import PROMPT_ORDERS, Prompts, SampleStore, generate_data, split_prompts
 from .evaluate import acceptance, head_matches, measure_costs
 from .config import default_layer_ids, target_num_layers
 from .features import recorded_states, sequence_states
@@ -115,7 +115,7 @@ def run(options: TrainDraftOptions, log=print) -> Summary:
     t_start = time.time()
     if options.lm_head not in ("train", "frozen"):
         raise TrainDraftError(f"--lm-head {options.lm_head}: choose train or frozen")
-    if options.prompt_order not in ("shuffled", "file"):
+    if options.prompt_order not in PROMPT_ORDERS:
         raise TrainDraftError(f"--prompt-order {options.prompt_order}: choose shuffled or file")
     if not 0 <= options.feature_loss < float("inf"):  # NaN included
         raise TrainDraftError(f"--feature-loss {options.feature_loss}: need a weight >= 0")
