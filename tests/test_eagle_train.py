@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from batchspec.eagle.data import Sample, split_prompts
-from batchspec.eagle.evaluate import acceptance, next_token_chains, replay
+from batchspec.eagle.evaluate import acceptance, next_token_chains, ratio_standard_error, replay
 from batchspec.eagle.formats import load_head
 from batchspec.eagle.summary import render
 from batchspec.eagle.train import TrainDraftError, TrainDraftOptions, run
@@ -59,6 +59,7 @@ def test_run_end_to_end(tiny, tmp_path):
     assert 1.0 <= acc["tokens_per_forward"][4] <= 5.0
     text = render(summary)
     assert "predicted speedup" in text and len(text.splitlines()) <= 16
+    assert "± one standard error over the held-out prompts" in text and f"k=4 {acc['tokens_per_forward'][4]:.2f} ±" in text
     assert "(hard labels + 10 x feature regression)" in text  # the default weight, named where the loss is
     assert json.loads((tmp_path / "head" / "train_summary.json").read_text())["steps"] == 12
 
@@ -200,6 +201,27 @@ def test_replay_and_acceptance_are_exact():
     result = acceptance([m], [sample], k_max=2)
     # chain rows 2..6: first draft kept at rows 2, 4, 5, 6 (of 5); the second has room at rows 2..5, kept at 4, 5
     assert result.cumulative == [4 / 5, 2 / 4] and result.conditional[1] == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("pairs,expected", [
+    ([(6, 3)], 0.0),  # one prompt: nothing to say
+    ([(6, 3), (4, 2), (8, 4)], 0.0),  # every prompt at the ratio
+    # ratio 12 / 8 = 1.5, residuals 6 - 4.5 = 1.5 and 6 - 7.5 = -1.5: sqrt(4.5 / 2) / mean f 4
+    ([(6, 3), (6, 5)], (4.5 / 2) ** 0.5 / 4),
+])
+def test_ratio_standard_error(pairs, expected):
+    assert ratio_standard_error(pairs) == pytest.approx(expected)
+
+
+def test_held_out_tokens_per_forward_carry_their_standard_error():
+    """Each sample's own (tokens, forwards) from the replay: two samples, one drafted perfectly, one not."""
+    good = Sample(list(range(9)), 3)
+    perfect, none = torch.ones(8, 2, dtype=torch.bool), torch.zeros(8, 2, dtype=torch.bool)
+    result = acceptance([perfect, none], [good, good], k_max=2)
+    forwards = [replay(perfect, 3, 6, 2)[0], replay(none, 3, 6, 2)[0]]
+    assert result.tokens_per_forward[2] == pytest.approx(12 / sum(forwards))
+    assert result.tokens_per_forward_se[2] == pytest.approx(ratio_standard_error([(6, f) for f in forwards]))
+    assert result.tokens_per_forward_se[2] > 0
 
 
 def test_split_prompts():

@@ -34,6 +34,9 @@ class Acceptance:
     conditional: list[float]  # P(draft j accepted | drafts 1..j-1 accepted)
     tokens_per_forward: dict[int, float] = field(default_factory=dict)  # completion tokens / target forwards (prefill counted)
     tokens_per_round: dict[int, float] = field(default_factory=dict)  # tokens emitted per verify round
+    # one standard error of tokens_per_forward over the prompts (the ratio's, from each prompt's tokens and
+    # forwards): how far another set of as many prompts may move it (0 with fewer than two prompts)
+    tokens_per_forward_se: dict[int, float] = field(default_factory=dict)
 
 
 def head_matches(head: EagleHead, samples, states, k: int, batch_size: int = 8) -> list[torch.Tensor]:
@@ -108,7 +111,21 @@ def acceptance(matches: list[torch.Tensor], samples, k_max: int = 5) -> Acceptan
         forwards, rounds = sum(r[0] for r in runs), sum(r[1] for r in runs)
         result.tokens_per_forward[k] = tokens / forwards if forwards else 1.0
         result.tokens_per_round[k] = (tokens - len(runs)) / rounds if rounds else 1.0
+        per_prompt = [(s.new_tokens, r[0]) for s, r in zip([s for s in samples if s.new_tokens > 0], runs)]
+        result.tokens_per_forward_se[k] = ratio_standard_error(per_prompt)
     return result
+
+
+def ratio_standard_error(pairs: list[tuple[int, int]]) -> float:
+    """One standard error of sum(t) / sum(f) over n (t, f) pairs drawn at random (the delta method: the
+    residuals t - R f around the ratio R, scaled by the mean f); 0 for fewer than two pairs."""
+    n = len(pairs)
+    if n < 2:
+        return 0.0
+    ratio = sum(t for t, _ in pairs) / max(sum(f for _, f in pairs), 1)
+    mean_f = sum(f for _, f in pairs) / n
+    residual = sum((t - ratio * f) ** 2 for t, f in pairs) / (n - 1)
+    return (residual / n) ** 0.5 / max(mean_f, 1e-12)
 
 
 @dataclass

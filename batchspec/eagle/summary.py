@@ -54,7 +54,8 @@ def render(s: Summary) -> str:
     c, a = s.config, s.acceptance
     k_max = a["k_max"]
     row = lambda values: "".join(f"{v:7.2f}" for v in values)  # noqa: E731
-    tpf = "  ".join(f"k={k} {v:.2f}" for k, v in a["tokens_per_forward"].items())
+    se = a.get("tokens_per_forward_se") or {}  # a summary from before it: none
+    tpf = "  ".join(f"k={k} {v:.2f}" + (f" ±{se[k]:.2f}" if k in se else "") for k, v in a["tokens_per_forward"].items())
     speedups = s.speedups()
     best = max(speedups, key=speedups.get)
     costs = s.costs
@@ -82,7 +83,8 @@ def render(s: Summary) -> str:
         "    draft position          " + "".join(f"{j:7d}" for j in range(1, k_max + 1)),
         "    all accepted up to it   " + row(a["cumulative"]),
         "    given the earlier ones  " + row(a["conditional"]),
-        f"  tokens per target forward (prefill counted): {tpf}",
+        "  tokens per target forward (prefill counted" + (", ± one standard error over the held-out prompts" if se else "")
+        + f"): {tpf}",
         f"  cost at batch {costs['batch']}, {costs['context']} tokens cached: target {costs['target_ms'][0]:.2f} ms "
         f"(1 token) .. {costs['target_ms'][-1]:.2f} ms ({len(costs['target_ms'])} tokens); head "
         f"{costs['head_step_ms']:.2f} ms per draft step (c = {costs['head_step_ms'] / costs['target_ms'][0]:.3f})",

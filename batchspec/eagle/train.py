@@ -60,7 +60,7 @@ class TrainDraftOptions:
     ttt_ramp: float = 0.5  # share of training over which the unrolled steps grow from 1 to ttt_steps (loop.py)
     draft_vocab_size: int | None = None  # None: the most frequent tokens covering 97% of the data (vocab.py)
     heldout: float = 0.05
-    max_heldout: int = 32
+    max_heldout: int = 128
     max_prompt_tokens: int = 512
     max_new_tokens: int = 96
     eval_new_tokens: int = 64
