@@ -105,14 +105,14 @@ def acceptance(matches: list[torch.Tensor], samples, k_max: int = 5) -> Acceptan
     cumulative = [a / n if n else 0.0 for a, n in zip(accepted, room)]
     conditional = [a / n if n else 0.0 for a, n in zip(accepted, reached)]
     result = Acceptance(k_max, len(samples), chains, cumulative, conditional)
+    written = [(m, s) for m, s in zip(matches, samples) if s.new_tokens > 0]
+    tokens = sum(s.new_tokens for _, s in written)
     for k in range(1, k_max + 1):
-        runs = [replay(m, s.prompt_len, s.new_tokens, k) for m, s in zip(matches, samples) if s.new_tokens > 0]
-        tokens = sum(s.new_tokens for s in samples if s.new_tokens > 0)
+        runs = [replay(m, s.prompt_len, s.new_tokens, k) for m, s in written]
         forwards, rounds = sum(r[0] for r in runs), sum(r[1] for r in runs)
         result.tokens_per_forward[k] = tokens / forwards if forwards else 1.0
         result.tokens_per_round[k] = (tokens - len(runs)) / rounds if rounds else 1.0
-        per_prompt = [(s.new_tokens, r[0]) for s, r in zip([s for s in samples if s.new_tokens > 0], runs)]
-        result.tokens_per_forward_se[k] = ratio_standard_error(per_prompt)
+        result.tokens_per_forward_se[k] = ratio_standard_error([(s.new_tokens, r[0]) for (_, s), r in zip(written, runs)])
     return result
 
 
