@@ -19,13 +19,14 @@ Forwards:
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from typing import Iterable, Iterator
 
 import torch
 from transformers import PreTrainedModel
 
+from .few_rows import FewRowLinears
 from .graphs import HostBuffer, StepGraphs
 from .kv_cache import SlotKVCache, causal_mask
 from .model_calls import RowPositions, cache_argument
@@ -61,6 +62,8 @@ class ModelRunner(StaticPrefill, StaticSteps):
         self.num_slots, self.capacity, self.max_position = num_slots, capacity, max_position
         self.scratch = num_slots  # the extra slot
         self.cache = SlotKVCache.for_model(model, num_slots + 1, capacity)
+        # Eager forwards on a CPU: each weight shape's products over few rows in the order measured faster.
+        self.linears = FewRowLinears(model) if self.device.type == "cpu" and not graphs.static else nullcontext()
         self.lengths = torch.zeros(num_slots + 1, dtype=torch.long, device=self.device)
         self.slot_index = torch.arange(num_slots, device=self.device)  # every slot, in order
         self.widths = sorted(set(widths))
@@ -201,7 +204,7 @@ class ModelRunner(StaticPrefill, StaticSteps):
         [N, F] when the runner hands them out, else None)."""
         self.cache.plan.packed = batch
         try:
-            with packed_attention_on(self.model):
+            with packed_attention_on(self.model), self.linears:
                 out = self.model(
                     input_ids=ids.clamp(max=self.vocab_size - 1)[None],
                     position_ids=positions.clamp(max=self.max_position - 1)[None],
@@ -236,16 +239,17 @@ class ModelRunner(StaticPrefill, StaticSteps):
         else:
             positions, mask = starts[:, None] + depth, tree_mask(starts, ancestors, kv_len, self.model.dtype)
         try:
-            out = self.model(
-                input_ids=tokens.clamp(max=self.vocab_size - 1),  # a target-only id must not index a draft's embeddings
-                position_ids=positions.clamp(max=self.max_position - 1),
-                attention_mask=mask,
-                **{self._cache_argument: self.cache},
-                use_cache=True,
-                logits_to_keep=self._row_positions.model_argument(logits_to_keep),
-                output_hidden_states=bool(self.feature_layers),
-                **(extra or {}),
-            )
+            with self.linears:
+                out = self.model(
+                    input_ids=tokens.clamp(max=self.vocab_size - 1),  # a target-only id must not index a draft's embeddings
+                    position_ids=positions.clamp(max=self.max_position - 1),
+                    attention_mask=mask,
+                    **{self._cache_argument: self.cache},
+                    use_cache=True,
+                    logits_to_keep=self._row_positions.model_argument(logits_to_keep),
+                    output_hidden_states=bool(self.feature_layers),
+                    **(extra or {}),
+                )
         finally:
             self._row_positions.done()
         if self.feature_layers:

@@ -1,0 +1,118 @@
+"""Linear layers over few rows on a CPU: the weight as the left operand, where that is measured faster.
+
+A decode step or a verify pass multiplies each weight W [N, K] by a handful of rows x [M, K]: M is the
+batch's tokens, 1 to a few dozen. `F.linear(x, W)` (x @ W.T) sends M = 1 to the BLAS's matrix-vector
+product and M > 1 to its matrix product, and on the 2-core AMD EPYC (MKL) batchspec is measured on, both
+read W at about 10 GB/s for M <= 8 and the product is slower at M = 2 and 3 than at 5 or 8 (SmolLM2's
+whole forward at batch 1: 58-75 ms for one token, 96-126 ms for two or three, 78-91 ms for five). The same
+product written as W @ x.T, with x contiguous and at least two rows, read W at about 30 GB/s: the
+49,152-row LM head took 3.7 ms at M = 2 against 25.9, 4.7 ms at M = 1 (x doubled) against 11.3.
+
+Which is faster depends on the CPU and the BLAS, so `FewRowLinears` times both on the model's own weights
+when the first runner of a model is built (1.4 s for SmolLM2 here; the choice is kept on the model for
+its later runners): per weight shape and bucket of rows (1, 2, 4, 8, 16, 32, 64), a pass over that
+shape's weights (as many as make 64 MB, so that they come from memory as in a forward), best of three,
+interleaved. A bucket takes W @ x.T only where it was at least 10% faster; more than 64 rows (prompt
+chunks, wide batches) keep `F.linear`. On SmolLM2 here the layers' weights chose it up to 2-4 rows and
+the LM head up to 16-32. Used as a context around a runner's eager forwards: each `nn.Linear` of the
+model gets its own forward for the block, and the model is as it was after it.
+
+Both orders compute the same sums in another order: logits differ in the last bits (SmolLM2: at most 6e-4
+of logits in the tens), as they already do between a 1-token step and a verify pass of k + 1 tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MARGIN = 0.9  # W @ x.T must take at most this share of F.linear's time
+SAMPLE_BYTES = 64 << 20  # the weights one timing pass reads: past the caches (32 MB of L3 here)
+CHOICE = "_batchspec_few_rows"  # the model's attribute keeping the choice: timed once per model
+
+
+def weight_left(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) computed as weight @ x.T. x [..., K], weight [N, K] -> [..., N], contiguous."""
+    flat = x.reshape(-1, x.shape[-1])
+    rows = flat.shape[0]
+    if rows == 1:  # a matrix-vector product would take the slow path again
+        flat = torch.cat([flat, flat])
+    out = (weight @ flat.t())[:, :rows].t().contiguous()
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def bucket(rows: int) -> int | None:
+    """The smallest bucket holding `rows`, None past the largest."""
+    return next((b for b in BUCKETS if b >= rows), None)
+
+
+class FewRowLinears:
+    """For each nn.Linear of `model`: which row buckets run as W @ x.T (`left[shape]`). Enter around eager
+    forwards. `left`: the choice per weight shape (N, K), or None to time it here."""
+
+    def __init__(self, model: nn.Module, left: dict[tuple[int, int], frozenset[int]] | None = None,
+                 repeats: int = 3):
+        # Not subclasses (they may compute otherwise), nor a layer whose forward is already replaced (a hook).
+        self.linears = [m for m in model.modules() if type(m) is nn.Linear and "forward" not in m.__dict__]
+        if left is None:
+            left = getattr(model, CHOICE, None)
+            if left is None:
+                left = self.time(self.linears, repeats)
+                setattr(model, CHOICE, left)
+        self.left = left
+        self._forwards = {id(m): self._forward(m) for m in self.linears
+                          if self.left.get(tuple(m.weight.shape))}
+
+    @staticmethod
+    @torch.inference_mode()
+    def time(linears: list[nn.Linear], repeats: int) -> dict[tuple[int, int], frozenset[int]]:
+        """Per weight shape, the buckets where W @ x.T took at most MARGIN of F.linear's time."""
+        groups: dict[tuple[int, int], list[torch.Tensor]] = defaultdict(list)
+        for m in linears:
+            groups[tuple(m.weight.shape)].append(m.weight)
+        choice = {}
+        for shape, weights in groups.items():
+            size = weights[0].numel() * weights[0].element_size()
+            weights = weights[: max(1, SAMPLE_BYTES // max(size, 1))]
+            won = set()
+            for rows in BUCKETS:
+                x = torch.randn(rows, shape[1], dtype=weights[0].dtype, device=weights[0].device)
+                best = {"linear": float("inf"), "left": float("inf")}
+                for _ in range(repeats):
+                    for name, f in (("linear", F.linear), ("left", weight_left)):
+                        start = time.perf_counter()
+                        for w in weights:
+                            f(x, w)
+                        best[name] = min(best[name], time.perf_counter() - start)
+                if best["left"] <= MARGIN * best["linear"]:
+                    won.add(rows)
+            choice[shape] = frozenset(won)
+        return choice
+
+    def _forward(self, module: nn.Linear):
+        left = self.left[tuple(module.weight.shape)]
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if bucket(x.numel() // x.shape[-1]) in left:
+                return weight_left(x, module.weight, module.bias)
+            return F.linear(x, module.weight, module.bias)
+        return forward
+
+    def __enter__(self) -> FewRowLinears:
+        for m in self.linears:
+            forward = self._forwards.get(id(m))
+            if forward is not None:
+                m.forward = forward
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for m in self.linears:
+            if id(m) in self._forwards:
+                m.__dict__.pop("forward", None)

@@ -1,0 +1,74 @@
+"""engine/few_rows.py: linears over few rows computed as W @ x.T where that was timed faster."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from batchspec.engine.few_rows import BUCKETS, CHOICE, FewRowLinears, bucket, weight_left
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 8, 17, 64, 65])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("lead", [(), (1,), (2, 3)])
+def test_weight_left_is_linear(rows, bias, lead):
+    torch.manual_seed(rows)
+    weight, b = torch.randn(48, 32), (torch.randn(48) if bias else None)
+    x = torch.randn(*lead, rows, 32)
+    out = weight_left(x, weight, b)
+    assert out.shape == (*lead, rows, 48) and out.is_contiguous()
+    torch.testing.assert_close(out, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows, expected", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (64, 64), (65, None)])
+def test_bucket(rows, expected):
+    assert bucket(rows) == expected
+
+
+class TwoLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(16, 40), nn.Linear(40, 16, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+def test_only_the_chosen_buckets_and_shapes_run_weight_left_and_the_model_is_restored(monkeypatch):
+    model = TwoLayers()
+    calls = []
+    import batchspec.engine.few_rows as few_rows
+    real = few_rows.weight_left
+
+    def counted(x, w, b=None):
+        calls.append((x.shape[-2], tuple(w.shape)))
+        return real(x, w, b)
+    monkeypatch.setattr(few_rows, "weight_left", counted)
+    linears = FewRowLinears(model, left={(40, 16): frozenset({1, 2, 4})})  # up only, at most 4 rows
+    for rows in (1, 3, 5, 70):
+        x = torch.randn(rows, 16)
+        expected = model(x)
+        with linears:
+            torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+        assert "forward" not in model.up.__dict__ and "forward" not in model.down.__dict__
+    assert calls == [(1, (40, 16)), (3, (40, 16))]
+
+
+def test_timing_chooses_per_shape_once_per_model():
+    model = TwoLayers()
+    linears = FewRowLinears(model, repeats=1)
+    assert set(linears.left) == {(40, 16), (16, 40)}
+    assert all(chosen <= set(BUCKETS) for chosen in linears.left.values())
+    assert getattr(model, CHOICE) is linears.left
+    assert FewRowLinears(model).left is linears.left  # a later runner of the model does not time again
+
+
+def test_a_hooked_layer_is_left_alone():
+    model = TwoLayers()
+    hook = model.up.forward
+    model.up.forward = lambda x: hook(x)  # as accelerate's hooks replace a module's forward
+    linears = FewRowLinears(model, left={(40, 16): frozenset(BUCKETS), (16, 40): frozenset(BUCKETS)})
+    with linears:
+        assert model.up.__dict__["forward"] is not linears._forwards.get(id(model.up))
+        model(torch.randn(2, 16))
+    assert "forward" in model.up.__dict__ and "forward" not in model.down.__dict__
