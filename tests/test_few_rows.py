@@ -54,9 +54,13 @@ def test_only_the_chosen_buckets_and_shapes_run_weight_left_and_the_model_is_res
     assert calls == [(1, (40, 16)), (3, (40, 16))]
 
 
-def test_timing_chooses_per_shape_once_per_model():
+def test_timing_chooses_per_shape_once_per_model_and_leaves_the_global_generator_alone():
     model = TwoLayers()
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
     linears = FewRowLinears(model, repeats=1)
+    assert torch.equal(torch.rand(3), expected)
     assert set(linears.left) == {(40, 16), (16, 40)}
     assert all(chosen <= set(BUCKETS) for chosen in linears.left.values())
     assert getattr(model, CHOICE) is linears.left
