@@ -67,8 +67,8 @@ class FewRowLinears:
                 left = self.time(self.linears, repeats)
                 setattr(model, CHOICE, left)
         self.left = left
-        self._forwards = {id(m): self._forward(m) for m in self.linears
-                          if self.left.get(tuple(m.weight.shape))}
+        # (layer, its forward) for the layers whose shape chose W @ x.T for some bucket: the only ones touched
+        self._swaps = [(m, self._forward(m)) for m in self.linears if left.get(tuple(m.weight.shape))]
 
     @staticmethod
     @torch.inference_mode()
@@ -107,13 +107,10 @@ class FewRowLinears:
         return forward
 
     def __enter__(self) -> FewRowLinears:
-        for m in self.linears:
-            forward = self._forwards.get(id(m))
-            if forward is not None:
-                m.forward = forward
+        for m, forward in self._swaps:
+            m.forward = forward
         return self
 
     def __exit__(self, *exc) -> None:
-        for m in self.linears:
-            if id(m) in self._forwards:
-                m.__dict__.pop("forward", None)
+        for m, _ in self._swaps:
+            m.__dict__.pop("forward", None)
