@@ -66,6 +66,43 @@ def test_eager_and_static_draft_the_same_with_the_demo_head(tree):
     assert per_forward[0] > 2.5 and abs(per_forward[0] - per_forward[1]) < 0.15 * per_forward[0], per_forward
 
 
+# Which rounds draft nothing (by round index), and the most entries a row may hold before catching up.
+SKIPPED = [("two of three", lambda i: i % 3 != 2, 16), ("runs of seven", lambda i: i % 9 < 7, 16),
+           ("runs past the stash", lambda i: i % 9 < 7, 3)]
+
+
+@pytest.mark.parametrize("pattern,lag", [(p, lag) for _, p, lag in SKIPPED], ids=[name for name, _, _ in SKIPPED])
+def test_rounds_that_draft_nothing_skip_the_head_and_lose_nothing(monkeypatch, pattern, lag):
+    """Eager rounds in which no row drafts run no head forward; the head's entries wait in the stash (or,
+    past LAG_MAX, are caught up anyway). The head must then draft exactly what a head that never skips
+    drafts: the same tokens, and the same drafts accepted in every round of every request (LAG_MAX = 0
+    never skips). Greedy, the shipped demo head (which guesses most tokens, so a misaligned stash shows)."""
+    from batchspec.calibrate import DEMO, read_prompts
+    from batchspec.engine.drafters import eagle
+
+    prompts = read_prompts(str(DEMO / "prompts.parquet"), 8)
+    propose, forwards = eagle.EagleDrafter._propose, []
+
+    def draft_some(self, round, spec):
+        if pattern(len(forwards)):
+            round.budgets = [0] * len(round.budgets)
+        forwards.append(None)
+        return propose(self, round, spec)
+
+    monkeypatch.setattr(eagle.EagleDrafter, "_propose", draft_some)
+    runs = []
+    for lag_max in (0, lag):
+        monkeypatch.setattr(eagle, "LAG_MAX", lag_max)
+        forwards.clear()
+        runs.append(batchspec.generate(prompts, target=str(DEMO / "target"), draft=str(DEMO / "eagle"),
+                                       drafter="eagle", k=4, batch_size=4, max_new_tokens=48, adaptive=False))
+    plain = batchspec.generate(prompts, target=str(DEMO / "target"), drafter="none", batch_size=4, max_new_tokens=48)
+    for run in runs:
+        assert [r.completion_token_ids for r in run] == [r.completion_token_ids for r in plain]
+    assert [r.accepted_per_round for r in runs[1]] == [r.accepted_per_round for r in runs[0]]
+    assert sum(r.accepted_tokens for r in runs[0]) > 100  # the head guesses: a misaligned stash would show
+
+
 def test_coupled_sampling_is_plain_decodings(llama_pair, tmp_path):
     head = head_dir(tmp_path / "head", llama_pair.target)
     common = dict(target=str(llama_pair.target), max_new_tokens=16, temperature=0.9, top_p=0.95, seed=3)

@@ -7,9 +7,12 @@ head lacks, valid .. L - 2, from the target features the last verify pass left (
 the accepted path) and the tokens after them; its output at L - 2 is the first draft. Each later step
 feeds the draft just made with the head's own output, one position further. After the verdict the
 head is valid up to L - 1 entries (its drafted entries are stale) and the stash holds the features of
-the accepted positions L - 1 .. L - 1 + m: exactly what the next round's first step computes. The first
-step runs every round, so the head never falls behind (k = 0 rounds cost one head step). On the static
-path each step is a captured step (eagle_static.py).
+the accepted positions L - 1 .. L - 1 + m: exactly what the next round's first step computes. On the
+static path the first step runs every round (a captured step; k = 0 rounds cost one head step). Eager
+rounds in which no row drafts skip it: each row's stash then keeps growing by its verified features
+(entry j: the features of position valid + j) until a round drafts, or until some row holds LAG_MAX
+entries, when the first step catches every row up; so a round that drafts nothing costs what plain
+decoding costs.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from .choosing import buffered_draft, choose_draft, no_tree
 from .eagle_static import EagleStaticSteps
 
 EAGLE_POLICY = DrafterPolicy(draft_forwards=True, trees=True)
+LAG_MAX = 16  # eager: the most stashed entries a row holds before a round that drafts nothing catches it up
 
 
 class HeadAsModel(nn.Module):
@@ -89,11 +93,15 @@ class EagleDrafter(EagleStaticSteps):
         self.sampling, self.graphs, self.device = sampling, graphs, self.runner.device
         self.num_slots = num_slots
         width = sum([head.config.target_hidden_size] * len(self.feature_layers))
-        self.stash = torch.zeros(num_slots, self.catch_up, width, dtype=self.runner.model.dtype, device=self.device)
+        # The static path's first step reads exactly catch_up entries; eager rows may lag LAG_MAX entries
+        # behind, and the verdict then appends up to catch_up more.
+        entries = self.catch_up if self.runner.static else LAG_MAX + self.catch_up
+        self.stash = torch.zeros(num_slots, entries, width, dtype=self.runner.model.dtype, device=self.device)
         self.out = torch.zeros(num_slots, 1, head.config.hidden_size, dtype=self.runner.model.dtype, device=self.device)
         self.valid = [0] * num_slots  # per slot: the head's entries known to be right (host)
         self.waiting: dict[int, int] = {}  # slot -> its prompt's entries (P - 1), while packed rounds bring them in
         self._round: tuple | None = None
+        self._lagging: set[int] = set()  # slots that sat the last round's first step out (eager)
         self._target: ModelRunner | None = None
         self._acceptor = None
         self._presence: torch.Tensor | None = None  # [B, V] the drafts' growing repetition context (static)
@@ -160,15 +168,17 @@ class EagleDrafter(EagleStaticSteps):
                 del self.waiting[slot]
 
     def extend(self, slots, emitted, num_accepted, path=None):
-        """After the verdict: the head is valid up to L - 1 entries of each row that ran the round, and the
-        stash takes the verify pass's features along the accepted path (what the next first step reads)."""
+        """After the verdict: the head is valid up to L - 1 entries of each row whose first step ran, and the
+        stash takes the verify pass's features along the accepted path (what the next first step reads),
+        appended after what a row that sat the first step out still holds."""
         if self._round is None:
             return
         rows, lengths, round = self._round
         self._round = None
         by_slot = dict(zip(rows, lengths))
         for slot in slots:
-            self.valid[slot] = by_slot[slot] - 1
+            if slot not in self._lagging:
+                self.valid[slot] = by_slot[slot] - 1
         features = self._target.features  # [b, T, F]: the round's verify pass, row order = rows
         if self.runner.static:
             self.graphs.run(("eagle", "stash", features.shape[1]), self._stash_step, self._stash_args(features.shape[1]))
@@ -181,7 +191,10 @@ class EagleDrafter(EagleStaticSteps):
             along = self._acceptor.path_out[: len(rows), : features.shape[1]]  # [b, E] verify positions kept
             gathered = features.gather(1, along[:, :, None].expand(-1, -1, features.shape[-1]))[:, : self.catch_up]
         index = torch.tensor(rows, device=self.device)
-        self.stash[index, : gathered.shape[1]] = gathered.to(self.stash.dtype)
+        held = torch.tensor([n - 1 - self.valid[r] if r in self._lagging else 0 for r, n in zip(rows, lengths)],
+                            device=self.device)  # entries each row already holds: where its new ones go
+        at = held[:, None] + torch.arange(gathered.shape[1], device=self.device)
+        self.stash[index[:, None], at] = gathered.to(self.stash.dtype)
 
     def release(self, slots):
         pass
@@ -220,12 +233,18 @@ class EagleDrafter(EagleStaticSteps):
         runner, b, state = self.runner, len(round.rows), round.state
         rows = round.rows_t
         kv_len = max(round.lengths) - 1 + steps
-        # Rows whose prompt a packed round is still bringing in sit the first step out (they draft nothing).
+        # Rows whose prompt a packed round is still bringing in sit the first step out (they draft nothing);
+        # so does every row when none drafts and none would outgrow its stash (then the head's entries
+        # wait in the stash, and the round costs no head forward).
         ready = [i for i, slot in enumerate(round.rows) if slot not in self.waiting]
+        starts, counts = self._first_entries(round)
+        if not draft and all(counts[i] <= LAG_MAX for i in ready):
+            self._lagging = {round.rows[i] for i in ready}
+            return
+        self._lagging = set()
         logits = torch.zeros(b, self.runner.vocab_size, dtype=self.stash.dtype, device=self.device)
         out = torch.zeros(b, 1, self.out.shape[-1], dtype=self.stash.dtype, device=self.device)
         if ready:
-            starts, counts = self._first_entries(round)
             starts, counts = [starts[i] for i in ready], [counts[i] for i in ready]
             at = torch.tensor(ready, device=self.device)
             sub = rows[at]
@@ -235,8 +254,10 @@ class EagleDrafter(EagleStaticSteps):
             ids = state.tokens[sub[:, None], positions]
             runner.set_lengths(sub, start_t)
             last = torch.tensor(counts, device=self.device)[:, None] - 1
+            started = wall(self.device)
             logits[at] = runner.forward(ids, kv_len=kv_len, rows=sub, extra={"hidden": self.stash[sub, :width]},
                                         keep=last)[:, 0]
+            self._steps.append((len(ready) * width, wall(self.device) - started))
             out[at] = runner.features.gather(1, last[:, :, None].expand(-1, -1, runner.features.shape[-1]))
         if not draft:
             return
@@ -274,8 +295,7 @@ class EagleDrafter(EagleStaticSteps):
             probs[perm] = q
 
     def step_times(self) -> list[tuple[int, float]]:
-        """The drafting forwards after each round's first step (which runs for every row every round, to
-        keep the head level with the target, and so is no cost of any row's drafts)."""
+        """The last round's head forwards (tokens, seconds): the first step, when it ran, and each later one."""
         steps, self._steps = self._steps, []
         return steps
 
