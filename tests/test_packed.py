@@ -242,10 +242,12 @@ HOPELESS_CASES = [  # (name, each row's (accepted, rejected) counts, prices of t
 ]
 
 
+@pytest.mark.parametrize("ratios", [None, (0.6, 1.4, 0.3, 1.0)], ids=["uncalibrated", "calibrated by position"])
 @pytest.mark.parametrize("name,counts,line", HOPELESS_CASES, ids=[c[0] for c in HOPELESS_CASES])
-def test_rows_not_asked_to_propose_are_those_that_would_draft_nothing(name, counts, line):
+def test_rows_not_asked_to_propose_are_those_that_would_draft_nothing(name, counts, line, ratios):
     """A lookup is not asked to propose for the rows AdaptiveK.hopeless names; the drafts chosen are the
-    same as when every row proposes, for every combination of proposal lengths 0..4."""
+    same as when every row proposes, for every combination of proposal lengths 0..4 (also with each draft
+    position calibrated apart)."""
     import copy
 
     from batchspec.engine.acceptance_model import RowAcceptance
@@ -259,18 +261,55 @@ def test_rows_not_asked_to_propose_are_those_that_would_draft_nothing(name, coun
     controller = AdaptiveK(k_max=4, policy=LOOKUP_POLICY, costs=costs)
     controller._rounds = 1  # past the alternating start, and far from a probe
     controller._next_probe = 10**6
+    for c, ratio in zip(controller.calibration, ratios or ()):
+        c.realized, c.predicted = 10.0 * ratio, 10.0
     slots = list(range(len(counts)))
     for slot, (accepted, rejected) in zip(slots, counts):
         controller.rows[slot] = RowAcceptance(accepted, rejected)
     base = len(slots)
     hopeless = controller.hopeless(slots, base, costs)
-    if name.startswith("cheap"):
-        assert not any(hopeless)
-    else:
-        assert any(hopeless) and not all(hopeless), hopeless
+    if ratios is None:  # the cases' own point (calibrated, the weak rows of "expensive tokens" lose their first draft too)
+        if name.startswith("cheap"):
+            assert not any(hopeless)
+        else:
+            assert any(hopeless) and not all(hopeless), hopeless
     for offers in itertools.product(range(5), repeat=len(slots)):
         asked = [0 if h else n for h, n in zip(hopeless, offers)]
         full = copy.deepcopy(controller).choose_rows(slots, list(offers), [0] * len(slots), None, base, costs)
         cut = copy.deepcopy(controller).choose_rows(slots, asked, [0] * len(slots), None, base, costs)
         assert full == cut, (offers, hopeless)
         assert all(k == 0 for k, h in zip(full[1], hopeless) if h)
+
+
+CALIBRATED_CASES = [  # (name, gains per row, each position's calibration ratio, the gains choose_drafts gets)
+    ("ratio 1 everywhere", [[0.5, 0.25, 0.125]], (1.0, 1.0, 1.0), [[0.5, 0.25, 0.125]]),
+    ("deeper drafts accepted less than predicted", [[0.6, 0.5, 0.4, 0.3]], (1.0, 0.8, 0.5, 0.5),
+     [[0.6, 0.4, 0.2, 0.15]]),
+    ("a later position calibrated up stays below the one before", [[0.5, 0.45]], (0.8, 1.5), [[0.4, 0.4]]),
+    ("rows of different lengths", [[0.5], [], [0.8, 0.6]], (0.5, 1.0), [[0.25], [], [0.4, 0.4]]),
+]
+
+
+@pytest.mark.parametrize("name,gains,ratios,expected", CALIBRATED_CASES, ids=[c[0] for c in CALIBRATED_CASES])
+def test_gains_are_calibrated_by_draft_position(name, gains, ratios, expected):
+    from batchspec.engine.adaptive import AdaptiveK
+
+    controller = AdaptiveK(k_max=len(ratios))
+    for c, ratio in zip(controller.calibration, ratios):
+        c.realized, c.predicted = 10.0 * ratio, 10.0
+    assert controller.calibrated(gains) == [pytest.approx(row) for row in expected]
+
+
+def test_each_draft_position_learns_its_own_calibration():
+    """A packed round's rows drafted [2, 3, 1] deep and kept [2, 1, 0]: position 1 saw 2 of 3 accepted, position
+    2 one of 2, position 3 none of 1, against the gains predicted for each (after the decay of the weak start)."""
+    from batchspec.engine.adaptive import AdaptiveK
+
+    controller = AdaptiveK(k_max=3)
+    controller._gains = {0: [0.9, 0.8], 1: [0.7, 0.5, 0.3], 2: [0.6]}
+    controller.learn(3, [0, 1, 2], [3, 3, 3], [2, 3, 1], [2, 1, 0])
+    d = controller.pooled_decay
+    got = [(c.realized, c.predicted) for c in controller.calibration]
+    assert got == [pytest.approx((2 * d + 2, 2 * d + 2.2)), pytest.approx((2 * d + 1, 2 * d + 1.3)),
+                   pytest.approx((2 * d + 0, 2 * d + 0.3))]
+    assert controller._gains == {}

@@ -101,13 +101,13 @@ class AcceptanceModel:
     def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int]) -> None:
         """Acceptance from a round of shape k: per row the drafts it was allowed (budgets), proposed and
         accepted (see observe_index)."""
-        if self._gains:  # a packed round: what its drafts gained against what was predicted for them
-            c = self.calibration
-            c.realized, c.predicted = c.realized * self.pooled_decay, c.predicted * self.pooled_decay
+        if self._gains:  # a packed round: what its drafts gained against what was predicted, by position
+            for c in self.calibration:
+                c.realized, c.predicted = c.realized * self.pooled_decay, c.predicted * self.pooled_decay
             for slot, m in zip(slots, accepted):
-                if slot in self._gains:
-                    c.realized += m
-                    c.predicted += self._gains[slot]
+                for j, gain in enumerate(self._gains.get(slot, ())):
+                    self.calibration[j].realized += m > j
+                    self.calibration[j].predicted += gain
             self._gains = {}
         if k == 0:
             return

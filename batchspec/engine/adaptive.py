@@ -90,9 +90,9 @@ class AdaptiveK(AcceptanceModel, PackedChoice):
     _last_k: int | None = field(init=False, default=None)
     tree_counts: list[RowAcceptance] = field(init=False, default_factory=list)  # [j]: tokens emitted, row-rounds
     reliability: Calibration = field(init=False, default_factory=Calibration)  # of the drafter's priors
-    # Packed rounds: the drafts accepted against the gains predicted for the drafts chosen.
-    calibration: Calibration = field(init=False, default_factory=Calibration)
-    _gains: dict[int, float] = field(init=False, default_factory=dict)  # slot -> this round's predicted gain
+    # Packed rounds, per draft position j: the drafts accepted there against the gains predicted for them.
+    calibration: list[Calibration] = field(init=False, default_factory=list)
+    _gains: dict[int, list[float]] = field(init=False, default_factory=dict)  # slot -> predicted gain per draft
     _idle: bool = field(init=False, default=False)  # packed: nobody drafted at the last re-timing
     _priors: dict[int, float] = field(init=False, default_factory=dict)  # slot -> this round's prior
     # Internally a shape is an index into `shapes`: chains k = 0..k_max, then tree j at k_max + 1 + j.
@@ -104,6 +104,7 @@ class AdaptiveK(AcceptanceModel, PackedChoice):
         self.continued = [RowAcceptance(accepted=1.0, rejections=1.0) for _ in range(self.k_max + 1)]
         self.tree_depths = tuple(t.depth for t in self.trees)
         self.tree_counts = [RowAcceptance() for _ in self.trees]  # accepted = tokens, rejections = row-rounds
+        self.calibration = [Calibration() for _ in range(max(self.k_max, 1))]
         self.shapes = [RoundShape(drafts=k) for k in range(self.k_max + 1)] + [RoundShape(tree=t) for t in self.trees]
         self._index = {shape: i for i, shape in enumerate(self.shapes)}
         self._next_probe = self.revisit_every

@@ -4,10 +4,14 @@ Packed rounds (eager, packed.py) price each row's drafts apart: `choose_rows` gi
 number of drafts, the choice of row_drafts.py over each row's expected gains E_i(j) - E_i(j - 1) (the
 acceptance model, acceptance_model.py) and the round's cost by what it computes (costs.PackedCosts: the
 target forward's time against its tokens, each drafting forward's against its tokens, the rest of the
-round against its drafts). The gains are scaled by their calibration, the decayed ratio of drafts
-accepted to the gains predicted for the drafts chosen, so that a systematic error of the acceptance
-model (choosing the rows whose estimates are highest picks estimates that err high) cannot keep a job
-drafting at a loss. A lookup is not asked to propose for rows that would draft nothing whatever they
+round against its drafts). The gains are scaled by their calibration, per draft position the decayed
+ratio of drafts accepted there to the gains predicted for the drafts chosen there, so that a systematic
+error of the acceptance model (choosing the rows whose estimates are highest picks estimates that err
+high) cannot keep a job drafting at a loss. By position, because the error grows with depth: on SmolLM2's
+head at batch 8 (2 CPU cores, 2026-11-28) the geometric model, scaled by one job-wide ratio (0.82), met
+the first three positions' acceptance (0.47-0.49 against 0.45-0.48) but called the fourth 0.46 where
+0.28 was accepted, and the rows it drafted four deep made every row of the round wait three more head
+steps. A lookup is not asked to propose for rows that would draft nothing whatever they
 proposed (`hopeless`). Every `revisit_every` rounds each row verifies one draft more than chosen (the
 wait doubling, up to 8x, while nobody drafts), so that rows drafting nothing keep measuring their
 acceptance.
@@ -36,7 +40,7 @@ class PackedChoice:
             return [False] * len(slots)
         prices = costs.prices()
         rate = len(slots) / max(prices.seconds(base_tokens, 0, 0), 1e-12)
-        threshold = rate * (prices.per_token + prices.per_draft) / max(self.calibration.ratio, 1e-12)
+        threshold = rate * (prices.per_token + prices.per_draft) / max(self.calibration[0].ratio, 1e-12)
         run = self.run_lengths() if policy.bursty else None
         return [self.expected(self.alpha(s), 1, run) - 1.0 <= threshold for s in slots]
 
@@ -62,8 +66,7 @@ class PackedChoice:
         gains = [[self.expected(a, j, run) - self.expected(a, j - 1, run) for j in range(1, n + 1)]
                  for a, n in zip(alphas, offers)]
         prices = costs.prices()
-        scale = self.calibration.ratio
-        drafts, rate = choose_drafts([[g * scale for g in row] for row in gains], base_tokens, prices, steps=draws)
+        drafts, rate = choose_drafts(self.calibrated(gains), base_tokens, prices, steps=draws)
         shape = max(drafts, default=0)
         for j in (t - self.k_max - 1 for t in trees):  # a tree round: every row its tree
             spec, n = self.trees[j], len(slots)
@@ -80,5 +83,17 @@ class PackedChoice:
                 drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
                 shape = max(drafts, default=0)
         if shape <= self.k_max:
-            self._gains = {s: sum(g[:k]) for s, g, k in zip(slots, gains, drafts) if k > 0}
+            self._gains = {s: g[:k] for s, g, k in zip(slots, gains, drafts) if k > 0}
         return shape, drafts
+
+    def calibrated(self, gains: list[list[float]]) -> list[list[float]]:
+        """Each row's gains scaled by their position's calibration, kept non-increasing along the row (what
+        choose_drafts needs: a later draft never gains more than an earlier one)."""
+        out = []
+        for row in gains:
+            scaled, least = [], float("inf")
+            for j, g in enumerate(row):
+                least = min(least, g * self.calibration[min(j, len(self.calibration) - 1)].ratio)
+                scaled.append(least)
+            out.append(scaled)
+        return out
