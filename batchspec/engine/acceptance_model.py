@@ -106,8 +106,9 @@ class AcceptanceModel:
                 c.realized, c.predicted = c.realized * self.pooled_decay, c.predicted * self.pooled_decay
             for slot, m in zip(slots, accepted):
                 for j, gain in enumerate(self._gains.get(slot, ())):
-                    self.calibration[j].realized += m > j
-                    self.calibration[j].predicted += gain
+                    c = self.calibration[min(j, len(self.calibration) - 1)]  # (positions past k_max: its last)
+                    c.realized += m > j
+                    c.predicted += gain
             self._gains = {}
         if k == 0:
             return
