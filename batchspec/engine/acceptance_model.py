@@ -98,6 +98,10 @@ class AcceptanceModel:
         depth = min(self.tree_depths[j], self.k_max)
         return sum(self.expected(a, depth, run) for a in alphas) / max(len(alphas), 1)
 
+    def calibration_at(self, j: int) -> Calibration:
+        """Packed rounds: the calibration of draft position j (from 0); a position past k_max shares the last."""
+        return self.calibration[min(j, len(self.calibration) - 1)]
+
     def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int]) -> None:
         """Acceptance from a round of shape k: per row the drafts it was allowed (budgets), proposed and
         accepted (see observe_index)."""
@@ -106,7 +110,7 @@ class AcceptanceModel:
                 c.realized, c.predicted = c.realized * self.pooled_decay, c.predicted * self.pooled_decay
             for slot, m in zip(slots, accepted):
                 for j, gain in enumerate(self._gains.get(slot, ())):
-                    c = self.calibration[min(j, len(self.calibration) - 1)]  # (positions past k_max: its last)
+                    c = self.calibration_at(j)
                     c.realized += m > j
                     c.predicted += gain
             self._gains = {}

@@ -19,6 +19,8 @@ acceptance.
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 from .costs import PackedCosts
 from .row_drafts import choose_drafts
 
@@ -89,11 +91,5 @@ class PackedChoice:
     def calibrated(self, gains: list[list[float]]) -> list[list[float]]:
         """Each row's gains scaled by their position's calibration, kept non-increasing along the row (what
         choose_drafts needs: a later draft never gains more than an earlier one)."""
-        out = []
-        for row in gains:
-            scaled, least = [], float("inf")
-            for j, g in enumerate(row):
-                least = min(least, g * self.calibration[min(j, len(self.calibration) - 1)].ratio)
-                scaled.append(least)
-            out.append(scaled)
-        return out
+        return [list(accumulate((g * self.calibration_at(j).ratio for j, g in enumerate(row)), min))
+                for row in gains]
