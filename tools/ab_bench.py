@@ -9,9 +9,10 @@ itself relatively, so both load side by side) and the models are loaded once and
 size every contender runs in both checkouts once untimed (the warm-up), then --repeats times, each run
 right after a run of the first contender (drafter none) of the same checkout, base and this in turn: a
 machine whose speed drifts over minutes (a shared VM's does, by 10-30%) slows a pair alike. It prints
-each contender's median tokens/s per checkout, its ratio to the same checkout's first contender and this
-checkout's ratio to the base's, each the median of the ratios of runs made side by side, and says whether
-every output equals the first contender's. Both run through the API they share (`build_generator`,
+a line per run as it goes (stderr: its tokens/s and, for adaptive contenders, the payoff check's state so
+far), then each contender's median tokens/s per checkout, its ratio to the same checkout's first
+contender and this checkout's ratio to the base's, each the median of the ratios of runs made side by
+side, and says whether every output equals the first contender's. Both run through the API they share (`build_generator`,
 `Request`, `RowParams.max_new_tokens` for staggered lengths), so any earlier main can be the base.
 """
 
@@ -100,7 +101,7 @@ def bench_batch(args, versions: dict, models, prompts: list[str], drafters: list
     pairs = {name: {d: [] for d in drafters[1:]} for name in versions}  # (contender, its reference) side by side
     outputs: dict = {}
 
-    def run(name: str, d: str) -> float:
+    def run(name: str, d: str, repeat: int) -> float:
         api, types = versions[name]
         generator = build(api, d) if d.startswith("suffix") else generators[name, d]  # suffix learns the job
         generator.reset_stats()
@@ -108,13 +109,20 @@ def bench_batch(args, versions: dict, models, prompts: list[str], drafters: list
         results = list(generator.run(requests(types, prompts, args.max_new_tokens, staggered)))
         seconds = time.perf_counter() - started
         outputs[name, d] = {r.id: r.completion_token_ids for r in results}
-        return generator.stats.completion_tokens / seconds
+        rate = generator.stats.completion_tokens / seconds
+        # One line a run as it goes (stderr), so that a run cut short by a timeout still says something.
+        payoff = getattr(getattr(generator, "scheduler", None), "payoff", None)
+        verdict = "" if payoff is None else " (payoff check: {rounds_drafting} rounds drafting, {rounds_plain} plain, " \
+            "verdict {winner}, drafting / plain {ratio:.2f})".format(**payoff.summary())
+        print(f"  batch {batch} {'warm-up' if not repeat else f'repeat {repeat}'}: {name} {d} {rate:.1f} tok/s{verdict}",
+              file=sys.stderr, flush=True)
+        return rate
 
     for repeat in range(args.repeats + 1):  # the first is the warm-up
         # Each contender runs right after its reference, in both checkouts (who goes first alternates).
         for d in drafters[1:] or drafters:
             for name in sorted(versions, reverse=repeat % 2 == 1):
-                timed = [(c, run(name, c)) for c in dict.fromkeys([reference, d])]
+                timed = [(c, run(name, c, repeat)) for c in dict.fromkeys([reference, d])]
                 if repeat:
                     for c, rate in timed:
                         rates[name][c].append(rate)
