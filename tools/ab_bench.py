@@ -12,8 +12,9 @@ machine whose speed drifts over minutes (a shared VM's does, by 10-30%) slows a 
 a line per run as it goes (stderr: its tokens/s and, for adaptive contenders, the payoff check's state so
 far), then each contender's median tokens/s per checkout, its ratio to the same checkout's first
 contender and this checkout's ratio to the base's, each the median of the ratios of runs made side by
-side, and says whether every output equals the first contender's. Both run through the API they share (`build_generator`,
-`Request`, `RowParams.max_new_tokens` for staggered lengths), so any earlier main can be the base.
+side, and says whether every output equals the first contender's. Both run through the API they share
+(`build_generator`, `Request`, `RowParams.max_new_tokens` for staggered lengths), so any earlier main can
+be the base.
 """
 
 from __future__ import annotations
@@ -112,10 +113,11 @@ def bench_batch(args, versions: dict, models, prompts: list[str], drafters: list
         rate = generator.stats.completion_tokens / seconds
         # One line a run as it goes (stderr), so that a run cut short by a timeout still says something.
         payoff = getattr(getattr(generator, "scheduler", None), "payoff", None)
-        verdict = "" if payoff is None else " (payoff check: {rounds_drafting} rounds drafting, {rounds_plain} plain, " \
-            "verdict {winner}, drafting / plain {ratio:.2f})".format(**payoff.summary())
-        print(f"  batch {batch} {'warm-up' if not repeat else f'repeat {repeat}'}: {name} {d} {rate:.1f} tok/s{verdict}",
-              file=sys.stderr, flush=True)
+        check = "" if payoff is None else (
+            " (payoff check so far: {rounds_drafting} rounds drafting, {rounds_plain} plain, verdict {winner}, "
+            "drafting / plain {ratio:.2f})".format(**payoff.summary()))
+        which = f"repeat {repeat}" if repeat else "warm-up"
+        print(f"  batch {batch} {which}: {name} {d} {rate:.1f} tok/s{check}", file=sys.stderr, flush=True)
         return rate
 
     for repeat in range(args.repeats + 1):  # the first is the warm-up

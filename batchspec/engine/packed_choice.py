@@ -42,7 +42,7 @@ class PackedChoice:
             return [False] * len(slots)
         prices = costs.prices()
         rate = len(slots) / max(prices.seconds(base_tokens, 0, 0), 1e-12)
-        threshold = rate * (prices.per_token + prices.per_draft) / max(self.calibration[0].ratio, 1e-12)
+        threshold = rate * (prices.per_token + prices.per_draft) / max(self.calibration_at(0).ratio, 1e-12)
         run = self.run_lengths() if policy.bursty else None
         return [self.expected(self.alpha(s), 1, run) - 1.0 <= threshold for s in slots]
 
