@@ -191,7 +191,7 @@ class Result:
     prompt_top_logprobs: list[list[float]] | None = None
     prompt_top_logprob_ids: list[list[int]] | None = None
     forced_tokens: int = 0  # drafts the grammar forced (structured output), counted in draft_tokens too
-    structured_complete: bool | None = None  # constrained rows: the output is a whole match (False: cut short)
+    structured_complete: bool | None = None  # constrained rows: ended whole (False: cut by a limit, a stop string, an error)
 
     def to_row(self) -> dict[str, Any]:
         """The output row: every field above, with `extra` flattened in (pass-through columns)."""

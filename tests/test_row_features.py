@@ -167,3 +167,26 @@ def test_stop_reason_and_keeping_the_stop_string(pair):
             assert r.stop_reason == ref[-1] and ref[-1] in pair.eos_ids  # an EOS id
         if r.finish_reason == "length":
             assert r.stop_reason is None
+
+
+def test_a_stop_string_and_an_eos_in_the_same_round(pair):
+    """A row whose last token completes a stop string and whose EOS comes in the same round (the draft is the
+    target, so every draft is accepted): the stop string is the reason, not a token id, and the output is cut
+    before the EOS."""
+    eos = set(pair.eos_ids)
+    ended = [i for i, ref in enumerate(pair.reference) if ref and ref[-1] in eos and len(ref) >= 3]
+    assert ended, "the references need a row that ends on EOS"
+    cases = []
+    for i in ended:  # the shortest visible end of the text before the EOS found nowhere before it
+        text = pair.tokenizer.decode(pair.reference[i][:-1], skip_special_tokens=True)  # an EOS id may be text
+        stop = next((text[-n:] for n in range(1, 12) if text[-n:].strip() and "\ufffd" not in text[-n:]
+                     and text.find(text[-n:]) == len(text) - n), None)
+        if stop is not None:
+            cases.append((i, stop, text))
+    assert cases, "no row ends in a stop string found only at its end"
+    for i, stop, text in cases:
+        result = batchspec.generate([PROMPTS[i]], target=str(pair.target), draft=str(pair.target), drafter="model",
+                                    k=4, adaptive=False, max_new_tokens=MAX_NEW, stop=[stop])[0]
+        assert result.finish_reason == "stop" and result.stop_reason == stop, (i, stop, result.stop_reason)
+        assert result.completion == text[: len(text) - len(stop)]
+        assert result.completion_token_ids == pair.reference[i][:-1]  # the EOS cut away with the stop

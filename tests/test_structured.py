@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import llguidance
 import llguidance.hf
@@ -313,3 +314,38 @@ def test_n_samples_each_follow_the_constraint(llama_pair):
     assert len(results) == 8
     assert all(r.completion in ("alpha", "beta gamma", "delta") and r.structured_complete for r in results)
     assert len({r.completion for r in results}) > 1  # samples, not copies
+
+
+DEMO = Path(__file__).resolve().parent.parent / "batchspec" / "assets" / "demo" / "target"
+
+
+@pytest.mark.parametrize("constraint,stop,completion,reason,complete", [
+    # a stop string inside the constrained output: the row is cut there, so it is not a whole match
+    (dict(choice=("return", "pass")), ("ur",), "ret", "ur", False),
+    (dict(regex="return|pass"), ("ur",), "ret", "ur", False),
+    (dict(json_schema={"enum": ["return", "pass"]}), ("ur",), '"ret', "ur", False),
+    # cut at max_new_tokens where a prefix happens to match: not complete either
+    (dict(regex="[0-9]+"), (), None, None, False),
+    (dict(json_schema={}), (), None, None, False),
+    (dict(grammar='start: "x"+'), (), "x" * 16, None, False),
+    # a whole match that ends on EOS
+    (dict(choice=("return", "pass")), (), "return", 1, True),
+])
+def test_structured_complete_and_the_stop_reason(constraint, stop, completion, reason, complete):
+    """The demo target, greedy, 16 new tokens, prompt `def f(x):\\n    ` (issue 58's items 1 and 2)."""
+    result = batchspec.generate(["def f(x):\n    "], target=str(DEMO), max_new_tokens=16, stop=stop, **constraint)[0]
+    if completion is not None:
+        assert result.completion == completion
+    assert result.stop_reason == reason
+    assert result.finish_reason == ("length" if reason is None else "stop")
+    assert result.structured_complete is complete
+
+
+def test_a_grammar_that_ends_exactly_at_max_new_tokens_is_complete():
+    """`return` in as many tokens as max_new_tokens: finish_reason length (no EOS yet), but the grammar takes
+    nothing more, so the output is a whole match."""
+    tokens = batchspec.generate(["def f(x):\n    "], target=str(DEMO), max_new_tokens=16,
+                                choice=("return", "pass"))[0].completion_token_ids
+    result = batchspec.generate(["def f(x):\n    "], target=str(DEMO), max_new_tokens=len(tokens) - 1,
+                                choice=("return", "pass"))[0]
+    assert result.completion == "return" and result.finish_reason == "length" and result.structured_complete

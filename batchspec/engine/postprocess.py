@@ -56,12 +56,24 @@ class RowOutcomes:
         record.awaiting_first = False
         record.output.append(token)
         _add_logprobs(record, [block] if block else [])
-        problem = self.grammars.advance(slot, [token]) if self.grammars is not None else None
+        problem, hit_eos, hit_stop = self._take(slot, record, 1, token in self.stops.eos_ids)
         if problem:
             return self._finish(slot, FINISH_ERROR, problem)
-        hit_stop = self.stops.cut_at_stop(record, 1)
-        reason = self._finish_reason(slot, record, token in self.stops.eos_ids, hit_stop)
+        reason = self._finish_reason(slot, record, hit_eos, hit_stop)
         return self._finish(slot, reason) if reason is not None else None
+
+    def _take(self, slot: int, record: Slot, num_new: int, hit_eos: bool) -> tuple[str | None, bool, bool]:
+        """The row's last `num_new` output tokens (whose last is an EOS when hit_eos): cut at a stop string
+        first, then its grammar advanced by the tokens kept, so that it judges the output the row keeps.
+        Returns (the grammar's error or None, whether the row ends on an EOS, whether on a stop string): a stop
+        string cuts the EOS of the same round away, and the stop string is then the reason."""
+        before = len(record.output) - num_new
+        hit_stop = self.stops.cut_at_stop(record, num_new)
+        if hit_stop:
+            record.cut_logprobs()
+        kept = record.output[before:]
+        problem = self.grammars.advance(slot, kept) if self.grammars is not None else None
+        return problem, hit_eos and not hit_stop, hit_stop
 
     def _finish_reason(self, slot: int, record: Slot, hit_eos: bool, hit_stop: bool) -> str | None:
         """StopRules' reason; and a row whose grammar takes nothing more stops when there is no EOS to end it
@@ -98,16 +110,13 @@ class RowOutcomes:
             before = len(record.output)
             record.output.extend(new)
             record.length += len(new)
-            problem = self.grammars.advance(slot, new) if self.grammars is not None else None
+            _add_logprobs(record, outcome.logprobs[i] if outcome.logprobs else [])
+            problem, hit_eos, hit_stop = self._take(slot, record, len(new), outcome.hit_eos[i])
             if problem:
                 finished.append((slot, self._finish(slot, FINISH_ERROR, problem)))
                 continue
             forced = round.forced[i] if round.forced else 0
             record.forced_tokens += forced
-            _add_logprobs(record, outcome.logprobs[i] if outcome.logprobs else [])
-            hit_stop = self.stops.cut_at_stop(record, len(new))
-            if hit_stop:
-                record.cut_logprobs()
             positions = outcome.depth[i] if outcome.depth is not None else outcome.num_drafts[i]
             row = cut_counts(outcome.num_drafts[i], positions, outcome.num_accepted[i], len(record.output) - before)
             self.stats.row(record, shape, row)
@@ -115,7 +124,7 @@ class RowOutcomes:
             emitted.add(slot, head + new, outcome.num_accepted[i], 0 if forced else round.budgets[i],
                         cut_counts(0, 0, 0, 1) if forced else row,
                         outcome.last_node[i] if emitted.path is not None else 0)
-            reason = self._finish_reason(slot, record, outcome.hit_eos[i], hit_stop)
+            reason = self._finish_reason(slot, record, hit_eos, hit_stop)
             if reason is not None:
                 finished.append((slot, self._finish(slot, reason)))
         return finished, emitted
@@ -137,7 +146,7 @@ class RowOutcomes:
     def _finish(self, slot: int, reason: str, error: str | None = None) -> Result:
         """The row's Result; an error (its grammar failed) keeps the output made before it."""
         if self.grammars is not None:
-            self.slots[slot].structured_complete = self.grammars.complete(slot)
+            self.slots[slot].structured_complete = self._whole_match(slot, self.slots[slot], reason, error)
             self.grammars.release(slot)
         record = self.slots.release(slot)
         request = record.request
@@ -146,6 +155,19 @@ class RowOutcomes:
         result.error = error
         self.stats.result(result)
         return result
+
+
+    def _whole_match(self, slot: int, record: Slot, reason: str, error: str | None) -> bool | None:
+        """structured_complete (None: unconstrained): the grammar accepts the output and the row ended because
+        the output was whole: on an EOS (allowed only where the grammar accepts) or with a grammar that takes
+        nothing more. A row cut short is not: by max_new_tokens or max_seq_len (even where a prefix happens
+        to match, as `[0-9]+` does), by a stop string (its completion is cut there), or by an error."""
+        complete = self.grammars.complete(slot)
+        if complete is None:
+            return None
+        if not complete or error is not None or isinstance(record.stop_reason, str):
+            return False
+        return (reason == FINISH_STOP and isinstance(record.stop_reason, int)) or self.grammars.stopped(slot)
 
 
 def _add_logprobs(record: Slot, blocks: list[list[float]]) -> None:
