@@ -9,7 +9,8 @@ with different settings) and input files
 the shards skipped as unreadable, and exits
 
     0  complete: every shard 0..N-1 of some shard count N has finished, and no problem was found
-    1  incomplete: a shard is missing, still running, stopped or cancelled (resubmit to resume),
+    1  incomplete: a shard is missing, still running, stopped or cancelled (rerun the same command, or
+       resubmit the array, to resume),
        or a problem was found
     2  not an output dir (no data/ and no shards/)
 
@@ -241,7 +242,10 @@ def format_status(report: dict[str, Any]) -> str:
             if trained:
                 note += f"; self-trained head: {self_training_text(trained)}"
         else:
-            note = "no finish marker: running, stopped or cancelled (resubmit the array to resume)"
+            # One shard is a single command; several are an array (or the same commands by hand).
+            resume = ("rerun the same command" if s["count"] == 1 else
+                      "resubmit the array, or rerun this shard's command,")
+            note = f"no finish marker: running, stopped or cancelled ({resume} to resume)"
         state = "finished" if s["finished"] else "missing"
         lines.append(f"  {s['shard']:>3} of {s['count']:<3} {state:<9} {s['rows']:>7} {s['errors']:>7} "
                      f"{s['parts']:>6}  {note}")

