@@ -20,12 +20,13 @@ from .engine.generator import FILL_TOKENS, FORCED_DRAFTS, SpecBatchGenerator
 from .engine.graphs import LaunchCounter, StepGraphs, resolve_capture
 from .engine.intake import Defaults
 from .engine.memory import capture_buckets, kv_problem
+from .engine.model_check import check_model
 from .engine.shapes import kv_capacity
 from .engine.threads import guard_for
 from .engine.sampling import SamplingParams
 from .types import TreeSpec
 from .corpus import load_corpus
-from .models import Models, attention_window, load_models, model_max_positions
+from .models import ModelLoadError, Models, load_models, model_max_positions
 from .textcheck import text_problem
 from .types import Constraint, Request, Result, RowParams
 
@@ -112,14 +113,15 @@ def build_generator(
     every request must match unless it sets its own (types.Constraint; RowParams' json_schema etc.).
     pack_static: on the static path (a GPU) chain verifies are packed, every running row computing only its
     own tokens (engine/packed_static.py); False gives every slot the round's width (for comparisons)."""
-    limit, window = model_max_positions(models.target), attention_window(models.target)
+    for role, model in (("target", models.target), ("draft", models.draft)):
+        problem = check_model(model) if model is not None else None
+        if problem:
+            raise ModelLoadError(f"{role} {getattr(model, 'name_or_path', '') or ''}: {problem}".replace("  ", " "))
+    limit = model_max_positions(models.target)
     if max_seq_len is None:
-        max_seq_len = min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN, window or DEFAULT_MAX_SEQ_LEN)
+        max_seq_len = min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
     elif limit is not None and max_seq_len > limit:
         raise ValueError(f"max_seq_len={max_seq_len} exceeds the target's {limit} positions")
-    elif window is not None and max_seq_len > window:
-        raise ValueError(f"max_seq_len={max_seq_len} exceeds the target's sliding attention window of {window} tokens, "
-                         f"which batchspec does not apply: outputs are exact only up to max_seq_len={window}")
     if sampling is None:
         sampling = SamplingParams(**sampling_fields)
     elif sampling_fields:

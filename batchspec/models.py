@@ -9,6 +9,7 @@ say); the generator handles differing logit widths, so only the tokenizers are c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -62,11 +63,15 @@ def load_model(
     problem = missing_local_path(name_or_path)
     if problem:
         raise ModelLoadError(f"cannot load model {name_or_path!r}: {problem}")
+    load = partial(AutoModelForCausalLM.from_pretrained, name_or_path, dtype=dtype, trust_remote_code=trust_remote_code,
+                   output_loading_info=True, ignore_mismatched_sizes=True)  # both checked below, in one line
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            name_or_path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code,
-            output_loading_info=True, ignore_mismatched_sizes=True,  # both checked below, in one line
-        )
+        try:
+            model, info = load(attn_implementation="sdpa")
+        except ValueError as e:  # a model without sdpa attention (Gemma 2, gpt-oss): its eager attention
+            if "scaled_dot_product_attention" not in str(e):
+                raise
+            model, info = load(attn_implementation="eager")
     except Exception as e:  # OSError, ValueError, safetensors' SafetensorError for a truncated file, ...
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"cannot load model {name_or_path!r}: {first_line}") from e
@@ -194,21 +199,6 @@ def load_models(
 
         head = load_head(head, target_model, dtype=torch_dtype, device=torch_device)
     return Models(target=target_model, draft=draft_model, tokenizer=tokenizer, eos_token_ids=eos, head=head)
-
-
-def attention_window(model) -> int | None:
-    """The sliding window a model's attention keeps to (Mistral's `sliding_window`; layers of type
-    "sliding_attention"), or None when every layer attends to the whole sequence. batchspec's masks (slot
-    caches, packed and tree attention) do not apply a window, so output is exact only while every sequence
-    fits inside it."""
-    config = model.config.get_text_config()
-    window = getattr(config, "sliding_window", None)
-    if not isinstance(window, int) or window <= 0 or getattr(config, "use_sliding_window", True) is False:
-        return None
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None and "sliding_attention" not in layer_types:
-        return None
-    return window
 
 
 def model_max_positions(model) -> int | None:

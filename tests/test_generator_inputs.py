@@ -6,7 +6,7 @@ import pytest
 
 import batchspec
 from batchspec.types import Request, RowParams
-from tiny import PROMPTS, model_config
+from tiny import PROMPTS
 
 
 def test_bad_prompts_are_error_rows_and_the_rest_run(llama_pair):
@@ -95,36 +95,3 @@ def test_cut_short_keeps_the_rows_in_flight_as_far_as_they_got(llama_pair, draft
         assert result.finish_reason == "length"
         assert result.completion_token_ids == want[: len(result.completion_token_ids)]
     assert any(0 < len(r.completion_token_ids) < len(llama_pair.reference[int(r.id)]) for r in cut)
-
-
-def test_a_sliding_attention_window_bounds_max_seq_len(tokenizer, tmp_path):
-    """batchspec's masks do not apply a sliding window: a target whose attention keeps to one (Mistral's
-    sliding_window) gets max_seq_len at most the window by default, a longer one is refused in one line,
-    and within the window the output equals `generate` (found by a review: past the window it did not)."""
-    import pytest
-    import torch
-    from transformers import AutoModelForCausalLM, MistralConfig
-
-    from batchspec.models import Models, attention_window
-
-    torch.manual_seed(0)
-    config = MistralConfig(vocab_size=len(tokenizer) + 12, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, sliding_window=24,
-                           bos_token_id=0, eos_token_id=1, pad_token_id=2, initializer_range=0.05)
-    target = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    assert attention_window(target) == 24
-    models = Models(target=target, draft=None, tokenizer=tokenizer, eos_token_ids=[1])
-    with pytest.raises(ValueError, match="sliding attention window of 24 tokens"):
-        batchspec.build_generator(models, drafter="ngram", max_seq_len=64)
-    generator = batchspec.build_generator(models, drafter="ngram", k=3, batch_size=3, max_new_tokens=8)
-    assert generator.max_seq_len == 24
-    prompts = [p for p in PROMPTS if len(tokenizer(p)["input_ids"]) <= 14][:4]
-    got = {r.id: r.completion_token_ids for r in generator.run(Request(str(i), p) for i, p in enumerate(prompts))}
-    for i, prompt in enumerate(prompts):
-        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-        with torch.inference_mode():
-            out = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
-                                  eos_token_id=1, pad_token_id=2)
-        assert got[str(i)] == out[0, ids.shape[1]:].tolist()[: len(got[str(i)])]
-    qwen = AutoModelForCausalLM.from_config(model_config("qwen2", len(tokenizer) + 12), dtype=torch.float32)
-    assert attention_window(qwen) is None  # use_sliding_window=False: every layer attends to everything

@@ -101,9 +101,37 @@ class SlotKVCache(Cache):
         return cls(model.config.get_text_config().num_hidden_layers, num_slots, max_len)
 
 
-def causal_mask(positions: torch.Tensor, kv_len: int, dtype: torch.dtype) -> torch.Tensor:
+@dataclass(frozen=True, slots=True)
+class SlidingWindow:
+    """A model whose attention layers (some or all) keep to the last `size` positions: a query at position p
+    sees keys at positions p - size + 1 .. p (transformers' sliding_window_overlay). per_layer: its layers say
+    which they are (config.layer_types), and the model takes a mask per layer type ({"full_attention": ...,
+    "sliding_attention": ...}); otherwise every layer keeps to the window and takes the one mask (Mistral)."""
+
+    size: int
+    per_layer: bool
+
+    @classmethod
+    def of(cls, model) -> "SlidingWindow | None":
+        """The model's window, or None when every layer attends to the whole sequence."""
+        config = model.config.get_text_config()
+        size = getattr(config, "sliding_window", None)
+        if not isinstance(size, int) or size <= 0 or getattr(config, "use_sliding_window", True) is False:
+            return None
+        layer_types = getattr(config, "layer_types", None)
+        if layer_types is not None:
+            return cls(size, per_layer=True) if "sliding_attention" in layer_types else None
+        return cls(size, per_layer=False)
+
+    def model_mask(self, full: torch.Tensor, windowed: torch.Tensor) -> torch.Tensor | dict:
+        """The attention_mask a model takes: a mask per layer type, or the windowed one for every layer."""
+        return {"full_attention": full, "sliding_attention": windowed} if self.per_layer else windowed
+
+
+def causal_mask(positions: torch.Tensor, kv_len: int, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
     """positions [b, T] -> additive 4D mask [b, 1, T, kv_len] in `dtype`: 0 where query t of row b
-    attends to index j (j <= positions[b, t]), finfo(dtype).min elsewhere.
+    attends to index j (j <= positions[b, t], and with a sliding window j > positions[b, t] - window),
+    finfo(dtype).min elsewhere.
 
     Eager attention ADDS the mask to the scores (a bool mask there is silently wrong), and sdpa takes an
     additive float mask as well; a bool one it would convert to this every layer (~25% of an sdpa call
@@ -112,6 +140,8 @@ def causal_mask(positions: torch.Tensor, kv_len: int, dtype: torch.dtype) -> tor
     """
     index = torch.arange(kv_len, device=positions.device)
     blocked = index[None, None, :] > positions[:, :, None]  # [b, T, kv]
+    if window is not None:
+        blocked |= index[None, None, :] <= positions[:, :, None] - window
     return torch.zeros(blocked.shape, dtype=dtype, device=positions.device).masked_fill_(
         blocked, torch.finfo(dtype).min
     )[:, None]

@@ -50,7 +50,8 @@ class AttentionGroup:
     """Rows attended together: rows [b] (slots, or a slice of consecutive slots whose holes have no
     queries), query [b, T] each row's tokens as indices into the N (padding: 0), take [n] the real
     queries' indices into the flattened b x T layout and put [n] their indices into the N, mask
-    [b, 1, T, kv_len] additive, kv_len the cache entries attended (a shape, on the host)."""
+    [b, 1, T, kv_len] additive, kv_len the cache entries attended (a shape, on the host); windowed: the
+    mask of a sliding-window layer (None: the model has none)."""
 
     rows: torch.Tensor | slice
     query: torch.Tensor
@@ -58,6 +59,7 @@ class AttentionGroup:
     put: torch.Tensor
     mask: torch.Tensor
     kv_len: int
+    windowed: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +82,12 @@ class PackedBatch:
 
 
 def pack(rows: list[RowTokens], *, device: torch.device, dtype: torch.dtype, keep: list[int] | None = None,
-         tree_depth: torch.Tensor | None = None, tree_ancestors: torch.Tensor | None = None) -> PackedBatch:
+         tree_depth: torch.Tensor | None = None, tree_ancestors: torch.Tensor | None = None,
+         window: int | None = None) -> PackedBatch:
     """Host specs of the rows (any order, each slot once) -> a PackedBatch. keep: indices into the N of
     the tokens whose logits come back. A tree row's geometry: tree_depth [t, W] and tree_ancestors
-    [t, W, W] of the forward's tree rows (RowTokens.tree indexes them; its count is W)."""
+    [t, W, W] of the forward's tree rows (RowTokens.tree indexes them; its count is W). window: the model's
+    sliding window (its windowed layers' masks keep to it)."""
     offsets, n = [], 0
     for row in rows:
         offsets.append(n)
@@ -99,7 +103,7 @@ def pack(rows: list[RowTokens], *, device: torch.device, dtype: torch.dtype, kee
         order = torch.tensor([rows[i].tree for i in trees], device=device)
         starts = torch.tensor([rows[i].start for i in trees], device=device)
         positions[flat] = (starts[:, None] + tree_depth[order]).flatten()
-    groups = tuple(_group(rows, offsets, members, device, dtype, tree_ancestors)
+    groups = tuple(_group(rows, offsets, members, device, dtype, tree_depth, tree_ancestors, window)
                    for members in _grouping(rows))
     keep_t = torch.tensor(keep, dtype=torch.long).to(device, non_blocking=True) if keep is not None else None
     return PackedBatch(tensors[0], tensors[1], positions, groups, keep_t, tuple(rows), tuple(offsets))
@@ -167,7 +171,7 @@ def _grouping(rows: list[RowTokens]) -> list[list[int]]:
 
 
 def _group(rows: list[RowTokens], offsets: list[int], members: list[int], device, dtype,
-           tree_ancestors: torch.Tensor | None) -> AttentionGroup:
+           tree_depth: torch.Tensor | None, tree_ancestors: torch.Tensor | None, window: int | None) -> AttentionGroup:
     members = sorted(members, key=lambda i: rows[i].slot)
     slots = [rows[i].slot for i in members]
     width = max(rows[i].count for i in members)
@@ -189,14 +193,20 @@ def _group(rows: list[RowTokens], offsets: list[int], members: list[int], device
             take.append(r * width + t)
             put.append(offsets[i] + t)
     q, ix, tp = (torch.tensor(x, dtype=torch.long).to(device, non_blocking=True) for x in (query, index, [take, put]))
+    windowed = None
     if rows[members[0]].tree is None:
         mask = causal_mask(ix, kv_len, dtype)
+        if window is not None:  # a padding query (index -1) sees nothing either way
+            windowed = causal_mask(ix, kv_len, dtype, window)
     else:
         order = torch.tensor([rows[i].tree for i in members], device=device)
         starts = torch.tensor([rows[i].start for i in members], device=device)
         mask = tree_mask(starts, tree_ancestors[order], kv_len, dtype)
+        if window is not None:
+            windowed = tree_mask(starts, tree_ancestors[order], kv_len, dtype, starts[:, None] + tree_depth[order],
+                                 window)
     rows_out = slice(slots[0], slots[-1] + 1) if span else torch.tensor(slots, device=device)
-    return AttentionGroup(rows_out, q, tp[0], tp[1], mask, kv_len)
+    return AttentionGroup(rows_out, q, tp[0], tp[1], mask, kv_len, windowed)
 
 
 def packed_attention(module, query, key, value, attention_mask, *, packed: PackedBatch | None = None,
@@ -204,15 +214,19 @@ def packed_attention(module, query, key, value, attention_mask, *, packed: Packe
     """transformers' attention signature: query [1, H, N, D]; key/value the whole layer cache
     [slots, H_kv, capacity, D] (SlotLayer.update in a packed forward) -> ([1, N, H, D], None). A static
     packed forward (packed_static.py) brings its own layout, which attends itself."""
+    if packed is None:  # the layer called the attention without passing on the model's keywords (Nemotron)
+        raise PackingUnsupported("the model's attention layers do not pass the forward's keywords on")
+    windowed = bool(kwargs.get("sliding_window"))  # this layer keeps to the model's sliding window
     if not isinstance(packed, PackedBatch):
-        return packed.attention(query, key, value, scaling)
+        return packed.attention(query, key, value, scaling, windowed)
     q = query[0].transpose(0, 1)  # [N, H, D]
     out = q.new_empty(q.shape)
     heads, dim = q.shape[1], q.shape[2]
     for group in packed.groups:
         qg = q[group.query]  # [b, T, H, D]
         kg, vg = key[group.rows, :, : group.kv_len], value[group.rows, :, : group.kv_len]
-        og = attend(qg, kg, vg, group.mask, scaling)  # [b, T, H, D]
+        mask = group.windowed if windowed and group.windowed is not None else group.mask
+        og = attend(qg, kg, vg, mask, scaling)  # [b, T, H, D]
         out[group.put] = og.reshape(-1, heads, dim)[group.take]
     return out[None], None
 
@@ -234,6 +248,10 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
     with sdpa_kernel(list(GPU_BACKENDS)) if q.is_cuda else nullcontext():
         out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=m, scale=scaling)
     return out.reshape(b, heads, t, dim).transpose(1, 2)  # a GPU's SDPA may return it non-contiguous
+
+
+class PackingUnsupported(RuntimeError):
+    """A model that declares transformers' attention interface but cannot run packed forwards."""
 
 
 def supports_packing(model) -> bool:

@@ -28,9 +28,10 @@ from transformers import PreTrainedModel
 
 from .few_rows import FewRowLinears
 from .graphs import HostBuffer, StepGraphs
-from .kv_cache import SlotKVCache, causal_mask
+from .kv_cache import SlidingWindow, SlotKVCache, causal_mask
 from .model_calls import RowPositions, cache_argument
-from .packed import PackedBatch, packed_attention_on, register, supports_packing
+from .packed import (PackedBatch, PackingUnsupported, RowTokens, pack, packed_attention_on, register,
+                     supports_packing)
 from .prefill import StaticPrefill
 from .shapes import PREFILL_CHUNK, kv_buckets, token_buckets
 from .static_steps import StaticSteps
@@ -62,6 +63,7 @@ class ModelRunner(StaticPrefill, StaticSteps):
         self.num_slots, self.capacity, self.max_position = num_slots, capacity, max_position
         self.scratch = num_slots  # the extra slot
         self.cache = SlotKVCache.for_model(model, num_slots + 1, capacity)
+        self.window = SlidingWindow.of(model)  # sliding-window layers: their masks keep to it
         # Eager forwards on a CPU: each weight shape's products over few rows in the order measured faster.
         self.linears = FewRowLinears(model) if self.device.type == "cpu" and not graphs.static else nullcontext()
         self.lengths = torch.zeros(num_slots + 1, dtype=torch.long, device=self.device)
@@ -80,8 +82,9 @@ class ModelRunner(StaticPrefill, StaticSteps):
         self._pairs = HostBuffer((2, num_slots), self.device) if graphs.static else None  # copy_prefix's src, dst
         # Eager forwards of a model whose attention transformers dispatches are packed (packed.py); static
         # chain verify forwards too when asked (packed_static.py).
-        self.packs = not graphs.static and supports_packing(model)
-        self.packed_width = packed_width if graphs.static and supports_packing(model) else 0
+        packable = supports_packing(model) and self._packs_through()
+        self.packs = not graphs.static and packable
+        self.packed_width = packed_width if graphs.static and packable else 0
         if self.packs or self.packed_width:
             register()
         if self.packed_width:
@@ -93,6 +96,18 @@ class ModelRunner(StaticPrefill, StaticSteps):
     @property
     def static(self) -> bool:
         return self.graphs.static
+
+    @torch.inference_mode()
+    def _packs_through(self) -> bool:
+        """Whether a packed forward reaches packed_attention in every layer: one token into the scratch slot
+        (a model may declare the attention interface and still not pass the forward's keywords on)."""
+        register()
+        batch = self.pack([RowTokens(self.scratch, 0, 1)])
+        try:
+            self._call_packed(torch.zeros(1, dtype=torch.long, device=self.device), batch.positions, batch)
+        except PackingUnsupported:
+            return False
+        return True
 
     # ---- lengths ---------------------------------------------------------------------------------
 
@@ -188,6 +203,14 @@ class ModelRunner(StaticPrefill, StaticSteps):
             self.features = self.features_buffer(width)
         return out
 
+    def pack(self, rows: list[RowTokens], keep: list[int] | None = None, tree: TreeShape | None = None) -> PackedBatch:
+        """packed.pack for this runner's model (its device, dtype and sliding window); tree: the geometry of the
+        forward's tree rows."""
+        return pack(rows, device=self.device, dtype=self.model.dtype, keep=keep,
+                    tree_depth=tree.depth if tree is not None else None,
+                    tree_ancestors=tree.ancestors if tree is not None else None,
+                    window=self.window.size if self.window is not None else None)
+
     @torch.inference_mode()
     def forward_packed(self, ids: torch.Tensor, batch: PackedBatch, extra: dict | None = None) -> torch.Tensor:
         """ids [N]: the tokens of a packed forward (packed.py), written where `batch` says -> logits [M, V]
@@ -234,10 +257,15 @@ class ModelRunner(StaticPrefill, StaticSteps):
                                             torch.arange(width, device=self.device))
         index = index.clamp(max=self.capacity - 1)  # only padding reaches past the end (a prefill chunk's)
         plan.rows, plan.span, plan.positions, plan.kv_len = rows, span, index, kv_len
+        dtype, window = self.model.dtype, self.window
         if depth is None:
-            positions, mask = index, causal_mask(index, kv_len, self.model.dtype)
+            positions, mask = index, causal_mask(index, kv_len, dtype)
+            if window is not None:
+                mask = window.model_mask(mask, causal_mask(index, kv_len, dtype, window.size))
         else:
-            positions, mask = starts[:, None] + depth, tree_mask(starts, ancestors, kv_len, self.model.dtype)
+            positions, mask = starts[:, None] + depth, tree_mask(starts, ancestors, kv_len, dtype)
+            if window is not None:
+                mask = window.model_mask(mask, tree_mask(starts, ancestors, kv_len, dtype, positions, window.size))
         try:
             with self.linears:
                 out = self.model(

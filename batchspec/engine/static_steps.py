@@ -101,8 +101,10 @@ class StaticSteps:
         tokens = torch.cat([pending, drafts[:, : width - 1]], dim=1)  # [S, W]: what each slot may verify
         ids = tokens[slots.clamp(max=self.num_slots - 1), t]
         index = (self.lengths[slots] + t).clamp(max=self.capacity - 1)  # padding: the scratch slot
-        mask = causal_mask(starts[:, None] + self._arange[:width], kv_len, self.model.dtype)
-        logits, features = self._call_packed(ids, index, StaticLayout(slots, t, index, mask, kv_len))
+        positions = starts[:, None] + self._arange[:width]
+        mask = causal_mask(positions, kv_len, self.model.dtype)
+        windowed = causal_mask(positions, kv_len, self.model.dtype, self.window.size) if self.window else None
+        logits, features = self._call_packed(ids, index, StaticLayout(slots, t, index, mask, kv_len, windowed))
         buffers = self.packed_buffers()
         buffers[0][:n].copy_(logits)
         if features is not None:

@@ -77,15 +77,22 @@ def chain_parents(b: int, k: int, device: torch.device) -> torch.Tensor:
     return (torch.arange(k, device=device) - 1).expand(b, k).contiguous()
 
 
-def tree_mask(lengths: torch.Tensor, ancestors: torch.Tensor, kv_len: int, dtype: torch.dtype) -> torch.Tensor:
+def tree_mask(lengths: torch.Tensor, ancestors: torch.Tensor, kv_len: int, dtype: torch.dtype,
+              positions: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
     """Additive mask [b, 1, T, kv_len]: query t of row b sees cache index j < lengths[b] (the prefix) and
     the scratch entry lengths[b] + u of every u in ancestors[b, t] ([b, T, W]: a window of W >= T
-    entries, the last T of which this forward writes; earlier ones were written by earlier forwards)."""
+    entries, the last T of which this forward writes; earlier ones were written by earlier forwards). With
+    a sliding window (and positions [b, T], each query's sequence position) the prefix entries at or before
+    its position - window are not seen; its ancestors, closer than any window, are."""
     t, w = ancestors.shape[1], ancestors.shape[2]
-    rel = torch.arange(kv_len, device=lengths.device)[None, :] - lengths[:, None]  # [b, kv]
+    index = torch.arange(kv_len, device=lengths.device)
+    rel = index[None, :] - lengths[:, None]  # [b, kv]
     inside = (rel >= 0) & (rel < w)
-    window = ancestors.gather(2, rel.clamp(0, w - 1)[:, None, :].expand(-1, t, -1))  # [b, T, kv]
-    allowed = (rel < 0)[:, None, :] | (inside[:, None, :] & window)
+    nodes = ancestors.gather(2, rel.clamp(0, w - 1)[:, None, :].expand(-1, t, -1))  # [b, T, kv]
+    prefix = (rel < 0)[:, None, :].expand(-1, t, -1)
+    if window is not None:
+        prefix = prefix & (index[None, None, :] > positions[:, :, None] - window)
+    allowed = prefix | (inside[:, None, :] & nodes)
     return torch.zeros(allowed.shape, dtype=dtype, device=lengths.device).masked_fill_(
         ~allowed, torch.finfo(dtype).min)[:, None]
 

@@ -10,7 +10,7 @@ import torch
 from .costs import Line
 from .drafters import Drafter
 from .graphs import HostBuffer, wall
-from .packed import layout_round, pack
+from .packed import layout_round
 from .round import Round
 from .runner import ModelRunner
 from .scheduler import Scheduler
@@ -72,9 +72,7 @@ class Verifier:
         if width > 1:  # the drafts go where they will be verified: the forward reads its tokens from there
             index = round.lengths_t[:, None] + torch.arange(width - 1, device=self.device)
             self.state.tokens[round.rows_t[:, None], index] = draft.tokens
-        batch = pack(layout.rows, device=self.device, dtype=self.runner.model.dtype, keep=layout.keep,
-                     tree_depth=tree.depth if tree is not None else None,
-                     tree_ancestors=tree.ancestors if tree is not None else None)
+        batch = self.runner.pack(layout.rows, keep=layout.keep, tree=tree)
         started = wall(self.device)
         logits = self.runner.forward_packed(self.state.tokens[batch.slots, batch.index], batch)
         round.forward = (batch.num_tokens, wall(self.device) - started)
