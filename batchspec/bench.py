@@ -145,6 +145,9 @@ def add_field_arguments(parser: argparse.ArgumentParser) -> None:
                         "column of --prompts")
     parser.add_argument("--chat", action="store_true", help="render each prompt with the target's chat template: "
                         "text as one user message, or the column's list of {role, content} messages")
+    parser.add_argument("--fresh", action="store_true", help="every run builds its generator anew, as a job of "
+                        "--num-prompts rows would (adaptive speculation starts from nothing but the machine's cached "
+                        "costs); by default a contender keeps its generator across repeats, as one long job would")
     parser.add_argument("--json", help="write the table as JSON here")
     parser.add_argument("--markdown", help="write the table as Markdown here")
 

@@ -202,8 +202,8 @@ def generator_settings(contender: Contender, args) -> dict:
 
 def run_batchspec(contender: Contender, models, prompts, args):
     generator = contender.generator
-    if contender.drafter == "suffix":  # it learns the prompts' completions: every run starts with what a job starts
-        generator = None
+    if contender.drafter == "suffix" or args.fresh:  # suffix learns the prompts' completions: every run starts
+        generator = None  # with what a job starts; --fresh: each run is a job of its own
     if generator is None:  # the warm-up: forwards are captured once, here, as in a job
         generator = contender.generator = build_generator(
             models, profile=args.profile, compile=contender.compile, **generator_settings(contender, args))

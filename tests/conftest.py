@@ -7,6 +7,7 @@ for some prompts but not others, so the parity tests cover requests ending on EO
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: spinning threads on a busy CPU
 from collections import Counter
@@ -20,6 +21,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tiny import PROMPTS, build_tokenizer, save_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The machine's measured costs (engine/startup_costs.py) go to a folder of this run's, not the user's cache.
+os.environ["BATCHSPEC_CACHE"] = tempfile.mkdtemp(prefix="batchspec-cache-")
 torch.set_num_threads(2)
 
 MAX_NEW = 24

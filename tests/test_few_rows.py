@@ -76,3 +76,25 @@ def test_a_hooked_layer_is_left_alone():
         assert model.up.__dict__["forward"] is hooked and "forward" in model.down.__dict__
         model(torch.randn(2, 16))
     assert model.up.__dict__["forward"] is hooked and "forward" not in model.down.__dict__
+
+
+def test_the_choice_is_kept_for_the_next_process_and_bounded_in_time(monkeypatch, tmp_path):
+    """A second model of the same shapes (as in a resumed job's process) reads the choice from the machine's
+    cache instead of timing; timing stops at its budget (the shapes left keep F.linear)."""
+    from batchspec.engine import machine_cache
+
+    monkeypatch.setenv(machine_cache.CACHE_ENV, str(tmp_path))  # nothing cached by the tests before
+    monkeypatch.setattr(machine_cache, "undisturbed", lambda *a: True)  # the other test worker shares the cores
+    timed = []
+    real = FewRowLinears.time
+
+    def counting(linears, repeats, budget_s=3.0):
+        timed.append(len(linears))
+        return real(linears, repeats, budget_s)
+
+    monkeypatch.setattr(FewRowLinears, "time", staticmethod(counting))
+    first = FewRowLinears(TwoLayers(), repeats=1)
+    second = FewRowLinears(TwoLayers(), repeats=1)
+    assert len(timed) == 1 and second.left == first.left
+    bounded = real(FewRowLinears(TwoLayers(), left={}).linears, 1, budget_s=0.0)
+    assert set(bounded) == {(40, 16), (16, 40)} and sum(len(b) > 0 for b in bounded.values()) <= 1

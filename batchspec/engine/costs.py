@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from .row_drafts import Prices
+from .startup_costs import StartupCosts
 
 
 class CostModel(Protocol):
@@ -99,15 +100,17 @@ class Line:
     decay: float = 0.97
     proportional: bool = True  # False: while the x seen are alike, the cost is flat (b = 0), their mean
     w: float = 0.0
+    n: int = 0  # samples added (undecayed)
     sx: float = 0.0
     sy: float = 0.0
     sxx: float = 0.0
     sxy: float = 0.0
 
-    def add(self, x: float, y: float) -> None:
-        d = self.decay
-        self.w, self.sx, self.sy = d * self.w + 1, d * self.sx + x, d * self.sy + y
-        self.sxx, self.sxy = d * self.sxx + x * x, d * self.sxy + x * y
+    def add(self, x: float, y: float, weight: float = 1.0) -> None:
+        d, w = self.decay, weight
+        self.n += 1
+        self.w, self.sx, self.sy = d * self.w + w, d * self.sx + w * x, d * self.sy + w * y
+        self.sxx, self.sxy = d * self.sxx + w * x * x, d * self.sxy + w * x * y
 
     def fit(self) -> tuple[float, float] | None:
         """(a, b), both >= 0, or None before any sample."""
@@ -115,7 +118,7 @@ class Line:
             return None
         mx, my = self.sx / self.w, self.sy / self.w
         var = self.sxx / self.w - mx * mx
-        if self.w < 3 or var < (0.1 * mx) ** 2 + 1e-12:
+        if self.n < 3 or var < (0.1 * mx) ** 2 + 1e-12:
             return (0.0, my / max(mx, 1e-9)) if self.proportional else (my, 0.0)
         b = max((self.sxy / self.w - mx * my) / var, 0.0)
         return max(my - b * mx, 0.0), b
@@ -148,6 +151,15 @@ class PackedCosts:
         for n, seconds in steps:
             self.step.add(n, seconds)
         self.rest.add(drafts, max(round_s - verify_s - sum(s for _, s in steps), 0.0))
+
+    def start_from(self, costs: StartupCosts) -> None:
+        """The points measured at start (startup_costs.py): the verify and step lines start from them, and the
+        rest of a round from a weak zero that the first rounds replace."""
+        for n, seconds in costs.verify:
+            self.verify.add(n, seconds)
+        for n, seconds in costs.step:
+            self.step.add(n, seconds)
+        self.rest.add(0, 0.0, weight=0.1)
 
     @property
     def known(self) -> bool:

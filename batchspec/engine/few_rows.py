@@ -9,11 +9,15 @@ product written as W @ x.T, with x contiguous and at least two rows, read W at a
 49,152-row LM head took 3.7 ms at M = 2 against 25.9, 4.7 ms at M = 1 (x doubled) against 11.3.
 
 Which is faster depends on the CPU and the BLAS, so `FewRowLinears` times both on the model's own weights
-when the first runner of a model is built (1.4 s for SmolLM2 here; the choice is kept on the model for
-its later runners): per weight shape and bucket of rows (1, 2, 4, 8, 16, 32, 64), a pass over that
-shape's weights (as many as make 64 MB, so that they come from memory as in a forward), best of three,
-interleaved. A bucket takes W @ x.T only where it was at least 10% faster; more than 64 rows (prompt
-chunks, wide batches) keep `F.linear`. On SmolLM2 here the layers' weights chose it up to 2-4 rows and
+when the first runner of a model is built (1.4 s for SmolLM2 on a quiet machine; 19 s, and 45-73 s on a
+loaded one, for the demo pair's many small shapes before this was bounded): per weight shape and bucket
+of rows (1, 2, 4, 8, 16, 32, 64), a pass over that shape's weights (as many as make 64 MB, so that they
+come from memory as in a forward), best of three, interleaved, the largest shapes first and within
+BUDGET_S seconds (shapes left untimed keep `F.linear`). A bucket takes W @ x.T only where it was at least
+10% faster; more than 64 rows (prompt chunks, wide batches) keep `F.linear`. The choice is kept on the
+model for its later runners and, when nothing else took the CPU while it was timed, in the user's cache
+(startup_costs.cache_dir) by the weights' shapes, dtype, CPU and threads: a resumed or repeated job reads
+it back, so every process of one machine sums in the same order. On SmolLM2 here the layers' weights chose it up to 2-4 rows and
 the LM head up to 16-32. Used as a context around a runner's eager forwards: each `nn.Linear` of the
 model gets its own forward for the block, and the model is as it was after it.
 
@@ -30,7 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import machine_cache
+from .threads import read_sample
+
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+BUDGET_S = 3.0  # the most seconds timing may take (a loaded machine took 45-73 s for the demo pair unbounded)
 MARGIN = 0.9  # W @ x.T must take at most this share of F.linear's time
 SAMPLE_BYTES = 64 << 20  # the weights one timing pass reads: past the caches (32 MB of L3 here)
 CHOICE = "_batchspec_few_rows"  # the model's attribute keeping the choice: timed once per model
@@ -64,22 +72,42 @@ class FewRowLinears:
         if left is None:
             left = getattr(model, CHOICE, None)
             if left is None:
-                left = self.time(self.linears, repeats)
+                left = self.cached_or_timed(self.linears, repeats)
                 setattr(model, CHOICE, left)
         self.left = left
         # (layer, its forward) for the layers whose shape chose W @ x.T for some bucket: the only ones touched
         self._swaps = [(m, self._forward(m)) for m in self.linears if left.get(tuple(m.weight.shape))]
 
+    @classmethod
+    def cached_or_timed(cls, linears: list[nn.Linear], repeats: int) -> dict[tuple[int, int], frozenset[int]]:
+        """The choice the machine's cache holds for these weights, or timed (and kept if undisturbed)."""
+        shapes = sorted({(tuple(m.weight.shape), str(m.weight.dtype)) for m in linears})
+        key = {"shapes": [list(s) + [d] for s, d in shapes], **machine_cache.machine(torch.device("cpu")),
+               "torch": torch.__version__}
+        stored = machine_cache.read("few_rows", key)
+        if stored is not None:
+            return {tuple(s): frozenset(b) for s, b in stored["left"]}
+        started, before = time.perf_counter(), read_sample()
+        choice = cls.time(linears, repeats)
+        if machine_cache.undisturbed(before, read_sample(), time.perf_counter() - started):
+            machine_cache.write("few_rows", key, {"left": [[list(s), sorted(b)] for s, b in choice.items()]})
+        return choice
+
     @staticmethod
     @torch.inference_mode()
-    def time(linears: list[nn.Linear], repeats: int) -> dict[tuple[int, int], frozenset[int]]:
-        """Per weight shape, the buckets where W @ x.T took at most MARGIN of F.linear's time."""
+    def time(linears: list[nn.Linear], repeats: int, budget_s: float = BUDGET_S) -> dict[tuple[int, int], frozenset[int]]:
+        """Per weight shape, the buckets where W @ x.T took at most MARGIN of F.linear's time; the largest shapes
+        (by the bytes of their weights) first, and none past budget_s seconds (the rest choose nothing)."""
         groups: dict[tuple[int, int], list[torch.Tensor]] = defaultdict(list)
         for m in linears:
             groups[tuple(m.weight.shape)].append(m.weight)
-        choice = {}
+        choice = {shape: frozenset() for shape in groups}
         noise = torch.Generator().manual_seed(0)  # not the global generator: seeded jobs must not see the timing
-        for shape, weights in groups.items():
+        started = time.perf_counter()
+        by_size = sorted(groups.items(), key=lambda item: -sum(w.numel() * w.element_size() for w in item[1]))
+        for shape, weights in by_size:
+            if time.perf_counter() - started > budget_s:
+                break
             size = weights[0].numel() * weights[0].element_size()
             weights = weights[: max(1, SAMPLE_BYTES // max(size, 1))]
             won = set()

@@ -20,6 +20,7 @@ Stops (EOS ids, stop strings, max_new_tokens, max_seq_len) are checked on emitte
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import contextmanager
 from functools import partial
@@ -46,6 +47,8 @@ from .runner import ModelRunner
 from .scheduler import Scheduler
 from .shapes import kv_capacity
 from .slots import SlotState
+from .startup_costs import StartupCosts, cache_key, load_or_measure
+from .startup_costs import measure as measure_startup
 from .stops import StopRules
 from .threads import ThreadGuard
 from .verify_pass import TokenCounts, Verifier
@@ -53,6 +56,7 @@ from .verify_pass import TokenCounts, Verifier
 PHASES = ("admit", "draft", "verify", "accept", "bookkeeping")
 FILL_TOKENS = 1024  # prompt tokens a packed round prefills at most (see SpecBatchGenerator)
 FORCED_DRAFTS = 4  # drafts a grammar may force per row and round with drafter none (eager path)
+log = logging.getLogger("batchspec")
 
 
 class SpecBatchGenerator:
@@ -131,6 +135,7 @@ class SpecBatchGenerator:
                                    else None)
         self.timings = dict.fromkeys(PHASES, 0.0)  # seconds per phase (exact on a GPU only with profile)
         self.noise_s = 0.0  # seconds making coupled sampling's noise (inside the draft phase)
+        self.startup: StartupCosts | None = None  # the costs adaptive speculation started from (the first run())
         self._sync_phases = profile and self.device.type == "cuda"
         self.admitter = Admitter(self.runner, self.state, self.acceptor, drafter)
         self._released = HostBuffer((batch_size,), self.device)
@@ -204,6 +209,8 @@ class SpecBatchGenerator:
 
     def run(self, requests: Iterable[Request]) -> Iterator[Result]:
         """Pull requests lazily as slots free up; yield Results in completion order."""
+        if self.startup is None:
+            self.startup = self._startup_costs()
         self.scheduler.feed(requests)
         try:
             while True:
@@ -252,6 +259,22 @@ class SpecBatchGenerator:
         if self.static_per_row and self.scheduler.adaptive is not None and round.forward is not None:
             return self.scheduler.adaptive.costs.round_costs(round.forward[0], round.shape.depth)
         return None
+
+    def _startup_costs(self) -> StartupCosts:
+        """Packed rounds under adaptive speculation start from the machine's costs (startup_costs.py), measured
+        before the first row is admitted or read from the cache."""
+        adaptive = self.scheduler.adaptive
+        if adaptive is None or not self.packed:
+            return StartupCosts((), ())
+        key = cache_key(self.runner.model, self.drafter, batch_size=self.batch_size, k_max=self.k_max,
+                        device=self.device)
+        step = self.drafter.step_seconds if self.drafter.policy.draft_forwards else None
+        costs = load_or_measure(key, lambda: measure_startup(self.runner, step, batch_size=self.batch_size,
+                                                             k_max=self.k_max))
+        adaptive.costs.start_from(costs)
+        log.info("costs: %s (%s)", ", ".join(f"{n} tokens {1e3 * t:.1f} ms" for n, t in costs.verify),
+                 "from the cache" if costs.cached else f"measured in {costs.seconds:.2f} s")
+        return costs
 
     # ---- admission -------------------------------------------------------------------------------
 

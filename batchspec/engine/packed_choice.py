@@ -22,7 +22,7 @@ from __future__ import annotations
 from itertools import accumulate
 
 from .costs import PackedCosts
-from .row_drafts import choose_drafts
+from .row_drafts import choose_drafts, pays_at_best
 
 
 class PackedChoice:
@@ -41,6 +41,8 @@ class PackedChoice:
                 or policy.priors):
             return [False] * len(slots)
         prices = costs.prices()
+        if not pays_at_best(prices, len(slots), base_tokens, self.k_max, policy.draft_forwards):
+            return [True] * len(slots)
         rate = len(slots) / max(prices.seconds(base_tokens, 0, 0), 1e-12)
         threshold = rate * (prices.per_token + prices.per_draft) / max(self.calibration_at(0).ratio, 1e-12)
         run = self.run_lengths() if policy.bursty else None
@@ -63,11 +65,13 @@ class PackedChoice:
         draws = self.policy.draft_forwards
         if not costs.known or (draws and costs.step.w == 0):  # start of the job: time both extremes
             return (0, [0] * len(slots)) if self._rounds % 2 else (max(offers), list(offers))
+        prices = costs.prices()
+        if not trees and not pays_at_best(prices, len(slots), base_tokens, max(offers), draws):
+            return 0, [0] * len(slots)  # not even drafts that were all accepted would pay: no probes either
         alphas = [self.alpha(s, p) for s, p in zip(slots, priors)]
         run = self.run_lengths() if self.policy.bursty else None
         gains = [[self.expected(a, j, run) - self.expected(a, j - 1, run) for j in range(1, n + 1)]
                  for a, n in zip(alphas, offers)]
-        prices = costs.prices()
         drafts, rate = choose_drafts(self.calibrated(gains), base_tokens, prices, steps=draws)
         shape = max(drafts, default=0)
         for j in (t - self.k_max - 1 for t in trees):  # a tree round: every row its tree

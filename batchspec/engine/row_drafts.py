@@ -61,3 +61,13 @@ def choose_drafts(gains: list[list[float]], base_tokens: int, prices: Prices,
             for _, _, i in order[:taken]:
                 best[i] += 1
     return best, best_rate
+
+
+def pays_at_best(prices: Prices, rows: int, base_tokens: int, depth: int, steps: bool) -> bool:
+    """Whether drafting could beat plain decoding at these prices if every draft were accepted: some k in
+    1..depth with every row drafting k and emitting k + 1 tokens is faster than every row emitting 1. When
+    it is not, no acceptance can make a draft pay (with equal gains the best choice drafts every row alike:
+    a round's rate moves one way as drafts of one depth are added), and the controller drafts nothing."""
+    plain = rows / max(prices.seconds(base_tokens, 0, 0), 1e-12)
+    return any(rows * (k + 1) / max(prices.seconds(base_tokens + rows * k, k if steps else 0, rows * k), 1e-12) > plain
+               for k in range(1, depth + 1))

@@ -73,6 +73,8 @@ class Drafter(Protocol):
     def draft_seconds(self, k: int, kv_len: int) -> float: ...  # device time of proposing k tokens (static steps)
     def step_times(self) -> list[tuple[int, float]]: ...  # the last round's drafting forwards: (tokens, seconds)
     #    each, eager (what a packed round's cost model prices drafts by); read once
+    def step_seconds(self, rows: int, repeats: int) -> float | None: ...  # one eager drafting forward over
+    #    `rows` rows of one token, timed before any row is admitted (startup_costs.py); None: no forwards
     def bind(self, shapes: list[RoundShape], target, state, buffers, acceptor) -> None: ...  # the generator's device
     #    state, given once at start (a drafter with static steps declares them then)
     def prompt_features(self, chunks: list[tuple[int, int, int, int]]) -> None: ...  # a packed forward just wrote
@@ -151,6 +153,9 @@ class HostDrafter:
 
     def step_times(self):
         return []  # no drafting forwards
+
+    def step_seconds(self, rows, repeats):
+        return None  # no drafting forwards
 
     def bind(self, *args):
         pass  # no device state

@@ -26,6 +26,7 @@ from ...types import TreeSpec
 from ..graphs import StepGraphs, wall
 from ..round import Draft, Round, RoundBuffers, RoundShape
 from ..runner import ModelRunner
+from ..startup_costs import time_rows
 from ..sampling import SamplingParams, row_transforms
 from ..slots import SlotState
 from .base import DrafterPolicy, empty_draft
@@ -298,6 +299,11 @@ class EagleDrafter(EagleStaticSteps):
         """The last round's head forwards (tokens, seconds): the first step, when it ran, and each later one."""
         steps, self._steps = self._steps, []
         return steps
+
+    def step_seconds(self, rows: int, repeats: int) -> float:
+        """One head step over `rows` rows of one token (startup_costs.py)."""
+        hidden = torch.zeros(rows, 1, self.stash.shape[-1], dtype=self.stash.dtype, device=self.device)
+        return time_rows(self.runner, rows, repeats=repeats, extra={"hidden": hidden})
 
     def _first_entries(self, round: Round) -> tuple[list[int], list[int]]:
         """Per row, the first head entry the first step computes and how many (up to L - 2). An idle slot on

@@ -10,11 +10,12 @@ from transformers import PreTrainedModel
 
 from ...types import TreeSpec
 from ..graphs import StepGraphs, wall
-from ..packed import RowTokens, pack
+from ..packed import RowTokens
 from ..round import Draft, Round, RoundBuffers
 from ..runner import ModelRunner
 from ..sampling import SamplingParams, row_transforms
 from ..slots import SlotState
+from ..startup_costs import time_packed, time_rows
 from .base import MODEL_POLICY, empty_draft
 from .choosing import buffered_draft, choose_draft, no_tree
 from .model_static import ModelStaticSteps
@@ -242,8 +243,7 @@ class ModelDrafter(ModelStaticSteps):
         """One packed drafting forward over `rows` (tokens [n]: one per row; None: read them from the
         sequences) -> the logits after each row's last token [n, V]; its (tokens, seconds) are kept for
         the round's cost model."""
-        batch = pack(rows, device=self.device, dtype=self.runner.model.dtype,
-                     keep=[sum(r.count for r in rows[: j + 1]) - 1 for j in range(len(rows))])
+        batch = self.runner.pack(rows, keep=[sum(r.count for r in rows[: j + 1]) - 1 for j in range(len(rows))])
         ids = tokens if tokens is not None else self._bound[1].tokens[batch.slots, batch.index]
         started = wall(self.device)
         logits = self.runner.forward_packed(ids, batch)
@@ -253,3 +253,9 @@ class ModelDrafter(ModelStaticSteps):
     def step_times(self) -> list[tuple[int, float]]:
         steps, self._steps = self._steps, []
         return steps
+
+    def step_seconds(self, rows: int, repeats: int) -> float:
+        """One drafting forward over `rows` rows of one token, as rounds run it (startup_costs.py)."""
+        if self.runner.packs:
+            return time_packed(self.runner, rows, 1, repeats=repeats)
+        return time_rows(self.runner, rows, repeats=repeats)

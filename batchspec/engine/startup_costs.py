@@ -1,0 +1,151 @@
+"""What a round costs on this machine, known before the first round.
+
+Adaptive speculation prices each row's drafts by what a packed round computes (costs.PackedCosts: the target
+forward's seconds by its tokens N, a drafting forward's by its rows, the rest of the round by its drafts).
+Learnt from the rounds alone, those lines are unknown for the job's first rounds and noisy for its first
+hundred, which is all a short job has. So at the start of a run the generator times the target's packed
+forward at a few N (the batch's pending tokens, up to every row drafting k_max) and the drafter's forward over
+the batch's rows, within a time budget, and the cost model starts from those points and goes on learning
+from the rounds. The points are kept in the user's cache under what they depend on (the model's shapes, its
+dtype, the device, torch's threads, the batch size, k_max and the drafter), so that a resumed or repeated job
+reads them instead of measuring again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import machine_cache
+from .packed import RowTokens
+from .threads import read_sample
+
+BUDGET_S = 3.0  # the most seconds the start-up measurement takes
+REPEATS = 3  # timed forwards a point (after one untimed), fewer when the budget runs short
+CONTEXT = 64  # cache entries the timed rows attend over: a short prompt's (attention is a small share on CPU)
+
+
+@dataclass(frozen=True, slots=True)
+class StartupCosts:
+    """verify: (tokens, seconds) of the target's packed forward; step: (tokens, seconds) of one drafting forward
+    (empty for a drafter without forwards); seconds: what measuring took (0 when read from the cache)."""
+
+    verify: tuple[tuple[int, float], ...]
+    step: tuple[tuple[int, float], ...]
+    seconds: float = 0.0
+    cached: bool = False
+    quiet: bool = True  # nothing else took the CPU while they were measured, and more tokens cost more: cacheable
+
+    def as_dict(self) -> dict:
+        return {"verify": [list(p) for p in self.verify], "step": [list(p) for p in self.step]}
+
+
+def model_shape(module: torch.nn.Module) -> str:
+    """What a model's cost depends on, as a digest: its class and its parameters' names, shapes and dtypes."""
+    shapes = [type(module).__name__] + [f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in module.named_parameters()]
+    return hashlib.sha256("\n".join(shapes).encode()).hexdigest()[:16]
+
+
+def cache_key(target, drafter, *, batch_size: int, k_max: int, device: torch.device) -> dict:
+    """Everything the measured points depend on: the target's and the drafter's model shapes (a drafter with a
+    `runner` has a model), the batch size, k_max, the machine and the versions."""
+    from .. import __version__
+
+    runner = getattr(drafter, "runner", None)
+    return {"target": model_shape(target), "drafter": type(drafter).__name__,
+            "draft": model_shape(runner.model) if runner is not None else None, "batch_size": batch_size,
+            "k_max": k_max, **machine_cache.machine(device), "torch": torch.__version__, "batchspec": __version__}
+
+
+def load_or_measure(key: dict, measure: Callable[[], StartupCosts], folder: Path | None = None) -> StartupCosts:
+    """The points the machine's cache holds under `key`, or measure() (kept in the cache if undisturbed)."""
+    stored = machine_cache.read("costs", key, folder)
+    if stored is not None:
+        return StartupCosts(tuple(map(tuple, stored["verify"])), tuple(map(tuple, stored["step"])), cached=True)
+    costs = measure()
+    if costs.quiet:  # a measurement another process disturbed is used for this run only
+        machine_cache.write("costs", key, {**costs.as_dict(), "measured_s": round(costs.seconds, 3)}, folder)
+    return costs
+
+
+def token_counts(batch_size: int, k_max: int) -> list[int]:
+    """The forwards' sizes to time, most telling first: every row plain, every row drafting k_max, one draft."""
+    counts = [batch_size, batch_size * (1 + k_max), batch_size * 2]
+    return list(dict.fromkeys(n for n in counts if n > 0))
+
+
+@torch.inference_mode()
+def time_packed(runner, rows: int, width: int, *, repeats: int) -> float:
+    """Median seconds of one packed forward of `rows` slots x `width` tokens written at CONTEXT.. of slots
+    0 .. rows - 1 (call before any row is admitted: it writes garbage past every valid entry, which the
+    rows' own tokens overwrite before anything reads it). Lengths are not changed."""
+    start = max(0, min(CONTEXT, runner.capacity - width))
+    batch = runner.pack([RowTokens(slot, start, width) for slot in range(rows)],
+                        keep=[(r + 1) * width - 1 for r in range(rows)])
+    ids = torch.zeros(rows * width, dtype=torch.long, device=runner.device)
+    times = []
+    for _ in range(repeats + 1):
+        _sync(runner.device)
+        started = time.perf_counter()
+        runner.forward_packed(ids, batch)
+        _sync(runner.device)
+        times.append(time.perf_counter() - started)
+    times = sorted(times[1:])
+    return times[len(times) // 2]
+
+
+@torch.inference_mode()
+def time_rows(runner, rows: int, *, repeats: int, extra: dict | None = None) -> float:
+    """Median seconds of one eager forward of one token in slots 0 .. rows - 1 attending over CONTEXT entries
+    (a drafter whose model does not pack: an EAGLE head); extra: more inputs [rows, 1, ...]. The same rules as
+    time_packed; the lengths come back after."""
+    ids = torch.zeros(rows, 1, dtype=torch.long, device=runner.device)
+    start = max(0, min(CONTEXT, runner.capacity - 1))
+    times = []
+    with runner.lengths_kept():
+        runner.set_lengths(slice(0, rows), start)
+        for _ in range(repeats + 1):
+            _sync(runner.device)
+            started = time.perf_counter()
+            runner.forward(ids, kv_len=start + 1, rows=slice(0, rows), extra=extra)
+            _sync(runner.device)
+            times.append(time.perf_counter() - started)
+    times = sorted(times[1:])
+    return times[len(times) // 2]
+
+
+def measure(target_runner, step: Callable[[int, int], float] | None, *, batch_size: int, k_max: int,
+            budget_s: float = BUDGET_S) -> StartupCosts:
+    """Time the target's packed forward at token_counts (rows of 1 + j tokens) and, given step(rows, repeats)
+    (a drafter's forward over that many rows, one token each), the drafting forward at the batch's rows and
+    at a quarter of them; points are dropped, and repeats cut, once `budget_s` is spent."""
+    started, before = time.perf_counter(), read_sample()
+    spent = lambda: time.perf_counter() - started  # noqa: E731
+    verify, drafting = [], []
+    for n in token_counts(batch_size, k_max):
+        if verify and spent() > budget_s:
+            break
+        width = n // batch_size
+        repeats = REPEATS if spent() < budget_s / 2 else 1
+        verify.append((n, time_packed(target_runner, batch_size, width, repeats=repeats)))
+    if step is not None:
+        for rows in dict.fromkeys((batch_size, max(1, batch_size // 4))):
+            if drafting and spent() > budget_s:
+                break
+            drafting.append((rows, step(rows, REPEATS if spent() < budget_s else 1)))
+    seconds = spent()
+    # Kept only if no other process took the cores (the thread guard's test) and more tokens cost more.
+    ordered = [t for _, t in sorted(verify)]
+    monotone = all(b >= 0.9 * a for a, b in zip(ordered, ordered[1:]))
+    quiet = machine_cache.undisturbed(before, read_sample(), seconds) and monotone
+    return StartupCosts(tuple(verify), tuple(drafting), seconds=seconds, quiet=quiet)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

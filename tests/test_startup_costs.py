@@ -1,0 +1,116 @@
+"""The machine's costs known before the first round (engine/startup_costs.py), and the rule they allow from the
+first round: a drafter whose drafts could not pay even if all were accepted drafts nothing (row_drafts.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+
+import pytest
+
+import batchspec
+from batchspec.engine.costs import PackedCosts
+from batchspec.engine.row_drafts import Prices, pays_at_best
+from batchspec.engine.startup_costs import StartupCosts, cache_key, load_or_measure, token_counts
+from conftest import MAX_NEW
+from tiny import PROMPTS
+
+
+@pytest.mark.parametrize("prices,rows,depth,steps,pays", [
+    # a flat forward (a GPU's, or a CPU's below its compute bound): any draft that is kept pays
+    (Prices(fixed=0.010, per_token=0.0), 8, 4, False, True),
+    # a forward exactly proportional to its tokens, plus host work per draft: a draft costs more than it can emit
+    (Prices(fixed=0.0, per_token=0.001, per_draft=0.0001), 8, 4, False, False),
+    (Prices(fixed=0.0, per_token=0.001), 8, 4, False, False),  # no better, no worse: plain decoding wins ties
+    # a draft model whose step costs as much as the target's forward over the batch: never pays
+    (Prices(fixed=0.008, per_token=0.0005, per_step=0.012), 8, 4, True, False),
+    # a cheap draft model: pays at perfect acceptance
+    (Prices(fixed=0.008, per_token=0.0005, per_step=0.001), 8, 4, True, True),
+    (Prices(fixed=0.008, per_token=0.0005, per_step=0.001), 8, 0, True, False),  # nothing may be drafted
+])
+def test_pays_at_best(prices, rows, depth, steps, pays):
+    assert pays_at_best(prices, rows, base_tokens=rows, depth=depth, steps=steps) is pays
+
+
+def test_token_counts_time_plain_full_and_one_draft():
+    assert token_counts(8, 4) == [8, 40, 16]
+    assert token_counts(1, 1) == [1, 2]  # one draft is the full width
+
+
+def test_costs_are_cached_by_what_they_depend_on(tmp_path):
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return StartupCosts(((8, 0.1), (40, 0.3)), ((8, 0.01),), seconds=0.5)
+
+    key = {"target": "abc", "batch_size": 8}
+    first = load_or_measure(key, measure, tmp_path)
+    again = load_or_measure(key, measure, tmp_path)
+    other = load_or_measure({**key, "batch_size": 16}, measure, tmp_path)
+    assert len(calls) == 2 and not first.cached and again.cached and not other.cached
+    assert again.verify == first.verify and again.step == first.step and again.seconds == 0.0
+    stored = [json.loads(p.read_text()) for p in (tmp_path / "costs").glob("*.json")]
+    assert sorted(s["key"]["batch_size"] for s in stored) == [8, 16]
+    assert not list((tmp_path / "costs").glob("*.tmp"))  # written by a rename
+
+
+def test_a_disturbed_measurement_is_used_but_not_cached(tmp_path):
+    noisy = StartupCosts(((8, 0.3), (40, 0.1)), (), seconds=0.5, quiet=False)
+    assert load_or_measure({"k": 1}, lambda: noisy, tmp_path) is noisy
+    assert not (tmp_path / "costs").exists() or not list((tmp_path / "costs").glob("*.json"))
+
+
+def test_an_unreadable_cache_is_measured_around(tmp_path):
+    key = {"k": 2}
+    load_or_measure(key, lambda: StartupCosts(((8, 0.1),), ()), tmp_path)
+    for path in (tmp_path / "costs").glob("*.json"):
+        path.write_text("{not json")
+    costs = load_or_measure(key, lambda: StartupCosts(((8, 0.2),), ()), tmp_path)
+    assert costs.verify == ((8, 0.2),) and not costs.cached
+
+
+def test_the_cost_model_starts_from_the_points():
+    costs = PackedCosts()
+    assert not costs.known
+    costs.start_from(StartupCosts(((8, 0.010), (40, 0.026), (16, 0.014)), ((8, 0.004), (2, 0.001))))
+    assert costs.known
+    prices = costs.prices()
+    assert prices.per_token == pytest.approx(0.0005, rel=1e-6) and prices.fixed == pytest.approx(0.006, rel=1e-6)
+
+
+def test_a_generator_measures_once_and_a_second_reads_the_cache(llama_pair, caplog, monkeypatch, tmp_path):
+    """The first run() of an adaptive generator on packed rounds measures (in the tests' own cache folder); a
+    generator built again for the same model, batch size, k and drafter reads the points back; the output is
+    drafter none's either way. (The suite's other worker shares the cores: its measurement is taken as quiet
+    here, or it would not be cached.)"""
+    from batchspec.engine import generator as generator_module
+
+    monkeypatch.setenv("BATCHSPEC_CACHE", str(tmp_path))  # a cache of its own: other tests use the same pair
+    measure = generator_module.measure_startup
+    monkeypatch.setattr(generator_module, "measure_startup",
+                        lambda *a, **k: dataclasses.replace(measure(*a, **k), quiet=True))
+    models = batchspec.load_models(str(llama_pair.target), str(llama_pair.draft))
+    requests = lambda: [batchspec.Request(id=str(i), prompt=p) for i, p in enumerate(PROMPTS[:6])]  # noqa: E731
+    outputs = []
+    with caplog.at_level(logging.INFO, logger="batchspec"):
+        for _ in range(2):
+            generator = batchspec.build_generator(models, drafter="model", k=3, batch_size=4, max_new_tokens=MAX_NEW,
+                                                  adaptive=True)
+            outputs.append({r.id: r.completion_token_ids for r in generator.run(requests())})
+            assert generator.startup is not None and [n for n, _ in generator.startup.verify] == [4, 16, 8]
+            assert [n for n, _ in generator.startup.step] == [4, 1]
+    assert outputs[0] == outputs[1] == {str(i): ref for i, ref in enumerate(llama_pair.reference[:6])}
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("costs:")]
+    assert len(lines) == 2 and "measured in" in lines[0] and "from the cache" in lines[1]
+
+
+def test_the_key_names_the_drafter_and_its_model(llama_pair):
+    models = batchspec.load_models(str(llama_pair.target), str(llama_pair.draft))
+    model_gen = batchspec.build_generator(models, drafter="model", k=3, batch_size=4)
+    ngram_gen = batchspec.build_generator(models, drafter="ngram", k=3, batch_size=4)
+    keys = [cache_key(models.target, g.drafter, batch_size=4, k_max=3, device=models.target.device)
+            for g in (model_gen, ngram_gen)]
+    assert keys[0]["drafter"] == "ModelDrafter" and keys[0]["draft"] is not None
+    assert keys[1]["draft"] is None and keys[0]["target"] == keys[1]["target"]
