@@ -14,7 +14,7 @@ from functools import partial
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .paths import missing_local_path
+from .paths import missing_local_path, offline_hub_id
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that honour an explicit 4D per-row mask
@@ -60,7 +60,7 @@ def load_model(
     name_or_path: str, *, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False
 ) -> PreTrainedModel:
     """`AutoModelForCausalLM.from_pretrained` on a local dir or hub id, in eval mode, with sdpa attention."""
-    problem = missing_local_path(name_or_path)
+    problem = missing_local_path(name_or_path) or offline_hub_id(name_or_path)
     if problem:
         raise ModelLoadError(f"cannot load model {name_or_path!r}: {problem}")
     load = partial(AutoModelForCausalLM.from_pretrained, name_or_path, dtype=dtype, trust_remote_code=trust_remote_code,

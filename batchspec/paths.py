@@ -4,6 +4,8 @@ job runner checks its model paths before it reads the input, and a finished job'
 from __future__ import annotations
 
 import os
+import socket
+from urllib.parse import urlparse
 from pathlib import Path
 
 
@@ -22,6 +24,28 @@ def missing_local_path(name_or_path: str) -> str | None:
         return None
     return f"no such local directory {name_or_path!r} (resolved to {path.resolve()})"
 
+
+def offline_hub_id(name_or_path: str, *, timeout_s: float = 2.0) -> str | None:
+    """Why a name that reads as a hub id (no local folder of that name) cannot be loaded here, or None: the hub
+    is off (HF_HUB_OFFLINE) or cannot be reached, and the name is not in the local Hugging Face cache.
+    transformers' own answer offline is ~40 s of retries, each warning printed twice, then a long error."""
+    if Path(name_or_path).expanduser().exists() or missing_local_path(name_or_path):
+        return None
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
+        return None  # cached: transformers loads it offline
+    if constants.HF_HUB_OFFLINE:
+        why = "HF_HUB_OFFLINE is set"
+    else:
+        url = urlparse(constants.ENDPOINT)
+        try:
+            socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s).close()
+            return None
+        except OSError as error:
+            why = f"{url.hostname} cannot be reached: {error.strerror or type(error).__name__}"
+    return (f"no local folder {name_or_path!r} here, and it is not in the Hugging Face cache; the hub is off "
+            f"({why}): pass the path of a local model folder")
 
 
 def missing_source_path(path: str) -> str | None:

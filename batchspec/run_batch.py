@@ -37,7 +37,7 @@ from .jobs.config import (ConfigError, DrafterConfig, DrafterName, Dtype, JobCon
                           OutputFormat, ProgressConfig, ProgressMode, SamplingConfig, SourceConfig, SourceFormat)
 from .files import atomic_write_text
 from .jobs.sources import SourceError
-from .paths import missing_local_path
+from .paths import missing_local_path, offline_hub_id
 from .textcheck import first_line
 
 EXIT_SETUP = 2
@@ -116,7 +116,7 @@ def check_args(args: argparse.Namespace) -> None:
     if needs_draft(args.drafter) and not args.draft:
         raise SetupError(f"--drafter {args.drafter} needs --draft DIR")
     for name, value in (("--model", args.model), ("--draft", args.draft)):
-        problem = value and missing_local_path(value)
+        problem = value and (missing_local_path(value) or offline_hub_id(value))
         if problem:
             raise SetupError(f"{name}: {problem}")
     for name in ("k", "batch_size", "max_seq_len"):

@@ -44,8 +44,12 @@ class Constraint:
                     value = json.loads(value)
                 except ValueError as error:
                     return f"json_schema is not valid JSON: {error}"
+            if value is True:  # the schema every JSON value matches
+                value = {}
+            if value is False:
+                return "json_schema is false: it matches no JSON value"
             if not isinstance(value, dict):
-                return f"json_schema must be a JSON object (a schema), got {type(value).__name__}"
+                return f"json_schema must be a JSON object (a schema) or true, got {type(value).__name__}"
             return cls(kind, json.dumps(value, ensure_ascii=False))
         if kind in ("regex", "grammar"):
             if not isinstance(value, str) or not value:

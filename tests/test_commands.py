@@ -85,6 +85,26 @@ def test_a_wheel_install_finds_its_config_and_shipped_jobs(tmp_path):
     assert json.loads((work / "outputs" / "demo" / "summary.json").read_text())["rows"] == 2
 
 
+@pytest.mark.parametrize("offline", ["HF_HUB_OFFLINE", "unreachable"])
+def test_a_hub_id_while_the_hub_is_off_is_one_line_at_once(offline, capsys, monkeypatch, workdir):
+    """model.target=smollm2 with no such folder (issue 58 item 5): with HF_HUB_OFFLINE, or a hub that refuses
+    the connection, one line at once that names the folder and the hub (transformers retried for 44 s)."""
+    from huggingface_hub import constants
+
+    if offline == "HF_HUB_OFFLINE":
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    else:
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: refused
+    started = time.perf_counter()
+    assert run_inprocess(workdir, "job=tiny", "model.target=smollm2-not-here", monkeypatch=monkeypatch) == 2
+    assert time.perf_counter() - started < 10
+    line = one_line_error(capsys)
+    assert line.startswith("model.target: no local folder 'smollm2-not-here' here") and "the hub is off" in line
+    with pytest.raises(ValueError, match="no local folder 'smollm2-not-here' here"):
+        batchspec.generate(["x"], target="smollm2-not-here")
+
+
 # ---- 14. a mistyped local model path ------------------------------------------------------------
 
 

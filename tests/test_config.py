@@ -78,10 +78,19 @@ def test_unknown_job_lists_the_jobs(capsys, monkeypatch, workdir):
     assert "Could not find 'job/tinyy'" in err and "tiny" in err and "demo" in err
 
 
-def test_typo_inside_a_job_file(capsys, monkeypatch, workdir):
-    write_job(workdir, "typo", {"model": {"target": "x"}, "sourc": {"path": "in.parquet"}})
+@pytest.mark.parametrize("body, message", [
+    ({"model": {"target": "x"}, "sourc": {"path": "in.parquet"}}, "unknown key 'sourc' (did you mean source?)"),
+    # issue 58 item 4: Hydra's ConfigKeyError took several lines for what the command line says in one
+    ({"model": {"target": "x"}, "source": {"path": "in.parquet", "row_param": {"a": "b"}}},
+     "unknown key 'source.row_param' (did you mean source.row_params?)"),
+    ({"sampling": {"max_new_token": 3}}, "unknown key 'sampling.max_new_token' (did you mean sampling.max_new_tokens?)"),
+])
+def test_typo_inside_a_job_file(capsys, monkeypatch, workdir, body, message):
+    """The same one line as for the same typo on the command line, naming the file."""
+    write_job(workdir, "typo", body)
     assert run_inprocess(workdir, "job=typo", monkeypatch=monkeypatch) == 1
-    assert "Key 'sourc' not in 'JobConfig'" in capsys.readouterr().err
+    line = one_line_error(capsys)
+    assert message in line and "typo.yaml" in line
 
 
 def one_line_error(capsys) -> str:

@@ -190,6 +190,9 @@ BAD = [  # row params -> what the error names
     (dict(choice=["yes", 3]), "choice must be a list of non-empty strings"),
     (dict(grammar="start: undefined_rule"), "grammar:"),
     (dict(json_object="yes"), "json_object must be true"),
+    # Found at intake by a first mask on a copy, not after the row started with the parser's dump (issue 58).
+    (dict(json_schema={"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+     "json_schema: no output can match it: it allows no first token"),
     (dict(regex="a+", choice=["a"]), "set at most one of"),
 ]
 
@@ -202,6 +205,20 @@ def test_a_bad_constraint_is_that_rows_error(llama_pair, params, message):
     assert results[0].finish_reason == "error" and message in results[0].error, results[0].error
     assert "\n" not in results[0].error
     assert results[1].error is None and results[1].completion_tokens == 4
+
+
+def test_a_choice_of_20000_options_and_the_schema_true(llama_pair):
+    """A choice list is one terminal of the grammar, so its size has no parser limit (llguidance stops a rule at
+    2,000 alternatives: the 20,000-option list failed after one token); json_schema=True is the schema any JSON
+    value matches, as {} is."""
+    options = [f"opt{i}" for i in range(20000)] + ["return"]
+    results = batchspec.generate(PROMPTS[:2], target=str(llama_pair.target), max_new_tokens=12,
+                                 params=[RowParams(choice=options), RowParams(json_schema=True)])
+    assert results[0].error is None and results[0].completion in options and results[0].structured_complete
+    assert results[1].error is None and results[1].structured_complete is not None
+    either = batchspec.generate(PROMPTS[1:2], target=str(llama_pair.target), max_new_tokens=12,
+                                params=[RowParams(json_schema={})])
+    assert either[0].completion_token_ids == results[1].completion_token_ids
 
 
 def test_a_bad_job_wide_constraint_is_refused_up_front(llama_pair):

@@ -49,11 +49,26 @@ def grammar_text(constraint: Constraint) -> str:
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(value)
     if kind == "choice":
-        # Lark string literals take JSON's escapes.
-        return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in json.loads(value)))
+        # One terminal, not a rule of alternatives: the lexer takes any number of them, where a rule's
+        # alternatives are parser items (llguidance stops at 2,000 in a row). Lark strings take JSON's escapes.
+        return llguidance.LLMatcher.grammar_from_lark("start: CHOICE\nCHOICE: " + " | ".join(
+            json.dumps(c) for c in json.loads(value)))
     if kind == "grammar":
         return llguidance.LLMatcher.grammar_from_lark(value)
     raise ValueError(f"unknown constraint kind {kind!r}")
+
+
+def _first_mask_problem(constraint: Constraint, matcher) -> str | None:
+    """What stops the grammar from giving a first token (found before a row takes a slot, on a copy), or None:
+    a schema that only refers to itself compiles, then fails at its first mask with a dump of the parser."""
+    probe = matcher.deep_copy()
+    probe.compute_bitmask()
+    if not probe.is_error():
+        return None
+    error = probe.get_error().strip().splitlines()[0]
+    reason = "it allows no first token (a definition that refers only to itself?)" if error == "NoExtensionBias" \
+        else one_line(error)
+    return f"{constraint.kind}: no output can match it: {reason}"
 
 
 class Grammars:
@@ -109,6 +124,8 @@ class Grammars:
             env = self._environment()
             matcher = llguidance.LLMatcher(env, grammar_text(constraint), log_level=0)
             compiled = f"{constraint.kind}: {one_line(matcher.get_error())}" if matcher.is_error() else matcher
+            if not isinstance(compiled, str):
+                compiled = _first_mask_problem(constraint, matcher) or matcher
         except ValueError as error:  # a schema that is not a JSON object, a tokenizer it cannot read
             compiled = f"{constraint.kind}: {one_line(str(error))}"
         self.compile_s += time.perf_counter() - started
@@ -149,7 +166,9 @@ class Grammars:
             tokens = tokens[:-1]  # a stopped matcher takes no EOS, and the row ends on it anyway
         ok = matcher.consume_tokens(tokens)
         self.mask_s += time.perf_counter() - started
-        return None if ok else f"structured output: {one_line(matcher.get_error() or 'the grammar refused the output')}"
+        # The first line: what went wrong (the rest is llguidance's dump of its parser state).
+        error = (matcher.get_error() or "").strip().splitlines()[:1] or ["the grammar refused the output"]
+        return None if ok else f"structured output: {one_line(error[0])}"
 
     def complete(self, slot: int) -> bool | None:
         """Whether the row's output so far is a whole sentence of its grammar (None: unconstrained)."""

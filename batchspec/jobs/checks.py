@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..engine.drafters.registry import needs_draft
-from ..paths import missing_local_path
+from ..paths import missing_local_path, offline_hub_id
 from ..textcheck import first_line
 from ..types import CONSTRAINT_KINDS, MAX_LOGPROBS, MIN_TEMPERATURE, Constraint, TreeSpec
 from . import openai_batch
@@ -160,9 +160,10 @@ def openai_lines(job: JobConfig) -> bool:
     return job.source.format == SourceFormat.openai
 
 def check_model_paths(job: JobConfig) -> None:
-    """A model path that looks local and does not exist fails here, at once (not after the hub retries)."""
+    """A model path that looks local and does not exist, or a hub id while the hub is off, fails here, at once
+    (not after the hub retries)."""
     draft = draft_path(job)
     for key, name in (("model.target", job.model.target), ("model.draft", draft)):
-        problem = missing_local_path(name) if name else None
+        problem = (missing_local_path(name) or offline_hub_id(name)) if name else None
         if problem:
             raise ConfigError(f"{key}: {problem}")

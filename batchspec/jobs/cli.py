@@ -34,7 +34,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..textcheck import first_line
 from .checks import to_job_config
-from .cmdline import split_argv, unknown_key
+from .cmdline import job_file_problem, split_argv, unknown_key
 from .config import CONF_DIR, ConfigError, find_jobs, job_dirs, plain_job_name, register_configs
 from .job import pass_on_signal
 from .locks import other_runs
@@ -54,7 +54,8 @@ def main() -> None:
         sys.exit(run_batch(sys.argv[2:]))
     try:
         try:
-            register_configs(find_jobs(job_dirs(Path.cwd())))
+            jobs = find_jobs(job_dirs(Path.cwd()))
+            register_configs(jobs)
         except (ConfigError, OmegaConfBaseException, OSError) as e:
             fail(f"cannot register the job files: {first_line(e)}")
         flags, overrides = split_argv(sys.argv[1:])
@@ -62,6 +63,11 @@ def main() -> None:
         problem = unknown_key(overrides)
         if problem:
             fail(problem, code=EXIT_CONFIG_ERROR)
+        for name in job_choices(overrides):  # a misspelled key in the job file, as on the command line
+            problem = (job_file_problem(jobs[name], OmegaConf.to_container(OmegaConf.load(jobs[name]), resolve=False))
+                       if name in jobs else None)
+            if problem:
+                fail(problem, code=EXIT_CONFIG_ERROR)
         bad = [name for name in job_choices(overrides) if not plain_job_name(name)]
         if bad:  # before Hydra, whose callback would create outputs/<name> (outputs/.. is the current dir)
             fail(f"job={bad[0]}: a job name must be a plain name (no '/', not starting with '.'), since the "

@@ -104,3 +104,34 @@ def schema_problem(key: str) -> str | None:
 def _unwrap_optional(t: typing.Any) -> typing.Any:
     args = [a for a in typing.get_args(t) if a is not type(None)]
     return args[0] if typing.get_origin(t) is typing.Union and len(args) == 1 else t
+
+
+def job_file_problem(path: Path, node: typing.Any) -> str | None:
+    """The first key of a job file (its loaded YAML) that the schema lacks, in the words `unknown_key` uses
+    for the command line, with the file named; None when every key is one. Hydra would stop on it too, but
+    with a ConfigKeyError of several lines."""
+
+    def walk(mapping: typing.Any, prefix: str) -> str | None:
+        for key in mapping:
+            if not prefix and key in ("defaults", "hydra"):  # Hydra's own keys
+                continue
+            dotted = f"{prefix}.{key}" if prefix else str(key)
+            problem = schema_problem(dotted)
+            if problem:
+                return problem
+            value = mapping[key]
+            if hasattr(value, "keys") and dataclasses.is_dataclass(_schema_at(dotted)):
+                problem = walk(value, dotted)
+                if problem:
+                    return problem
+        return None
+
+    problem = walk(node, "") if hasattr(node, "keys") else None
+    return f"{path}: {problem}" if problem else None
+
+
+def _schema_at(key: str) -> typing.Any:
+    node: typing.Any = JobConfig
+    for part in key.split("."):
+        node = _unwrap_optional(typing.get_type_hints(node)[part])
+    return node
