@@ -136,3 +136,20 @@ def test_admission_share_of_a_round(name, fills, forward, expected):
     round = Round(rows=[0], rows_t=torch.tensor([0]), span=slice(0, 1), lengths=[5], lengths_t=torch.tensor([5]),
                   running=[0], room=[0], budgets=[0], static=False, fills=fills, forward=forward)
     assert round.admission_seconds == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("drafting_rate,first_verdict_at,winner", [
+    (0.6, 8 + 8 + 24 + 8, "plain"),  # warm-up, off, on, off: the first comparison is wide, it decides
+    (0.95, 8 + 8 + 24 + 8 + 24, "plain"),  # within `clear`: a second comparison first
+    (1.5, 8 + 8 + 24 + 8, "drafting"),
+])
+def test_a_short_warm_up_and_a_wide_first_comparison_decide_early(drafting_rate, first_verdict_at, winner):
+    """With the machine's costs measured at start the warm-up is 8 rounds; a first comparison 15% or more apart
+    gives the verdict (noise-free rounds: the round at which the verdict first exists is exact)."""
+    check = PayoffCheck(warmup_rounds=8)
+    for r in range(1, 200):
+        check.observe(32, 32 / (drafting_rate if check.drafting else 1.0))
+        if check.winner is not None:
+            break
+    assert (r, check.winner) == (first_verdict_at, winner)
+    assert check.rounds[1] == (8 + 24 if first_verdict_at == 48 else 8 + 24 + 24)

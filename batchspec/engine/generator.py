@@ -56,6 +56,7 @@ from .verify_pass import TokenCounts, Verifier
 PHASES = ("admit", "draft", "verify", "accept", "bookkeeping")
 FILL_TOKENS = 1024  # prompt tokens a packed round prefills at most (see SpecBatchGenerator)
 FORCED_DRAFTS = 4  # drafts a grammar may force per row and round with drafter none (eager path)
+WARMUP_WITH_COSTS = 8  # the payoff check's warm-up rounds when the round costs were measured at start (payoff.py)
 log = logging.getLogger("batchspec")
 
 
@@ -272,6 +273,8 @@ class SpecBatchGenerator:
         costs = load_or_measure(key, lambda: measure_startup(self.runner, step, batch_size=self.batch_size,
                                                              k_max=self.k_max))
         adaptive.costs.start_from(costs)
+        if self.scheduler.payoff is not None and costs.verify:  # its warm-up learnt the costs: they are known
+            self.scheduler.payoff.warmup_rounds = WARMUP_WITH_COSTS
         log.info("costs: %s (%s)", ", ".join(f"{n} tokens {1e3 * t:.1f} ms" for n, t in costs.verify),
                  "from the cache" if costs.cached else f"measured in {costs.seconds:.2f} s")
         return costs
