@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import batchspec
-from batchspec.bench_grammar import GrammarLogitsProcessor
 from batchspec.types import Constraint, RowParams
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 import gemma3  # noqa: E402
+from hf_reference import hf_generate  # noqa: E402
 
 LENGTHS = (600, 1100, 2000)  # prompt tokens: each past the 512-token window, the last four windows long
 NEW_TOKENS = 24
@@ -45,24 +45,12 @@ def long_prompts(tokenizer) -> list[str]:
     return [tokenizer.decode(ids[3000 * i: 3000 * i + n]) for i, n in enumerate(LENGTHS)]
 
 
-def hf_generate(model, tokenizer, prompt: str, constraint: Constraint | None = None) -> list[int]:
-    enc = tokenizer(prompt, return_tensors="pt")
-    processors = None
-    if constraint is not None:
-        processors = LogitsProcessorList([GrammarLogitsProcessor(
-            tokenizer, [constraint], vocab_size=model.get_output_embeddings().weight.shape[0],
-            eos_ids=[model.generation_config.eos_token_id], prompt_len=enc["input_ids"].shape[1])])
-    with torch.no_grad():
-        out = model.generate(**enc, do_sample=False, max_new_tokens=NEW_TOKENS, logits_processor=processors)
-    return out[0, enc["input_ids"].shape[1]:].tolist()
-
-
 @pytest.fixture(scope="module")
 def references(gemma):
     path, tokenizer, model = gemma
     prompts = long_prompts(tokenizer)
     assert [len(tokenizer(p)["input_ids"]) for p in prompts] >= [n - 8 for n in LENGTHS]
-    return prompts, [hf_generate(model, tokenizer, p) for p in prompts]
+    return prompts, [hf_generate(model, tokenizer, p, NEW_TOKENS) for p in prompts]
 
 
 @pytest.mark.slow
@@ -88,4 +76,4 @@ def test_a_json_schema_past_the_window(gemma, references):
     [result] = batchspec.generate([prompt], target=model, tokenizer=tokenizer, drafter="ngram", batch_size=1,
                                   max_new_tokens=NEW_TOKENS, max_seq_len=2048 + 64,
                                   params=[RowParams(json_schema=json.dumps(SCHEMA))])
-    assert result.completion_token_ids == hf_generate(model, tokenizer, prompt, constraint)
+    assert result.completion_token_ids == hf_generate(model, tokenizer, prompt, NEW_TOKENS, constraint)

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import batchspec
-from batchspec.bench_grammar import GrammarLogitsProcessor
 from batchspec.types import Constraint, RowParams
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 import smollm2  # noqa: E402
+from hf_reference import hf_generate  # noqa: E402
 
 jsonschema = pytest.importorskip("jsonschema", reason="outputs are checked against their schemas")
 
@@ -41,18 +41,6 @@ def smol():
 
 def chat(tokenizer, text: str) -> str:
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-
-
-def hf_generate(model, tokenizer, prompt: str, max_new_tokens: int, constraint: Constraint | None = None):
-    enc = tokenizer(prompt, return_tensors="pt")
-    processors = None
-    if constraint is not None:
-        processors = LogitsProcessorList([GrammarLogitsProcessor(
-            tokenizer, [constraint], vocab_size=model.get_output_embeddings().weight.shape[0],
-            eos_ids=[model.generation_config.eos_token_id], prompt_len=enc["input_ids"].shape[1])])
-    with torch.no_grad():
-        out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, logits_processor=processors)
-    return out[0, enc["input_ids"].shape[1]:].tolist()
 
 
 @pytest.fixture(scope="module")

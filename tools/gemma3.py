@@ -12,7 +12,6 @@ minutes on 2 cores. Tests and benchmarks call `ensure()`: it converts once and r
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -33,13 +32,7 @@ def ensure(out: Path = DEFAULT_DIR) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_DIR)
-    args = parser.parse_args(argv)
-    try:
-        print(ensure(args.out))
-    except RuntimeError as error:  # one line: what is missing and how to get it
-        sys.exit(f"gemma3: {error}")
+    gguf_model.main("gemma3", ensure, DEFAULT_DIR, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

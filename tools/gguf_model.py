@@ -10,6 +10,7 @@ its weights go into a plain model of the same config, which is saved with the to
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import re
 import subprocess
@@ -94,6 +95,18 @@ def convert(gguf: Path, out: Path, source: str) -> None:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / DONE).write_text(source + "\n")
+
+
+def main(name: str, ensure, default_dir: Path, description: str, argv: list[str] | None = None) -> None:
+    """A tool's command line: `--out DIR`, then print the converted folder, or exit with one line (what is
+    missing and how to get it)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, default=default_dir)
+    args = parser.parse_args(argv)
+    try:
+        print(ensure(args.out))
+    except RuntimeError as error:
+        sys.exit(f"{name}: {error}")
 
 
 def _sha256(path: Path) -> str:

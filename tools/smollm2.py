@@ -13,7 +13,6 @@ and reuses the folder.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -36,13 +35,7 @@ check_readers = gguf_model.check_readers
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_DIR)
-    args = parser.parse_args(argv)
-    try:
-        print(ensure(args.out))
-    except RuntimeError as error:  # one line: what is missing and how to get it
-        sys.exit(f"smollm2: {error}")
+    gguf_model.main("smollm2", ensure, DEFAULT_DIR, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

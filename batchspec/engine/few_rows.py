@@ -16,7 +16,7 @@ come from memory as in a forward), best of three, interleaved, the largest shape
 BUDGET_S seconds (shapes left untimed keep `F.linear`). A bucket takes W @ x.T only where it was at least
 10% faster; more than 64 rows (prompt chunks, wide batches) keep `F.linear`. The choice is kept on the
 model for its later runners and, when nothing else took the CPU while it was timed, in the user's cache
-(startup_costs.cache_dir) by the weights' shapes, dtype, CPU and threads: a resumed or repeated job reads
+(machine_cache.cache_dir) by the weights' shapes, dtype, CPU and threads: a resumed or repeated job reads
 it back, so every process of one machine sums in the same order. On SmolLM2 here the layers' weights chose it up to 2-4 rows and
 the LM head up to 16-32. Used as a context around a runner's eager forwards: each `nn.Linear` of the
 model gets its own forward for the block, and the model is as it was after it.
