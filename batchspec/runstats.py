@@ -55,6 +55,8 @@ class RunStats:
     target_forwards: int = 0  # sum over requests of the verify passes each took part in
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    forced_tokens: int = 0  # drafts a grammar forced (in draft_tokens too): they say nothing about the drafter
+    forced_accepted: int = 0  # ... of which accepted (in accepted_tokens too)
     rejected_rounds: int = 0  # request-rounds that ended on a rejected draft
     proposed_by_position: list[int] = field(default_factory=list)  # drafts proposed at draft position i
     accepted_by_position: list[int] = field(default_factory=list)  # ... of which accepted
@@ -90,10 +92,18 @@ class RunStats:
         self.target_forwards += result.target_forwards
         self.draft_tokens += result.draft_tokens
         self.accepted_tokens += result.accepted_tokens
+        self.forced_tokens += result.forced_tokens
+        self.forced_accepted += result.forced_accepted
 
     @property
     def acceptance_rate(self) -> float | None:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def proposed_acceptance_rate(self) -> float | None:
+        """The drafter's own drafts' acceptance: forced drafts left out."""
+        drafted = self.draft_tokens - self.forced_tokens
+        return (self.accepted_tokens - self.forced_accepted) / drafted if drafted else None
 
     @property
     def tokens_per_forward(self) -> float | None:
@@ -103,8 +113,9 @@ class RunStats:
     def alpha(self) -> float | None:
         """Per-draft acceptance probability under the geometric model (seed 000): each draft is kept
         with probability alpha until the first rejection. Estimated as accepted / (accepted + rejections)."""
-        trials = self.accepted_tokens + self.rejected_rounds
-        return self.accepted_tokens / trials if trials else None
+        accepted = self.accepted_tokens - self.forced_accepted  # forced rounds count no rejections either
+        trials = accepted + self.rejected_rounds
+        return accepted / trials if trials else None
 
     @property
     def mean_accepted_length(self) -> float | None:
@@ -121,6 +132,8 @@ class RunStats:
             "completion_tokens": self.completion_tokens, "rounds": self.rounds,
             "target_forwards": self.target_forwards, "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens, "acceptance_rate": self.acceptance_rate,
+            "proposed_acceptance_rate": self.proposed_acceptance_rate, "forced_tokens": self.forced_tokens,
+            "forced_accepted": self.forced_accepted,
             "tokens_per_forward": self.tokens_per_forward, "mean_accepted_length": self.mean_accepted_length,
             "rejected_rounds": self.rejected_rounds, "alpha": self.alpha,
             "acceptance_by_position": self.acceptance_by_position, "rounds_by_k": list(self.rounds_by_k),

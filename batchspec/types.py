@@ -195,6 +195,7 @@ class Result:
     prompt_top_logprobs: list[list[float]] | None = None
     prompt_top_logprob_ids: list[list[int]] | None = None
     forced_tokens: int = 0  # drafts the grammar forced (structured output), counted in draft_tokens too
+    forced_accepted: int = 0  # of those, the ones the target accepted (counted in accepted_tokens too)
     structured_complete: bool | None = None  # constrained rows: ended whole (False: cut by a limit, a stop string, an error)
 
     def to_row(self) -> dict[str, Any]:
@@ -222,7 +223,8 @@ RESULT_COLUMNS = (
     "completion_tokens", "target_forwards", "draft_tokens", "accepted_tokens", "acceptance_rate",
     "tokens_per_forward", "accepted_per_round", "drafts_per_round", "tree_per_round", "latency_s",
     "sample_index", "stop_reason", "stop_token_id", "logprobs", "top_logprobs", "top_logprob_ids",
-    "prompt_logprobs", "prompt_top_logprobs", "prompt_top_logprob_ids", "forced_tokens", "structured_complete",
+    "prompt_logprobs", "prompt_top_logprobs", "prompt_top_logprob_ids", "forced_tokens", "forced_accepted",
+    "structured_complete",
 )
 
 

@@ -108,11 +108,11 @@ def test_a_round_that_masked_drafts_leaves_the_row_where_its_tokens_put_it(token
     is the one a fresh matcher gives after the emitted tokens (before the fix: an array's string)."""
     grammars = seated(tokenizer, PIWIK)
     emitted, draft, then = encode(tokenizer, emitted), encode(tokenizer, draft), encode(tokenizer, then)
-    assert grammars.advance(0, emitted) is None
+    assert grammars.advance(0, emitted) == (len(emitted), None)
     assert grammars.legal(0, draft) == len(draft)
     grammars.forced(0, 4)
     grammars.masks([0], [draft], len(draft) + 1)
-    assert grammars.advance(0, then) is None
+    assert grammars.advance(0, then) == (len(then), None)
     assert torch.equal(grammars.masks([0], [[]], 1)[0, 0], fresh_mask(tokenizer, PIWIK, emitted + then))
 
 
@@ -147,6 +147,6 @@ def test_masks_equal_a_fresh_matchers_through_rounds_of_random_drafts(tokenizer,
             assert torch.equal(masks[t], fresh_mask(tokenizer, schema, tokens[:at] + draft[:t])), (at, draft, t)
             checked += t > 0
         step = rng.randint(1, 3)
-        assert grammars.advance(0, tokens[at: at + step]) is None
+        assert grammars.advance(0, tokens[at: at + step])[1] is None
         at += step
     assert grammars.complete(0) and checked >= 20  # masks past a draft compared

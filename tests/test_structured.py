@@ -142,7 +142,7 @@ def test_refused_drafts_are_cut_and_forced_ones_added_before_verification(tokeni
         slots.occupy(slot, Request(str(slot), "x"), [0], max_new_tokens=50, stop=(), logprobs=None)
         slots[slot].awaiting_first = slot == 3
         grammars.seat(slot, choice if slot != 2 else None)
-    assert grammars.advance(1, encode("hello")) is None
+    assert grammars.advance(1, encode("hello")) == (len(encode("hello")), None)
     buffers = RoundBuffers(4, 8, len(tokenizer), torch.device("cpu"), noise=False, probs=False, trees=False)
     proposals = [encode("hello b") + encode("x"), encode(" bat"), encode("zzz"), encode("zzz")]
     round = Round([0, 1, 2, 3], None, None, [2, 7, 2, 2], None, [0, 1, 2, 3], [50] * 4, [4] * 4, False,
@@ -192,7 +192,7 @@ BAD = [  # row params -> what the error names
     (dict(json_object="yes"), "json_object must be true"),
     # Found at intake by a first mask on a copy, not after the row started with the parser's dump (issue 58).
     (dict(json_schema={"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
-     "json_schema: no output can match it: it allows no first token"),
+     "json_schema: no output can match it: no finite JSON value matches it"),
     (dict(regex="a+", choice=["a"]), "set at most one of"),
 ]
 
@@ -302,26 +302,31 @@ def test_sampled_output_follows_the_constrained_distribution(spread_pair, drafte
     assert math.isfinite(chi2)
 
 
-def test_a_grammar_that_fails_mid_row_ends_that_row_only(llama_pair, monkeypatch):
-    """A matcher that errs (llguidance's work limits) ends its row with the error, keeping the output made
-    before it; the rows beside it run on."""
-    from batchspec.engine.grammar import Grammars
+REGEX_BOMB = "(a|b){1,5000}c(d|e){1,5000}"  # issue 58's: counted repeats build lexer states as the row goes
 
-    advance, calls = Grammars.advance, {}
 
-    def failing(self, slot, tokens):  # a constrained row's second advance fails
-        if slot in self.rows:
-            calls[slot] = calls.get(slot, 0) + 1
-            if calls[slot] == 2:
-                return "structured output: lexer fuel exhausted (simulated)"
-        return advance(self, slot, tokens)
+@pytest.mark.parametrize("drafter", ["none", "ngram", "model"])
+def test_a_grammar_past_its_work_limit_ends_that_row_only(llama_pair, monkeypatch, drafter):
+    """llguidance's per-step work limit (lexer fuel), lowered so that the regex passes its first mask and
+    then runs out on a later token: that row ends with the limit named in one line, keeping the output its
+    grammar took (no token drawn under the failed mask); the row beside it runs as it would alone. Work, not
+    time, is bounded, so the row ends at the same token on every machine (fuel 60 here: 1 token, then the
+    limit; at llguidance's default 200,000 the same row runs to its end)."""
+    from batchspec.engine import grammar
 
-    monkeypatch.setattr(Grammars, "advance", failing)
-    results = batchspec.generate(PROMPTS[:2], target=str(llama_pair.target), max_new_tokens=12,
-                                 params=[RowParams(json_schema=SCHEMA), None])
-    assert results[0].finish_reason == "error" and "simulated" in results[0].error
-    assert results[0].completion_tokens >= 2 and results[0].completion.startswith("{")
-    assert results[1].error is None and results[1].completion_tokens == 12
+    alone = batchspec.generate(PROMPTS[1:2], target=str(llama_pair.target), max_new_tokens=12)
+    monkeypatch.setattr(grammar, "STEP_LEXER_FUEL", 60)
+    results = batchspec.generate(PROMPTS[:2], target=str(llama_pair.target), draft=str(llama_pair.draft),
+                                 drafter=drafter, max_new_tokens=12, params=[RowParams(regex=REGEX_BOMB), None])
+    assert results[0].finish_reason == "error", results[0]
+    assert results[0].error == ("structured output: the lexer's work for one token passed its limit "
+                                "(lexer fuel 60 a step): simplify the constraint")
+    assert results[0].completion == "a" and results[0].completion_token_ids == llama_pair.tokenizer.encode(
+        "a", add_special_tokens=False)
+    assert results[1].completion_token_ids == alone[0].completion_token_ids
+    monkeypatch.setattr(grammar, "STEP_LEXER_FUEL", 200_000)
+    whole = batchspec.generate(PROMPTS[:1], target=str(llama_pair.target), max_new_tokens=12, regex=REGEX_BOMB)
+    assert whole[0].error is None and whole[0].structured_complete
 
 
 def test_n_samples_each_follow_the_constraint(llama_pair):

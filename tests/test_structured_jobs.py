@@ -174,3 +174,36 @@ def test_a_job_over_openai_lines_honours_their_structured_output(byte_model, tmp
         content = mine[name]["response"]["body"]["choices"][0]["message"]["content"]
         assert content == theirs[name]["response"]["body"]["choices"][0]["message"]["content"]
     jsonschema.validate(json.loads(mine["schema"]["response"]["body"]["choices"][0]["message"]["content"]), FLAG)
+
+
+def test_summary_and_report_keep_forced_drafts_apart(byte_model, tmp_path, one_thread, monkeypatch, capsys):
+    """Issue 58 item 11: drafter none drafts nothing of its own, so its acceptance is no figure ('–'), not the
+    0.9 of the drafts a grammar forced; forced drafts and the constrained rows' ends are shown apart."""
+    from batchspec import report
+    from test_report import Page
+
+    rows = {"prompt": PROMPTS[:5], "schema": [None, None, "{broken", None, json.dumps(PICK)],
+            "limit": [32, 32, 32, 3, 32]}
+    pq.write_table(pa.table(rows), tmp_path / "in.parquet")
+    config = job_config(byte_model, {"path": str(tmp_path / "in.parquet"),
+                                     "row_params": {"json_schema": "schema", "max_new_tokens": "limit"}}, json_schema=FLAG)
+    config["drafter"] = {"name": "none"}
+    write_job(tmp_path, "forced", config)
+    assert run_inprocess(tmp_path, "job=forced", "output.dir=out", monkeypatch=monkeypatch) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    out = read_output(tmp_path / "out")
+    forced = sum(r["forced_tokens"] for r in out)
+    assert forced > 0 and summary["forced_tokens"] == forced
+    assert summary["forced_accepted"] == sum(r["forced_accepted"] for r in out) <= forced
+    assert summary["draft_tokens"] == forced and summary["proposed_acceptance_rate"] is None
+    assert summary["structured"] == {"rows": 5, "complete": 3, "cut": 1, "error": 0, "refused": 1}
+    assert "structured output         5 rows: 3 complete, 1 cut short, 0 errors mid-row, 1 refused" in printed
+    html = tmp_path / "report.html"
+    assert report.main([str(tmp_path / "out"), "--html", str(html)]) == 0
+    figures = Page(html.read_text()).figures()
+    assert figures["acceptance"] == ["–"]
+    share = summary["forced_accepted"] / forced
+    assert figures["forced drafts (structured output): accepted / forced"] == [
+        f"{summary['forced_accepted']} / {forced} ({share:.3f})"]
+    assert figures["structured output rows"] == ["5: 3 complete, 1 cut short, 0 errors, 1 refused"]

@@ -15,6 +15,12 @@ JSON schema then changed with the drafter). A round's masks are those of the sta
 the row's drafts: verify position t is masked by the grammar after the pending token and drafts 1..t. A
 draft the grammar refuses needs no cutting for exactness: its probability under the masked distribution is
 0, so acceptance stops before it, and the masks past it (left all-allowed) are never read.
+
+A row's grammar work per token is bounded by llguidance's step limits, which count work, not time, so a
+row ends at the same token on every machine and run: a mask step whose lexer passes STEP_LEXER_FUEL or
+whose parser passes STEP_MAX_ITEMS puts the matcher in an error state whose mask allows only an EOS. The
+position is recorded, and the row ends with that error at the advance that reaches it, keeping the output
+before it; the other rows run on.
 """
 
 from __future__ import annotations
@@ -26,8 +32,17 @@ from collections import OrderedDict
 import torch
 
 from ..types import Constraint
+from .schema_finite import no_finite_instance
 
 CACHED_GRAMMARS = 256  # compiled grammars kept by content (a job with a schema per row reuses few)
+# llguidance's defaults, stated: its lexer runs about 14k fuel/ms and its parser 20k items/ms, so one mask
+# step of one row is bounded by about 14 + 2.5 ms.
+STEP_LEXER_FUEL = 200_000
+STEP_MAX_ITEMS = 50_000
+LIMIT_ERRORS = {  # in llguidance's first line -> what it means
+    "lexer error: too many expressions constructed": f"the lexer's work for one token passed its limit ({{fuel}})",
+    "Too many items": "the parser's work for one token passed its limit ({items})",
+}
 
 
 def one_line(message: str, limit: int = 300) -> str:
@@ -58,6 +73,16 @@ def grammar_text(constraint: Constraint) -> str:
     raise ValueError(f"unknown constraint kind {kind!r}")
 
 
+def limit_error(error: str, fuel: int, items: int) -> str:
+    """llguidance's error as one plain line: a work limit named with its value."""
+    first = (error or "").strip().splitlines()[:1] or ["the grammar refused the output"]
+    for start, meaning in LIMIT_ERRORS.items():
+        if start in first[0]:
+            return meaning.format(fuel=f"lexer fuel {fuel:,} a step", items=f"{items:,} Earley items a step") + \
+                ": simplify the constraint"
+    return one_line(first[0])
+
+
 def _first_mask_problem(constraint: Constraint, matcher) -> str | None:
     """What stops the grammar from giving a first token (found before a row takes a slot, on a copy), or None:
     a schema that only refers to itself compiles, then fails at its first mask with a dump of the parser."""
@@ -67,7 +92,7 @@ def _first_mask_problem(constraint: Constraint, matcher) -> str | None:
         return None
     error = probe.get_error().strip().splitlines()[0]
     reason = "it allows no first token (a definition that refers only to itself?)" if error == "NoExtensionBias" \
-        else one_line(error)
+        else limit_error(error, STEP_LEXER_FUEL, STEP_MAX_ITEMS)
     return f"{constraint.kind}: no output can match it: {reason}"
 
 
@@ -80,6 +105,7 @@ class Grammars:
     def __init__(self, tokenizer, *, vocab_size: int, eos_ids: list[int]):
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, list(eos_ids)
         self.rows: dict[int, object] = {}  # slot -> its llguidance.LLMatcher, over the row's emitted tokens
+        self.failed: dict[int, tuple[int, str]] = {}  # slot -> (verify position, error) of a mask past a limit
         self._env = None
         self._outside: list[int] = []  # EOS ids past the tokenizer's vocabulary
         self._other_eos: list[int] = []  # EOS ids but llguidance's first
@@ -120,9 +146,14 @@ class Grammars:
         import llguidance
 
         started = time.perf_counter()
+        endless = no_finite_instance(constraint.value) if constraint.kind == "json_schema" else None
         try:
+            if endless:
+                raise ValueError(f"no output can match it: {endless}")
             env = self._environment()
-            matcher = llguidance.LLMatcher(env, grammar_text(constraint), log_level=0)
+            limits = llguidance.LLParserLimits(step_lexer_fuel=STEP_LEXER_FUEL, step_max_items=STEP_MAX_ITEMS,
+                                               verbose_errors=False)  # errors without the parser's dump
+            matcher = llguidance.LLMatcher(env, grammar_text(constraint), log_level=0, limits=limits)
             compiled = f"{constraint.kind}: {one_line(matcher.get_error())}" if matcher.is_error() else matcher
             if not isinstance(compiled, str):
                 compiled = _first_mask_problem(constraint, matcher) or matcher
@@ -139,6 +170,7 @@ class Grammars:
     def seat(self, slot: int, constraint: Constraint | None) -> None:
         """A row takes a slot with this constraint (None: unconstrained)."""
         self.rows.pop(slot, None)
+        self.failed.pop(slot, None)
         if constraint is None:
             return
         compiled = self._compile(constraint)
@@ -148,27 +180,39 @@ class Grammars:
 
     def release(self, slot: int) -> None:
         self.rows.pop(slot, None)
+        self.failed.pop(slot, None)
 
     def constrained(self, slots: list[int]) -> list[int]:
         """Indices into slots of the constrained rows."""
         return [i for i, slot in enumerate(slots) if slot in self.rows] if self.rows else []
 
-    def advance(self, slot: int, tokens: list[int]) -> str | None:
+    def advance(self, slot: int, tokens: list[int]) -> tuple[int, str | None]:
         """The row emitted these tokens (accepted drafts and one more): the matcher moves past them. Returns
-        the grammar's error when it cannot (its work exceeded llguidance's limits, so its last mask allowed
-        nothing): the row ends with that error, the others go on."""
+        how many of them the row keeps and the grammar's error, if any: a token its grammar refuses, or one
+        drawn under a mask past the work limits (the module's docstring). The row then ends with the error
+        and the tokens before it; the others go on."""
         matcher = self.rows.get(slot)
         if matcher is None:
-            return None
+            return len(tokens), None
+        valid, failed = len(tokens), None
+        if slot in self.failed:  # a mask past the work limits, `position` tokens ahead of these
+            position, failed = self.failed.pop(slot)
+            if position < len(tokens):  # the token there was drawn under that mask
+                valid = position
+            else:
+                self.failed[slot], failed = (position - len(tokens), failed), None
         started = time.perf_counter()
-        tokens = self._known(tokens)
-        if tokens and tokens[-1] in self._env.eos_tokens:  # the end, allowed only where the grammar accepts:
-            tokens = tokens[:-1]  # a stopped matcher takes no EOS, and the row ends on it anyway
-        ok = matcher.consume_tokens(tokens)
+        known = self._known(tokens[:valid])
+        # The end, allowed only where the grammar accepts: a stopped matcher takes no EOS, and the row ends on it.
+        end = len(known) - (failed is None and bool(known) and known[-1] in self._env.eos_tokens)
+        taken = matcher.try_consume_tokens(known[:end])
         self.mask_s += time.perf_counter() - started
-        # The first line: what went wrong (the rest is llguidance's dump of its parser state).
-        error = (matcher.get_error() or "").strip().splitlines()[:1] or ["the grammar refused the output"]
-        return None if ok else f"structured output: {one_line(error[0])}"
+        if failed is None and taken == end:
+            return len(tokens), None
+        if failed is None:
+            failed = limit_error(matcher.get_error(), STEP_LEXER_FUEL, STEP_MAX_ITEMS) if matcher.is_error() \
+                else f"the grammar refused token {known[taken]} after {taken} of this round's tokens"
+        return taken, f"structured output: {failed}"
 
     def complete(self, slot: int) -> bool | None:
         """Whether the row's output so far is a whole sentence of its grammar (None: unconstrained)."""
@@ -242,12 +286,21 @@ class Grammars:
             prefix, proposed = prefixes[i] if prefixes else (), self._known(row_drafts[: width - 1])
             # Nothing to look past: the row's own matcher's mask (the normal flow: mask, then consume).
             matcher = self._ahead(slot, prefix) if prefix or proposed else self.rows[slot]
+            self.failed.pop(slot, None)
+            position = 0  # the verify position whose mask was computed last
             llguidance.torch.fill_next_token_bitmask(matcher, bitmask, i * width)
-            for t, token in enumerate(proposed):
+            for token in proposed:
                 # An EOS is decided at its position and ends the row; a refused draft ends acceptance there.
-                if token in self._env.eos_tokens or not matcher.consume_token(token):
+                if matcher.is_error() or token in self._env.eos_tokens:
                     break
-                llguidance.torch.fill_next_token_bitmask(matcher, bitmask, i * width + t + 1)
+                position += 1
+                if not matcher.consume_token(token):  # the next position's mask stays all-allowed
+                    break
+                llguidance.torch.fill_next_token_bitmask(matcher, bitmask, i * width + position)
+            error = matcher.get_error() if matcher.is_error() else ""
+            if any(start in error for start in LIMIT_ERRORS):
+                # Past the work limits (not a refused draft): the token decided at that position ends the row.
+                self.failed[slot] = (len(prefix) + position, limit_error(error, STEP_LEXER_FUEL, STEP_MAX_ITEMS))
         if self._other_eos:
             first = self._env.eos_token
             allowed = (bitmask[:, first // 32] >> (first % 32)) & 1

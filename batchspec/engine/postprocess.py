@@ -72,7 +72,12 @@ class RowOutcomes:
         if hit_stop:
             record.cut_logprobs()
         kept = record.output[before:]
-        problem = self.grammars.advance(slot, kept) if self.grammars is not None else None
+        problem = None
+        if self.grammars is not None:
+            taken, problem = self.grammars.advance(slot, kept)
+            if problem:  # the row ends with the output its grammar took (its slot is released next)
+                del record.output[before + taken:]
+                record.cut_logprobs()
         return problem, hit_eos and not hit_stop, hit_stop
 
     def _finish_reason(self, slot: int, record: Slot, hit_eos: bool, hit_stop: bool) -> str | None:
@@ -116,10 +121,9 @@ class RowOutcomes:
                 finished.append((slot, self._finish(slot, FINISH_ERROR, problem)))
                 continue
             forced = round.forced[i] if round.forced else 0
-            record.forced_tokens += forced
             positions = outcome.depth[i] if outcome.depth is not None else outcome.num_drafts[i]
             row = cut_counts(outcome.num_drafts[i], positions, outcome.num_accepted[i], len(record.output) - before)
-            self.stats.row(record, shape, row)
+            self.stats.row(record, shape, row, forced=bool(forced))
             # A grammar's forced drafts say nothing about the drafter: adaptive speculation does not learn from them.
             emitted.add(slot, head + new, outcome.num_accepted[i], 0 if forced else round.budgets[i],
                         cut_counts(0, 0, 0, 1) if forced else row,

@@ -46,6 +46,7 @@ class Slot:
     drafts_per_round: list[int] = field(default_factory=list)
     tree_per_round: list[str] = field(default_factory=list)
     forced_tokens: int = 0  # drafts its grammar forced (structured output)
+    forced_accepted: int = 0  # of those, the ones the target accepted
     structured_complete: bool | None = None  # set as it finishes: its output matches its grammar whole
 
     @property
@@ -91,7 +92,8 @@ class Slot:
             prompt_logprobs=self.prompt_logprobs[0] if self.prompt_logprobs else None,
             prompt_top_logprobs=self.prompt_logprobs[1] if self.prompt_logprobs else None,
             prompt_top_logprob_ids=self.prompt_logprobs[2] if self.prompt_logprobs else None,
-            forced_tokens=self.forced_tokens, structured_complete=self.structured_complete,
+            forced_tokens=self.forced_tokens, forced_accepted=self.forced_accepted,
+            structured_complete=self.structured_complete,
         )
 
 

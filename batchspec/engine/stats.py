@@ -49,12 +49,18 @@ class Statistics:
             key = str(shape.tree)
             self.run.rounds_by_tree[key] = self.run.rounds_by_tree.get(key, 0) + 1
 
-    def row(self, slot: Slot, shape: RoundShape, counts: RowCounts) -> None:
+    def row(self, slot: Slot, shape: RoundShape, counts: RowCounts, forced: bool = False) -> None:
+        """forced: the row's drafts were its grammar's forced continuation, not the drafter's: counted apart
+        (forced_tokens, forced_accepted) and left out of acceptance by position, which judges the drafter."""
         slot.draft_tokens += counts.drafted
         slot.accepted_per_round.append(counts.accepted)
         slot.drafts_per_round.append(counts.drafted)
         slot.tree_per_round.append(str(shape.tree) if shape.tree is not None else "")
-        self.run.add_round_row(counts.positions, counts.accepted)
+        if forced:
+            slot.forced_tokens += counts.drafted
+            slot.forced_accepted += counts.accepted
+        else:
+            self.run.add_round_row(counts.positions, counts.accepted)
 
     def result(self, result: Result) -> None:
         self.run.add_result(result)

@@ -30,14 +30,18 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..textcheck import first_line
-from ..types import FINISH_ERROR
-from .schema import META_KEY, RESULT_SCHEMA
+from ..types import CONSTRAINT_KINDS, FINISH_ERROR
+from .schema import LATER_COLUMNS, META_KEY, RESULT_SCHEMA
 
 # The job's own part files. Anything else in data/ (a backup copy, a file dropped there by hand) is
 # "foreign": resume and the summary never read it, batchspec.status reports it.
 PART_NAME = re.compile(r"^shard-(\d+)-of-(\d+)-part-(\d+)\.parquet$")
 FAILED_LISTED = 20
 TOTAL_COLUMNS = ("prompt_tokens", "completion_tokens", "target_forwards", "draft_tokens", "accepted_tokens")
+# Structured output's columns, summed where a part has them (parts written before forced_accepted lack it).
+STRUCTURED_COLUMNS = ("forced_tokens", "forced_accepted")
+# How a constrained row's error starts (a job's row_params name their column first).
+CONSTRAINT_ERRORS = re.compile(rf"^(source\.row_params column '[^']*': )?({'|'.join(CONSTRAINT_KINDS)}|structured output)\b")
 
 
 def shard_name(index: int, count: int) -> str:
@@ -61,6 +65,8 @@ def foreign_files(out_dir: Path) -> list[Path]:
 def part_problem(schema: pa.Schema) -> str | None:
     """Why a file named like a part is not one of this runner's parts (a column missing or of another type)."""
     for field in RESULT_SCHEMA:
+        if field.name not in schema.names and field.name in LATER_COLUMNS:
+            continue
         if field.name not in schema.names:
             return f"it has no {field.name!r} column"
         if schema.field(field.name).type != field.type:
@@ -76,12 +82,13 @@ def shard_rows(out_dir: Path, index: int, count: int) -> int:
                for f in part_files(out_dir) if f.name.startswith(prefix))
 
 
-def read_part(path: Path, columns: list[str]) -> pa.Table:
-    """Some columns of one part file (with the file's schema metadata). ParquetFile.read rather than
-    pq.read_table: over a thousand parts read_table's dataset machinery grew RSS by ~45 MiB and took
-    3x as long (pyarrow 26, mimalloc)."""
+def read_part(path: Path, columns: list[str], optional: tuple[str, ...] = ()) -> pa.Table:
+    """Some columns of one part file (with the file's schema metadata), and those of `optional` it has.
+    ParquetFile.read rather than pq.read_table: over a thousand parts read_table's dataset machinery grew
+    RSS by ~45 MiB and took 3x as long (pyarrow 26, mimalloc)."""
     with pq.ParquetFile(path) as f:
-        return f.read(columns=columns, use_threads=False)
+        present = f.schema_arrow.names
+        return f.read(columns=columns + [c for c in optional if c in present], use_threads=False)
 
 
 def done_ids(out_dir: Path) -> set[str]:
@@ -144,10 +151,12 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     accepted: list[int] = []
     by_k: list[int] = []
     by_tree: Counter = Counter()
+    structured: Counter = Counter()
     wall = 0.0
     files = part_files(out_dir)
     for f in files:
-        table = read_part(f, ["finish_reason", "error", *TOTAL_COLUMNS])
+        table = read_part(f, ["finish_reason", "error", *TOTAL_COLUMNS], optional=(*STRUCTURED_COLUMNS, "structured_complete"))
+        _count_structured(table, structured)
         reasons.update(table.column("finish_reason").to_pylist())
         messages = table.column("error").to_pylist()
         errors.update(e for e in messages if e is not None)
@@ -184,4 +193,34 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "tokens_per_target_forward": completion / forwards if forwards else None,
         "mean_accepted_length": totals["accepted_tokens"] / forwards if forwards else None,
         "files": len(files),
+        **_structured_totals(totals, structured),
+    }
+
+
+def _count_structured(table: pa.Table, counts: Counter) -> None:
+    """Add one part's structured-output counts: forced drafts, and constrained rows by how they ended."""
+    for c in STRUCTURED_COLUMNS:
+        if c in table.column_names:
+            counts[c] += int(pc.sum(table.column(c)).as_py() or 0)
+    if "structured_complete" not in table.column_names:
+        return
+    complete = table.column("structured_complete").to_pylist()
+    for done, reason, error in zip(complete, table.column("finish_reason").to_pylist(), table.column("error").to_pylist()):
+        if done is not None:
+            counts["rows"] += 1
+            counts["complete" if done else "error" if reason == FINISH_ERROR else "cut"] += 1
+        elif error is not None and CONSTRAINT_ERRORS.match(error):  # refused before it ran
+            counts["rows"] += 1
+            counts["refused"] += 1
+
+
+def _structured_totals(totals: dict, counts: Counter) -> dict[str, Any]:
+    """forced_tokens / forced_accepted, the drafter's own acceptance (forced drafts left out), and the
+    constrained rows: complete, cut (a length limit or a stop string), errors mid-row, refused up front."""
+    drafted = totals["draft_tokens"] - counts["forced_tokens"]
+    accepted = totals["accepted_tokens"] - counts["forced_accepted"]
+    return {
+        "forced_tokens": counts["forced_tokens"], "forced_accepted": counts["forced_accepted"],
+        "proposed_acceptance_rate": accepted / drafted if drafted else None,
+        "structured": {k: counts[k] for k in ("rows", "complete", "cut", "error", "refused")},
     }

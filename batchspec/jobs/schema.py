@@ -35,11 +35,16 @@ COLUMN_TYPES = {
     "prompt_top_logprobs": pa.list_(pa.list_(pa.float32())),
     "prompt_top_logprob_ids": pa.list_(pa.list_(pa.int32())),
     "forced_tokens": pa.int64(),  # structured output: drafts the grammar forced (in draft_tokens too)
+    "forced_accepted": pa.int64(),  # structured output: of those, the ones the target accepted
     "structured_complete": pa.bool_(),  # constrained rows: the output matches whole (false: cut short); else null
 }
 POSITION_COLUMN = "position"  # the row's index in the input (from 0): sorting by it gives input order
 # Result fields in their order, then the input position (a job's rows carry it in Result.extra).
 RESULT_SCHEMA = pa.schema([(name, COLUMN_TYPES[name]) for name in RESULT_COLUMNS] + [(POSITION_COLUMN, pa.int64())])
+
+# Columns added after outputs were written without them: a part that lacks one is still a part (a job
+# resumed across the upgrade keeps its rows); summaries count them where they are.
+LATER_COLUMNS = frozenset({"forced_accepted"})
 
 META_KEY = b"batchspec"
 CONFIG_KEY = b"batchspec.config"  # JSON: the configuration that produced a part's rows (shard.output_config)

@@ -99,6 +99,18 @@ def readable_json(path: Path) -> bool:
     except OSError:
         return False
 
+def structured_lines(summary: dict[str, Any]) -> list[str]:
+    """Structured output's lines of the summary (none for a job without constrained rows)."""
+    rows = (summary.get("structured") or {}).get("rows")
+    if not rows:
+        return []
+    s, forced = summary["structured"], summary.get("forced_tokens", 0)
+    accepted = f"{summary['forced_accepted'] / forced:.3f}" if forced else "-"
+    return [f"  structured output         {rows} rows: {s['complete']} complete, {s['cut']} cut short, "
+            f"{s['error']} errors mid-row, {s['refused']} refused",
+            f"  forced drafts             {forced} ({accepted} accepted)"]
+
+
 def format_summary(summary: dict[str, Any], outcome) -> str:
     """The human-readable block printed at the end of a run."""
     def num(x, fmt=".2f"):
@@ -114,8 +126,10 @@ def format_summary(summary: dict[str, Any], outcome) -> str:
         f"  generation time           {num(summary['wall_s'], '.1f')} s, {num(summary['tokens_per_s'], '.1f')} tokens/s",
         f"  drafter                   "
         f"{drafter_text(config.get('drafter', {}), config.get('sampling') or {})}",
-        f"  acceptance rate           {num(summary['acceptance_rate'], '.3f')}",
+        f"  acceptance rate           {num(summary.get('proposed_acceptance_rate', summary['acceptance_rate']), '.3f')}"
+        + (" (the drafter's drafts; forced ones below)" if summary.get("forced_tokens") else ""),
         f"  acceptance by position    {by_position}",
+        *structured_lines(summary),
         f"  rounds by drafts checked  {rounds_by_k_text(summary.get('rounds_by_k', []))}"
         + "".join(f"  tree {t} {n}" for t, n in (summary.get("rounds_by_tree") or {}).items()),
         f"  tokens per target forward {num(summary['tokens_per_target_forward'])}",

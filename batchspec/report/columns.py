@@ -18,6 +18,18 @@ def pct(v: np.ndarray, q: float) -> float | None:
     return float(np.percentile(v, q)) if len(v) else None
 
 
+def forced_text(totals: dict) -> str:
+    forced = totals.get("forced_tokens") or 0
+    return f"{totals['forced_accepted']} / {forced} ({totals['forced_accepted'] / forced:.3f})" if forced else "–"
+
+
+def structured_text(totals: dict) -> str:
+    s = totals.get("structured") or {}
+    if not s.get("rows"):
+        return "–"
+    return f"{s['rows']}: {s['complete']} complete, {s['cut']} cut short, {s['error']} errors, {s['refused']} refused"
+
+
 # (header, value of an output, format, higher is better / lower is better / None: not ranked)
 Column = tuple[str, Callable[[Output], Any], str, bool | None]
 COLUMNS: list[Column] = [
@@ -25,7 +37,10 @@ COLUMNS: list[Column] = [
     ("errors", lambda o: o.totals["rows_error"], "d", None),
     ("tokens/s", lambda o: o.totals["tokens_per_s"], ".1f", True),
     ("tokens per target forward", lambda o: o.totals["tokens_per_target_forward"], ".2f", True),
-    ("acceptance", lambda o: o.totals["acceptance_rate"], ".3f", True),
+    # The drafter's own drafts: a grammar's forced drafts (accepted almost always) would rank drafter none first.
+    ("acceptance", lambda o: o.totals.get("proposed_acceptance_rate", o.totals["acceptance_rate"]), ".3f", True),
+    ("forced drafts (structured output): accepted / forced", lambda o: forced_text(o.totals), "s", None),
+    ("structured output rows", lambda o: structured_text(o.totals), "s", None),
     ("acceptance by position", lambda o: " ".join(num(a) for a in o.totals["acceptance_by_position"]) or "–", "s", None),
     ("mean drafts accepted per round", lambda o: o.totals["mean_accepted_length"], ".2f", True),
     ("per-request acceptance p10 / p50 / p90",

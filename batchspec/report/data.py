@@ -25,7 +25,7 @@ from ..jobs.layout import part_files, read_part, summarize
 from ..jobs.schema import CONFIG_KEY
 from ..types import FINISH_ERROR, TreeSpec
 
-ROW_COLUMNS = ["id", "finish_reason", "draft_tokens", "acceptance_rate", "tokens_per_forward", "latency_s",
+ROW_COLUMNS = ["id", "finish_reason", "draft_tokens", "accepted_tokens", "acceptance_rate", "tokens_per_forward", "latency_s",
                "accepted_per_round"]
 MARKER = re.compile(r"^shard-(\d+)-of-(\d+)\.json$")
 NOT_MEMBERS = {"data", "shards", "logs", ".tmp"}  # folders of an output dir that are not sweep members
@@ -81,13 +81,13 @@ def load_output(path: Path, top: int = 5) -> Output:
     candidates = []  # [tokens per forward, acceptance, part, row] of the requests that drafted, per part
     files = part_files(path)
     for i, f in enumerate(files):
-        table = read_part(f, ROW_COLUMNS)
+        table = read_part(f, ROW_COLUMNS, optional=("forced_tokens", "forced_accepted"))
         meta = (table.schema.metadata or {}).get(CONFIG_KEY)
         if meta is not None:
             configs.append(json.loads(meta))
         ok = np.asarray(pc.not_equal(table.column("finish_reason"), FINISH_ERROR).to_numpy(zero_copy_only=False))
-        drafted = ok & (table.column("draft_tokens").to_numpy() > 0)
-        acc = table.column("acceptance_rate").to_numpy(zero_copy_only=False)
+        acc, proposed = proposed_acceptance(table)
+        drafted = ok & (proposed > 0)
         tpf = table.column("tokens_per_forward").to_numpy(zero_copy_only=False)
         acceptance.append(acc[drafted].astype(float))
         per_forward.append(tpf[ok].astype(float))
@@ -123,6 +123,19 @@ def load_output(path: Path, top: int = 5) -> Output:
         out.best = request_rows(files, c[2:, order[::-1][:top]].astype(int).T)
         out.worst = request_rows(files, c[2:, order[:min(top, len(order) - top)]].astype(int).T)  # none twice
     return out
+
+
+def proposed_acceptance(table) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the acceptance of the drafter's own drafts (a grammar's forced drafts left out; NaN where it
+    proposed none) and how many it proposed."""
+    drafts = table.column("draft_tokens").to_numpy().astype(float)
+    accepted = table.column("accepted_tokens").to_numpy().astype(float)
+    if "forced_tokens" in table.column_names:
+        drafts = drafts - table.column("forced_tokens").to_numpy()
+    if "forced_accepted" in table.column_names:
+        accepted = accepted - table.column("forced_accepted").to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(drafts > 0, accepted / np.maximum(drafts, 1), np.nan), drafts
 
 
 def request_rows(files: list[Path], picked: np.ndarray) -> list[dict[str, Any]]:
