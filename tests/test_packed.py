@@ -15,7 +15,9 @@ from transformers import AutoModelForCausalLM
 
 import batchspec
 from batchspec.api import build_generator
-from batchspec.engine.costs import Line
+from batchspec.engine.adaptive import LOOKUP, AdaptiveK
+from batchspec.engine.costs import Line, PackedCosts
+from batchspec.engine.packed_choice import explore
 from batchspec.engine.graphs import StepGraphs
 from batchspec.engine.packed import RowTokens, layout_round, pack, supports_packing
 from batchspec.engine.row_drafts import Prices, choose_drafts
@@ -199,6 +201,45 @@ def test_choice_matches_brute_force(name, gains, base, prices, steps):
     assert rate == pytest.approx(brute_force(gains, base, prices, steps), rel=1e-12), name
     if name.endswith(": none"):
         assert drafts == [0] * len(gains)
+
+
+EXPLORATIONS = [
+    # name, the choice's drafts, first-draft gains, base tokens, prices, drafting forwards -> drafts explored
+    ("an eighth of 32 rows, best first", [2] * 32, [[0.5 + i / 100] for i in range(32)], 32, Prices(0.3, 0.0001),
+     False, [0] * 28 + [1] * 4),
+    ("the price bound first: 2 rows fit 10%", [4] * 32, [[0.5]] * 32, 32, Prices(0.1, 0.001, 0.0, 0.005), False,
+     [1, 1] + [0] * 30),
+    ("a draft step over 10%: one row", [3] * 16, [[0.5]] * 16, 16, Prices(0.1, 0.001, 0.05, 0.0), True,
+     [1] + [0] * 15),
+    ("batch 1", [4], [[0.9]], 1, Prices(0.05, 0.001), False, [1]),
+    ("only rows the choice drafted", [0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2], [[0.9]] * 16, 16,
+     Prices(0.1, 0.0001), False, [0, 0, 1] + [0] * 12 + [1]),
+    ("nothing drafted: nothing explored", [0] * 8, [[0.5]] * 8, 8, Prices(0.1, 0.0001), False, [0] * 8),
+]
+
+
+@pytest.mark.parametrize("name,drafts,gains,base,prices,steps,explored", EXPLORATIONS, ids=[e[0] for e in EXPLORATIONS])
+def test_exploration_drafts_one_token_on_few_rows(name, drafts, gains, base, prices, steps, explored):
+    """While a job's acceptance is a prior (packed_choice.explore): one draft on at most an eighth of the rows the
+    choice drafted (at least one), those whose first draft gains most, within 10% of a plain round's price."""
+    assert explore(drafts, gains, prices, base, steps) == explored
+
+
+def test_the_controller_explores_until_it_has_evidence():
+    """Fresh, it explores (at most b/8 rows, one draft each); after 16 verified first drafts it chooses freely."""
+    costs = PackedCosts()
+    for tokens, seconds in ((32, 0.30), (64, 0.31), (160, 0.34)):  # verifying drafts costs little here
+        costs.verify.add(tokens, seconds)
+    costs.rest.add(0, 0.0, weight=0.1)
+    controller = AdaptiveK(k_max=4, policy=LOOKUP)
+    slots = list(range(32))
+    _, drafts = controller.choose_rows(slots, [4] * 32, [0] * 32, [0.95] * 32, 32, costs)
+    assert sum(drafts) == 4 and max(drafts) == 1
+    controller.learn(1, slots, drafts, drafts, drafts)
+    controller.learn(4, slots, [4] * 32, [4] * 32, [4] * 32)
+    assert controller.evidence >= 16
+    _, drafts = controller.choose_rows(slots, [4] * 32, [0] * 32, [0.95] * 32, 32, costs)
+    assert sum(drafts) > 32
 
 
 def test_a_row_whose_drafts_do_not_pay_drafts_nothing():

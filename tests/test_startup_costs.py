@@ -109,8 +109,9 @@ def test_a_generator_measures_once_and_a_second_reads_the_cache(llama_pair, capl
 def test_the_key_names_the_drafter_and_its_model(llama_pair):
     models = batchspec.load_models(str(llama_pair.target), str(llama_pair.draft))
     model_gen = batchspec.build_generator(models, drafter="model", k=3, batch_size=4)
-    ngram_gen = batchspec.build_generator(models, drafter="ngram", k=3, batch_size=4)
+    lookups = [batchspec.build_generator(models, drafter=d, k=3, batch_size=4) for d in ("ngram", "prompt_lookup", "suffix")]
     keys = [cache_key(models.target, g.drafter, batch_size=4, k_max=3, device=models.target.device)
-            for g in (model_gen, ngram_gen)]
+            for g in (model_gen, *lookups)]
     assert keys[0]["drafter"] == "ModelDrafter" and keys[0]["draft"] is not None
     assert keys[1]["draft"] is None and keys[0]["target"] == keys[1]["target"]
+    assert keys[1] == keys[2] == keys[3]  # no forwards of their own: the lookups measure the target once

@@ -136,6 +136,7 @@ class AcceptanceModel:
                 if budget > 0 and slot in self._priors:
                     reliability.realized += min(m, 1)
                     reliability.predicted += self._priors[slot]
+        self.evidence += sum(1 for budget, n in zip(budgets, drafted) if budget > 0 and n > 0)
         for slot, budget, n, m in zip(slots, budgets, drafted, accepted):
             if budget == 0:
                 continue  # no room to draft (end of the request): nothing learned

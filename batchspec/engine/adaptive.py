@@ -79,10 +79,12 @@ class AdaptiveK(AcceptanceModel, PackedChoice):
     prior_weight: float = 2.0  # pseudo-observations of the job-wide acceptance in each row's estimate
     pooled_decay: float = 0.99  # per round, for the job-wide counts
     revisit_every: int = 48  # rounds between re-timings of the chosen k's neighbours
+    explore_evidence: int = 16  # packed: first drafts the job verifies before its acceptance is trusted
     rows: dict[int, RowAcceptance] = field(init=False, default_factory=dict)  # slot -> counts
     pooled: RowAcceptance = field(init=False)
     continued: list[RowAcceptance] = field(init=False)  # [j]: drafts at position j accepted / refused, given j-1 were
     _rounds: int = field(init=False, default=0)
+    evidence: int = field(init=False, default=0)  # first drafts verified in this job (not decayed)
     _probes: list[int] = field(init=False, default_factory=list)
     _next_probe: int = field(init=False, default=0)  # round of the next re-timing
     _interval: int = field(init=False, default=0)  # rounds until the one after: doubles while the choice holds

@@ -19,6 +19,10 @@ from .packed import RowTokens
 
 TOKENS = 8
 FIRST = 5  # tokens of the first forward; the rest extend the row
+# Types whose greedy output through batchspec differed from `generate`'s although the check below passed
+# (tests/test_model_types.py, tiny random models, 2026-11-28; cause not yet found: Whisper's decoder gave one
+# token whatever the prompt, Moshi diverged past 8 prompt tokens). Refused rather than run wrong.
+DIFFER_FROM_GENERATE = frozenset({"whisper", "moshi"})
 
 
 def known_problem(model) -> str | None:
@@ -30,6 +34,8 @@ def known_problem(model) -> str | None:
         isinstance(attn_config, dict) and attn_config.get("alibi"))
     if getattr(config, "is_encoder_decoder", False):
         return "it is an encoder-decoder model (batchspec runs decoder-only models)"
+    if config.model_type in DIFFER_FROM_GENERATE:
+        return "its greedy output through batchspec differs from generate's (a known gap, not yet explained)"
     if config.model_type == "bloom" or alibi:
         return "its attention adds ALiBi position biases, which batchspec's packed and slot-cache attention do not"
     return None

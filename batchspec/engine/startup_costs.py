@@ -53,11 +53,12 @@ def model_shape(module: torch.nn.Module) -> str:
 
 def cache_key(target, drafter, *, batch_size: int, k_max: int, device: torch.device) -> dict:
     """Everything the measured points depend on: the target's and the drafter's model shapes (a drafter with a
-    `runner` has a model), the batch size, k_max, the machine and the versions."""
+    `runner` has a model; the lookups share one key), the batch size, k_max, the machine and the versions."""
     from .. import __version__
 
     runner = getattr(drafter, "runner", None)
-    return {"target": model_shape(target), "drafter": type(drafter).__name__,
+    # A drafter without a model (the lookups) adds no forward: they share the target's points.
+    return {"target": model_shape(target), "drafter": type(drafter).__name__ if runner is not None else "no forwards",
             "draft": model_shape(runner.model) if runner is not None else None, "batch_size": batch_size,
             "k_max": k_max, **machine_cache.machine(device), "torch": torch.__version__, "batchspec": __version__}
 
