@@ -21,15 +21,17 @@ class RowPositions:
     measured) indexes `hidden_states[:, keep]` with it and returns [b, b, n, V]. So the runner asks the model
     for every position and this pre-hook on the LM head keeps each row's own: the same take_along_dim the
     newer releases do, before the vocabulary projection, so it costs nothing extra. Only for models whose
-    forward takes `logits_to_keep` (then 0 means every position reaches the LM head); others get the
-    request as it is.
+    forward takes `logits_to_keep` (then 0 means every position reaches the LM head). A forward without it
+    (Whisper's decoder, Moshi) returns every position whatever it is passed, so `narrow` picks the asked-for
+    ones from its logits: read as they came, the first positions stood for the last (Whisper's decoder gave
+    the token after BOS for every prompt).
     """
 
     def __init__(self, model):
         self.keep: torch.Tensor | None = None
         head = model.get_output_embeddings()
-        self.hooked = isinstance(head, torch.nn.Module) and \
-            "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.accepts = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.hooked = isinstance(head, torch.nn.Module) and self.accepts
         if self.hooked:
             head.register_forward_pre_hook(self._narrow)
 
@@ -43,6 +45,18 @@ class RowPositions:
             self.keep = logits_to_keep
             return 0
         return logits_to_keep
+
+    def narrow(self, logits: torch.Tensor, logits_to_keep) -> torch.Tensor:
+        """The model's logits [b, T', V] -> those of the positions asked for: as they are when its forward took
+        `logits_to_keep`; else (every position came back) per row [b, n] (a 2D request), at the indices (1D),
+        the last n (an int n > 0), or all (0)."""
+        if self.accepts:
+            return logits
+        if isinstance(logits_to_keep, torch.Tensor):
+            if logits_to_keep.dim() == 2:
+                return torch.take_along_dim(logits, logits_to_keep[..., None], dim=1)
+            return logits[:, logits_to_keep]
+        return logits[:, -logits_to_keep:] if logits_to_keep else logits
 
     def done(self) -> None:
         self.keep = None

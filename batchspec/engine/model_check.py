@@ -20,9 +20,10 @@ from .packed import RowTokens
 TOKENS = 8
 FIRST = 5  # tokens of the first forward; the rest extend the row
 # Types whose greedy output through batchspec differed from `generate`'s although the check below passed
-# (tests/test_model_types.py, tiny random models, 2026-11-28; cause not yet found: Whisper's decoder gave one
-# token whatever the prompt, Moshi diverged past 8 prompt tokens). Refused rather than run wrong.
-DIFFER_FROM_GENERATE = frozenset({"whisper", "moshi"})
+# (tests/test_model_types.py, tiny random models, 2026-11-29): Moshi's from its 3rd token on prompts longer
+# than 8 tokens; the cause is not found (not its `sliding_window`, which only flash attention reads: tried).
+# Refused rather than run wrong.
+DIFFER_FROM_GENERATE = frozenset({"moshi"})
 
 
 def known_problem(model) -> str | None:

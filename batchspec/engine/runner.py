@@ -244,7 +244,7 @@ class ModelRunner(StaticPrefill, StaticSteps):
         features = None
         if self.feature_layers:
             features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
-        return out.logits[0], features
+        return self._row_positions.narrow(out.logits, keep if keep is not None else 0)[0], features
 
     def _call(self, tokens, starts, kv_len, logits_to_keep, depth=None, ancestors=None, rows=None,
               span: slice | None = None, extra: dict | None = None) -> torch.Tensor:
@@ -282,7 +282,7 @@ class ModelRunner(StaticPrefill, StaticSteps):
             self._row_positions.done()
         if self.feature_layers:
             self.features = torch.cat([out.hidden_states[i] for i in self.feature_layers], dim=-1)
-        return out.logits
+        return self._row_positions.narrow(out.logits, logits_to_keep)
 
     def _check(self, kv_len: int) -> None:
         if kv_len > self.capacity:
