@@ -212,9 +212,11 @@ EXPLORATIONS = [
     ("a draft step over 10%: one row", [3] * 16, [[0.5]] * 16, 16, Prices(0.1, 0.001, 0.05, 0.0), True,
      [1] + [0] * 15),
     ("batch 1", [4], [[0.9]], 1, Prices(0.05, 0.001), False, [1]),
-    ("only rows the choice drafted", [0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2], [[0.9]] * 16, 16,
+    ("only rows with something to draft", [0] * 16, [[], [], [0.9]] + [[]] * 12 + [[0.8]], 16,
      Prices(0.1, 0.0001), False, [0, 0, 1] + [0] * 12 + [1]),
-    ("nothing drafted: nothing explored", [0] * 8, [[0.5]] * 8, 8, Prices(0.1, 0.0001), False, [0] * 8),
+    ("nothing to draft: nothing explored", [0] * 8, [[]] * 8, 8, Prices(0.1, 0.0001), False, [0] * 8),
+    ("drafts the choice refused: explored all the same", [0] * 8, [[0.3]] * 8, 8, Prices(0.1, 0.0001), False,
+     [1] + [0] * 7),
 ]
 
 

@@ -24,7 +24,7 @@ to 82 tokens), and a 48-round job ran 0.93x drafter none with no other round dra
 evidence is short, drafting is exploration at a bounded price: one draft on at most an eighth of the
 rows, and no more than keep the round within EXPLORE_SHARE of a round without drafts at the measured
 prices (at least one row: the prices leave out a draft model's first feeding of a row's prompt, 18 rows'
-worth in that round), the rows the choice valued most, and only where the choice drafted at all.
+worth in that round), the rows whose first draft gains most, until the evidence is in (whatever the choice would draft).
 """
 
 from __future__ import annotations
@@ -39,10 +39,12 @@ EXPLORE_SHARE = 0.1  # what a round that explores acceptance may cost over one w
 
 
 def explore(drafts: list[int], gains: list[list[float]], prices: Prices, base_tokens: int, steps: bool) -> list[int]:
-    """A round's drafts while the job's acceptance is a prior: one draft on the rows chosen to draft whose
-    first draft gains most: at most an eighth of the rows, and as many as keep the round's predicted time
-    within EXPLORE_SHARE of the round without drafts (at least one). steps: the drafter runs forwards."""
-    chosen = sorted((i for i, k in enumerate(drafts) if k > 0), key=lambda i: -gains[i][0])
+    """A round's drafts while the job's acceptance is a prior: one draft on the rows that can draft (gains[i]
+    not empty) whose first draft gains most, whether or not the choice drafted them (a few unlucky first
+    verdicts must not end the learning: the demo pair's sampled drafts stopped at 1 of 3 accepted): at most
+    an eighth of the rows, and as many as keep the round's predicted time within EXPLORE_SHARE of the round
+    without drafts (at least one). steps: the drafter runs forwards."""
+    chosen = sorted((i for i, g in enumerate(gains) if g), key=lambda i: -gains[i][0])
     chosen = chosen[: max(1, len(drafts) // 8)]
     limit = (1 + EXPLORE_SHARE) * prices.seconds(base_tokens, 0, 0)
     rows = 1
