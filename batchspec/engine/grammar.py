@@ -73,12 +73,13 @@ def grammar_text(constraint: Constraint) -> str:
     raise ValueError(f"unknown constraint kind {kind!r}")
 
 
-def limit_error(error: str, fuel: int, items: int) -> str:
+def limit_error(error: str) -> str:
     """llguidance's error as one plain line: a work limit named with its value."""
     first = (error or "").strip().splitlines()[:1] or ["the grammar refused the output"]
     for start, meaning in LIMIT_ERRORS.items():
         if start in first[0]:
-            return meaning.format(fuel=f"lexer fuel {fuel:,} a step", items=f"{items:,} Earley items a step") + \
+            return meaning.format(fuel=f"lexer fuel {STEP_LEXER_FUEL:,} a step",
+                                  items=f"{STEP_MAX_ITEMS:,} Earley items a step") + \
                 ": simplify the constraint"
     return one_line(first[0])
 
@@ -92,7 +93,7 @@ def _first_mask_problem(constraint: Constraint, matcher) -> str | None:
         return None
     error = probe.get_error().strip().splitlines()[0]
     reason = "it allows no first token (a definition that refers only to itself?)" if error == "NoExtensionBias" \
-        else limit_error(error, STEP_LEXER_FUEL, STEP_MAX_ITEMS)
+        else limit_error(error)
     return f"{constraint.kind}: no output can match it: {reason}"
 
 
@@ -210,7 +211,7 @@ class Grammars:
         if failed is None and taken == end:
             return len(tokens), None
         if failed is None:
-            failed = limit_error(matcher.get_error(), STEP_LEXER_FUEL, STEP_MAX_ITEMS) if matcher.is_error() \
+            failed = limit_error(matcher.get_error()) if matcher.is_error() \
                 else f"the grammar refused token {known[taken]} after {taken} of this round's tokens"
         return taken, f"structured output: {failed}"
 
@@ -300,7 +301,7 @@ class Grammars:
             error = matcher.get_error() if matcher.is_error() else ""
             if any(start in error for start in LIMIT_ERRORS):
                 # Past the work limits (not a refused draft): the token decided at that position ends the row.
-                self.failed[slot] = (len(prefix) + position, limit_error(error, STEP_LEXER_FUEL, STEP_MAX_ITEMS))
+                self.failed[slot] = (len(prefix) + position, limit_error(error))
         if self._other_eos:
             first = self._env.eos_token
             allowed = (bitmask[:, first // 32] >> (first % 32)) & 1

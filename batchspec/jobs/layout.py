@@ -41,7 +41,7 @@ TOTAL_COLUMNS = ("prompt_tokens", "completion_tokens", "target_forwards", "draft
 # Structured output's columns, summed where a part has them (parts written before forced_accepted lack it).
 STRUCTURED_COLUMNS = ("forced_tokens", "forced_accepted")
 # How a constrained row's error starts (a job's row_params name their column first).
-CONSTRAINT_ERRORS = re.compile(rf"^(source\.row_params column '[^']*': )?({'|'.join(CONSTRAINT_KINDS)}|structured output)\b")
+CONSTRAINT_ERRORS = rf"^(source\.row_params column '[^']*': )?({'|'.join(CONSTRAINT_KINDS)}|structured output)\b"
 
 
 def shard_name(index: int, count: int) -> str:
@@ -204,14 +204,17 @@ def _count_structured(table: pa.Table, counts: Counter) -> None:
             counts[c] += int(pc.sum(table.column(c)).as_py() or 0)
     if "structured_complete" not in table.column_names:
         return
-    complete = table.column("structured_complete").to_pylist()
-    for done, reason, error in zip(complete, table.column("finish_reason").to_pylist(), table.column("error").to_pylist()):
-        if done is not None:
-            counts["rows"] += 1
-            counts["complete" if done else "error" if reason == FINISH_ERROR else "cut"] += 1
-        elif error is not None and CONSTRAINT_ERRORS.match(error):  # refused before it ran
-            counts["rows"] += 1
-            counts["refused"] += 1
+    whole = table.column("structured_complete")
+    constrained, failed = pc.is_valid(whole), pc.equal(table.column("finish_reason"), FINISH_ERROR)
+    refused = pc.and_(pc.invert(constrained), pc.fill_null(
+        pc.match_substring_regex(table.column("error"), CONSTRAINT_ERRORS), False))  # refused before it ran
+    count = lambda mask: int(pc.sum(pc.cast(pc.fill_null(mask, False), pa.int64())).as_py() or 0)  # noqa: E731
+    complete, errors = count(whole), count(pc.and_(constrained, failed))
+    counts["complete"] += complete
+    counts["error"] += errors
+    counts["cut"] += count(constrained) - complete - errors
+    counts["refused"] += count(refused)
+    counts["rows"] += count(constrained) + count(refused)
 
 
 def _structured_totals(totals: dict, counts: Counter) -> dict[str, Any]:
