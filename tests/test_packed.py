@@ -224,7 +224,7 @@ EXPLORATIONS = [
 def test_exploration_drafts_one_token_on_few_rows(name, drafts, gains, base, prices, steps, explored):
     """While a job's acceptance is a prior (packed_choice.explore): one draft on at most an eighth of the rows the
     choice drafted (at least one), those whose first draft gains most, within 10% of a plain round's price."""
-    assert explore(drafts, gains, prices, base, steps) == explored
+    assert explore(gains, prices, base, steps) == explored
 
 
 def test_the_controller_explores_until_it_has_evidence():

@@ -38,20 +38,20 @@ from .row_drafts import Prices, choose_drafts, pays_at_best
 EXPLORE_SHARE = 0.1  # what a round that explores acceptance may cost over one without drafts
 
 
-def explore(drafts: list[int], gains: list[list[float]], prices: Prices, base_tokens: int, steps: bool) -> list[int]:
+def explore(gains: list[list[float]], prices: Prices, base_tokens: int, steps: bool) -> list[int]:
     """A round's drafts while the job's acceptance is a prior: one draft on the rows that can draft (gains[i]
     not empty) whose first draft gains most, whether or not the choice drafted them (a few unlucky first
     verdicts must not end the learning: the demo pair's sampled drafts stopped at 1 of 3 accepted): at most
     an eighth of the rows, and as many as keep the round's predicted time within EXPLORE_SHARE of the round
     without drafts (at least one). steps: the drafter runs forwards."""
     chosen = sorted((i for i, g in enumerate(gains) if g), key=lambda i: -gains[i][0])
-    chosen = chosen[: max(1, len(drafts) // 8)]
+    chosen = chosen[: max(1, len(gains) // 8)]
     limit = (1 + EXPLORE_SHARE) * prices.seconds(base_tokens, 0, 0)
     rows = 1
     while rows < len(chosen) and prices.seconds(base_tokens + rows + 1, int(steps), rows + 1) <= limit:
         rows += 1
     keep = set(chosen[:rows])
-    return [1 if i in keep else 0 for i in range(len(drafts))]
+    return [1 if i in keep else 0 for i in range(len(gains))]
 
 
 class PackedChoice:
@@ -103,7 +103,7 @@ class PackedChoice:
                  for a, n in zip(alphas, offers)]
         drafts, rate = choose_drafts(self.calibrated(gains), base_tokens, prices, steps=draws)
         if self.evidence < self.explore_evidence:
-            drafts, trees = explore(drafts, gains, prices, base_tokens, bool(draws)), []
+            drafts, trees = explore(gains, prices, base_tokens, bool(draws)), []
         shape = max(drafts, default=0)
         for j in (t - self.k_max - 1 for t in trees):  # a tree round: every row its tree
             spec, n = self.trees[j], len(slots)
