@@ -310,6 +310,8 @@ def test_rows_not_asked_to_propose_are_those_that_would_draft_nothing(name, coun
     for slot, (accepted, rejected) in zip(slots, counts):
         controller.rows[slot] = RowAcceptance(accepted, rejected)
     base = len(slots)
+    assert controller.hopeless(slots, base, costs) == [False] * len(slots)  # exploring: explore may draft any row
+    controller.evidence = controller.explore_evidence  # past exploration: the choice's own drafts
     hopeless = controller.hopeless(slots, base, costs)
     if ratios is None:  # the cases' own point (calibrated, the weak rows of "expensive tokens" lose their first draft too)
         if name.startswith("cheap"):

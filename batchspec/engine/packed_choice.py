@@ -63,11 +63,12 @@ class PackedChoice:
         was 3% of round time at batch 64). Exactly the rows choose_rows would give no draft: a lookup's
         drafts all cost the same (per token + per draft), and choose_drafts takes a draft only when its
         gain per cost beats the rate of the round without drafts (row_drafts.py). Nobody is hopeless in
-        a probe round, before the costs are known, with trees, or for a drafter whose proposals carry
-        priors (its rows' worth is known only once they have proposed)."""
+        a probe round, while the job explores (explore drafts rows whatever the choice says), before the
+        costs are known, with trees, or for a drafter whose proposals carry priors (its rows' worth is
+        known only once they have proposed)."""
         policy = self.policy
-        if (self._rounds + 1 >= self._next_probe or not costs.known or self.trees or policy.draft_forwards
-                or policy.priors):
+        if (self._rounds + 1 >= self._next_probe or self.evidence < self.explore_evidence or not costs.known
+                or self.trees or policy.draft_forwards or policy.priors):
             return [False] * len(slots)
         prices = costs.prices()
         if not pays_at_best(prices, len(slots), base_tokens, self.k_max, policy.draft_forwards):
