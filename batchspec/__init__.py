@@ -1,6 +1,7 @@
 """batchspec: offline batch inference with speculative decoding at batch size > 1."""
 
-from .types import Request, Result, RowParams, RunStats
+from .runstats import RunStats
+from .types import Request, Result, RowParams
 
 __version__ = "0.1.0"
 __all__ = ["generate", "load_models", "build_generator", "Request", "Result", "RowParams", "RunStats", "__version__"]

@@ -25,9 +25,9 @@ from .engine.shapes import kv_capacity
 from .engine.threads import guard_for
 from .engine.sampling import SamplingParams
 from .types import TreeSpec
-from .corpus import load_corpus
+from .corpus.load import load_corpus
 from .models import ModelLoadError, Models, load_models, model_max_positions
-from .textcheck import text_problem
+from .util.textcheck import text_problem
 from .types import Constraint, Request, Result, RowParams
 
 DEFAULT_MAX_SEQ_LEN = 2048

@@ -1,5 +1,5 @@
 """Records that cross module boundaries: a request in, a result out, a structured-output constraint, a
-tree shape; run-wide statistics are in runstats.py (re-exported here)."""
+tree shape. Run-wide statistics are in runstats.py."""
 
 from __future__ import annotations
 
@@ -260,5 +260,3 @@ class TreeSpec:
     def __str__(self) -> str:
         return f"{self.branching}x{self.depth}"
 
-
-from .runstats import RunStats, rounds_by_k_text, self_training_text  # noqa: E402,F401 (re-exported)

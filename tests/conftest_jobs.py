@@ -112,14 +112,14 @@ def read_output(out_dir: Path) -> list[dict]:
 def run_inprocess(workdir: Path, *args: str, monkeypatch) -> int:
     """`python -m batchspec ARGS` inside this process (cwd = workdir); returns the exit status.
     Output goes to the test's captured stdout / stderr."""
-    from batchspec.jobs import cli
+    from batchspec.__main__ import main
 
     monkeypatch.chdir(workdir)
     monkeypatch.setattr(sys, "argv", ["batchspec", *args])
     for key in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(key)
     try:
-        cli.main()
+        main()
     except SystemExit as e:
         return 0 if e.code is None else int(e.code) if isinstance(e.code, int) else 1
     return 0

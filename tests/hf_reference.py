@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessorList
 
-from batchspec.bench_grammar import GrammarLogitsProcessor
+from batchspec.bench.grammar import GrammarLogitsProcessor
 from batchspec.types import Constraint
 
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchspec import status
+from batchspec.jobs import status
 from batchspec.jobs.layout import part_files
 from batchspec.jobs.sink import ParquetSink
 from batchspec.jobs.prompts import PromptBuilder

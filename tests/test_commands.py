@@ -295,7 +295,7 @@ class FakeGenerator:
     IN_FLIGHT = 30
 
     def __init__(self, step: float):
-        from batchspec.types import RunStats
+        from batchspec.runstats import RunStats
 
         self.stats, self.step, self.admitting = RunStats(), step, True
 
@@ -373,7 +373,7 @@ class Block:
 sys.meta_path.insert(0, Block())
 sys.path.insert(0, {str(root / "tools")!r})
 import batchspec, batchspec.bench, batchspec.calibrate, gpu_check, synthetic_pair, tree_bound
-from batchspec.calibrate import read_prompts
+from batchspec.bench.calibrate import read_prompts
 assert len(read_prompts({str(ASSETS_DIR / "demo" / "prompts.parquet")!r}, 3, "prompt", None)) == 3
 print("ok")
 """

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import batchspec
-from batchspec.calibrate import read_prompts
+from batchspec.bench.calibrate import read_prompts
 from batchspec.engine.noise import gumbel_noise
 from batchspec.engine.sampling import SamplingParams, coupled_tokens, to_probs
 from batchspec.jobs.config import ASSETS_DIR

@@ -55,7 +55,7 @@ def test_eager_and_static_draft_the_same_with_the_demo_head(tree):
     """The captured path's head steps are the eager ones, with the shipped demo head (which guesses most
     tokens): the same text and the same acceptance within float noise. (Round boundaries differ: on the
     static path a new row learns its first token with its first round, which therefore drafts nothing.)"""
-    from batchspec.calibrate import DEMO, read_prompts
+    from batchspec.bench.calibrate import DEMO, read_prompts
 
     prompts = read_prompts(str(DEMO / "prompts.parquet"), 16)
     runs = [batchspec.generate(prompts, target=str(DEMO / "target"), draft=str(DEMO / "eagle"), drafter="eagle", k=4,
@@ -77,7 +77,7 @@ def test_rounds_that_draft_nothing_skip_the_head_and_lose_nothing(monkeypatch, p
     past LAG_MAX, are caught up anyway). The head must then draft exactly what a head that never skips
     drafts: the same tokens, and the same drafts accepted in every round of every request (LAG_MAX = 0
     never skips). Greedy, the shipped demo head (which guesses most tokens, so a misaligned stash shows)."""
-    from batchspec.calibrate import DEMO, read_prompts
+    from batchspec.bench.calibrate import DEMO, read_prompts
     from batchspec.engine.drafters import eagle
 
     prompts = read_prompts(str(DEMO / "prompts.parquet"), 8)

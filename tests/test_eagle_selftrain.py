@@ -9,7 +9,7 @@ import pytest
 import batchspec
 from batchspec.eagle import selftrain
 from batchspec.eagle.selftrain import Phase, SelfTrainingGenerator, break_even_row, training_seconds, verdict_of
-from batchspec.types import self_training_text
+from batchspec.runstats import self_training_text
 from conftest import MAX_NEW
 from tiny import PROMPTS
 

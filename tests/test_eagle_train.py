@@ -144,7 +144,7 @@ def test_kill_and_resume_gives_the_uninterrupted_result(tiny, tmp_path):
 
 
 def test_cli_one_line_errors(tiny, tmp_path, capsys):
-    from batchspec.train_draft import main
+    from batchspec.eagle.train_draft import main
 
     for argv, words in (
         ([str(tiny[0]), "--prompts", str(tmp_path / "none.jsonl")], "does not exist"),
@@ -396,7 +396,7 @@ FLAGS = [("--weight-decay", "0.5", True), ("--weight-decay", "0", True), ("--wei
 
 @pytest.mark.parametrize("flag, value, ok", FLAGS)
 def test_number_flags(flag, value, ok, capsys):
-    from batchspec.train_draft import parse_args
+    from batchspec.eagle.train_draft import parse_args
 
     argv = ["target", "--prompts", "p.parquet", "--out", "head", flag, value]
     if ok:
@@ -493,7 +493,7 @@ def test_api_defaults_are_the_command_defaults():
     callers without it. save_dtype differs by design: the command's "auto" is resolved before the options."""
     from dataclasses import MISSING, fields
 
-    from batchspec.train_draft import parse_args
+    from batchspec.eagle.train_draft import parse_args
 
     args = vars(parse_args(["target", "--prompts", "p.parquet", "--out", "head"]))
     shared = [f for f in fields(TrainDraftOptions) if f.name in args and f.default is not MISSING]

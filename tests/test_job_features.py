@@ -188,7 +188,7 @@ def test_row_param_values(values, expected):
 def test_retry_errors_replaces_failed_rows(tmp_path, tiny_models, monkeypatch, capsys):
     """A row that failed stays failed on a plain rerun ("nothing to do"); retry_errors=true runs it again,
     replacing the error row, never duplicating it; status lists the failed ids before."""
-    from batchspec.status import format_status, status
+    from batchspec.jobs.status import format_status, status
 
     rows = [{"qid": f"q{i}", "text": p} for i, p in enumerate(PROMPTS)]
     rows[3]["text"] = None
@@ -211,7 +211,7 @@ def test_retry_errors_replaces_failed_rows(tmp_path, tiny_models, monkeypatch, c
 
 
 def test_duplicate_ids_warn_with_the_ids(tmp_path, tiny_models, monkeypatch, capsys):
-    from batchspec.status import format_status, status
+    from batchspec.jobs.status import format_status, status
 
     write_prompts(tmp_path, qid=["a", "b", "a", "c", "b", "d", "e", "f"])
     job(tiny_models, "dup", tmp_path, {"id_column": "qid"})
@@ -341,7 +341,7 @@ def test_self_training_eagle_job(tmp_path, tiny_models, monkeypatch):
     assert summary(out)["self_training"]["0"]["rows_before"] == 24  # summary.json, status and the report show it
     from batchspec.report.data import load_output
     from batchspec.report.page import output_section, terminal_summary
-    from batchspec.status import format_status, status
+    from batchspec.jobs.status import format_status, status
 
     assert "self-trained head:" in format_status(status(out))
     loaded = load_output(out)

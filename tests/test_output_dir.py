@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchspec import status
+from batchspec.jobs import status
 from conftest_jobs import (  # noqa: F401 (fixtures)
     WORDS, cli_env, one_line_error, one_thread, read_output, run_cli, run_inprocess, tiny_job, tiny_models,
     write_job,

@@ -281,7 +281,7 @@ def test_a_shard_started_beside_a_running_one_with_other_settings_is_refused(tmp
 
 
 def test_status_compares_the_settings_every_part_records(tmp_path, monkeypatch, capsys, workdir):
-    from batchspec import status
+    from batchspec.jobs import status
 
     shard = ["shard.count=2", "drafter=none"]
     out = workdir / "outputs" / "tiny"

@@ -1,4 +1,4 @@
-"""`batchspec run-batch`: OpenAI batch files in and out (batchspec/run_batch.py, openai_format.py, openai_output.py).
+"""`batchspec run-batch`: OpenAI batch files in and out (batchspec/jobs/openai/).
 
 Parsing and formatting as tables; then runs on the tiny Llama of conftest_jobs (it has a chat template):
 chat and completion lines, n=2, logprobs, a bad line of each kind, the openai package's own types,
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from batchspec import openai_format as fmt
-from batchspec import openai_output as ofmt
-from batchspec import run_batch
+from batchspec.jobs.openai import request as fmt
+from batchspec.jobs.openai import response as ofmt
+from batchspec.jobs.openai import run_batch
 from batchspec.types import Result, RowParams
 from conftest_jobs import REPO, cli_env, one_thread, run_inprocess, tiny_models  # noqa: F401 (fixtures)
 
@@ -333,7 +333,7 @@ class Spy:
     """Records the id of every line the job runner turns into a request (what a run actually ran)."""
 
     def __init__(self, monkeypatch):
-        from batchspec.jobs import openai_batch
+        from batchspec.jobs.openai import batch as openai_batch
 
         self.ids, real = [], openai_batch.OpenAIRequests.request
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from batchspec.jobs.config import ASSETS_DIR
-from batchspec.status import format_status
+from batchspec.jobs.status import format_status
 from conftest_jobs import REPO, read_output
 from conftest_slurm import Slurm, log_times, slurm_cluster  # noqa: F401 (fixture)
 

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from batchspec import status
+from batchspec.jobs import status
 from batchspec.jobs.config import ASSETS_DIR
 from conftest_jobs import one_thread, run_inprocess  # noqa: F401 (fixture)
 

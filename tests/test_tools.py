@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchspec import bench, calibrate
+from batchspec.bench import main as bench, calibrate
 from tiny import PROMPTS
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
 
-from batchspec.calibrate import read_prompts  # noqa: E402
+from batchspec.bench.calibrate import read_prompts  # noqa: E402
 from batchspec.models import load_models  # noqa: E402
 
 

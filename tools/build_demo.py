@@ -481,7 +481,7 @@ def update_readme_eagle(out: Path, section: str) -> None:
 # ------------------------------------------------------------------------------------------------- main
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from batchspec.train_draft import layer_ids  # train_draft's --layers parser, its check and message
+    from batchspec.eagle.train_draft import layer_ids  # train_draft's --layers parser, its check and message
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "batchspec/assets/demo")
     p.add_argument("--steps", type=int, default=700, help="target training steps")

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import batchspec  # noqa: E402
-from batchspec.calibrate import forward_ms, read_prompts  # noqa: E402
+from batchspec.bench.calibrate import forward_ms, read_prompts  # noqa: E402
 from batchspec.engine.graphs import resolve_capture  # noqa: E402
 
 DEMO = REPO / "batchspec" / "assets" / "demo"
@@ -102,7 +102,7 @@ def structured_parity(lines: list[str], report: dict, num_prompts: int, max_new_
                       modes: list[str], drafters: list[str]) -> None:
     from transformers import LogitsProcessorList
 
-    from batchspec.bench_grammar import GrammarLogitsProcessor
+    from batchspec.bench.grammar import GrammarLogitsProcessor
     from batchspec.types import RowParams
 
     models = batchspec.load_models(str(DEMO / "target"), str(DEMO / "draft"), dtype="float32", device=device)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from batchspec import bench  # noqa: E402
+from batchspec.bench import main as bench  # noqa: E402
 
 FIXED_K = "1,2,4"
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from batchspec.calibrate import read_prompts  # noqa: E402
+from batchspec.bench.calibrate import read_prompts  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "batchspec" / "assets" / "demo"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..files import atomic_write
+from ..util.files import atomic_write
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 from safetensors.torch import save_file
 
-from ..files import atomic_write
+from ..util.files import atomic_write
 from .config import EagleConfig, HeadError, default_layer_ids, target_num_layers
 from .head import EagleHead
 from .layer_ids import check_layer_ids_for_saving, file_layer_ids

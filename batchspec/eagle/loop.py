@@ -29,7 +29,7 @@ from tqdm import tqdm
 from ..engine.threads import guard_for
 from .evaluate import acceptance, head_matches
 from .features import pad_batch
-from ..files import atomic_write
+from ..util.files import atomic_write
 from .head import EagleHead
 from .ttt import unroll
 

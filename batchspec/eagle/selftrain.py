@@ -31,7 +31,9 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from ..types import FINISH_ERROR, Request, Result, RunStats
+from ..types import FINISH_ERROR, Request, Result
+
+from ..runstats import RunStats
 from .data import Sample
 from .job_head import NoHead, train_job_head
 from .loop import NonFiniteLoss

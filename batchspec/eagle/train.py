@@ -26,7 +26,7 @@ from .data import PROMPT_ORDERS, Prompts, SampleStore, generate_data, split_prom
 from .evaluate import acceptance, head_matches, measure_costs
 from .config import default_layer_ids, target_num_layers
 from .features import recorded_states, sequence_states
-from ..files import atomic_write, atomic_write_text
+from ..util.files import atomic_write, atomic_write_text
 from .formats import save_head
 from .init import head_for_target, scale_fc
 from .loop import LoopOptions, default_lr, train_loop

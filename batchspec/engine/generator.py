@@ -29,7 +29,9 @@ from typing import Iterable, Iterator
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..types import Request, Result, RunStats, TreeSpec
+from ..types import Request, Result, TreeSpec
+
+from ..runstats import RunStats
 from .accept import Acceptor
 from .adaptive import AdaptiveK
 from .admission import Admitter

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..types import Result, RunStats
+from ..types import Result
+
+from ..runstats import RunStats
 from .round import RoundShape
 from .slots import Slot
 

@@ -6,23 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ..engine.drafters.registry import load_paths, needs_draft
+from ..engine.drafters.registry import load_paths
 from ..types import MAX_LOGPROBS
-from .config import ConfigError, DrafterName, JobConfig
+from .config import ConfigError, JobConfig, draft_path, self_training
 from .rowparams import RowParamColumns
-
-TRAIN = "train"  # model.draft=train with drafter=eagle: the job trains its own head
-
-
-def self_training(job: JobConfig) -> bool:
-    return job.drafter.name == DrafterName.eagle and job.model.draft == TRAIN
-
-
-def draft_path(job: JobConfig) -> str | None:
-    """model.draft where the drafter reads it (a draft model, or an EAGLE head's folder), else None."""
-    if needs_draft(job.drafter.name.value) and not self_training(job):
-        return job.model.draft
-    return None
 
 
 def load_job_models(job: JobConfig):
@@ -64,7 +51,7 @@ def build_job_generator(job: JobConfig, models, row_params: RowParamColumns | No
     def build(drafter: str, head, corpus: list[list[int]] | None = None):
         """corpus: completions that seed drafter=suffix, after drafter.corpus's."""
         if drafter == "suffix" and d.corpus and corpus is not None:
-            from ..corpus import load_corpus
+            from ..corpus.load import load_corpus
 
             corpus = load_corpus(d.corpus, models.tokenizer, max_tokens=d.corpus_max_tokens) + corpus
         generator = build_generator(

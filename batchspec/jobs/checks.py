@@ -11,12 +11,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..engine.drafters.registry import needs_draft
-from ..paths import missing_local_path, offline_hub_id
-from ..textcheck import first_line
+from ..util.paths import missing_local_path, offline_hub_id
+from ..util.textcheck import first_line
 from ..types import CONSTRAINT_KINDS, MAX_LOGPROBS, MIN_TEMPERATURE, Constraint, TreeSpec
-from . import openai_batch
-from .build import draft_path
-from .config import ConfigError, DrafterName, JobConfig, SourceFormat, find_jobs, job_dirs
+from .openai import batch as openai_batch
+from .config import ConfigError, DrafterName, JobConfig, SourceFormat, draft_path, find_jobs, job_dirs
 from .prompts import template_columns
 from .rowparams import RowParamColumns
 from .schema import RESULT_SCHEMA

@@ -32,7 +32,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..textcheck import first_line
+from ..util.textcheck import first_line
 from .checks import to_job_config
 from .cmdline import job_file_problem, split_argv, unknown_key
 from .config import CONF_DIR, ConfigError, find_jobs, job_dirs, plain_job_name, register_configs
@@ -49,9 +49,6 @@ EXIT_SETUP_ERROR = 2
 
 def main() -> None:
     """Register the schema and the job files, check the overrides' keys, then hand over to Hydra."""
-    if sys.argv[1:2] == ["run-batch"]:  # OpenAI batch files in and out: batchspec/run_batch.py
-        from ..run_batch import main as run_batch
-        sys.exit(run_batch(sys.argv[2:]))
     try:
         try:
             jobs = find_jobs(job_dirs(Path.cwd()))

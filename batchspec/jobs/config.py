@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from ..engine.drafters.registry import DRAFTERS
+from ..engine.drafters.registry import DRAFTERS, needs_draft
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = PACKAGE_DIR.parent
@@ -202,6 +202,19 @@ class JobConfig:
     threads: Optional[int] = None  # torch CPU threads (torch.set_num_threads); null = torch's default
     retry_errors: bool = False  # rerun this shard's rows whose result was an error, replacing them
 
+
+TRAIN = "train"  # model.draft=train with drafter=eagle: the job trains its own head
+
+
+def self_training(job: JobConfig) -> bool:
+    return job.drafter.name == DrafterName.eagle and job.model.draft == TRAIN
+
+
+def draft_path(job: JobConfig) -> str | None:
+    """model.draft where the drafter reads it (a draft model, or an EAGLE head's folder), else None."""
+    if needs_draft(job.drafter.name.value) and not self_training(job):
+        return job.model.draft
+    return None
 
 def job_dirs(cwd: Path) -> list[Path]:
     """Folders whose *.yaml files are jobs, later ones overriding earlier ones of the same name."""

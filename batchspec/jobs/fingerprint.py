@@ -8,9 +8,8 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..files import atomic_write_text
-from .build import draft_path
-from .config import ConfigError, JobConfig, Verify
+from ..util.files import atomic_write_text
+from .config import ConfigError, JobConfig, Verify, draft_path
 from .layout import part_files, read_json
 
 log = logging.getLogger("batchspec")

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..textcheck import first_line
+from ..util.textcheck import first_line
 from ..types import CONSTRAINT_KINDS, FINISH_ERROR
 from .schema import LATER_COLUMNS, META_KEY, RESULT_SCHEMA
 

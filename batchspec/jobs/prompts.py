@@ -12,8 +12,8 @@ from typing import Any, Iterable, Mapping
 
 import pyarrow as pa
 
-from ..textcheck import text_problem
-from ..textcheck import first_line
+from ..util.textcheck import text_problem
+from ..util.textcheck import first_line
 from ..types import MAX_CHARS_PER_TOKEN, Request
 from .rowparams import RowParamColumns
 from .schema import POSITION_COLUMN

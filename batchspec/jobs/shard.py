@@ -13,11 +13,11 @@ from typing import Any, Iterator, Mapping
 
 import pyarrow as pa
 
-from ..paths import missing_source_path
-from . import openai_batch
-from .build import build_job_generator, draft_path, load_job_models, self_training
+from ..util.paths import missing_source_path
+from .openai import batch as openai_batch
+from .build import build_job_generator, load_job_models
 from .checks import check_model_paths, needed_columns, openai_lines
-from .config import ConfigError, JobConfig, OutputOrder
+from .config import ConfigError, JobConfig, OutputOrder, draft_path, self_training
 from .fingerprint import check_fingerprint, fingerprint, write_fingerprint
 from .grouping import RowGroups
 from .iostats import TimedStream, io_summary

@@ -21,8 +21,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..files import atomic_write
-from ..textcheck import first_line
+from ..util.files import atomic_write
+from ..util.textcheck import first_line
 from ..types import FINISH_ERROR, Result
 from .layout import shard_name
 from .schema import META_KEY, output_schema

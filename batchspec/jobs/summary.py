@@ -11,9 +11,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..files import atomic_write_text
-from ..types import rounds_by_k_text, self_training_text
-from . import openai_batch
+from ..util.files import atomic_write_text
+from ..runstats import rounds_by_k_text, self_training_text
+from .openai import batch as openai_batch
 from .config import DrafterName, JobConfig, OutputFormat
 from .layout import read_json, shard_name, summarize
 from .sources import RowSelector

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..files import atomic_write_text
+from ..util.files import atomic_write_text
 from .data import NotAnOutput, Output, cost_files, find_outputs, load_output, predict, read_cost_curves
 from .labels import label_outputs
 from .page import render

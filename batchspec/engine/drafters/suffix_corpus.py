@@ -12,12 +12,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
-from .suffix_automaton import SuffixAutomaton
-
-if TYPE_CHECKING:
-    from .suffix_index import _Request as Request
+from .suffix_automaton import ROOT, SuffixAutomaton
 
 RECENT = 16  # strings per segment whose n-grams are kept to spare requests a full re-match
 
@@ -41,6 +38,18 @@ class CorpusMatch:
     state: int
     length: int
     version: int
+
+
+@dataclass(slots=True)
+class Request:
+    """One request's state in SuffixIndex: its tokens, its own automaton, and its match in each segment."""
+
+    tokens: list[int]  # prompt + output so far
+    prompt_len: int
+    automaton: SuffixAutomaton
+    state: int = ROOT  # the state of the last min(len, max_match) tokens in its own automaton
+    matched: int = 0
+    corpus: dict[int, CorpusMatch] = field(default_factory=dict)  # segment serial -> match
 
 
 class JobCorpus:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Iterator, Sequence
 
 from .suffix_automaton import ROOT, SuffixAutomaton, chain_draft, suffix_chain, tree_draft
-from .suffix_corpus import CorpusMatch, JobCorpus, Segment
+from .suffix_corpus import JobCorpus, Request, Segment
 
 # Scores closer than this are a tie (float sums of the same probabilities in another order differ in
 # the last bits); with candidates pruned once their bound is <= the best score, nothing pruned could win.
@@ -74,16 +74,6 @@ class SuffixDraft:
     def score(self) -> float:
         """The sum of the nodes' probabilities: the expected number of accepted tokens if they are right."""
         return sum(self.probs)
-
-
-@dataclass(slots=True)
-class _Request:
-    tokens: list[int]  # prompt + output so far
-    prompt_len: int
-    automaton: SuffixAutomaton
-    state: int = ROOT  # the state of the last min(len, max_match) tokens in its own automaton
-    matched: int = 0
-    corpus: dict[int, CorpusMatch] = field(default_factory=dict)  # segment serial -> match
 
 
 class SuffixIndex(JobCorpus):
@@ -130,7 +120,7 @@ class SuffixIndex(JobCorpus):
         self.segment_tokens = corpus_max_tokens // corpus_segments  # one segment's bound
         self.prompt_context, self.prior_count = prompt_context, prior_count
         self.window = max_match + max_spec
-        self._requests: dict[Hashable, _Request] = {}
+        self._requests: dict[Hashable, Request] = {}
         self._segments: list[Segment] = []  # oldest first
         self._next_serial = 0
 
@@ -144,7 +134,7 @@ class SuffixIndex(JobCorpus):
         """A new request: index its prompt."""
         if key in self._requests:
             raise ValueError(f"request {key!r} is already active")
-        request = _Request(tokens=[], prompt_len=len(prompt_ids), automaton=SuffixAutomaton(self.window))
+        request = Request(tokens=[], prompt_len=len(prompt_ids), automaton=SuffixAutomaton(self.window))
         request.automaton.begin()
         self._requests[key] = request
         self._append(request, prompt_ids)
@@ -169,13 +159,13 @@ class SuffixIndex(JobCorpus):
         for tokens in token_lists:
             self._add_to_corpus(tokens)
 
-    def _request(self, key: Hashable) -> _Request:
+    def _request(self, key: Hashable) -> Request:
         try:
             return self._requests[key]
         except KeyError:
             raise KeyError(f"request {key!r} is not active (start it first)") from None
 
-    def _append(self, request: _Request, tokens: Sequence[int]) -> None:
+    def _append(self, request: Request, tokens: Sequence[int]) -> None:
         automaton, cap = request.automaton, self.max_match
         # The request's corpus matches move along with it (O(1) amortized per token), each first brought
         # up to date with its segment if that grew since (a match must describe the tokens so far before
@@ -241,7 +231,7 @@ class SuffixIndex(JobCorpus):
                     best = SuffixDraft(tokens, parents, probs, matched, source)
         return best
 
-    def _sources(self, request: _Request) -> Iterator[tuple[str, SuffixAutomaton, Iterator[tuple[int, int]]]]:
+    def _sources(self, request: Request) -> Iterator[tuple[str, SuffixAutomaton, Iterator[tuple[int, int]]]]:
         """The structures in tie-break order, each with its candidate matches: the request's own tokens,
         then the job-wide segments, newest first (matched lazily)."""
         yield "request", request.automaton, self._own_candidates(request)
@@ -249,7 +239,7 @@ class SuffixIndex(JobCorpus):
             match = self._corpus_match(request, segment)
             yield "corpus", segment.automaton, suffix_chain(segment.automaton, match.state, match.length)
 
-    def _own_candidates(self, request: _Request) -> Iterator[tuple[int, int]]:
+    def _own_candidates(self, request: Request) -> Iterator[tuple[int, int]]:
         """Suffixes of the request's own tokens that occurred earlier in them, longest first: the current
         end is one occurrence of every suffix, so skip the states seen only there (count 1)."""
         automaton = request.automaton

@@ -10,14 +10,25 @@ structured output, launches, adaptive against the best fixed k, and whether the 
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from .bench_contenders import Contender, variant_tag, variants
-from .bench_grammar import schema_validity
-from .types import rounds_by_k_text
+from ..runstats import rounds_by_k_text
+from .contenders import Contender, variant_tag, variants
+from .grammar import schema_validity
 
-if TYPE_CHECKING:
-    from .bench_measure import CostCurve
+
+@dataclass(frozen=True)
+class CostCurve:
+    """The forward times the predicted speedups use (measure.cost_curve)."""
+
+    context: int  # tokens cached: the prompts' mean length plus half of max_new_tokens
+    t_verify1: float  # ms: one target forward of 1 token per row
+    t_verify: dict[int, float]  # ms: one target forward of k + 1 tokens per row, by k
+    t_draft: float  # ms: one draft forward of 1 token per row (0 without a draft model)
+
+    def as_dict(self) -> dict:
+        return {"context": self.context, "target_ms_1": self.t_verify1, "draft_ms_1": self.t_draft,
+                **{f"target_ms_{k + 1}": t for k, t in self.t_verify.items()}}
 
 
 def round_time(timings: dict) -> float:

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LogitsProcessorList
 
-from .api import build_generator
-from .bench_grammar import GrammarLogitsProcessor
+from ..api import build_generator
+from .grammar import GrammarLogitsProcessor
 from .calibrate import sync
-from .engine.drafters.registry import DRAFT_MODEL, DRAFTERS, drafter_spec
-from .engine.graphs import LaunchCounter
-from .types import Request, RowParams
+from ..engine.drafters.registry import DRAFT_MODEL, DRAFTERS, drafter_spec
+from ..engine.graphs import LaunchCounter
+from ..types import Request, RowParams
 
 
 @dataclass
@@ -170,7 +170,7 @@ def run_hf(contender: Contender, models, prompts, args) -> tuple[float, list[lis
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch):
         enc = tokenizer(prompts[i : i + batch], return_tensors="pt", **padding).to(target.device)
-        if args.constraints:  # the same constraints, as a logits processor (bench_grammar.py)
+        if args.constraints:  # the same constraints, as a logits processor (grammar.py)
             common["logits_processor"] = LogitsProcessorList([GrammarLogitsProcessor(
                 tokenizer, args.constraints[i : i + batch], vocab_size=target.get_output_embeddings().weight.shape[0],
                 eos_ids=models.eos_token_ids, prompt_len=enc["input_ids"].shape[1])])

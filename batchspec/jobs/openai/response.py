@@ -1,5 +1,5 @@
 """OpenAI batch output lines from a request's Results, as pure functions (no torch); the input side is
-openai_format.py.
+request.py.
 
 Output line: {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}
 
@@ -17,8 +17,8 @@ import json
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
-from .openai_format import BatchLine
-from .types import FINISH_ERROR, Result
+from .request import BatchLine
+from ...types import FINISH_ERROR, Result
 
 
 def line_key(input_sha256: str, number: int) -> str:

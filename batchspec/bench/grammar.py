@@ -8,8 +8,8 @@ import json
 
 import torch
 
-from .engine.grammar import Grammars, apply_masks
-from .types import Constraint
+from ..engine.grammar import Grammars, apply_masks
+from ..types import Constraint
 
 
 class GrammarLogitsProcessor:

@@ -2,7 +2,7 @@
 
 `bench_batch_size` runs the field at one batch size and returns its report: `measure` runs every contender
 once untimed (the warm-up), then all of them interleaved, --repeats times each; `cost_curve` measures the
-target's and the draft's forward times that the predicted speedups use; bench_report.py turns the results
+target's and the draft's forward times that the predicted speedups use; report.py turns the results
 into rows, tables and the lines printed under them.
 """
 
@@ -12,27 +12,14 @@ import argparse
 import platform
 import statistics
 import time
-from dataclasses import dataclass
 
 import torch
 
-from .bench_contenders import Contender, contenders, count_launches, run_contender
-from .bench_report import (adaptive_vs_best_fixed, print_cost_curve, print_identity, print_launches,
-                           print_structured, print_time_split, render, result_rows)
+from ..engine.graphs import resolve_capture
 from .calibrate import forward_ms
-from .engine.graphs import resolve_capture
-
-
-@dataclass
-class CostCurve:
-    context: int  # tokens cached: the prompts' mean length plus half of max_new_tokens
-    t_verify1: float  # ms: one target forward of 1 token per row
-    t_verify: dict[int, float]  # ms: one target forward of k + 1 tokens per row, by k
-    t_draft: float  # ms: one draft forward of 1 token per row (0 without a draft model)
-
-    def as_dict(self) -> dict:
-        return {"context": self.context, "target_ms_1": self.t_verify1, "draft_ms_1": self.t_draft,
-                **{f"target_ms_{k + 1}": t for k, t in self.t_verify.items()}}
+from .contenders import Contender, contenders, count_launches, run_contender
+from .report import (CostCurve, adaptive_vs_best_fixed, print_cost_curve, print_identity, print_launches,
+                     print_structured, print_time_split, render, result_rows)
 
 
 def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:

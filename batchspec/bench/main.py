@@ -26,8 +26,8 @@ padded to the longest so that every batch has one shape and compiles once).
 """
 
 # The command line: the flags, their checks, loading the pair and the prompts, and writing the reports.
-# The field and how each contender runs: bench_contenders.py; the timed runs at one batch size:
-# bench_measure.py; the rows, tables and printed lines: bench_report.py.
+# The field and how each contender runs: contenders.py; the timed runs at one batch size:
+# measure.py; the rows, tables and printed lines: report.py.
 
 from __future__ import annotations
 
@@ -37,16 +37,16 @@ from pathlib import Path
 
 import torch
 
-from .bench_contenders import requests  # noqa: F401 (importable from here, as before the split)
-from .bench_measure import bench_batch_size
-from .bench_report import render_by_batch_size
+from .contenders import requests  # noqa: F401 (importable from here, as before the split)
+from .measure import bench_batch_size
+from .report import render_by_batch_size
 from .calibrate import read_prompts
-from .corpus import load_corpus
-from .engine.drafters.registry import DRAFTERS, HEAD, drafter_spec
-from .engine.graphs import resolve_capture
-from .files import atomic_write_text
-from .models import load_models
-from .types import Constraint, TreeSpec
+from ..corpus.load import load_corpus
+from ..engine.drafters.registry import DRAFTERS, HEAD, drafter_spec
+from ..engine.graphs import resolve_capture
+from ..util.files import atomic_write_text
+from ..models import load_models
+from ..types import Constraint, TreeSpec
 
 DEMO = Path(__file__).parent / "assets" / "demo"
 

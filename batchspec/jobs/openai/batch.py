@@ -19,14 +19,14 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..files import atomic_write_text
-from ..openai_format import BatchLine, parse_request, with_defaults
-from ..openai_output import dumps, error_output, format_output, line_key, token_decoder
-from ..types import MAX_CHARS_PER_TOKEN, Request, Result
-from .layout import part_files, read_part
-from .prompts import PromptBuilder
-from .schema import POSITION_COLUMN
-from .sources import ABSENT, GENERATED_ID_PREFIX, Row, RowSelector, SourceError, open_source
+from ...util.files import atomic_write_text
+from .request import BatchLine, parse_request, with_defaults
+from .response import dumps, error_output, format_output, line_key, token_decoder
+from ...types import MAX_CHARS_PER_TOKEN, Request, Result
+from ..layout import part_files, read_part
+from ..prompts import PromptBuilder
+from ..schema import POSITION_COLUMN
+from ..sources import ABSENT, GENERATED_ID_PREFIX, Row, RowSelector, SourceError, open_source
 
 LINE_COLUMNS = ("custom_id", "url", "body")  # read from every line
 OPTIONAL_COLUMNS = ("method",)  # read where a line has it (POST when absent; anything else is refused)

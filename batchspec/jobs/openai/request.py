@@ -1,5 +1,5 @@
 """OpenAI batch input lines -> batchspec, as pure functions (no torch): one input line -> a BatchLine (the
-request's prompt and RowParams, or why it cannot run). The output side is openai_output.py.
+request's prompt and RowParams, or why it cannot run). The output side is response.py.
 
 Input line:  {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {...}}
 
@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from .textcheck import text_problem
-from .types import Constraint, RowParams
+from ...util.textcheck import text_problem
+from ...types import Constraint, RowParams
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
