@@ -13,7 +13,7 @@ VERBS = {  # verb -> the module whose main(argv) runs it
     "bench": "batchspec.bench.main",  # drafters side by side on the same models
     "bench-io": "batchspec.bench.parquet_io",  # the Parquet IO share of a job
     "calibrate": "batchspec.bench.calibrate",  # the tuning checklist
-    "train-draft": "batchspec.eagle.train_draft",  # an EAGLE-3 head for a target
+    "train-draft": "batchspec.training.train_draft",  # an EAGLE-3 head for a target
 }
 USAGE = ("usage: batchspec job=NAME [key=value ...]  |  batchspec VERB [--help]\n"
          "verbs: job, " + ", ".join(VERBS))

@@ -25,7 +25,7 @@ from .engine.shapes import kv_capacity
 from .engine.threads import guard_for
 from .engine.sampling import SamplingParams
 from .types import TreeSpec
-from .corpus.load import load_corpus
+from .sources.corpus import load_corpus
 from .models import ModelLoadError, Models, load_models, model_max_positions
 from .util.textcheck import text_problem
 from .types import Constraint, Request, Result, RowParams

@@ -17,7 +17,7 @@ def rounds_by_k_text(counts: list[int]) -> str:
 
 
 def self_training_text(t: dict) -> str:
-    """One line on a self-training job's phases (eagle/selftrain.py's report): the first rows with the
+    """One line on a self-training job's phases (training/selftrain.py's report): the first rows with the
     fallback drafter, the training, the head's rows, and the fallback's rows after a lost trial."""
     def rate(x):
         return "-" if x is None else f"{x:.1f}"

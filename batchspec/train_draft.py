@@ -1,8 +1,8 @@
-"""`python -m batchspec.train_draft`, the same as `batchspec train-draft` (the command is batchspec/eagle/train_draft.py)."""
+"""`python -m batchspec.train_draft`, the same as `batchspec train-draft` (the command is batchspec/training/train_draft.py)."""
 
 import sys
 
-from .eagle.train_draft import main
+from .training.train_draft import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""drafter.corpus (batchspec/corpus/): the newest rows up to the bound, read and tokenized from the newest
+"""drafter.corpus (batchspec/sources/corpus.py): the newest rows up to the bound, read and tokenized from the newest
 backwards (the same rows as tokenizing everything and keeping the newest), and one-line errors that name
 the path and what is wrong with it (issue 34, items 6 and 7)."""
 
@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
-from batchspec.corpus import load as corpus_module
-from batchspec.corpus import read as corpus_read
-from batchspec.corpus.load import CorpusError, load_corpus
-from batchspec.jobs.sources import open_source
+from batchspec.sources import corpus as corpus_module
+from batchspec.sources import corpus_read as corpus_read
+from batchspec.sources.corpus import CorpusError, load_corpus
+from batchspec.sources import open_source
 from conftest_jobs import one_line_error, run_inprocess, tiny_job, tiny_models, write_job  # noqa: F401 (fixture)
 
 DEMO = Path(__file__).resolve().parent.parent / "batchspec" / "assets" / "demo" / "target"

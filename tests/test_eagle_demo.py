@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from batchspec.eagle.data import Sample
-from batchspec.eagle.evaluate import acceptance, head_matches
-from batchspec.eagle.features import sequence_states
+from batchspec.training.data import Sample
+from batchspec.training.evaluate import acceptance, head_matches
+from batchspec.training.features import sequence_states
 from batchspec.eagle.formats import load_head
 
 DEMO = Path(__file__).resolve().parents[1] / "batchspec" / "assets" / "demo"

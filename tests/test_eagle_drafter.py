@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 import batchspec
 from batchspec.eagle.config import HeadError
 from batchspec.eagle.formats import save_head
-from batchspec.eagle.init import head_for_target
+from batchspec.training.init import head_for_target
 from batchspec.engine.graphs import LaunchCounter
 from conftest import MAX_NEW
 from tiny import PROMPTS

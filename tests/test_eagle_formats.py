@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from batchspec.eagle import HeadError
 from batchspec.eagle.formats import FORMATS, load_head, save_head
-from batchspec.eagle.init import head_for_target
+from batchspec.training.init import head_for_target
 from tiny import model_config
 
 
@@ -296,7 +296,7 @@ SAVE_DTYPES = {  # --save-dtype, the target config's dtype -> (dtype written, wh
 
 @pytest.mark.parametrize("case", list(SAVE_DTYPES))
 def test_train_draft_saves_in_the_targets_dtype(case):
-    from batchspec.eagle.train_draft import save_dtype
+    from batchspec.training.train_draft import save_dtype
 
     requested, target_dtype, expected = SAVE_DTYPES[case]
     assert save_dtype(requested, target_dtype) == expected
@@ -305,7 +305,7 @@ def test_train_draft_saves_in_the_targets_dtype(case):
 def test_train_draft_reads_the_targets_dtype_and_depth(tmp_path):
     from transformers import LlamaConfig
 
-    from batchspec.eagle.train_draft import target_facts
+    from batchspec.training.train_draft import target_facts
 
     LlamaConfig(num_hidden_layers=5, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                 dtype="bfloat16").save_pretrained(tmp_path / "t")
@@ -327,7 +327,7 @@ def test_train_draft_summary_says_what_was_written(case, fmt):
     from types import SimpleNamespace
 
     from batchspec.eagle.formats import CHECKED
-    from batchspec.eagle.train_draft import save_notes
+    from batchspec.training.train_draft import save_notes
 
     layers, ids, words = NOTES[case]
     summary = SimpleNamespace(out="heads/x", format=fmt, config={"target_num_layers": layers, "target_layer_ids": list(ids)})
@@ -347,7 +347,7 @@ def test_train_draft_summary_says_how_much_its_run_folder_keeps(tmp_path, sizes,
     CPU): the summary names the folder and its size, and says nothing when there is none."""
     from types import SimpleNamespace
 
-    from batchspec.eagle.train_draft import save_notes
+    from batchspec.training.train_draft import save_notes
 
     out = tmp_path / "head"
     for i, size in enumerate(sizes):
@@ -367,7 +367,7 @@ def test_train_draft_summary_says_how_much_its_run_folder_keeps(tmp_path, sizes,
 def test_train_draft_refuses_layers_other_engines_cannot_capture_before_running(tmp_path):
     from transformers import LlamaConfig
 
-    from batchspec.eagle.train_draft import main
+    from batchspec.training.train_draft import main
 
     LlamaConfig(num_hidden_layers=8, hidden_size=64, intermediate_size=128, num_attention_heads=4).save_pretrained(tmp_path / "t")
     with pytest.raises(SystemExit) as info:

@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from batchspec.eagle import EagleConfig, EagleHead
-from batchspec.eagle.features import target_states
-from batchspec.eagle.ttt import ttt_mask, unroll
+from batchspec.training.features import target_states
+from batchspec.training.ttt import ttt_mask, unroll
 from tiny import model_config
 
 TOL = 1e-5
@@ -134,7 +134,7 @@ LEAKS = [(False, False), (True, True)]
 def test_sees_future_finds_an_attention_that_reads_later_positions(monkeypatch, unmasked, leaks):
     """The check gpu_check runs on a GPU's attention kernels: an earlier row's output must not move when later
     positions change. It finds the leak of a mask that hides nothing."""
-    from batchspec.eagle import ttt
+    from batchspec.training import ttt
 
     if unmasked:
         monkeypatch.setattr(ttt, "ttt_mask", lambda length, step, dtype, device="cpu": torch.zeros(

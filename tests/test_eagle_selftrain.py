@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import batchspec
-from batchspec.eagle import selftrain
-from batchspec.eagle.selftrain import Phase, SelfTrainingGenerator, break_even_row, training_seconds, verdict_of
+from batchspec.training import selftrain
+from batchspec.training.selftrain import Phase, SelfTrainingGenerator, break_even_row, training_seconds, verdict_of
 from batchspec.runstats import self_training_text
 from conftest import MAX_NEW
 from tiny import PROMPTS
@@ -221,12 +221,12 @@ def test_a_job_too_short_for_a_head_to_pay_back_trains_none(llama_pair, tmp_path
 
 def test_a_diverged_training_hands_every_row_to_the_fallback_and_a_resume_keeps_it(llama_pair, tmp_path,
                                                                                   monkeypatch):
-    from batchspec.eagle.loop import NonFiniteLoss
+    from batchspec.training.loop import NonFiniteLoss
 
     def diverge(*args, **kwargs):
         raise NonFiniteLoss("the training loss was not finite in 20 steps in a row (step 20, peak learning rate 0.003)")
 
-    from batchspec.eagle import job_head
+    from batchspec.training import job_head
 
     monkeypatch.setattr(job_head, "train_loop", diverge)
     models = batchspec.load_models(str(llama_pair.target))
@@ -259,7 +259,7 @@ def test_a_zero_training_budget_is_refused(llama_pair, tmp_path):
     (5, [[4, 5], [6, 7, 8, 9]]),
 ])
 def test_written_completions_reads_back_the_newest_rows(tmp_path, max_tokens, expected):
-    from batchspec.eagle.selftrain import written_completions
+    from batchspec.training.selftrain import written_completions
 
     assert written_completions(tmp_path, tokenizer=None) is None  # nothing written yet
     (tmp_path / "data").mkdir()

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from batchspec.eagle.data import Sample, split_prompts
-from batchspec.eagle.evaluate import acceptance, next_token_chains, ratio_standard_error, replay
+from batchspec.training.data import Sample, split_prompts
+from batchspec.training.evaluate import acceptance, next_token_chains, ratio_standard_error, replay
 from batchspec.eagle.formats import load_head
-from batchspec.eagle.summary import render
-from batchspec.eagle.train import TrainDraftError, TrainDraftOptions, run
-from batchspec.eagle.vocab import choose_vocab, d2t_t2d, size_for_coverage
+from batchspec.training.summary import render
+from batchspec.training.train import TrainDraftError, TrainDraftOptions, run
+from batchspec.training.vocab import choose_vocab, d2t_t2d, size_for_coverage
 from tiny import PROMPTS, build_tokenizer, save_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,8 +71,8 @@ def _target(tiny):
 
 def _head_and_states(tiny, count: int):
     """The tiny target, a fresh head (seed 0) and `count` random 12-token samples with their target states."""
-    from batchspec.eagle.features import sequence_states
-    from batchspec.eagle.init import head_for_target
+    from batchspec.training.features import sequence_states
+    from batchspec.training.init import head_for_target
 
     target = _target(tiny)
     gen = torch.Generator().manual_seed(0)
@@ -144,7 +144,7 @@ def test_kill_and_resume_gives_the_uninterrupted_result(tiny, tmp_path):
 
 
 def test_cli_one_line_errors(tiny, tmp_path, capsys):
-    from batchspec.eagle.train_draft import main
+    from batchspec.training.train_draft import main
 
     for argv, words in (
         ([str(tiny[0]), "--prompts", str(tmp_path / "none.jsonl")], "does not exist"),
@@ -262,7 +262,7 @@ def test_shuffled_prompts_spread_the_data_and_the_held_out_prompts_over_the_whol
     ("mps", "auto", False),
 ])
 def test_training_autocast(kind, mode, enabled):
-    from batchspec.eagle import loop
+    from batchspec.training import loop
 
     assert loop.autocast_enabled(kind, mode) is enabled
     if kind == "cpu":
@@ -271,7 +271,7 @@ def test_training_autocast(kind, mode, enabled):
 
 
 def test_training_autocast_refuses_an_unknown_mode():
-    from batchspec.eagle.loop import training_autocast
+    from batchspec.training.loop import training_autocast
 
     with pytest.raises(ValueError, match="auto, bfloat16 or off"):
         training_autocast("cpu", "fp16")
@@ -284,7 +284,7 @@ LEARNING_RATES = [(64, 3e-3), (256, 3e-3), (512, 1.5e-3), (3072, 2.5e-4)]
 
 @pytest.mark.parametrize("hidden,lr", LEARNING_RATES)
 def test_default_lr_falls_as_one_over_the_width(hidden, lr):
-    from batchspec.eagle.loop import default_lr
+    from batchspec.training.loop import default_lr
 
     assert default_lr(hidden) == pytest.approx(lr)
 
@@ -295,7 +295,7 @@ POISONED = [(1, False), (8, True)]
 
 @pytest.mark.parametrize("poisoned,stops", POISONED)
 def test_non_finite_steps_are_skipped_and_a_run_of_them_stops_training(tiny, tmp_path, poisoned, stops):
-    from batchspec.eagle.loop import LoopOptions, NonFiniteLoss, train_loop
+    from batchspec.training.loop import LoopOptions, NonFiniteLoss, train_loop
 
     target, head, samples, states = _head_and_states(tiny, 8)
     for i in range(poisoned):
@@ -320,7 +320,7 @@ OVERFIT = [(0.93, 0.03, 32, "memorised"), (0.77, 0.37, 32, "memorised"), (0.91, 
 def test_a_head_that_learnt_its_data_by_heart_is_named(train, heldout, samples, kind):
     from types import SimpleNamespace
 
-    from batchspec.eagle.summary import overfit
+    from batchspec.training.summary import overfit
 
     s = SimpleNamespace(agreement=[train, train - 0.05], acceptance={"cumulative": [heldout, heldout / 2]},
                         heldout_samples=samples)
@@ -329,11 +329,11 @@ def test_a_head_that_learnt_its_data_by_heart_is_named(train, heldout, samples, 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_states_recorded_while_generating_equal_a_forward_over_each_sequence(tiny, temperature):
-    """train_draft takes the target's states from the forwards that write the continuations (eagle/record.py,
+    """train_draft takes the target's states from the forwards that write the continuations (training/record.py,
     packed rounds: prompt chunks, then one position per round); they must be what one forward over each
     finished sequence gives, and so must the greedy labels derived from them."""
-    from batchspec.eagle.data import continue_prompts
-    from batchspec.eagle.features import recorded_states, sequence_states
+    from batchspec.training.data import continue_prompts
+    from batchspec.training.features import recorded_states, sequence_states
     from batchspec.models import load_models
 
     models = load_models(str(tiny[0]), device="cpu")
@@ -358,8 +358,8 @@ def test_rows_in_flight_at_the_data_deadline_are_kept_with_their_states(tiny):
     """Past the data phase's deadline the rows still running are cut short and kept as far as they got (they
     were dropped, up to a whole generation batch): each a prefix of its uninterrupted continuation, with the
     states a forward over it gives."""
-    from batchspec.eagle.data import continue_prompts
-    from batchspec.eagle.features import recorded_states, sequence_states
+    from batchspec.training.data import continue_prompts
+    from batchspec.training.features import recorded_states, sequence_states
     from batchspec.models import load_models
 
     models = load_models(str(tiny[0]), device="cpu")
@@ -396,7 +396,7 @@ FLAGS = [("--weight-decay", "0.5", True), ("--weight-decay", "0", True), ("--wei
 
 @pytest.mark.parametrize("flag, value, ok", FLAGS)
 def test_number_flags(flag, value, ok, capsys):
-    from batchspec.eagle.train_draft import parse_args
+    from batchspec.training.train_draft import parse_args
 
     argv = ["target", "--prompts", "p.parquet", "--out", "head", flag, value]
     if ok:
@@ -414,8 +414,8 @@ def test_feature_loss_adds_the_weighted_regression_onto_the_targets_lm_head_inpu
     the state whose logits the step's label comes from. Recomputed here from unroll's outputs."""
     import torch.nn.functional as F
 
-    from batchspec.eagle.loop import LoopOptions, TargetHead, batch_loss
-    from batchspec.eagle.ttt import unroll
+    from batchspec.training.loop import LoopOptions, TargetHead, batch_loss
+    from batchspec.training.ttt import unroll
 
     target, head, samples, states = _head_and_states(tiny, 4)
     rows, steps = [0, 1, 2, 3], 3
@@ -446,7 +446,7 @@ def test_feature_loss_adds_the_weighted_regression_onto_the_targets_lm_head_inpu
 def test_feature_noise_is_uniform_within_its_share_of_each_layers_rms(share):
     """noisy adds, per element, uniform noise in +- share x the RMS of that element's layer at that position
     (three layers of very different size here: the bound follows each), and draws it from the generator alone."""
-    from batchspec.eagle.loop import noisy
+    from batchspec.training.loop import noisy
 
     torch.manual_seed(0)
     scale = torch.tensor([1.0] * 8 + [10.0] * 8 + [100.0] * 8)
@@ -469,7 +469,7 @@ def test_feature_noise_is_uniform_within_its_share_of_each_layers_rms(share):
 
 def test_batch_loss_with_feature_noise_reads_noisy_features_only_when_given_a_generator(tiny):
     """feature_noise changes the loss when batch_loss gets a generator (training) and never without one."""
-    from batchspec.eagle.loop import LoopOptions, TargetHead, batch_loss
+    from batchspec.training.loop import LoopOptions, TargetHead, batch_loss
 
     target, head, samples, states = _head_and_states(tiny, 4)
     target_head = TargetHead(target, head.t2d, "cpu")
@@ -493,7 +493,7 @@ def test_api_defaults_are_the_command_defaults():
     callers without it. save_dtype differs by design: the command's "auto" is resolved before the options."""
     from dataclasses import MISSING, fields
 
-    from batchspec.eagle.train_draft import parse_args
+    from batchspec.training.train_draft import parse_args
 
     args = vars(parse_args(["target", "--prompts", "p.parquet", "--out", "head"]))
     shared = [f for f in fields(TrainDraftOptions) if f.name in args and f.default is not MISSING]
@@ -506,9 +506,9 @@ def test_training_continuations_in_another_dtype(tiny, tmp_path, monkeypatch):
     """--gen-dtype bfloat16: a bfloat16 copy writes the training continuations (their states stored as float32),
     the float32 target the held-out ones (equal to a float32 run's), and the target itself stays float32; the
     run trains and saves a head."""
-    import batchspec.eagle.data as data
-    from batchspec.eagle.data import SampleStore
-    from batchspec.eagle.train import generation_target
+    import batchspec.training.data as data
+    from batchspec.training.data import SampleStore
+    from batchspec.training.train import generation_target
 
     target = _target(tiny)
     assert generation_target(target, "auto") is target and generation_target(target, "float32") is target
@@ -549,7 +549,7 @@ RAMP = [
 
 @pytest.mark.parametrize("ttt,ramp,progress,expected", RAMP)
 def test_unrolled_steps_ramp(ttt, ramp, progress, expected):
-    from batchspec.eagle.loop import LoopOptions, steps_at
+    from batchspec.training.loop import LoopOptions, steps_at
 
     assert steps_at(progress, LoopOptions(ttt_steps=ttt, ttt_ramp=ramp)) == expected
 
@@ -557,7 +557,7 @@ def test_unrolled_steps_ramp(ttt, ramp, progress, expected):
 def test_a_ramped_run_trains_every_step_by_its_end(tiny, tmp_path):
     """20 steps ramping 1 -> 3 unrolled steps over the first half: the agreement covers all three (each step's
     mean over the recent steps that ran it) and the weights stay finite."""
-    from batchspec.eagle.loop import LoopOptions, train_loop
+    from batchspec.training.loop import LoopOptions, train_loop
 
     target, head, samples, states = _head_and_states(tiny, 4)
     options = LoopOptions(steps=20, seconds=0, batch_size=2, ttt_steps=3, ttt_ramp=0.5, show_progress=False,

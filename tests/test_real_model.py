@@ -146,7 +146,7 @@ def test_train_draft_on_chat_prompts_gives_a_head_that_drafts_exactly(smol, chat
     """train_draft on the shipped chat instructions (--chat: each prompt a user message through SmolLM2's chat
     template), a short budget; the head it writes loads, drafts, and greedy output with it equals
     Hugging Face `generate` token for token."""
-    from batchspec.eagle.train_draft import main
+    from batchspec.training.train_draft import main
 
     rows = [json.loads(line) for line in (INSTRUCTIONS / "train.jsonl").read_text().splitlines()][:24]
     prompts = tmp_path / "prompts.jsonl"

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchspec.jobs.prompts import PromptBuilder
-from batchspec.jobs.sources import RowSelector, open_source
+from batchspec.sources import RowSelector, open_source
 from conftest_jobs import (  # noqa: F401 (fixtures)
     one_line_error as last_error_line, one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job,
 )
@@ -101,7 +101,7 @@ def test_a_job_writes_the_rows_around_values_python_cannot_read(tmp_path, tiny_m
 @pytest.mark.parametrize("prompt", ["hello " * 30_000, [{"role": "user", "content": "hello " * 30_000}]])
 def test_a_huge_chat_prompt_is_refused_before_tokenizing(prompt):
     from conftest_jobs import build_tokenizer
-    from batchspec.jobs.sources import Row
+    from batchspec.sources import Row
 
     tokenizer = build_tokenizer()
     tokenized = []
@@ -365,7 +365,7 @@ def test_a_resume_over_rows_swapped_in_a_parquet_file_is_refused(tmp_path, tiny_
     '\n[\n{"text": "a"}\n,\n{"text": "b"}\n]\n',  # before: its objects were rows 1 and 3, the brackets row errors
 ])
 def test_a_json_file_holding_an_array_is_refused(tmp_path, text):
-    from batchspec.jobs.sources import SourceError
+    from batchspec.sources import SourceError
 
     path = tmp_path / "in.json"
     path.write_text(text)

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchspec.jobs.prompts import PromptBuilder, template_columns
-from batchspec.jobs.sources import Row, RowSelector, SourceError, detect_format, open_source, shard_from_env
+from batchspec.sources import Row, RowSelector, SourceError, detect_format, open_source, shard_from_env
 from conftest_jobs import build_tokenizer
 
 N = 25

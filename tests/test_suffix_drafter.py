@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import batchspec
-from batchspec.corpus.load import load_corpus
+from batchspec.sources.corpus import load_corpus
 from conftest import MAX_NEW
 from tiny import PROMPTS
 

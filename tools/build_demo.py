@@ -380,7 +380,7 @@ def build_eagle(args, root: Path, train_files: list[Path], out: Path) -> dict:
     prompts cut from the TRAIN files as the held-out prompts are cut) and ship it in OUT/eagle."""
     import tempfile
 
-    from batchspec.eagle.train import TrainDraftOptions, run
+    from batchspec.training.train import TrainDraftOptions, run
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "target")
     prompts = [p for rel in train_files for p in file_prompts(read_text(root, rel), tokenizer, 20, 150)]
@@ -405,9 +405,9 @@ def compare_on_heldout(out: Path, n: int, new_tokens: int = 64) -> dict:
     """Greedy chain drafting replayed on the target's greedy continuations of the first n shipped held-out
     prompts, for the EAGLE head and the draft model alike: acceptance by position and tokens per forward."""
     import batchspec
-    from batchspec.eagle.data import Sample
-    from batchspec.eagle.evaluate import acceptance, head_matches, next_token_chains
-    from batchspec.eagle.features import sequence_states
+    from batchspec.training.data import Sample
+    from batchspec.training.evaluate import acceptance, head_matches, next_token_chains
+    from batchspec.training.features import sequence_states
     from batchspec.eagle.formats import load_head
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "target")
@@ -481,7 +481,7 @@ def update_readme_eagle(out: Path, section: str) -> None:
 # ------------------------------------------------------------------------------------------------- main
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from batchspec.eagle.train_draft import layer_ids  # train_draft's --layers parser, its check and message
+    from batchspec.training.train_draft import layer_ids  # train_draft's --layers parser, its check and message
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "batchspec/assets/demo")
     p.add_argument("--steps", type=int, default=700, help="target training steps")

@@ -181,7 +181,7 @@ def attention_check(lines: list[str], report: dict, pair: Path | None, device: s
 
     from batchspec.eagle.config import EagleConfig
     from batchspec.eagle.head import EagleHead
-    from batchspec.eagle.ttt import sees_future
+    from batchspec.training.ttt import sees_future
 
     lines += ["", "## EAGLE-3 training attention: change of earlier rows when later positions change (0 = kept to "
               "its mask)", "", "| target shape | hidden | fp32 | bf16 autocast |", "|---|---:|---:|---:|"]

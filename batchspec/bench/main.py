@@ -41,7 +41,7 @@ from .contenders import requests  # noqa: F401 (importable from here, as before 
 from .measure import bench_batch_size
 from .report import render_by_batch_size
 from .calibrate import read_prompts
-from ..corpus.load import load_corpus
+from ..sources.corpus import load_corpus
 from ..engine.drafters.registry import DRAFTERS, HEAD, drafter_spec
 from ..engine.graphs import resolve_capture
 from ..util.files import atomic_write_text

@@ -1,4 +1,5 @@
-"""EAGLE-3 draft heads: the module, its file formats, and the trainer (`python -m batchspec.train_draft`)."""
+"""EAGLE-3 draft heads: the module (head.py, config.py) and its file formats (formats.py, weights.py,
+layer_ids.py). Training them is batchspec/training/ (`batchspec train-draft`)."""
 
 from .config import EagleConfig, HeadError, default_layer_ids
 from .head import EagleHead

@@ -39,7 +39,7 @@ from .config import CONF_DIR, ConfigError, find_jobs, job_dirs, plain_job_name, 
 from .job import pass_on_signal
 from .locks import other_runs
 from .shard import run
-from .sources import SourceError
+from ..sources import SourceError
 
 log = logging.getLogger("batchspec")
 

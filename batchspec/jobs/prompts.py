@@ -17,7 +17,7 @@ from ..util.textcheck import first_line
 from ..types import MAX_CHARS_PER_TOKEN, Request
 from .rowparams import RowParamColumns
 from .schema import POSITION_COLUMN
-from .sources import ABSENT, BadValue, Row, SourceError
+from ..sources import ABSENT, BadValue, Row, SourceError
 
 
 def _sandbox():

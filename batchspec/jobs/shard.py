@@ -29,7 +29,7 @@ from .retry import drop_error_rows, failed_again
 from .rowparams import RowParamColumns
 from .schema import CONFIG_KEY, FINGERPRINT_KEY
 from .sink import ParquetSink
-from .sources import Row, RowSelector, SourceError, nesting_problem, open_source, shard_from_env
+from ..sources import Row, RowSelector, SourceError, nesting_problem, open_source, shard_from_env
 from .summary import drafter_text, finish, versions
 
 log = logging.getLogger("batchspec")

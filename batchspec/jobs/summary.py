@@ -16,7 +16,7 @@ from ..runstats import rounds_by_k_text, self_training_text
 from .openai import batch as openai_batch
 from .config import DrafterName, JobConfig, OutputFormat
 from .layout import read_json, shard_name, summarize
-from .sources import RowSelector
+from ..sources import RowSelector
 
 log = logging.getLogger("batchspec")
 

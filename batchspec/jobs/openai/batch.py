@@ -26,7 +26,7 @@ from ...types import MAX_CHARS_PER_TOKEN, Request, Result
 from ..layout import part_files, read_part
 from ..prompts import PromptBuilder
 from ..schema import POSITION_COLUMN
-from ..sources import ABSENT, GENERATED_ID_PREFIX, Row, RowSelector, SourceError, open_source
+from ...sources import ABSENT, GENERATED_ID_PREFIX, Row, RowSelector, SourceError, open_source
 
 LINE_COLUMNS = ("custom_id", "url", "body")  # read from every line
 OPTIONAL_COLUMNS = ("method",)  # read where a line has it (POST when absent; anything else is refused)

@@ -36,7 +36,7 @@ from ...engine.drafters.registry import DRAFTERS, needs_draft
 from ..config import (ConfigError, DrafterConfig, DrafterName, Dtype, JobConfig, ModelConfig, OutputConfig,
                       OutputFormat, ProgressConfig, ProgressMode, SamplingConfig, SourceConfig, SourceFormat)
 from ...util.files import atomic_write_text
-from ..sources import SourceError
+from ...sources import SourceError
 from ...util.paths import missing_local_path, offline_hub_id
 from ...util.textcheck import first_line
 

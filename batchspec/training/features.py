@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import HeadError
+from ..eagle.config import HeadError
 
 
 @dataclass

@@ -37,8 +37,8 @@ from ..runstats import RunStats
 from .data import Sample
 from .job_head import NoHead, train_job_head
 from .loop import NonFiniteLoss
-from .phases import (Phase, break_even_row, read_verdict, training_seconds, verdict_of,
-                     write_verdict, written_completions)
+from .phases import (Phase, break_even_row, read_verdict, training_seconds, verdict_of, write_verdict,
+                     written_completions)
 
 log = logging.getLogger("batchspec")
 HEAD_FOLDER = "eagle_head"  # inside the job's output folder
@@ -75,7 +75,7 @@ class SelfTrainingGenerator:
         self.heldout_acceptance: dict | None = None
         self.completions: list[list[int]] = []  # of the rows before the verdict: the fallback's corpus if it wins
         if self.resumed:
-            from .formats import load_head
+            from ..eagle.formats import load_head
 
             self.first_rate, self.verdict = record.get("tokens_per_s_before"), record.get("verdict")
             self.not_trained = record.get("not_trained")

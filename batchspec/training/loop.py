@@ -30,7 +30,7 @@ from ..engine.threads import guard_for
 from .evaluate import acceptance, head_matches
 from .features import pad_batch
 from ..util.files import atomic_write
-from .head import EagleHead
+from ..eagle.head import EagleHead
 from .ttt import unroll
 
 

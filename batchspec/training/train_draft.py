@@ -7,7 +7,7 @@ written to DIR in the EAGLE / SpecForge layout, the one SGLang's and vLLM's llam
 and config fields checked against their source; not loaded in either engine here), or with
 --format speculators in vLLM's speculators layout; in the target's dtype unless --save-dtype says
 otherwise; with DIR/train_summary.txt. A killed run continues with --resume.
-The training logic is in batchspec/eagle/train.py.
+The training logic is in batchspec/training/train.py.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="render each prompt with the target's chat template (a generation prompt added)")
     p.add_argument("--split", default="train", help="dataset split (Hugging Face datasets)")
     p.add_argument("--limit", type=int, default=None, help="read at most this many prompts")
-    # eagle.data.PROMPT_ORDERS, spelt out: importing it would load torch for --help
+    # training.data.PROMPT_ORDERS, spelt out: importing it would load torch for --help
     p.add_argument("--prompt-order", choices=["shuffled", "file"], default="shuffled",
                    help="shuffled (default): prompts held out evenly over the source, the rest continued in an "
                         "order shuffled by --seed, so a budget that stops generation early still samples the whole "
@@ -138,7 +138,7 @@ def target_facts(target: str) -> tuple[str | None, int | None]:
     try:
         from transformers import AutoConfig
 
-        from .config import target_num_layers
+        from ..eagle.config import target_num_layers
 
         config = AutoConfig.from_pretrained(target)
     except Exception:  # noqa: BLE001 - load_models gives the one-line reason later
@@ -166,8 +166,8 @@ def save_dtype(requested: str, target_dtype: str | None) -> tuple[str, str]:
 
 def save_notes(summary, dtype: str, why: str) -> list[str]:
     """Lines for the summary: what was written, in which dtype, and whether other engines can use its layers."""
-    from .formats import CHECKED
-    from .layer_ids import engine_layer_ids, engine_layer_problem
+    from ..eagle.formats import CHECKED
+    from ..eagle.layer_ids import engine_layer_ids, engine_layer_problem
 
     c = summary.config
     lines = [f"  saved: {summary.out}/config.json + model.safetensors in {dtype} ({why}); {CHECKED[summary.format]}"]
@@ -193,7 +193,7 @@ def main(argv=None) -> None:
         sys.exit("train_draft: with --minutes 0 give --steps")
     target_dtype, num_layers = target_facts(args.target)
     if args.layers and num_layers:
-        from .layer_ids import engine_layer_ids, engine_layer_problem
+        from ..eagle.layer_ids import engine_layer_ids, engine_layer_problem
 
         problem = engine_layer_problem(args.layers, num_layers)
         if problem and num_layers >= 4:
@@ -216,12 +216,12 @@ def main(argv=None) -> None:
         loop={"checkpoint_every": args.checkpoint_every, "autocast": args.autocast, "weight_decay": args.weight_decay,
               "feature_noise": args.feature_noise},
     )
-    from .config import HeadError
+    from ..eagle.config import HeadError
     from ..util.files import atomic_write
     from .loop import NonFiniteLoss
     from .summary import render
     from .train import TrainDraftError
-    from ..jobs.sources import SourceError
+    from ..sources import SourceError
     from ..models import ModelLoadError
 
     try:

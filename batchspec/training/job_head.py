@@ -13,7 +13,7 @@ import torch
 from .data import Sample
 from .evaluate import acceptance, head_matches
 from .features import sequence_states
-from .formats import save_head
+from ..eagle.formats import save_head
 from .init import head_for_target, scale_fc
 from .loop import LoopOptions, train_loop
 from .phases import TRAIN_MIN_S, write_verdict

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .head import EagleHead
+from ..eagle.head import EagleHead
 
 
 def ttt_mask(length: int, step: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:

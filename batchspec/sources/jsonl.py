@@ -15,8 +15,8 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from ...util.textcheck import text_problem
-from ...util.textcheck import first_line
+from ..util.textcheck import text_problem
+from ..util.textcheck import first_line
 from .base import INFER_ROWS, SKIP_HINT, SourceError, BadValue, ABSENT, in_shard, Source
 
 log = logging.getLogger("batchspec")

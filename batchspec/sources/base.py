@@ -9,7 +9,7 @@ from typing import Any, Iterator, Mapping
 
 import pyarrow as pa
 
-from ...util.textcheck import first_line
+from ..util.textcheck import first_line
 
 log = logging.getLogger("batchspec")
 

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ...util.textcheck import text_problem
+from ..util.textcheck import text_problem
 from .base import GENERATED_ID_PREFIX, DUPLICATES_LISTED, SourceError, BadValue, ABSENT, Source
 
 log = logging.getLogger("batchspec")

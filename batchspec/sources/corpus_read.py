@@ -84,7 +84,7 @@ def parquet_texts(source, name: str, where: str) -> Iterator[str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..jobs.sources.base import _pylist
+    from .base import _pylist
 
     for f in reversed(source.files):
         if f in source.unreadable:
@@ -100,8 +100,8 @@ def parquet_texts(source, name: str, where: str) -> Iterator[str]:
 
 def jsonl_columns(path: str, where: str) -> list[str]:
     """The keys of the first INFER_ROWS objects of a JSONL file (as a job's JSONL input sees them)."""
-    from ..jobs.sources.base import INFER_ROWS
-    from ..jobs.sources.jsonl import READ_ERRORS, _lines, _parse, first_char
+    from .base import INFER_ROWS
+    from .jsonl import READ_ERRORS, _lines, _parse, first_char
 
     keys: dict[str, None] = {}
     objects = lines = 0
@@ -134,7 +134,7 @@ def jsonl_columns(path: str, where: str) -> list[str]:
 def jsonl_texts(path: str, name: str) -> Iterator[str]:
     """The column's non-empty strings, newest first: the lines from the end of the file (a .gz file is
     decompressed whole first). Lines that are no JSON object are skipped, as blank ones."""
-    from ..jobs.sources.jsonl import _lines, _parse
+    from .jsonl import _lines, _parse
 
     lines = reversed(list(_lines(path))) if path.endswith(".gz") else lines_backwards(path)
     for line in lines:
@@ -172,7 +172,7 @@ def lines_backwards(path: str) -> Iterator[bytes]:
 def hf_texts(source, name: str) -> Iterator[str]:
     """A saved dataset's column from its last row backwards, a chunk at a time; a streamed one (a folder of
     JSONL files) read forwards whole, its texts then given newest first."""
-    from ..jobs.sources.base import CHUNK_ROWS, _pylist
+    from .base import CHUNK_ROWS, _pylist
 
     if source.typed:
         data = source.data.select_columns([name]).with_format("arrow")

@@ -25,8 +25,8 @@ from typing import Callable, Iterator
 
 from transformers import PreTrainedTokenizerBase
 
-from .read import (TOKEN_IDS, CorpusError, hf_texts, jsonl_columns, jsonl_texts, no_token_rows,  # noqa: F401
-                   parquet_texts, token_id_parts, token_id_rows)  # CorpusError: raised from here too
+from .corpus_read import (TOKEN_IDS, CorpusError, hf_texts, jsonl_columns, jsonl_texts, no_token_rows,  # noqa: F401
+                          parquet_texts, token_id_parts, token_id_rows)  # CorpusError: raised from here too
 from ..util.textcheck import first_line
 
 TEXT_COLUMNS = ("completion", "text")  # tried in this order when no column is named
@@ -117,9 +117,9 @@ def _reader(path: str, where: str, tokenizer, column: str | None):
     if p.is_file() and path.lower().endswith(JSONL_SUFFIXES):
         name = _pick_column(where, column, jsonl_columns(path, where), {})
         return jsonl_texts(path, name), tokenize, lambda: f"no row has a non-empty text in column {name!r}"
-    from ..jobs.sources import detect_format
-    from ..jobs.sources.hf import HFSource
-    from ..jobs.sources.parquet import ParquetSource
+    from . import detect_format
+    from .hf import HFSource
+    from .parquet import ParquetSource
 
     if detect_format(path) == "parquet":
         source = ParquetSource(path, [])

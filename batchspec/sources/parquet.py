@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ...util.textcheck import first_line
+from ..util.textcheck import first_line
 from .base import CHUNK_ROWS, SKIP_HINT, SourceError, Source, _take
 
 log = logging.getLogger("batchspec")

@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from ..engine.model_calls import cache_argument
 from .features import pad_batch
-from .head import EagleHead
+from ..eagle.head import EagleHead
 from .ttt import unroll
 
 

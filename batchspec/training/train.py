@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from .config import HeadError
+from ..eagle.config import HeadError
 from .data import PROMPT_ORDERS, Prompts, SampleStore, generate_data, split_prompts
 from .evaluate import acceptance, head_matches, measure_costs
-from .config import default_layer_ids, target_num_layers
+from ..eagle.config import default_layer_ids, target_num_layers
 from .features import recorded_states, sequence_states
 from ..util.files import atomic_write, atomic_write_text
-from .formats import save_head
+from ..eagle.formats import save_head
 from .init import head_for_target, scale_fc
 from .loop import LoopOptions, default_lr, train_loop
 from .summary import Summary, render
@@ -54,7 +54,7 @@ class TrainDraftOptions:
     device: str = "auto"
     dtype: str = "auto"
     resume: bool = False
-    lr: float | None = None  # None: eagle.loop.default_lr(head width)
+    lr: float | None = None  # None: training.loop.default_lr(head width)
     batch_size: int = 4
     ttt_steps: int = 4
     ttt_ramp: float = 0.5  # share of training over which the unrolled steps grow from 1 to ttt_steps (loop.py)
@@ -109,7 +109,7 @@ def start_run_folder(state_dir: Path, record: dict) -> None:
 
 def run(options: TrainDraftOptions, log=print) -> Summary:
     """Generate, train, evaluate and save; returns the summary (also written to OUT/train_summary.*)."""
-    from ..jobs.sources import open_source  # reads every job source (Parquet, JSONL, datasets)
+    from ..sources import open_source  # reads every job source (Parquet, JSONL, datasets)
     from ..models import load_models
 
     t_start = time.time()

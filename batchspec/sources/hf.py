@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ...util.textcheck import first_line
+from ..util.textcheck import first_line
 from .base import CHUNK_ROWS, INFER_ROWS, SourceError, in_shard, Source, _take
 from .jsonl import infer_schema
 from .parquet import file_digest

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import EagleConfig, text_config
-from .head import EagleHead
+from ..eagle.config import EagleConfig, text_config
+from ..eagle.head import EagleHead
 
 
 def head_for_target(target, *, draft_target_ids: torch.Tensor | None = None,
