@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from ..sources.rows import POSITION_COLUMN
 from ..types import RESULT_COLUMNS
 
 COLUMN_TYPES = {
@@ -38,7 +39,6 @@ COLUMN_TYPES = {
     "forced_accepted": pa.int64(),  # structured output: of those, the ones the target accepted
     "structured_complete": pa.bool_(),  # constrained rows: the output matches whole (false: cut short); else null
 }
-POSITION_COLUMN = "position"  # the row's index in the input (from 0): sorting by it gives input order
 # Result fields in their order, then the input position (a job's rows carry it in Result.extra).
 RESULT_SCHEMA = pa.schema([(name, COLUMN_TYPES[name]) for name in RESULT_COLUMNS] + [(POSITION_COLUMN, pa.int64())])
 

@@ -10,6 +10,8 @@ from typing import Any, Iterator
 from ..util.textcheck import text_problem
 from .base import GENERATED_ID_PREFIX, DUPLICATES_LISTED, SourceError, BadValue, ABSENT, Source
 
+POSITION_COLUMN = "position"  # the row's index in the input (from 0): sorting by it gives input order
+
 log = logging.getLogger("batchspec")
 
 

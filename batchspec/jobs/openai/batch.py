@@ -25,7 +25,7 @@ from .response import dumps, error_output, format_output, line_key, token_decode
 from ...types import MAX_CHARS_PER_TOKEN, Request, Result
 from ..layout import part_files, read_part
 from ..prompts import PromptBuilder
-from ..schema import POSITION_COLUMN
+from ...sources.rows import POSITION_COLUMN
 from ...sources import ABSENT, GENERATED_ID_PREFIX, Row, RowSelector, SourceError, open_source
 
 LINE_COLUMNS = ("custom_id", "url", "body")  # read from every line
