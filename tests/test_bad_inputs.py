@@ -15,7 +15,7 @@ import pytest
 from batchspec.jobs import status
 from batchspec.jobs.layout import part_files
 from batchspec.jobs.sink import ParquetSink
-from batchspec.jobs.prompts import PromptBuilder
+from batchspec.sources.prompts import PromptBuilder
 from batchspec.sources import Row, RowSelector, SourceError, open_source
 from batchspec.types import Request, Result
 from conftest_jobs import (  # noqa: F401 (fixtures)

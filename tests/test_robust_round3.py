@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchspec.jobs.prompts import PromptBuilder
+from batchspec.sources.prompts import PromptBuilder
 from batchspec.sources import RowSelector, open_source
 from conftest_jobs import (  # noqa: F401 (fixtures)
     one_line_error as last_error_line, one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job,

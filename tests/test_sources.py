@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchspec.jobs.prompts import PromptBuilder, template_columns
+from batchspec.sources.prompts import PromptBuilder, template_columns
 from batchspec.sources import Row, RowSelector, SourceError, detect_format, open_source, shard_from_env
 from conftest_jobs import build_tokenizer
 

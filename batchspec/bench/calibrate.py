@@ -90,7 +90,7 @@ def read_prompts(path: str, limit: int, column: str = "prompt", split: str = "tr
     """The first `limit` text prompts of `column` in any input a job can read: a Parquet file, folder or
     glob, a saved or local Hugging Face dataset, a JSONL file. Rows without a text prompt are skipped; with
     `messages`, chat message lists ([{role, content}, ...]) count as prompts too."""
-    from ..jobs.prompts import check_messages
+    from ..sources.prompts import check_messages
     from ..sources import open_source
 
     source = open_source(path, "auto", split, {column: "--prompt-column"})

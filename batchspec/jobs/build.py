@@ -9,7 +9,7 @@ from typing import Callable
 from ..engine.drafters.registry import load_paths
 from ..types import MAX_LOGPROBS
 from .config import ConfigError, JobConfig, draft_path, self_training
-from .rowparams import RowParamColumns
+from ..sources.rowparams import RowParamColumns
 
 
 def load_job_models(job: JobConfig):

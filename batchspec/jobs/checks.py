@@ -16,8 +16,8 @@ from ..util.textcheck import first_line
 from ..types import CONSTRAINT_KINDS, MAX_LOGPROBS, MIN_TEMPERATURE, Constraint, TreeSpec
 from .openai import batch as openai_batch
 from .config import ConfigError, DrafterName, JobConfig, SourceFormat, draft_path, find_jobs, job_dirs
-from .prompts import template_columns
-from .rowparams import RowParamColumns
+from ..sources.prompts import template_columns
+from ..sources.rowparams import RowParamColumns
 from .schema import RESULT_SCHEMA
 
 log = logging.getLogger("batchspec")

@@ -24,9 +24,9 @@ from .iostats import TimedStream, io_summary
 from .job import Progress, resolve_progress_mode, run_job
 from .layout import check_output_dir, done_ids, foreign_files, shard_rows
 from .locks import DirLock, ShardLock, other_runs
-from .prompts import PromptBuilder
+from ..sources.prompts import PromptBuilder
 from .retry import drop_error_rows, failed_again
-from .rowparams import RowParamColumns
+from ..sources.rowparams import RowParamColumns
 from .schema import CONFIG_KEY, FINGERPRINT_KEY
 from .sink import ParquetSink
 from ..sources import Row, RowSelector, SourceError, nesting_problem, open_source, shard_from_env

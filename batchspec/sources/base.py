@@ -127,7 +127,7 @@ def _value(column, i: int) -> Any:
         return BadValue(f"holds a {column.type} value Python cannot represent ({first_line(e)})")
 
 
-def _pylist(table: pa.Table | pa.RecordBatch) -> list[dict[str, Any]]:
+def pylist(table: pa.Table | pa.RecordBatch) -> list[dict[str, Any]]:
     """Rows as dicts; a value that cannot be converted (invalid UTF-8, a date out of Python's range)
     becomes a BadValue (that row's error) instead of failing the whole chunk."""
     try:
@@ -143,9 +143,9 @@ def _pylist(table: pa.Table | pa.RecordBatch) -> list[dict[str, Any]]:
         return [dict(zip(table.column_names, values)) for values in zip(*columns)]
 
 
-def _take(table: pa.Table | pa.RecordBatch, start: int, index: int, count: int, limit: int | None):
+def take_rows(table: pa.Table | pa.RecordBatch, start: int, index: int, count: int, limit: int | None):
     """The rows of one chunk (starting at global position `start`) that belong to the shard."""
     if count == 1 and (limit is None or start + table.num_rows <= limit):
-        return range(table.num_rows), _pylist(table)  # the whole chunk: no index, no copy
+        return range(table.num_rows), pylist(table)  # the whole chunk: no index, no copy
     picks = [i for i in range(table.num_rows) if in_shard(start + i, index, count, limit)]
-    return picks, (_pylist(table.take(pa.array(picks, pa.int64()))) if picks else [])
+    return picks, (pylist(table.take(pa.array(picks, pa.int64()))) if picks else [])

@@ -28,6 +28,9 @@ from transformers import PreTrainedTokenizerBase
 from .corpus_read import (TOKEN_IDS, CorpusError, hf_texts, jsonl_columns, jsonl_texts, no_token_rows,  # noqa: F401
                           parquet_texts, token_id_parts, token_id_rows)  # CorpusError: raised from here too
 from ..util.textcheck import first_line
+from . import detect_format
+from .hf import HFSource
+from .parquet import ParquetSource
 
 TEXT_COLUMNS = ("completion", "text")  # tried in this order when no column is named
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".ndjson")
@@ -117,10 +120,6 @@ def _reader(path: str, where: str, tokenizer, column: str | None):
     if p.is_file() and path.lower().endswith(JSONL_SUFFIXES):
         name = _pick_column(where, column, jsonl_columns(path, where), {})
         return jsonl_texts(path, name), tokenize, lambda: f"no row has a non-empty text in column {name!r}"
-    from . import detect_format
-    from .hf import HFSource
-    from .parquet import ParquetSource
-
     if detect_format(path) == "parquet":
         source = ParquetSource(path, [])
         name = _pick_column(where, column, source.available, {c: source.files_without(c) for c in source.available})

@@ -8,7 +8,12 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from ..util.textcheck import first_line, text_problem
+from .base import CHUNK_ROWS, INFER_ROWS, pylist
+from .jsonl import READ_ERRORS, first_char, jsonl_lines, parse_json_line
 
 TOKEN_IDS = "completion_token_ids"
 SLICE_ROWS = 256  # token-id rows converted to Python at a time
@@ -22,8 +27,6 @@ class CorpusError(ValueError):
 def token_id_parts(p: Path, where: str) -> list[Path]:
     """The Parquet parts to read token ids from: an output folder's data/*.parquet (or the folder's own), or
     one Parquet file, when the first has completion_token_ids; else []."""
-    import pyarrow.parquet as pq
-
     if p.is_dir():
         data = p / "data" if (p / "data").is_dir() else p
         parts = sorted(data.glob("*.parquet"))
@@ -64,8 +67,6 @@ def token_id_rows(parts: list[Path], where: str) -> Iterator[list[int]]:
 
 
 def parquet_file(part: Path, where: str):
-    import pyarrow.parquet as pq
-
     try:
         return pq.ParquetFile(part)
     except (OSError, ValueError) as e:
@@ -73,26 +74,19 @@ def parquet_file(part: Path, where: str):
 
 
 def no_token_rows(parts: list[Path]) -> str:
-    import pyarrow.parquet as pq
-
     rows = sum(pq.read_metadata(part).num_rows for part in parts)
     return f"none of the {rows} rows of its {len(parts)} Parquet file(s) has {TOKEN_IDS} (error rows are skipped)"
 
 
 def parquet_texts(source, name: str, where: str) -> Iterator[str]:
     """The column's non-empty strings, newest first: files and row groups from the last."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from .base import _pylist
-
     for f in reversed(source.files):
         if f in source.unreadable:
             raise CorpusError(f"{where}: cannot read Parquet file {f}: {source.unreadable[f]}")
         try:
             with pq.ParquetFile(f) as pf:
                 for group in reversed(range(pf.metadata.num_row_groups)):
-                    values = [row[name] for row in _pylist(pf.read_row_group(group, columns=[name]))]
+                    values = [row[name] for row in pylist(pf.read_row_group(group, columns=[name]))]
                     yield from (v for v in reversed(values) if usable(v))
         except (OSError, pa.ArrowException) as e:
             raise CorpusError(f"{where}: cannot read Parquet file {f}: {first_line(e)}") from e
@@ -100,18 +94,15 @@ def parquet_texts(source, name: str, where: str) -> Iterator[str]:
 
 def jsonl_columns(path: str, where: str) -> list[str]:
     """The keys of the first INFER_ROWS objects of a JSONL file (as a job's JSONL input sees them)."""
-    from .base import INFER_ROWS
-    from .jsonl import READ_ERRORS, _lines, _parse, first_char
-
     keys: dict[str, None] = {}
     objects = lines = 0
     try:
-        for line in _lines(path):
+        for line in jsonl_lines(path):
             if not line.strip():
                 continue
             lines += 1
             try:
-                obj = _parse(line)
+                obj = parse_json_line(line)
             except ValueError:
                 obj = None
             if isinstance(obj, dict):
@@ -134,14 +125,12 @@ def jsonl_columns(path: str, where: str) -> list[str]:
 def jsonl_texts(path: str, name: str) -> Iterator[str]:
     """The column's non-empty strings, newest first: the lines from the end of the file (a .gz file is
     decompressed whole first). Lines that are no JSON object are skipped, as blank ones."""
-    from .jsonl import _lines, _parse
-
-    lines = reversed(list(_lines(path))) if path.endswith(".gz") else lines_backwards(path)
+    lines = reversed(list(jsonl_lines(path))) if path.endswith(".gz") else lines_backwards(path)
     for line in lines:
         if not line.strip():
             continue
         try:
-            obj = _parse(line)
+            obj = parse_json_line(line)
         except ValueError:
             continue
         text = obj.get(name) if isinstance(obj, dict) else None
@@ -172,12 +161,10 @@ def lines_backwards(path: str) -> Iterator[bytes]:
 def hf_texts(source, name: str) -> Iterator[str]:
     """A saved dataset's column from its last row backwards, a chunk at a time; a streamed one (a folder of
     JSONL files) read forwards whole, its texts then given newest first."""
-    from .base import CHUNK_ROWS, _pylist
-
     if source.typed:
         data = source.data.select_columns([name]).with_format("arrow")
         for end in range(len(data), 0, -CHUNK_ROWS):
-            values = [row[name] for row in _pylist(data[max(0, end - CHUNK_ROWS):end])]
+            values = [row[name] for row in pylist(data[max(0, end - CHUNK_ROWS):end])]
             yield from (v for v in reversed(values) if usable(v))
         return
     texts = [values.get(name) for _, values in source.rows(0, 1, None) if isinstance(values, dict)]

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..util.textcheck import first_line
-from .base import CHUNK_ROWS, INFER_ROWS, SourceError, in_shard, Source, _take
+from .base import CHUNK_ROWS, INFER_ROWS, SourceError, in_shard, Source, take_rows
 from .jsonl import infer_schema
 from .parquet import file_digest
 
@@ -73,7 +73,7 @@ class HFSource(Source):
             arrow = data.with_format("arrow")
             for start in range(0, end, CHUNK_ROWS):
                 chunk = arrow[start:min(start + CHUNK_ROWS, end)]
-                picks, values = _take(chunk, start, index, count, limit)
+                picks, values = take_rows(chunk, start, index, count, limit)
                 yield from zip((start + i for i in picks), values)
             return
         position = -1

@@ -25,7 +25,7 @@ log = logging.getLogger("batchspec")
 READ_ERRORS = (OSError, EOFError, zlib.error)  # gzip raises EOFError on a truncated file, zlib.error on bad data
 
 
-def _lines(path: str) -> Iterator[bytes]:
+def jsonl_lines(path: str) -> Iterator[bytes]:
     """The lines of a file as bytes (.gz decompressed), without a UTF-8 byte order mark."""
     with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
         first = True
@@ -49,7 +49,7 @@ def _big_int(digits: str) -> Any:
                         f"({sys.get_int_max_str_digits()})")
 
 
-def _parse(line: bytes) -> Any:
+def parse_json_line(line: bytes) -> Any:
     """One JSONL line; bytes that are not UTF-8 become lone surrogates (surrogateescape), which the
     value checks then report as that row's error, so the rest of the row (its id) is still read.
     Raises json.JSONDecodeError (not JSON) or LineError (JSON nested deeper than the reader recurses)."""
@@ -69,7 +69,7 @@ def _parse(line: bytes) -> Any:
 
 def first_char(path: str) -> bytes:
     """The first byte of a JSONL file that is not white space or a byte order mark (b"" if none)."""
-    for line in _lines(path):
+    for line in jsonl_lines(path):
         if line.strip():
             return line.strip()[:1]
     return b""
@@ -110,14 +110,14 @@ class JsonlSource(Source):
         self.num_rows = 0
         lines = 0
         try:
-            for line in _lines(path):
+            for line in jsonl_lines(path):
                 lines += 1
                 if not line.strip():
                     continue
                 self.num_rows += 1
                 if len(sample) < INFER_ROWS:
                     try:
-                        obj = _parse(line)
+                        obj = parse_json_line(line)
                     except ValueError:  # not JSON, or nested too deeply: that row's error in rows()
                         continue
                     if isinstance(obj, dict):
@@ -186,7 +186,7 @@ class JsonlSource(Source):
         position = -1
         number = 0
         try:
-            for number, line in enumerate(_lines(self.path), start=1):
+            for number, line in enumerate(jsonl_lines(self.path), start=1):
                 if not line.strip():
                     continue
                 position += 1
@@ -195,7 +195,7 @@ class JsonlSource(Source):
                 if not in_shard(position, index, count, limit):
                     continue
                 try:
-                    obj = _parse(line)
+                    obj = parse_json_line(line)
                 except json.JSONDecodeError as e:
                     yield position, f"line {number} is not valid JSON: {e}"
                     continue

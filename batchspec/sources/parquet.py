@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..util.textcheck import first_line
-from .base import CHUNK_ROWS, SKIP_HINT, SourceError, Source, _take
+from .base import CHUNK_ROWS, SKIP_HINT, SourceError, Source, take_rows
 
 log = logging.getLogger("batchspec")
 
@@ -158,7 +158,7 @@ class ParquetSource(Source):
                     for batch in pf.iter_batches(batch_size=CHUNK_ROWS, columns=self.columns):
                         if limit is not None and start + read >= limit:
                             return
-                        picks, values = _take(batch, start + read, index, count, limit)
+                        picks, values = take_rows(batch, start + read, index, count, limit)
                         yield from zip((start + read + i for i in picks), values)
                         read += batch.num_rows
             except (OSError, pa.ArrowException) as e:

@@ -204,9 +204,9 @@ def target_states_of(target, samples, recorded, layer_ids, greedy_data: bool,
 
 def encode_prompts(options: TrainDraftOptions, source, tokenizer, log) -> Prompts:
     """The prompts as token ids (text, token ids, or with `chat` a user message or a message list through the
-    chat template: jobs' rules, jobs/prompts.py), less those over max_prompt_tokens; the held-out ones split
+    chat template: jobs' rules, sources/prompts.py), less those over max_prompt_tokens; the held-out ones split
     off. Unusable rows are counted and the first reason shown; a source with too few usable rows is refused."""
-    from ..jobs.prompts import PromptBuilder
+    from ..sources.prompts import PromptBuilder
 
     builder = PromptBuilder(prompt_column=options.prompt_column, template=None, chat=options.chat,
                             tokenizer=tokenizer, max_seq_len=options.max_prompt_tokens)

@@ -24,7 +24,7 @@ from .request import BatchLine, parse_request, with_defaults
 from .response import dumps, error_output, format_output, line_key, token_decoder
 from ...types import MAX_CHARS_PER_TOKEN, Request, Result
 from ..layout import part_files, read_part
-from ..prompts import PromptBuilder
+from ...sources.prompts import PromptBuilder
 from ...sources.rows import POSITION_COLUMN
 from ...sources import ABSENT, GENERATED_ID_PREFIX, Row, RowSelector, SourceError, open_source
 

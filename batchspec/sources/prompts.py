@@ -16,8 +16,8 @@ from ..util.textcheck import text_problem
 from ..util.textcheck import first_line
 from ..types import MAX_CHARS_PER_TOKEN, Request
 from .rowparams import RowParamColumns
-from ..sources.rows import POSITION_COLUMN
-from ..sources import ABSENT, BadValue, Row, SourceError
+from .rows import POSITION_COLUMN
+from . import ABSENT, BadValue, Row, SourceError
 
 
 def _sandbox():

@@ -16,7 +16,7 @@ from dataclasses import fields
 from typing import Any, Mapping
 
 from ..types import RowParams
-from ..sources import ABSENT, BadValue
+from . import ABSENT, BadValue
 
 FIELDS = tuple(f.name for f in fields(RowParams))
 
