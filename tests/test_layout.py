@@ -1,0 +1,94 @@
+"""The package's layout (docs/how_it_works.md, "Source layout"): its folders import one another one way
+only, no module takes a private name from another, and every verb of `batchspec VERB` runs."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from batchspec.__main__ import VERBS, main
+
+PACKAGE = Path(__file__).resolve().parents[1] / "batchspec"
+
+
+def imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(absolute module, names taken, line) of every `import` / `from ... import` in one file, deferred ones too."""
+    module = ".".join(("batchspec",) + path.relative_to(PACKAGE).with_suffix("").parts)
+    package = module.removesuffix(".__init__") if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((target, [a.name for a in node.names], node.lineno))
+        elif isinstance(node, ast.Import):
+            found.extend((a.name, [], node.lineno) for a in node.names)
+    return [f for f in found if f[0].startswith("batchspec")]
+
+
+def room(module: str) -> str:
+    """The top-level folder or module of batchspec that a module belongs to ('batchspec' for the package's face)."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_no_folder_imports_one_that_imports_it_back():
+    """The rooms (batchspec's folders and top-level modules) and their imports form no cycle: each room can
+    be read knowing only the rooms below it. batchspec/__init__.py is left out: it only hands the API on,
+    on first use."""
+    edges = defaultdict(set)
+    for path in PACKAGE.rglob("*.py"):
+        source = room(".".join(("batchspec",) + path.relative_to(PACKAGE).with_suffix("").parts))
+        for target, names, line in imports(path):
+            # `from batchspec import x` takes room batchspec.x; `from .a.b import c` takes room batchspec.a
+            for module in ([f"{target}.{n}" for n in names] if target == "batchspec" else [target]):
+                if room(module) not in (source, "batchspec"):
+                    edges[source].add(room(module))
+    cycles = []
+
+    def visit(node, path):
+        for nxt in sorted(edges[node]):
+            if nxt in path:
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif len(path) < 12:
+                visit(nxt, path + [nxt])
+
+    for start in sorted(edges):
+        visit(start, [start])
+    assert not cycles, sorted({" -> ".join(c) for c in cycles})[:5]
+
+
+def test_no_private_name_is_imported_from_another_module():
+    taken = [f"{path.relative_to(PACKAGE.parent)}:{line} takes {names} from {target}"
+             for path in PACKAGE.rglob("*.py") for target, names, line in imports(path)
+             for names in [[n for n in names if n.startswith("_") and not n.startswith("__")]] if names]
+    assert not taken, taken
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_every_verb_runs(verb, monkeypatch, capsys):
+    """`batchspec VERB --help` exits 0 with the verb's own usage (the module VERBS names runs it)."""
+    monkeypatch.setattr(sys, "argv", ["batchspec", verb, "--help"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code in (0, None), capsys.readouterr()
+    assert "usage:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, code, line", [
+    (["stauts", "out"], 2, "batchspec: error: unknown verb 'stauts'; verbs: job, run-batch, status, report, bench, "
+                           "bench-io, calibrate, train-draft (or job=NAME to run a job)"),
+])
+def test_a_misspelt_verb_is_one_line(argv, code, line, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["batchspec", *argv])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == code
+    assert capsys.readouterr().err.strip().splitlines() == [line]
