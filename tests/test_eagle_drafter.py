@@ -3,6 +3,8 @@ a token), through the API's head folder, on Llama, Qwen2 and GPT-2 targets, eage
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -85,7 +87,7 @@ def test_rounds_that_draft_nothing_skip_the_head_and_lose_nothing(monkeypatch, p
 
     def draft_some(self, round, spec):
         if pattern(len(forwards)):
-            round.budgets = [0] * len(round.budgets)
+            round = dataclasses.replace(round, budgets=[0] * len(round.budgets))
         forwards.append(None)
         return propose(self, round, spec)
 

@@ -92,3 +92,15 @@ def test_a_misspelt_verb_is_one_line(argv, code, line, monkeypatch, capsys):
         main()
     assert e.value.code == code
     assert capsys.readouterr().err.strip().splitlines() == [line]
+
+
+@pytest.mark.parametrize("name", ["Round", "Draft", "Verified", "RoundShape"])
+def test_round_records_are_values(name):
+    """A round's records are built once by the stage that owns them and only read after (round.py): an
+    attribute written after construction raises."""
+    import dataclasses
+
+    from batchspec.engine import round as records
+
+    cls = getattr(records, name)
+    assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, name

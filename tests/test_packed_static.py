@@ -110,9 +110,9 @@ def test_static_rounds_give_each_row_its_own_drafts(llama_pair, monkeypatch, dra
     original = Scheduler._choose_rows
 
     def spy(self, round, offer, priors):
-        shape = original(self, round, offer, priors)
-        chosen.append((list(round.budgets), set(round.running)))
-        return shape
+        shape, budgets = original(self, round, offer, priors)
+        chosen.append((list(budgets), set(round.running)))
+        return shape, budgets
 
     monkeypatch.setattr(Scheduler, "_choose_rows", spy)
     outputs, generator = generator_run(llama_pair, drafter, 8, True, adaptive=True)

@@ -127,6 +127,8 @@ def test_refused_drafts_are_cut_and_forced_ones_added_before_verification(tokeni
     """constrain_drafts on a host draft: a proposal is cut at the first token its grammar refuses; a row
     whose grammar forces its next tokens drafts them unless its proposal starts with them; unconstrained
     rows and rows awaiting their first token keep theirs."""
+    from dataclasses import replace
+
     from batchspec.engine.constrain import constrain_drafts
     from batchspec.engine.drafters.base import host_draft
     from batchspec.engine.grammar import Grammars
@@ -146,20 +148,21 @@ def test_refused_drafts_are_cut_and_forced_ones_added_before_verification(tokeni
     buffers = RoundBuffers(4, 8, len(tokenizer), torch.device("cpu"), noise=False, probs=False, trees=False)
     proposals = [encode("hello b") + encode("x"), encode(" bat"), encode("zzz"), encode("zzz")]
     round = Round([0, 1, 2, 3], None, None, [2, 7, 2, 2], None, [0, 1, 2, 3], [50] * 4, [4] * 4, False,
-                  shape=RoundShape(drafts=4))
-    round.draft = host_draft(buffers, proposals)
-    constrain_drafts(round, grammars, slots, buffers, limit=4)
-    kept = round.draft.host_tokens
+                  shape=RoundShape(drafts=4), draft=host_draft(buffers, proposals))
+    draft, forced = constrain_drafts(round, grammars, slots, buffers, limit=4)
+    kept = draft.host_tokens
     assert kept[0] == encode("hello b")  # cut before "x"; it covers the forced "hello " (other tokens)
     assert kept[1] == encode(" bat")  # covers the forced " "
     assert kept[2] == encode("zzz") and kept[3] == encode("zzz")  # unconstrained; awaiting its first token
-    assert round.forced is None and round.draft.host_num == [len(k) for k in kept]
-    round.draft = host_draft(buffers, [encode("hel"), [], encode("zzz"), encode("zzz")])
-    constrain_drafts(round, grammars, slots, buffers, limit=4)
-    kept = round.draft.host_tokens
+    assert forced is None and draft.host_num == [len(k) for k in kept]
+    round = replace(round, draft=host_draft(buffers, [encode("hel"), [], encode("zzz"), encode("zzz")]))
+    draft, forced = constrain_drafts(round, grammars, slots, buffers, limit=4)
+    kept = draft.host_tokens
     assert kept[0] == grammars.forced(0, 4) and tokenizer.decode(kept[0]) == "hello "  # shorter: forced instead
     assert kept[1] == encode(" ")  # no proposal: the forced space
-    assert round.forced == [len(kept[0]), 1, 0, 0]
+    assert forced == [len(kept[0]), 1, 0, 0]
+    unconstrained = replace(round, draft=host_draft(buffers, [[], [], encode("zzz"), encode("zzz")]))
+    assert constrain_drafts(replace(unconstrained, rows=[2, 2, 2, 2]), grammars, slots, buffers, limit=4) is None
 
 
 def test_adaptive_under_constraints(pair, references):

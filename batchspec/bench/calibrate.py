@@ -31,7 +31,7 @@ from ..engine.timing import time_step
 from ..models import Models, load_models
 from ..types import Request
 
-DEMO = Path(__file__).parent / "assets" / "demo"
+DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"
 
 
 def sync(device: torch.device) -> None:

@@ -48,7 +48,7 @@ from ..util.files import atomic_write_text
 from ..models import load_models
 from ..types import Constraint, TreeSpec
 
-DEMO = Path(__file__).parent / "assets" / "demo"
+DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -48,7 +48,7 @@ WORDS = (
     "speculative decoding token model draft target question answer is what why how"
 ).split()
 SPECIALS = ["<s>", "</s>", "<pad>", "<unk>"]
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: the job's subprocess imports batchspec from it
 
 
 def build_model(path: Path, seed: int = 0) -> Path:

@@ -3,24 +3,27 @@ the masks of the verify positions of constrained rows, applied to the verify pas
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .drafters.base import host_draft
 from .grammar import Grammars, apply_masks
-from .round import Round, RoundBuffers, RoundShape
+from .round import Draft, Round, RoundBuffers
 from .slots import SlotTable
 
 
-def constrain_drafts(round: Round, grammars: Grammars, slots: SlotTable, buffers: RoundBuffers, limit: int) -> bool:
+def constrain_drafts(round: Round, grammars: Grammars, slots: SlotTable, buffers: RoundBuffers,
+                     limit: int) -> tuple[Draft, list[int] | None] | None:
     """The drafts of constrained rows, before verification: a proposal is cut at the first token its grammar
     refuses, and a row whose grammar forces its next tokens drafts them (at most `limit`, and its room)
     unless its proposal already covers them. Only drafts made on the host (none, the lookups) can be cut and
     merged: a draft model's are masked at verification instead. Rows awaiting their first token are left
-    alone. Sets round.draft and round.forced; returns whether the drafts widened past the round's shape
-    (round.shape then follows)."""
+    alone. Returns (the drafts, each row's forced drafts or None when no row has any), or None when the
+    round's drafts stand as they are."""
     draft = round.draft
     if draft.host_tokens is None:
-        return False
+        return None
     merged, forced = [list(t) for t in draft.host_tokens], [0] * len(round.rows)  # forced: drafts the grammar made
     changed = False
     for i in grammars.constrained(round.rows):
@@ -35,15 +38,8 @@ def constrain_drafts(round: Round, grammars: Grammars, slots: SlotTable, buffers
         if tokens and grammars.byte_length(merged[i]) < grammars.byte_length(tokens):
             merged[i], forced[i], changed = tokens, len(tokens), True
     if not changed:
-        return False
-    priors = draft.priors
-    round.draft = host_draft(buffers, merged)
-    round.draft.priors, round.forced = priors, forced if any(forced) else None
-    width = round.draft.tokens.shape[1]
-    if width <= round.shape.drafts:
-        return False
-    round.shape = RoundShape(drafts=width)
-    return True
+        return None
+    return replace(host_draft(buffers, merged), priors=draft.priors), forced if any(forced) else None
 
 
 def mask_round(round: Round, logits: torch.Tensor, grammars: Grammars, slots: SlotTable, tokens: torch.Tensor,

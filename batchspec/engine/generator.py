@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from typing import Iterable, Iterator
 
@@ -42,7 +43,7 @@ from .grammar import Grammars
 from .graphs import HostBuffer, StepGraphs
 from .intake import Defaults
 from .payoff import PayoffCheck
-from .round import Round, RoundBuffers, RoundShape
+from .round import Round, RoundBuffers, RoundShape, Verified
 from .round_steps import declare_round_steps, shape_seconds
 from .timing import packed_seconds
 from .runner import ModelRunner
@@ -230,37 +231,49 @@ class SpecBatchGenerator:
 
     @torch.inference_mode()
     def step(self) -> list[Result]:
-        """One round over the running requests; returns those it finished."""
+        """One round over the running requests: schedule -> draft -> verify -> accept -> commit; returns the
+        requests it finished."""
         started = time.perf_counter()
         with self._phase("draft"):
             round = self._schedule()
             if round.rows:
-                self._draft(round)
+                round = self._draft(round)
         with self._phase("verify"):
-            logits = self.verifier.run(round)
+            verified = self.verifier.run(round)
             if self.static:  # a captured verify runs on the device: the idle host does the drafter's put-off work
                 self.drafter.learn_pending()
         if not round.rows:  # a round that only prefilled
             return []
-        with self._phase("accept"):  # constrained rows first: their verify positions masked by their grammars
-            if self.grammars.rows:
-                mask_round(round, logits, self.grammars, self.scheduler.slots, self.state.tokens, self.static)
-            outcome = self.acceptor.accept(round, logits)
+        with self._phase("accept"):
+            outcome = self._accept(round, verified)
+        return self._commit(round, verified, outcome, started)
+
+    def _accept(self, round: Round, verified: Verified):
+        """The round's verdict (accept.py), constrained rows first masked by their grammars at every verify
+        position."""
+        logits = verified.logits
+        if self.grammars.rows:
+            mask_round(round, logits, self.grammars, self.scheduler.slots, self.state.tokens, self.static)
+        return self.acceptor.accept(round, logits)
+
+    def _commit(self, round: Round, verified: Verified, outcome, started: float) -> list[Result]:
+        """The verdict into outputs, stops and Results (postprocess.py); the drafter, the finished rows' slots
+        and adaptive speculation (what the round cost, what it accepted) follow it."""
         with self._phase("bookkeeping"):
             finished, emitted = self.scheduler.postprocess(round, outcome)
             self.drafter.extend(emitted.slots, emitted.tokens, emitted.num_accepted, emitted.path)
             results = self._release(finished)
-        self.scheduler.learn(round, emitted, time.perf_counter() - started, self._round_costs(round),
-                             tokens=[len(outcome.emitted[i]) for i in round.running])
+        self.scheduler.learn(round, emitted, time.perf_counter() - started, self._round_costs(round, verified),
+                             tokens=[len(outcome.emitted[i]) for i in round.running], forward=verified.forward)
         return results
 
-    def _round_costs(self, round: Round) -> tuple | None:
+    def _round_costs(self, round: Round, verified: Verified) -> tuple | None:
         """A packed round's (forward tokens, forward seconds, drafting forwards' (tokens, seconds)) for adaptive
         speculation's prices: measured eagerly, from the timed replays on the static path; None otherwise."""
         if self.packed:
-            return (*round.forward, self.drafter.step_times())
-        if self.static_per_row and self.scheduler.adaptive is not None and round.forward is not None:
-            return self.scheduler.adaptive.costs.round_costs(round.forward[0], round.shape.depth)
+            return (*verified.forward, self.drafter.step_times())
+        if self.static_per_row and self.scheduler.adaptive is not None and verified.forward is not None:
+            return self.scheduler.adaptive.costs.round_costs(verified.forward[0], round.shape.depth)
         return None
 
     def _startup_costs(self) -> StartupCosts:
@@ -304,46 +317,55 @@ class SpecBatchGenerator:
     # ---- a round ---------------------------------------------------------------------------------
 
     def _schedule(self) -> Round:
+        """The scheduler's round, with its rows (and, packed, their lengths) on the device."""
         round = self.scheduler.schedule()
-        round.state, round.buffers = self.state, self.buffers
         if self.static:
-            round.rows_t = self.runner.slot_index
+            rows_t, lengths_t = self.runner.slot_index, None
         elif self.packed:  # host lengths: a first decision's L = P before its last chunk is cached
-            round.rows_t = self._rows.put(round.rows)
-            round.lengths_t = self._lengths.put(round.lengths)
+            rows_t, lengths_t = self._rows.put(round.rows), self._lengths.put(round.lengths)
         else:
-            round.rows_t = self._rows.put(round.rows)
-            round.lengths_t = self.runner.lengths[round.rows_t] + 1  # the cache holds seq[:L-1]
+            rows_t = self._rows.put(round.rows)
+            lengths_t = self.runner.lengths[rows_t] + 1  # the cache holds seq[:L-1]
+        return replace(round, state=self.state, buffers=self.buffers, rows_t=rows_t, lengths_t=lengths_t)
+
+    def _draft(self, round: Round) -> Round:
+        """The round with its shape, each row's number of drafts and the drafts: a drafter that proposes first
+        (lookups) proposes its most, then the shape is chosen from what is on the table; others draft the
+        chosen shape (with the coupled noise). Structured output then cuts refused drafts and adds forced ones."""
+        drafter, coupled, draft = self.drafter, self.sampling.coupled, None
+        if drafter.policy.propose_first and self.scheduler.adaptive is not None:
+            offered = drafter.propose(replace(round, budgets=self.scheduler.skip_hopeless(round)))
+            shape, budgets = self.scheduler.choose(round, offered.host_num, offered.priors)
+            if shape.tree is None:
+                draft = offered.cut(budgets, self.buffers) if self.scheduler.per_row else offered.truncate(shape.drafts)
+        else:
+            shape, budgets = self.scheduler.choose(round)
+        round = replace(round, shape=shape, budgets=budgets)
+        if coupled:
+            round = replace(round, gumbel=self._noise(round, shape.width))
+        if draft is None:
+            draft = drafter.propose_tree(round, shape.tree) if shape.tree else drafter.propose(round)
+        round = replace(round, draft=draft)
+        if shape.tree is not None:
+            return replace(round, tree=self.acceptor.shape_tree(round))
+        if self.grammars.rows:  # structured output: cut refused drafts, add forced ones
+            constrained = constrain_drafts(round, self.grammars, self.scheduler.slots, self.buffers, self.forced_max)
+            if constrained is not None:
+                round = replace(round, draft=constrained[0], forced=constrained[1])
+                if round.draft.tokens.shape[1] > shape.drafts:  # wider than the shape: the same noise, wider
+                    round = replace(round, shape=RoundShape(drafts=round.draft.tokens.shape[1]))
+                    if coupled:
+                        round = replace(round, gumbel=self._noise(round, round.shape.width))
+        if round.draft.tokens.shape[1] < round.shape.drafts:  # trimmed to the longest proposal: a narrower pass
+            round = replace(round, shape=RoundShape(drafts=round.draft.tokens.shape[1]))
         return round
 
-    def _draft(self, round: Round) -> None:
-        """The round's shape and drafts: a drafter that proposes first (lookups) proposes its most, then the
-        shape is chosen from what is on the table; others draft the chosen shape (with the coupled noise)."""
-        drafter, coupled = self.drafter, self.sampling.coupled
-        if drafter.policy.propose_first and self.scheduler.adaptive is not None:
-            self.scheduler.skip_hopeless(round)
-            draft = drafter.propose(round)
-            shape = self.scheduler.choose(round, draft.host_num, draft.priors)
-            if shape.tree is None:
-                per_row = self.scheduler.per_row
-                round.draft = draft.cut(round.budgets, self.buffers) if per_row else draft.truncate(shape.drafts)
-        else:
-            shape = self.scheduler.choose(round)
-        if coupled:
-            started = time.perf_counter()
-            round.gumbel = self.acceptor.noise(round, shape.width)
-            self.noise_s += time.perf_counter() - started
-        if round.draft is None:
-            round.draft = drafter.propose_tree(round, shape.tree) if shape.tree else drafter.propose(round)
-        if shape.tree is None and self.grammars.rows:  # structured output: cut refused drafts, add forced ones
-            widened = constrain_drafts(round, self.grammars, self.scheduler.slots, self.buffers, self.forced_max)
-            shape = round.shape
-            if widened and coupled:
-                round.gumbel = self.acceptor.noise(round, shape.width)  # the same noise, wider
-        if shape.tree is not None:
-            round.tree = self.acceptor.shape_tree(round)
-        elif round.draft.tokens.shape[1] < shape.drafts:  # trimmed to the longest proposal: a narrower pass
-            round.shape = RoundShape(drafts=round.draft.tokens.shape[1])
+    def _noise(self, round: Round, width: int) -> torch.Tensor:
+        """The coupled noise of the round's rows at positions L .. L + width - 1 (accept.py)."""
+        started = time.perf_counter()
+        noise = self.acceptor.noise(round, width)
+        self.noise_s += time.perf_counter() - started
+        return noise
 
     # ---- measuring -------------------------------------------------------------------------------
 

@@ -1,8 +1,16 @@
-"""One round's record (`Round`), the shape it drafts (`RoundShape`), and the device buffers rounds reuse.
+"""One round's records (`Round`, `Verified`), the shape it drafts (`RoundShape`), and the device buffers
+rounds reuse.
 
 A round over b rows: every slot in order on the static path (idle slots ride along with no drafts),
 the running requests on the eager path. Host lists have b entries, tensors b rows; the buffers have
 one row per slot and a round uses their first b rows.
+
+Records are values, built by the stage that owns them and only read after (generator.step):
+  schedule  -> Round with its rows, lengths, room, prompt chunks and the most drafts each row may propose
+  draft     -> the same Round with its shape, each row's number of drafts (`budgets`), the drafts, the
+               coupled noise, a tree's geometry and the drafts a grammar forced (dataclasses.replace)
+  verify    -> Verified: the target's logits and what the forward cost
+  accept    -> Outcome (accept.py)      postprocess -> Emitted (postprocess.py)
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ class RoundShape:
         return f"tree {self.tree}" if self.tree is not None else f"k={self.drafts}"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Draft:
     """What a drafter proposed: a chain of drafts per row, or (parents set) a tree of them (tree.py)."""
 
@@ -119,9 +127,10 @@ class RoundBuffers:
         return self._valid_in.put(valid, (b, n))
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Round:
-    """One round: its rows, their lengths and budgets, the shape it drafts, and what was drafted."""
+    """One round: its rows, their lengths and budgets, the shape it drafts, and what was drafted (a value:
+    each stage that adds to it makes a new one with dataclasses.replace)."""
 
     rows: list[int]  # [b] slots in this round's forwards
     rows_t: torch.Tensor  # [b] the same on the device
@@ -139,8 +148,6 @@ class Round:
     draft: Draft | None = None
     tree: TreeShape | None = None  # a tree round's geometry (rows [b])
     fills: list[tuple[int, int, int]] = field(default_factory=list)  # packed: prompt chunks (slot, start, count)
-    verify_index: torch.Tensor | None = None  # packed: [b, W] each verify position's token in the forward
-    forward: tuple[int, float] | None = None  # packed: the forward's tokens and seconds (its cost, for adaptive)
     forced: list[int] | None = None  # [b] drafts the grammar forced in each row (structured output)
 
     @property
@@ -155,14 +162,13 @@ class Round:
         chunked = {slot for slot, _, _ in self.fills}
         return {self.rows[i] for i in self.running if self.rows[i] in chunked}
 
-    @property
-    def admission_seconds(self) -> float:
-        """Packed: the share of the forward's measured time that admission took, in proportion to its tokens
-        (the prompt chunks, and one for each admitted row's first decision); 0 when the forward was not timed
-        (the static path's)."""
-        if not self.fills or self.forward is None or not self.forward[0]:
+    def admission_seconds(self, forward: tuple[int, float] | None) -> float:
+        """Packed: the share of the forward's measured time (forward: its tokens and seconds, Verified.forward)
+        that admission took, in proportion to its tokens (the prompt chunks, and one for each admitted row's
+        first decision); 0 when the forward was not timed (the static path's)."""
+        if not self.fills or forward is None or not forward[0]:
             return 0.0
-        return self.forward[1] * min(1.0, (self.chunk_tokens + len(self.admitted)) / self.forward[0])
+        return forward[1] * min(1.0, (self.chunk_tokens + len(self.admitted)) / forward[0])
 
     @property
     def base_tokens(self) -> int:
@@ -172,3 +178,11 @@ class Round:
     @property
     def running_slots(self) -> list[int]:
         return [self.rows[i] for i in self.running]
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """A round's verify pass: the target's distribution at every verify position, and what the forward cost."""
+
+    logits: torch.Tensor | None  # [b, W, V] (None: a packed round that only prefilled)
+    forward: tuple[int, float] | None = None  # packed: the forward's tokens and seconds (for adaptive's prices)

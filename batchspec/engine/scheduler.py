@@ -189,68 +189,64 @@ class Scheduler(RowOutcomes):
             return list(range(active[0], active[-1] + 1))
         return active
 
-    def skip_hopeless(self, round: Round) -> None:
-        """A packed round of a lookup, before it proposes: rows whose drafts cannot pay get budget 0, so it does
-        not propose for them (AdaptiveK.hopeless; the choice is the same as if they had proposed)."""
+    def skip_hopeless(self, round: Round) -> list[int]:
+        """A packed round of a lookup, before it proposes: the most drafts each row may propose, 0 for the rows
+        whose drafts cannot pay, so that it does not propose for them (AdaptiveK.hopeless; the choice is the
+        same as if they had proposed)."""
+        budgets = list(round.budgets)
         if self.adaptive is None or not self.per_row:
-            return
+            return budgets
         if self.static:
             self.adaptive.costs.at_length(max(round.lengths) + self._widest)
         at = round.running  # a static round's idle slots draft nothing
         if self._plain_epoch:  # nobody proposes
-            for i in at:
-                round.budgets[i] = 0
-            return
-        hopeless = self.adaptive.hopeless([round.rows[i] for i in at], len(at) + round.chunk_tokens,
-                                          self.adaptive.costs)
+            hopeless = [True] * len(at)
+        else:
+            hopeless = self.adaptive.hopeless([round.rows[i] for i in at], len(at) + round.chunk_tokens,
+                                              self.adaptive.costs)
         for i, skip in zip(at, hopeless):
             if skip:
-                round.budgets[i] = 0
+                budgets[i] = 0
+        return budgets
 
     def choose(self, round: Round, proposed: list[int] | None = None,
-               priors: list[float | None] | None = None) -> RoundShape:
-        """Set the round's shape and budgets. proposed: what each row already proposed (a drafter that
-        proposes first), whose longest proposal bounds a chain's width; priors: the drafter's own chance
-        that each row's first draft is right (its rows' acceptance prior)."""
+               priors: list[float | None] | None = None) -> tuple[RoundShape, list[int]]:
+        """The round's shape and each row's number of drafts. proposed: what each row already proposed (a
+        drafter that proposes first), whose longest proposal bounds a chain's width; priors: the drafter's
+        own chance that each row's first draft is right (its rows' acceptance prior)."""
+        offer = proposed if proposed is not None else round.budgets
         if self.adaptive is not None and self.per_row:  # packed: each row's own number of drafts
-            return self._choose_rows(round, proposed if proposed is not None else round.budgets, priors)
+            return self._choose_rows(round, offer, priors)
         if self.adaptive is None:
             shape = RoundShape(tree=self.trees[0]) if self.trees else RoundShape(drafts=self.k_max)
         else:
             if self.static:
                 self.adaptive.costs.at_length(max(round.lengths) + self._widest)
-            slots = round.running_slots
-            offer = proposed if proposed is not None else round.budgets
-            shape = self.adaptive.choose(slots, [offer[i] for i in round.running], [round.room[i] for i in round.running],
+            shape = self.adaptive.choose(round.running_slots, [offer[i] for i in round.running],
+                                         [round.room[i] for i in round.running],
                                          [priors[i] for i in round.running] if priors is not None else None)
         if shape.tree is not None:
-            round.budgets = list(round.room)  # a tree is as deep as each row's room allows
-        else:
-            offer = proposed if proposed is not None else round.budgets
-            round.budgets = [min(shape.drafts, n) for n in offer]
-        round.shape = shape
-        return shape
+            return shape, list(round.room)  # a tree is as deep as each row's room allows
+        return shape, [min(shape.drafts, n) for n in offer]
 
-    def _choose_rows(self, round: Round, offer: list[int], priors: list[float | None] | None) -> RoundShape:
+    def _choose_rows(self, round: Round, offer: list[int],
+                     priors: list[float | None] | None) -> tuple[RoundShape, list[int]]:
         """A packed round's shape and each row's drafts (AdaptiveK.choose_rows) over its running rows; a static
         round's idle slots draft nothing."""
         adaptive = self.adaptive
         if self.static:
             adaptive.costs.at_length(max(round.lengths) + self._widest)
-        at = round.running
+        budgets = [0] * len(round.rows)
         if self._plain_epoch:
-            round.budgets = [0] * len(round.rows)
-            round.shape = adaptive.shapes[0]
-            return round.shape
+            return adaptive.shapes[0], budgets
+        at = round.running
         pick = lambda values: [values[i] for i in at]  # noqa: E731
         index, drafts = adaptive.choose_rows(pick(round.rows), pick(offer), pick(round.room),
                                              pick(priors) if priors is not None else None,
                                              len(at) + round.chunk_tokens, adaptive.costs)
-        round.budgets = [0] * len(round.rows)
         for i, k in zip(at, drafts):
-            round.budgets[i] = k
-        round.shape = adaptive.shapes[index]
-        return round.shape
+            budgets[i] = k
+        return adaptive.shapes[index], budgets
 
     @property
     def _plain_epoch(self) -> bool:
@@ -262,11 +258,11 @@ class Scheduler(RowOutcomes):
         return max([self.k_max, *(t.nodes for t in self.trees)])
 
     def learn(self, round: Round, emitted: Emitted, seconds: float, cost: tuple | None = None,
-              tokens: list[int] | None = None) -> None:
+              tokens: list[int] | None = None, forward: tuple[int, float] | None = None) -> None:
         """Adaptive speculation learns the round's cost and, from the same cut counts as the statistics,
         its acceptance. cost: a packed round's (forward tokens, forward seconds, drafting forwards' (tokens,
         seconds)), which price its rows' drafts apart; tokens: how many each running row emitted (the payoff
-        check's)."""
+        check's); forward: the verify forward's (tokens, seconds) (Verified.forward)."""
         if self.adaptive is None:
             return
         if self.payoff is not None and tokens is not None:
@@ -274,7 +270,7 @@ class Scheduler(RowOutcomes):
             # first tokens are taken out.
             admitted = round.admitted
             counted = sum(n for i, n in zip(round.running, tokens) if round.rows[i] not in admitted)
-            self.payoff.observe(counted, seconds - round.admission_seconds, rows=len(round.running))
+            self.payoff.observe(counted, seconds - round.admission_seconds(forward), rows=len(round.running))
         drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
         if cost is None:
             self.adaptive.observe(round.shape, seconds, emitted.slots, emitted.budgets, drafted, accepted)

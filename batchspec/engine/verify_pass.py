@@ -11,7 +11,7 @@ from .costs import Line
 from .drafters import Drafter
 from .graphs import HostBuffer, wall
 from .packed import layout_round
-from .round import Round
+from .round import Round, Verified
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .slots import SlotState
@@ -29,13 +29,17 @@ class Verifier:
         self._fills = HostBuffer((2, runner.num_slots), runner.device)  # the slots a round prefilled, their new lengths
         self.tokens = TokenCounts()
 
-    def run(self, round: Round) -> torch.Tensor | None:
+    def run(self, round: Round) -> Verified:
         """One target forward over [pending token, drafts] of every row -> logits [b, W, V]."""
         if self.packed:
             return self._packed(round)
         draft, width = round.draft, round.shape.width
         if self.runner.packed_width and round.tree is None:
             return self._packed_static(round)
+        return Verified(self._padded(round, draft, width))
+
+    def _padded(self, round: Round, draft, width: int) -> torch.Tensor:
+        """Every row W = width tokens (the static path's trees, and eager rounds that are not packed)."""
         self.tokens.add(len(round.rows) * width, sum(width - 1 - n for n in draft.host_num or [width - 1] * len(round.rows))
                         + (len(round.rows) - len(round.running)) * width, 0)
         kv_len = max(round.lengths[i] for i in round.running) + width - 1
@@ -46,7 +50,7 @@ class Verifier:
         tokens = torch.cat([pending[:, None], draft.tokens], dim=1)
         return self.runner.forward(tokens, kv_len=kv_len, rows=round.span or round.rows_t, tree=round.tree)
 
-    def _packed_static(self, round: Round) -> torch.Tensor:
+    def _packed_static(self, round: Round) -> Verified:
         """The static path's packed verify (packed_static.py): every running row its pending token and its own
         drafts, idle slots nothing -> logits [num_slots, W, V]."""
         draft, width = round.draft, round.shape.width
@@ -57,10 +61,9 @@ class Verifier:
         logits = self.runner.verify_static(widths, width, kv_len, self.state.tokens, round.buffers.drafts)
         n = self.runner.token_bucket(sum(widths))
         self.tokens.add(n, n - sum(widths), 0)
-        round.forward = (n, 0.0)  # its tokens; its time is not measured (a sync): the replay tables price it
-        return logits
+        return Verified(logits, (n, 0.0))  # its tokens; its time is not measured (a sync): the replay tables price it
 
-    def _packed(self, round: Round) -> torch.Tensor | None:
+    def _packed(self, round: Round) -> Verified:
         """The round's one target forward, packed (packed.py): per deciding row its pending token and its own
         drafts (a tree row its nodes), behind its last prompt chunk when this round ends its prompt; the
         other prompt chunks. -> logits [b, W, V] of the deciding rows (None when no row decides)."""
@@ -75,20 +78,20 @@ class Verifier:
         batch = self.runner.pack(layout.rows, keep=layout.keep, tree=tree)
         started = wall(self.device)
         logits = self.runner.forward_packed(self.state.tokens[batch.slots, batch.index], batch)
-        round.forward = (batch.num_tokens, wall(self.device) - started)
+        forward = (batch.num_tokens, wall(self.device) - started)
         filled = round.chunk_tokens
-        self.tokens.add(batch.num_tokens, 0, filled, round.forward[1] * filled / batch.num_tokens, round.forward[1])
-        if self.feature_layers and round.fills:  # before the commit hands the other samples their copies
-            self.drafter.prompt_features([(other, start, count, layout.chunk_at[slot, start])
-                                          for slot, start, count in round.fills
-                                          for other in self.scheduler.samples_of(slot)])
+        self.tokens.add(batch.num_tokens, 0, filled, forward[1] * filled / batch.num_tokens, forward[1])
+        if self.feature_layers:  # before the commit hands the other samples their copies
+            self.drafter.packed_forward([(other, start, count, layout.chunk_at[slot, start])
+                                         for slot, start, count in round.fills
+                                         for other in self.scheduler.samples_of(slot)],
+                                        torch.tensor(layout.verify, device=self.device) if b else None)
         self._commit_fills(round.fills)
         if not b:
-            return None
-        round.verify_index = torch.tensor(layout.verify, device=self.device)
+            return Verified(None, forward)
         if layout.full:
-            return logits.view(b, width, -1)
-        return logits[torch.tensor(layout.gather, device=self.device)]
+            return Verified(logits.view(b, width, -1), forward)
+        return Verified(logits[torch.tensor(layout.gather, device=self.device)], forward)
 
     def _commit_fills(self, fills: list[tuple[int, int, int]]) -> None:
         """The prompt chunks a packed forward wrote stay cached: their slots' lengths move to the chunks'

@@ -33,6 +33,7 @@ class FeatureRecorder(NoDrafter):
         self.parts: dict[int, list[torch.Tensor]] = {}
         self.finished: list[Recorded] = []
         self._round = None
+        self._verify_index = None  # packed: the last forward's [b, W] verify positions (packed_forward)
         self._target = self._state = None
 
     def bind(self, shapes, target, state, buffers, acceptor=None):
@@ -43,13 +44,15 @@ class FeatureRecorder(NoDrafter):
     @torch.inference_mode()
     def admit(self, slots, prompts, features=None):
         """features: per seat the prompt's states [P, F] from an admission prefill; None when packed rounds
-        prefill the prompts (prompt_features brings positions 0 .. P - 2, the first round P - 1)."""
+        prefill the prompts (packed_forward brings positions 0 .. P - 2, the first round P - 1)."""
         for i, slot in enumerate(slots):
             self.parts[slot] = [] if features is None else [features[i].to("cpu", torch.float32, copy=True)]
 
     @torch.inference_mode()
-    def prompt_features(self, chunks):
-        """Prompt chunks a packed forward just wrote: (slot, start, count, at: the chunk's first token in it)."""
+    def packed_forward(self, chunks, verify_index):
+        """A packed forward just ran: the prompt chunks it wrote (slot, start, count, at: the chunk's first token
+        in it), and each deciding row's verify positions [b, W] (None: no row decided)."""
+        self._verify_index = verify_index
         features = self._target.features  # [N, F]
         for slot, start, count, at in chunks:
             self.parts[slot].append(features[at: at + count].to("cpu", torch.float32))
@@ -66,8 +69,8 @@ class FeatureRecorder(NoDrafter):
         if self._round is None:
             return
         round, self._round = self._round, None
-        features = self._target.features  # packed [N, F] (verify_index says where each row's tokens are) or [b, T, F]
-        pending = features[round.verify_index[:, 0]] if features.dim() == 2 else features[:, 0]
+        features = self._target.features  # packed [N, F] (_verify_index says where each row's tokens are) or [b, T, F]
+        pending = features[self._verify_index[:, 0]] if features.dim() == 2 else features[:, 0]
         pending = pending.to("cpu", torch.float32)
         for i, slot in enumerate(round.rows):
             self.parts[slot].append(pending[i][None])

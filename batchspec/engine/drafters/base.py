@@ -11,9 +11,12 @@ Every drafter speaks the same verbs (cf. transformers' CandidateGenerator, made 
   release(slots)                        these requests are done
   learn_pending()                       host work it may put off (a lookup's learning): the generator calls it
                                         while the device computes a captured verify, when the host is idle
-and declares a DrafterPolicy: what the adaptive controller needs to know about it, so that the
-controller never looks inside a drafter. A row that proposes nothing costs only its 1-token decode in
-the verify pass. Drafts are written into the round's buffers (round.py): on the static path every slot,
+  packed_forward(chunks, verify_index)  a packed verify forward just ran (drafters that read the target's
+                                        hidden states: where its prompt chunks and verify positions are)
+and, for the engine's set-up and the controller's prices, bind, draft_seconds, step_times and
+step_seconds (the Drafter protocol below says what each takes). It declares a DrafterPolicy: what the
+adaptive controller needs to know about it, so that the controller never looks inside a drafter. A row
+that proposes nothing costs only its 1-token decode in the verify pass. Drafts are written into the round's buffers (round.py): on the static path every slot,
 at fixed addresses, which is what captured steps need.
 """
 
@@ -77,9 +80,11 @@ class Drafter(Protocol):
     #    `rows` rows of one token, timed before any row is admitted (startup_costs.py); None: no forwards
     def bind(self, shapes: list[RoundShape], target, state, buffers, acceptor) -> None: ...  # the generator's device
     #    state, given once at start (a drafter with static steps declares them then)
-    def prompt_features(self, chunks: list[tuple[int, int, int, int]]) -> None: ...  # a packed forward just wrote
-    #    these prompt chunks (slot, start, count, at: its first token's index in the forward, whose hidden states
-    #    the target's runner holds); a drafter that reads them (EAGLE) takes the prompt in from there
+    def packed_forward(self, chunks: list[tuple[int, int, int, int]], verify_index: torch.Tensor | None) -> None: ...
+    #    a packed forward just ran (called when the drafter names feature_layers): it wrote these prompt chunks
+    #    (slot, start, count, at: its first token's index in the forward, whose hidden states the target's
+    #    runner holds) and verify_index [b, W] gives each deciding row's verify positions in it (None: no row
+    #    decided); a drafter that reads the hidden states (EAGLE) takes the prompt in from there
     # Drafters whose policy says `trees`:
     #   propose_tree(round, spec) -> Draft      a tree per row in spec.nodes node slots (the verify width is
     #                                           spec.nodes + 1); round.budgets[i] bounds row i's depth
@@ -160,7 +165,7 @@ class HostDrafter:
     def bind(self, *args):
         pass  # no device state
 
-    def prompt_features(self, chunks):
+    def packed_forward(self, chunks, verify_index):
         pass  # it does not read the target's hidden states
 
     def learn_pending(self):

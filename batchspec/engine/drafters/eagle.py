@@ -102,6 +102,7 @@ class EagleDrafter(EagleStaticSteps):
         self.valid = [0] * num_slots  # per slot: the head's entries known to be right (host)
         self.waiting: dict[int, int] = {}  # slot -> its prompt's entries (P - 1), while packed rounds bring them in
         self._round: tuple | None = None
+        self._verify_index: torch.Tensor | None = None  # packed: the last forward's [b, W] verify positions
         self._lagging: set[int] = set()  # slots that sat the last round's first step out (eager)
         self._target: ModelRunner | None = None
         self._acceptor = None
@@ -123,7 +124,7 @@ class EagleDrafter(EagleStaticSteps):
         """The head's entries over each prompt: position p from the target's features of p and token p + 1
         (0 .. P - 2); the features of P - 1 wait in the stash for the first round. features: per seat, the
         target's features of its prompt [P, F] (from its eager prefill); None when packed rounds prefill the
-        prompts: the entries then come chunk by chunk (prompt_features), and the rows sit out the head's
+        prompts: the entries then come chunk by chunk (packed_forward), and the rows sit out the head's
         steps until their prompt is in."""
         if features is None:
             for slot, prompt in zip(slots, prompts):
@@ -145,9 +146,12 @@ class EagleDrafter(EagleStaticSteps):
         pass  # its entries are device work, written in the forwards that make them
 
     @torch.inference_mode()
-    def prompt_features(self, chunks):
-        """The head's entries over prompt chunks a packed forward just wrote (slot, start, count, at: the
-        chunk's first token in that forward): entry p from the target's features of p and token p + 1."""
+    def packed_forward(self, chunks, verify_index):
+        """A packed forward just ran: the head's entries over the prompt chunks it wrote (slot, start, count, at:
+        the chunk's first token in that forward), entry p from the target's features of p and token p + 1;
+        verify_index [b, W] (each deciding row's verify positions in it) says where extend finds the
+        features of the tokens the rows keep."""
+        self._verify_index = verify_index
         chunks = [c for c in chunks if c[0] in self.waiting]
         if not chunks:
             return
@@ -174,7 +178,7 @@ class EagleDrafter(EagleStaticSteps):
         appended after what a row that sat the first step out still holds."""
         if self._round is None:
             return
-        rows, lengths, round = self._round
+        rows, lengths = self._round
         self._round = None
         by_slot = dict(zip(rows, lengths))
         for slot in slots:
@@ -185,7 +189,7 @@ class EagleDrafter(EagleStaticSteps):
             self.graphs.run(("eagle", "stash", features.shape[1]), self._stash_step, self._stash_args(features.shape[1]))
             return
         if features.dim() == 2:  # a packed forward's [N, F]: each row's verify positions at verify_index
-            where = round.verify_index
+            where = self._verify_index
             along = self._acceptor.path_out[: len(rows), : where.shape[1]]
             gathered = features[where.gather(1, along)][:, : self.catch_up]
         else:
@@ -224,7 +228,7 @@ class EagleDrafter(EagleStaticSteps):
             self._static_steps(round, max(steps, 1), spec)
         else:
             self._eager_steps(round, max(steps, 1), branching, probs, draft=steps > 0)
-        self._round = (list(round.rows), list(round.lengths), round)
+        self._round = (list(round.rows), list(round.lengths))
         if steps == 0:
             return empty_draft(buffers, b) if spec is None else no_tree(buffers, b, spec)
         return buffered_draft(round, steps, num, probs, spec, self.device)

@@ -122,7 +122,7 @@ class ModelDrafter(ModelStaticSteps):
     def release(self, slots):
         pass
 
-    def prompt_features(self, chunks):
+    def packed_forward(self, chunks, verify_index):
         pass  # it reads tokens, not the target's hidden states
 
     def learn_pending(self):

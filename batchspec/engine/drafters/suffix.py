@@ -3,6 +3,8 @@ in every completion the job has finished (suffix_index.py), as chains or trees."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from itertools import count
 from typing import Iterable, Sequence
 
@@ -53,9 +55,7 @@ class SuffixDrafter(HostDrafter):
             tokens, probs = self.index.propose(self.keys[slot], k) if k > 0 else ([], [])
             drafts.append(tokens)
             priors.append(probs[0] if tokens else None)
-        draft = host_draft(round.buffers, drafts)
-        draft.priors = priors
-        return draft
+        return replace(host_draft(round.buffers, drafts), priors=priors)
 
     def propose_tree(self, round: Round, spec: TreeSpec) -> Draft:
         """Its own frequency-ranked tree within the shape's node budget and depth (a node may have more
