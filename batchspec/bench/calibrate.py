@@ -23,13 +23,16 @@ from pathlib import Path
 import torch
 
 from ..api import build_generator
+from ..engine.drafters.eagle import HeadAsModel
 from ..engine.drafters.registry import DRAFTERS, load_paths
-from ..util.files import atomic_write_text
 from ..engine.graphs import StepGraphs
 from ..engine.runner import ModelRunner
-from ..engine.timing import time_step
+from ..engine.timing import median_seconds, time_step
 from ..models import Models, load_models
+from ..sources import open_source
+from ..sources.prompts import check_messages
 from ..types import Request
+from ..util.files import atomic_write_text
 
 DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"
 
@@ -59,9 +62,6 @@ def forward_ms(model, batch_size: int, width: int, context: int, repeats: int = 
 def head_ms(head, target_vocab: int, batch_size: int, context: int, repeats: int = 5) -> float:
     """Median ms of one EAGLE-3 head step (1 token per row, its own hidden state in) over `context` cached
     entries: the eagle drafter's cost per drafted token."""
-    from ..engine.drafters.eagle import HeadAsModel
-    from ..engine.timing import median_seconds
-
     model = HeadAsModel(head, target_vocab)
     runner = ModelRunner(model, num_slots=batch_size, capacity=context + 2, max_position=context + 2,
                          graphs=StepGraphs(None, model.device), name="head")
@@ -90,9 +90,6 @@ def read_prompts(path: str, limit: int, column: str = "prompt", split: str = "tr
     """The first `limit` text prompts of `column` in any input a job can read: a Parquet file, folder or
     glob, a saved or local Hugging Face dataset, a JSONL file. Rows without a text prompt are skipped; with
     `messages`, chat message lists ([{role, content}, ...]) count as prompts too."""
-    from ..sources.prompts import check_messages
-    from ..sources import open_source
-
     source = open_source(path, "auto", split, {column: "--prompt-column"})
     prompts = []
     for _, values in source.rows(0, 1, None):

@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from .. import __version__
 from . import machine_cache
 from .packed import RowTokens
 from .threads import read_sample
@@ -54,8 +55,6 @@ def model_shape(module: torch.nn.Module) -> str:
 def cache_key(target, drafter, *, batch_size: int, k_max: int, device: torch.device) -> dict:
     """Everything the measured points depend on: the target's and the drafter's model shapes (a drafter with a
     `runner` has a model; the lookups share one key), the batch size, k_max, the machine and the versions."""
-    from .. import __version__
-
     runner = getattr(drafter, "runner", None)
     # A drafter without a model (the lookups) adds no forward: they share the target's points.
     return {"target": model_shape(target), "drafter": type(drafter).__name__ if runner is not None else "no forwards",

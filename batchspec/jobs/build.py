@@ -8,6 +8,7 @@ from typing import Callable
 
 from ..engine.drafters.registry import load_paths
 from ..types import MAX_LOGPROBS
+from .checks import job_constraint
 from .config import ConfigError, JobConfig, draft_path, self_training
 from ..sources.rowparams import RowParamColumns
 
@@ -43,8 +44,6 @@ def build_job_generator(job: JobConfig, models, row_params: RowParamColumns | No
     # When a column may ask for logprobs, any row may ask for up to RowParams' limit.
     max_logprobs = max([x for x in (s.logprobs, s.prompt_logprobs) if x is not None]
                        + ([MAX_LOGPROBS] if asks_logprobs else []), default=None)
-
-    from .checks import job_constraint
 
     constraint = job_constraint(job)  # checked before: a Constraint or None
 

@@ -27,7 +27,7 @@ def build_report(paths: list[Path], html_path: Path | None = None, *, cost: list
     drawn, missing = None, ""
     if plots:
         try:
-            from .plots import figures
+            from .plots import figures  # deferred: matplotlib is optional (.[report]); tables need nothing
             drawn = figures(outs)
             missing = "" if drawn else "nothing to plot (no rows)"
         except ImportError as e:
@@ -46,7 +46,7 @@ def build_report(paths: list[Path], html_path: Path | None = None, *, cost: list
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import __doc__ as doc
+    from . import __doc__ as doc  # the package's docstring is the command's description
 
     parser = argparse.ArgumentParser(prog="python -m batchspec.report", description=doc.splitlines()[0],
                                      epilog="\n".join(doc.splitlines()[2:5]),

@@ -18,7 +18,10 @@ from pathlib import Path
 
 import torch
 
+from ..api import build_generator, checked_request
+from ..models import load_models
 from ..util.files import atomic_write
+from .record import FeatureRecorder, match
 
 
 @dataclass
@@ -78,10 +81,6 @@ def continue_prompts(target, tokenizer, prompts: list[tuple[int, list[int]]], *,
     `keep` rows have finished, the rows still running are cut short and kept as far as they got (the time
     spent on them is training signal too). Request ids are the
     indices, so a sampled continuation is the same whichever chunk it was generated in (coupled sampling)."""
-    from ..api import build_generator, checked_request
-    from ..models import load_models
-    from .record import FeatureRecorder, match
-
     models = load_models(target, tokenizer=tokenizer)
     recorder = FeatureRecorder(layers) if layers else None
     longest = max(len(ids) for _, ids in prompts)

@@ -73,7 +73,7 @@ def verdict_of(head_rate: float | None, first_rate: float | None, fallback: str)
 def written_completions(out_dir: str | Path, tokenizer, max_tokens: int | None = None) -> list[list[int]] | None:
     """The newest completions, up to about max_tokens, that a job has written to out_dir/data so far (None if
     none): a resumed fallback's corpus."""
-    from ..sources.corpus import load_corpus
+    from ..sources.corpus import load_corpus  # deferred: a verdict is read without loading transformers
 
     if not any((Path(out_dir) / "data").glob("*.parquet")):
         return None

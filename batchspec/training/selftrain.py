@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
+from ..eagle.formats import load_head
 from ..types import FINISH_ERROR, Request, Result
 
 from ..runstats import RunStats
@@ -75,8 +76,6 @@ class SelfTrainingGenerator:
         self.heldout_acceptance: dict | None = None
         self.completions: list[list[int]] = []  # of the rows before the verdict: the fallback's corpus if it wins
         if self.resumed:
-            from ..eagle.formats import load_head
-
             self.first_rate, self.verdict = record.get("tokens_per_s_before"), record.get("verdict")
             self.not_trained = record.get("not_trained")
             self.head = None if self.verdict == NOT_TRAINED else load_head(

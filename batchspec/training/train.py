@@ -22,6 +22,9 @@ from pathlib import Path
 import torch
 
 from ..eagle.config import HeadError
+from ..models import load_models
+from ..sources import open_source
+from ..sources.prompts import PromptBuilder
 from .data import PROMPT_ORDERS, Prompts, SampleStore, generate_data, split_prompts
 from .evaluate import acceptance, head_matches, measure_costs
 from ..eagle.config import default_layer_ids, target_num_layers
@@ -109,9 +112,6 @@ def start_run_folder(state_dir: Path, record: dict) -> None:
 
 def run(options: TrainDraftOptions, log=print) -> Summary:
     """Generate, train, evaluate and save; returns the summary (also written to OUT/train_summary.*)."""
-    from ..sources import open_source  # reads every job source (Parquet, JSONL, datasets)
-    from ..models import load_models
-
     t_start = time.time()
     if options.lm_head not in ("train", "frozen"):
         raise TrainDraftError(f"--lm-head {options.lm_head}: choose train or frozen")
@@ -206,8 +206,6 @@ def encode_prompts(options: TrainDraftOptions, source, tokenizer, log) -> Prompt
     """The prompts as token ids (text, token ids, or with `chat` a user message or a message list through the
     chat template: jobs' rules, sources/prompts.py), less those over max_prompt_tokens; the held-out ones split
     off. Unusable rows are counted and the first reason shown; a source with too few usable rows is refused."""
-    from ..sources.prompts import PromptBuilder
-
     builder = PromptBuilder(prompt_column=options.prompt_column, template=None, chat=options.chat,
                             tokenizer=tokenizer, max_seq_len=options.max_prompt_tokens)
     encoded, bad, rows, first = [], 0, 0, None

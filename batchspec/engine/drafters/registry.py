@@ -16,6 +16,9 @@ from typing import Callable
 
 NOTHING, DRAFT_MODEL, HEAD = "nothing", "a draft model", "an EAGLE-3 head"
 
+# Each builder imports its drafter's module when it is called: the registry is read by the job's checks
+# before torch is loaded, and a job loads only the drafter it names.
+
 
 def _none(**_):
     from .base import NoDrafter

@@ -178,6 +178,7 @@ def check_settings(work: Path, settings: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # deferred: --help and a bad argument answer before the job runner (and torch) is loaded
     from ..checks import validate
     from ..locks import ShardLock
     from .batch import RESULTS_FILE, file_digest
