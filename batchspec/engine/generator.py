@@ -340,25 +340,27 @@ class SpecBatchGenerator:
                 draft = offered.cut(budgets, self.buffers) if self.scheduler.per_row else offered.truncate(shape.drafts)
         else:
             shape, budgets = self.scheduler.choose(round)
-        round = replace(round, shape=shape, budgets=budgets)
-        if coupled:
-            round = replace(round, gumbel=self._noise(round, shape.width))
+        # One new record per change the drafts need (replace costs ~10 us): the drafter reads the shape,
+        # each row's budget and the noise; the verify pass and the Acceptor read what follows.
+        round = replace(round, shape=shape, budgets=budgets,
+                        gumbel=self._noise(round, shape.width) if coupled else None)
         if draft is None:
             draft = drafter.propose_tree(round, shape.tree) if shape.tree else drafter.propose(round)
-        round = replace(round, draft=draft)
         if shape.tree is not None:
+            round = replace(round, draft=draft)
             return replace(round, tree=self.acceptor.shape_tree(round))
+        forced, gumbel, widened = None, round.gumbel, False
         if self.grammars.rows:  # structured output: cut refused drafts, add forced ones
-            constrained = constrain_drafts(round, self.grammars, self.scheduler.slots, self.buffers, self.forced_max)
+            constrained = constrain_drafts(replace(round, draft=draft), self.grammars, self.scheduler.slots,
+                                           self.buffers, self.forced_max)
             if constrained is not None:
-                round = replace(round, draft=constrained[0], forced=constrained[1])
-                if round.draft.tokens.shape[1] > shape.drafts:  # wider than the shape: the same noise, wider
-                    round = replace(round, shape=RoundShape(drafts=round.draft.tokens.shape[1]))
-                    if coupled:
-                        round = replace(round, gumbel=self._noise(round, round.shape.width))
-        if round.draft.tokens.shape[1] < round.shape.drafts:  # trimmed to the longest proposal: a narrower pass
-            round = replace(round, shape=RoundShape(drafts=round.draft.tokens.shape[1]))
-        return round
+                draft, forced = constrained
+                widened = draft.tokens.shape[1] > shape.drafts
+                if widened and coupled:  # the same noise, wider
+                    gumbel = self._noise(round, 1 + draft.tokens.shape[1])
+        if widened or draft.tokens.shape[1] < shape.drafts:  # forced drafts, or trimmed to the longest proposal
+            shape = RoundShape(drafts=draft.tokens.shape[1])
+        return replace(round, shape=shape, draft=draft, forced=forced, gumbel=gumbel)
 
     def _noise(self, round: Round, width: int) -> torch.Tensor:
         """The coupled noise of the round's rows at positions L .. L + width - 1 (accept.py)."""
