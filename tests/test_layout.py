@@ -66,9 +66,12 @@ def test_no_folder_imports_one_that_imports_it_back():
 
 
 def test_no_private_name_is_imported_from_another_module():
-    taken = [f"{path.relative_to(PACKAGE.parent)}:{line} takes {names} from {target}"
-             for path in PACKAGE.rglob("*.py") for target, names, line in imports(path)
-             for names in [[n for n in names if n.startswith("_") and not n.startswith("__")]] if names]
+    taken = []
+    for path in PACKAGE.rglob("*.py"):
+        for target, names, line in imports(path):
+            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            if private:
+                taken.append(f"{path.relative_to(PACKAGE.parent)}:{line} takes {private} from {target}")
     assert not taken, taken
 
 

@@ -149,20 +149,21 @@ def test_refused_drafts_are_cut_and_forced_ones_added_before_verification(tokeni
     proposals = [encode("hello b") + encode("x"), encode(" bat"), encode("zzz"), encode("zzz")]
     round = Round([0, 1, 2, 3], None, None, [2, 7, 2, 2], None, [0, 1, 2, 3], [50] * 4, [4] * 4, False,
                   shape=RoundShape(drafts=4), draft=host_draft(buffers, proposals))
-    draft, forced = constrain_drafts(round, grammars, slots, buffers, limit=4)
+    draft, forced = constrain_drafts(round, round.draft, grammars, slots, buffers, limit=4)
     kept = draft.host_tokens
     assert kept[0] == encode("hello b")  # cut before "x"; it covers the forced "hello " (other tokens)
     assert kept[1] == encode(" bat")  # covers the forced " "
     assert kept[2] == encode("zzz") and kept[3] == encode("zzz")  # unconstrained; awaiting its first token
     assert forced is None and draft.host_num == [len(k) for k in kept]
     round = replace(round, draft=host_draft(buffers, [encode("hel"), [], encode("zzz"), encode("zzz")]))
-    draft, forced = constrain_drafts(round, grammars, slots, buffers, limit=4)
+    draft, forced = constrain_drafts(round, round.draft, grammars, slots, buffers, limit=4)
     kept = draft.host_tokens
     assert kept[0] == grammars.forced(0, 4) and tokenizer.decode(kept[0]) == "hello "  # shorter: forced instead
     assert kept[1] == encode(" ")  # no proposal: the forced space
     assert forced == [len(kept[0]), 1, 0, 0]
     unconstrained = replace(round, draft=host_draft(buffers, [[], [], encode("zzz"), encode("zzz")]))
-    assert constrain_drafts(replace(unconstrained, rows=[2, 2, 2, 2]), grammars, slots, buffers, limit=4) is None
+    assert constrain_drafts(replace(unconstrained, rows=[2, 2, 2, 2]), unconstrained.draft, grammars, slots, buffers,
+                            limit=4) is None
 
 
 def test_adaptive_under_constraints(pair, references):

@@ -13,15 +13,14 @@ from .round import Draft, Round, RoundBuffers
 from .slots import SlotTable
 
 
-def constrain_drafts(round: Round, grammars: Grammars, slots: SlotTable, buffers: RoundBuffers,
+def constrain_drafts(round: Round, draft: Draft, grammars: Grammars, slots: SlotTable, buffers: RoundBuffers,
                      limit: int) -> tuple[Draft, list[int] | None] | None:
     """The drafts of constrained rows, before verification: a proposal is cut at the first token its grammar
     refuses, and a row whose grammar forces its next tokens drafts them (at most `limit`, and its room)
     unless its proposal already covers them. Only drafts made on the host (none, the lookups) can be cut and
     merged: a draft model's are masked at verification instead. Rows awaiting their first token are left
-    alone. Returns (the drafts, each row's forced drafts or None when no row has any), or None when the
-    round's drafts stand as they are."""
-    draft = round.draft
+    alone. draft: the round's proposals. Returns (the drafts, each row's forced drafts or None when no row has
+    any), or None when the proposals stand as they are."""
     if draft.host_tokens is None:
         return None
     merged, forced = [list(t) for t in draft.host_tokens], [0] * len(round.rows)  # forced: drafts the grammar made

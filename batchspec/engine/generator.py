@@ -30,9 +30,8 @@ from typing import Iterable, Iterator
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..types import Request, Result, TreeSpec
-
 from ..runstats import RunStats
+from ..types import Request, Result, TreeSpec
 from .accept import Acceptor
 from .adaptive import AdaptiveK
 from .admission import Admitter
@@ -351,8 +350,8 @@ class SpecBatchGenerator:
             return replace(round, tree=self.acceptor.shape_tree(round))
         forced, gumbel, widened = None, round.gumbel, False
         if self.grammars.rows:  # structured output: cut refused drafts, add forced ones
-            constrained = constrain_drafts(replace(round, draft=draft), self.grammars, self.scheduler.slots,
-                                           self.buffers, self.forced_max)
+            constrained = constrain_drafts(round, draft, self.grammars, self.scheduler.slots, self.buffers,
+                                           self.forced_max)
             if constrained is not None:
                 draft, forced = constrained
                 widened = draft.tokens.shape[1] > shape.drafts

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..types import Result
-
 from ..runstats import RunStats
+from ..types import Result
 from .round import RoundShape
 from .slots import Slot
 

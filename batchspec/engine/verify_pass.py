@@ -33,13 +33,13 @@ class Verifier:
         """One target forward over [pending token, drafts] of every row -> logits [b, W, V]."""
         if self.packed:
             return self._packed(round)
-        draft, width = round.draft, round.shape.width
         if self.runner.packed_width and round.tree is None:
             return self._packed_static(round)
-        return Verified(self._padded(round, draft, width))
+        return Verified(self._padded(round))
 
-    def _padded(self, round: Round, draft, width: int) -> torch.Tensor:
-        """Every row W = width tokens (the static path's trees, and eager rounds that are not packed)."""
+    def _padded(self, round: Round) -> torch.Tensor:
+        """Every row W tokens (the static path's trees, and eager rounds that are not packed)."""
+        draft, width = round.draft, round.shape.width
         self.tokens.add(len(round.rows) * width, sum(width - 1 - n for n in draft.host_num or [width - 1] * len(round.rows))
                         + (len(round.rows) - len(round.running)) * width, 0)
         kv_len = max(round.lengths[i] for i in round.running) + width - 1

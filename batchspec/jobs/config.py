@@ -216,6 +216,7 @@ def draft_path(job: JobConfig) -> str | None:
         return job.model.draft
     return None
 
+
 def job_dirs(cwd: Path) -> list[Path]:
     """Folders whose *.yaml files are jobs, later ones overriding earlier ones of the same name."""
     dirs = [SHIPPED_JOBS_DIR, cwd / "jobs"]
