@@ -200,7 +200,7 @@ def test_a_drafters_prior_is_held_to_what_its_proposals_achieve(name, rows, curv
     assert achieved >= 0.9 * max(fixed), (name, achieved / max(fixed))
     assert achieved >= 0.98 * fixed[0], (name, achieved / fixed[0])
     first = sum(r[1] for r in rows) / len(rows)
-    assert prior * controller.reliability.ratio == pytest.approx(first, abs=0.1)
+    assert prior * controller.acceptance.reliability.ratio == pytest.approx(first, abs=0.1)
 
 
 def test_cost_of_an_unseen_batch_size_borrows_the_nearest_curve():
@@ -216,10 +216,10 @@ def test_a_new_request_starts_from_the_pooled_acceptance():
     controller = AdaptiveK(4)
     for _ in range(50):
         controller.observe_index(4, 1.0, [0, 1], [4, 4], [4, 4], [4, 0])
-    assert controller.alpha(0) > 0.9 and controller.alpha(1) < 0.2
+    assert controller.acceptance.alpha(0) > 0.9 and controller.acceptance.alpha(1) < 0.2
     controller.admit(1)
-    assert controller.alpha(1) == pytest.approx(controller.pooled_alpha)
-    assert 0.4 < controller.pooled_alpha < 0.95
+    assert controller.acceptance.alpha(1) == pytest.approx(controller.acceptance.pooled_alpha)
+    assert 0.4 < controller.acceptance.pooled_alpha < 0.95
 
 
 def test_lookup_width_beats_every_fixed_k_when_matches_are_rare_but_good():

@@ -239,7 +239,7 @@ def test_the_controller_explores_until_it_has_evidence():
     assert sum(drafts) == 4 and max(drafts) == 1
     controller.learn(1, slots, drafts, drafts, drafts)
     controller.learn(4, slots, [4] * 32, [4] * 32, [4] * 32)
-    assert controller.evidence >= 16
+    assert controller.acceptance.evidence >= 16
     _, drafts = controller.choose_rows(slots, [4] * 32, [0] * 32, [0.95] * 32, 32, costs)
     assert sum(drafts) > 32
 
@@ -302,16 +302,16 @@ def test_rows_not_asked_to_propose_are_those_that_would_draft_nothing(name, coun
     for n in (8, 40, 12, 64):
         costs.observe(n, line[0] + line[1] * n, [], line[0] + line[1] * n + 0.001)
     controller = AdaptiveK(k_max=4, policy=LOOKUP_POLICY, costs=costs)
-    controller._rounds = 1  # past the alternating start, and far from a probe
-    controller._next_probe = 10**6
-    for c, ratio in zip(controller.calibration, ratios or ()):
+    controller.packed.rounds = 1  # past the alternating start, and far from a probe
+    controller.packed.next_probe = 10**6
+    for c, ratio in zip(controller.acceptance.calibration, ratios or ()):
         c.realized, c.predicted = 10.0 * ratio, 10.0
     slots = list(range(len(counts)))
     for slot, (accepted, rejected) in zip(slots, counts):
-        controller.rows[slot] = RowAcceptance(accepted, rejected)
+        controller.acceptance.rows[slot] = RowAcceptance(accepted, rejected)
     base = len(slots)
     assert controller.hopeless(slots, base, costs) == [False] * len(slots)  # exploring: explore may draft any row
-    controller.evidence = controller.explore_evidence  # past exploration: the choice's own drafts
+    controller.acceptance.evidence = controller.explore_evidence  # past exploration: the choice's own drafts
     hopeless = controller.hopeless(slots, base, costs)
     if ratios is None:  # the cases' own point (calibrated, the weak rows of "expensive tokens" lose their first draft too)
         if name.startswith("cheap"):
@@ -340,9 +340,9 @@ def test_gains_are_calibrated_by_draft_position(name, gains, ratios, expected):
     from batchspec.engine.adaptive import AdaptiveK
 
     controller = AdaptiveK(k_max=len(ratios))
-    for c, ratio in zip(controller.calibration, ratios):
+    for c, ratio in zip(controller.acceptance.calibration, ratios):
         c.realized, c.predicted = 10.0 * ratio, 10.0
-    assert controller.calibrated(gains) == [pytest.approx(row) for row in expected]
+    assert controller.acceptance.calibrated(gains) == [pytest.approx(row) for row in expected]
 
 
 def test_each_draft_position_learns_its_own_calibration():
@@ -351,10 +351,10 @@ def test_each_draft_position_learns_its_own_calibration():
     from batchspec.engine.adaptive import AdaptiveK
 
     controller = AdaptiveK(k_max=3)
-    controller._gains = {0: [0.9, 0.8], 1: [0.7, 0.5, 0.3], 2: [0.6]}
+    controller.acceptance.gains = {0: [0.9, 0.8], 1: [0.7, 0.5, 0.3], 2: [0.6]}
     controller.learn(3, [0, 1, 2], [3, 3, 3], [2, 3, 1], [2, 1, 0])
-    d = controller.pooled_decay
-    got = [(c.realized, c.predicted) for c in controller.calibration]
+    d = controller.acceptance.pooled_decay
+    got = [(c.realized, c.predicted) for c in controller.acceptance.calibration]
     assert got == [pytest.approx((2 * d + 2, 2 * d + 2.2)), pytest.approx((2 * d + 1, 2 * d + 1.3)),
                    pytest.approx((2 * d + 0, 2 * d + 0.3))]
-    assert controller._gains == {}
+    assert controller.acceptance.gains == {}

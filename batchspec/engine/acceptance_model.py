@@ -27,7 +27,8 @@ gains predicted for the drafts chosen against the drafts accepted (packed_choice
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import accumulate
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -55,9 +56,42 @@ class RowAcceptance:
     rejections: float = 0.0
 
 
+@dataclass
 class AcceptanceModel:
-    """A mixin of AdaptiveK (adaptive.py): the acceptance estimates over its fields (rows, pooled, continued,
-    tree_counts, reliability, calibration, the round's priors and gains)."""
+    """Each row's and the job's acceptance, learnt from the rounds' cut counts. k_max: the most drafts a chain
+    round has; bursty: the drafter's proposals are a long match or nothing (lookups); tree_depths: the depths
+    of the trees rounds may draft. decay: per informative round, for each row's counts (~10 rounds of
+    memory); prior_weight: pseudo-observations of the job-wide acceptance in each row's estimate;
+    pooled_decay: per round, for the job-wide counts."""
+
+    k_max: int
+    bursty: bool = False
+    tree_depths: tuple[int, ...] = ()
+    decay: float = 0.9
+    prior_weight: float = 2.0
+    pooled_decay: float = 0.99
+    rows: dict[int, RowAcceptance] = field(init=False, default_factory=dict)  # slot -> counts
+    # A weak prior (one accepted draft, one rejection: a = 0.5) until the job has measured its own.
+    pooled: RowAcceptance = field(init=False, default_factory=lambda: RowAcceptance(1.0, 1.0))
+    continued: list[RowAcceptance] = field(init=False)  # [j]: drafts at position j accepted / refused, given j-1 were
+    tree_counts: list[RowAcceptance] = field(init=False)  # [j]: tokens emitted, row-rounds
+    reliability: Calibration = field(init=False, default_factory=Calibration)  # of the drafter's priors
+    # Packed rounds, per draft position j: the drafts accepted there against the gains predicted for them.
+    calibration: list[Calibration] = field(init=False)
+    evidence: int = field(init=False, default=0)  # first drafts verified in this job (not decayed)
+    # The round in flight: each proposing row's prior (slot -> prior), and a packed round's predicted gain
+    # per chosen draft (slot -> gains): what `learn` checks the verdict against.
+    priors: dict[int, float] = field(init=False, default_factory=dict)
+    gains: dict[int, list[float]] = field(init=False, default_factory=dict)
+
+    def __post_init__(self):
+        self.continued = [RowAcceptance(accepted=1.0, rejections=1.0) for _ in range(self.k_max + 1)]
+        self.tree_counts = [RowAcceptance() for _ in self.tree_depths]  # accepted = tokens, rejections = row-rounds
+        self.calibration = [Calibration() for _ in range(max(self.k_max, 1))]
+
+    def admit(self, slot: int) -> None:
+        """A new request took `slot`: forget the previous one's history."""
+        self.rows[slot] = RowAcceptance()
 
     @property
     def pooled_alpha(self) -> float:
@@ -77,7 +111,7 @@ class AcceptanceModel:
         1 + alpha * run[n] where run[n] = 1 + c_2 + c_2 c_3 + ... (see the module docstring)."""
         if n <= 0:
             return 1.0
-        if not self.policy.bursty:
+        if not self.bursty:
             return expected_tokens(alpha, n)
         return 1.0 + alpha * (run or self.run_lengths())[n]
 
@@ -98,6 +132,12 @@ class AcceptanceModel:
         depth = min(self.tree_depths[j], self.k_max)
         return sum(self.expected(a, depth, run) for a in alphas) / max(len(alphas), 1)
 
+    def calibrated(self, gains: list[list[float]]) -> list[list[float]]:
+        """Each row's gains scaled by their position's calibration, kept non-increasing along the row (what
+        choose_drafts needs: a later draft never gains more than an earlier one)."""
+        return [list(accumulate((g * self.calibration_at(j).ratio for j, g in enumerate(row)), min))
+                for row in gains]
+
     def calibration_at(self, j: int) -> Calibration:
         """Packed rounds: the calibration of draft position j (from 0); a position past k_max shares the last."""
         return self.calibration[min(j, len(self.calibration) - 1)]
@@ -105,15 +145,15 @@ class AcceptanceModel:
     def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int]) -> None:
         """Acceptance from a round of shape k: per row the drafts it was allowed (budgets), proposed and
         accepted (see observe_index)."""
-        if self._gains:  # a packed round: what its drafts gained against what was predicted, by position
+        if self.gains:  # a packed round: what its drafts gained against what was predicted, by position
             for c in self.calibration:
                 c.realized, c.predicted = c.realized * self.pooled_decay, c.predicted * self.pooled_decay
             for slot, m in zip(slots, accepted):
-                for j, gain in enumerate(self._gains.get(slot, ())):
+                for j, gain in enumerate(self.gains.get(slot, ())):
                     c = self.calibration_at(j)
                     c.realized += m > j
                     c.predicted += gain
-            self._gains = {}
+            self.gains = {}
         if k == 0:
             return
         if k > self.k_max:  # a tree round: the job-wide tokens per row-round of this tree
@@ -128,19 +168,19 @@ class AcceptanceModel:
         for counts in (self.pooled, *self.continued):
             counts.accepted *= self.pooled_decay
             counts.rejections *= self.pooled_decay
-        if self._priors:  # first drafts kept against the priors they came with
+        if self.priors:  # first drafts kept against the priors they came with
             reliability = self.reliability
             reliability.realized *= self.pooled_decay
             reliability.predicted *= self.pooled_decay
             for slot, budget, m in zip(slots, budgets, accepted):
-                if budget > 0 and slot in self._priors:
+                if budget > 0 and slot in self.priors:
                     reliability.realized += min(m, 1)
-                    reliability.predicted += self._priors[slot]
+                    reliability.predicted += self.priors[slot]
         self.evidence += sum(1 for budget, n in zip(budgets, drafted) if budget > 0 and n > 0)
         for slot, budget, n, m in zip(slots, budgets, drafted, accepted):
             if budget == 0:
                 continue  # no room to draft (end of the request): nothing learned
-            if self.policy.bursty:  # the row's count is its first draft; later positions go to the job-wide c_j
+            if self.bursty:  # the row's count is its first draft; later positions go to the job-wide c_j
                 kept, rejected = min(m, 1), m == 0
                 for j in range(2, min(n, m + 1) + 1):  # positions reached: all before them were kept
                     self.continued[j].accepted += m >= j

@@ -57,7 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..types import TreeSpec
-from .acceptance_model import AcceptanceModel, Calibration, RowAcceptance
+from .acceptance_model import AcceptanceModel
 from .costs import CostModel, RoundTimes
 from .drafters.base import LOOKUP_POLICY as LOOKUP  # noqa: F401 (the tests' name for it)
 from .drafters.base import MODEL_POLICY as DRAFT_MODEL
@@ -67,9 +67,10 @@ from .round import RoundShape
 
 
 @dataclass
-class AdaptiveK(AcceptanceModel, PackedChoice):
+class AdaptiveK:
     """Call choose(rows) before a round and observe(...) after it (packed rounds: choose_rows, then learn).
-    Its acceptance estimates are AcceptanceModel's, packed rounds' choice PackedChoice's."""
+    Its acceptance estimates are `acceptance`'s (acceptance_model.py), packed rounds' choice `packed`'s
+    (packed_choice.py); the chain rounds' choice and its re-timings are its own."""
 
     k_max: int
     policy: DrafterPolicy = DRAFT_MODEL
@@ -80,40 +81,41 @@ class AdaptiveK(AcceptanceModel, PackedChoice):
     pooled_decay: float = 0.99  # per round, for the job-wide counts
     revisit_every: int = 48  # rounds between re-timings of the chosen k's neighbours
     explore_evidence: int = 16  # packed: first drafts the job verifies before its acceptance is trusted
-    rows: dict[int, RowAcceptance] = field(init=False, default_factory=dict)  # slot -> counts
-    pooled: RowAcceptance = field(init=False)
-    continued: list[RowAcceptance] = field(init=False)  # [j]: drafts at position j accepted / refused, given j-1 were
+    acceptance: AcceptanceModel = field(init=False)
+    packed: PackedChoice = field(init=False)
     _rounds: int = field(init=False, default=0)
-    evidence: int = field(init=False, default=0)  # first drafts verified in this job (not decayed)
     _probes: list[int] = field(init=False, default_factory=list)
     _next_probe: int = field(init=False, default=0)  # round of the next re-timing
     _interval: int = field(init=False, default=0)  # rounds until the one after: doubles while the choice holds
     _probed_best: int | None = field(init=False, default=None)  # the choice the last re-timing was made around
     _last_k: int | None = field(init=False, default=None)
-    tree_counts: list[RowAcceptance] = field(init=False, default_factory=list)  # [j]: tokens emitted, row-rounds
-    reliability: Calibration = field(init=False, default_factory=Calibration)  # of the drafter's priors
-    # Packed rounds, per draft position j: the drafts accepted there against the gains predicted for them.
-    calibration: list[Calibration] = field(init=False, default_factory=list)
-    _gains: dict[int, list[float]] = field(init=False, default_factory=dict)  # slot -> predicted gain per draft
-    _idle: bool = field(init=False, default=False)  # packed: nobody drafted at the last re-timing
-    _priors: dict[int, float] = field(init=False, default_factory=dict)  # slot -> this round's prior
     # Internally a shape is an index into `shapes`: chains k = 0..k_max, then tree j at k_max + 1 + j.
     shapes: list[RoundShape] = field(init=False, default_factory=list)
 
     def __post_init__(self):
-        # A weak prior (one accepted draft, one rejection: a = 0.5) until the job has measured its own.
-        self.pooled = RowAcceptance(accepted=1.0, rejections=1.0)
-        self.continued = [RowAcceptance(accepted=1.0, rejections=1.0) for _ in range(self.k_max + 1)]
         self.tree_depths = tuple(t.depth for t in self.trees)
-        self.tree_counts = [RowAcceptance() for _ in self.trees]  # accepted = tokens, rejections = row-rounds
-        self.calibration = [Calibration() for _ in range(max(self.k_max, 1))]
+        self.acceptance = AcceptanceModel(self.k_max, self.policy.bursty, self.tree_depths, self.decay,
+                                          self.prior_weight, self.pooled_decay)
+        self.packed = PackedChoice(self.acceptance, self.policy, self.k_max, self.trees, self.revisit_every,
+                                   self.explore_evidence)
         self.shapes = [RoundShape(drafts=k) for k in range(self.k_max + 1)] + [RoundShape(tree=t) for t in self.trees]
         self._index = {shape: i for i, shape in enumerate(self.shapes)}
         self._next_probe = self.revisit_every
 
+    # What the scheduler calls: a row's arrival, a packed round's choice and learning (packed_choice.py,
+    # acceptance_model.py), and the chain rounds' below.
     def admit(self, slot: int) -> None:
         """A new request took `slot`: forget the previous one's history."""
-        self.rows[slot] = RowAcceptance()
+        self.acceptance.admit(slot)
+
+    def hopeless(self, slots: list[int], base_tokens: int, costs) -> list[bool]:
+        return self.packed.hopeless(slots, base_tokens, costs)
+
+    def choose_rows(self, *args, **kwargs) -> tuple[int, list[int]]:
+        return self.packed.choose_rows(*args, **kwargs)
+
+    def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int]) -> None:
+        self.acceptance.learn(k, slots, budgets, drafted, accepted)
 
     def cost(self, k: int, b: int) -> float | None:
         """Estimated seconds of a round with k drafts and b active rows, or None if nothing is known."""
@@ -133,13 +135,14 @@ class AdaptiveK(AcceptanceModel, PackedChoice):
         seconds = self.cost(k, len(slots))
         if seconds is None:
             return None
-        alphas = alphas if alphas is not None else [self.alpha(s) for s in slots]
-        run = self.run_lengths() if self.policy.bursty else None
+        model = self.acceptance
+        alphas = alphas if alphas is not None else [model.alpha(s) for s in slots]
+        run = model.run_lengths() if self.policy.bursty else None
         if k > self.k_max:
-            per_row = self.tree_tokens(k - self.k_max - 1, alphas, run)
+            per_row = model.tree_tokens(k - self.k_max - 1, alphas, run)
             tokens = sum(min(per_row, r + 1) for r in (room if room is not None else budgets))
         else:
-            tokens = sum(self.expected(a, min(k, budget), run) for a, budget in zip(alphas, budgets))
+            tokens = sum(model.expected(a, min(k, budget), run) for a, budget in zip(alphas, budgets))
         return tokens / max(seconds, 1e-9)
 
     def choose(self, slots: list[int], budgets: list[int], room: list[int] | None = None,
@@ -169,10 +172,10 @@ class AdaptiveK(AcceptanceModel, PackedChoice):
         trees = list(range(self.k_max + 1, self.num_shapes)) if max(room, default=0) > 0 else []
         options = list(range(limit + 1)) + trees
         priors = priors or [None] * len(slots)
-        self._priors = {s: p for s, p, n in zip(slots, priors, budgets) if p is not None and n > 0}
+        self.acceptance.priors = {s: p for s, p, n in zip(slots, priors, budgets) if p is not None and n > 0}
         if len(options) == 1:
             return 0
-        alphas = [self.alpha(s, p) for s, p in zip(slots, priors)]
+        alphas = [self.acceptance.alpha(s, p) for s, p in zip(slots, priors)]
         return self._pick(options, limit, trees, slots, budgets, alphas, room)
 
     def _pick(self, options: list[int], limit: int, trees: list[int], slots: list[int], budgets: list[int],

@@ -183,7 +183,7 @@ class SpecBatchGenerator:
 
     def reset_stats(self) -> None:
         """Start the run statistics and phase times afresh (a benchmark's next repeat)."""
-        self.scheduler.reset_stats()
+        self.scheduler.stats.reset()
         self.timings = dict.fromkeys(PHASES, 0.0)
         self.noise_s = 0.0
         self.verifier.tokens = TokenCounts()

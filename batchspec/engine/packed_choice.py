@@ -1,4 +1,4 @@
-"""Adaptive speculation in packed rounds: each row its own number of drafts (a mixin of AdaptiveK).
+"""Adaptive speculation in packed rounds: each row its own number of drafts (AdaptiveK holds one).
 
 Packed rounds (eager, packed.py) price each row's drafts apart: `choose_rows` gives every row its own
 number of drafts, the choice of row_drafts.py over each row's expected gains E_i(j) - E_i(j - 1) (the
@@ -29,9 +29,10 @@ worth in that round), the rows whose first draft gains most, until the evidence 
 
 from __future__ import annotations
 
-from itertools import accumulate
-
+from ..types import TreeSpec
+from .acceptance_model import AcceptanceModel
 from .costs import PackedCosts
+from .drafters.base import DrafterPolicy
 from .row_drafts import Prices, choose_drafts, pays_at_best
 
 
@@ -55,7 +56,18 @@ def explore(gains: list[list[float]], prices: Prices, base_tokens: int, steps: b
 
 
 class PackedChoice:
-    """A mixin of AdaptiveK (adaptive.py): the packed rounds' choice, over its acceptance model and fields."""
+    """The packed rounds' choice over `acceptance`, for a drafter of `policy`: chains of up to k_max drafts
+    a row, or one of `trees`; every `revisit_every` rounds a probe; exploration until `explore_evidence`
+    first drafts are verified. It keeps its own count of rounds and probe schedule."""
+
+    def __init__(self, acceptance: AcceptanceModel, policy: DrafterPolicy, k_max: int, trees: tuple[TreeSpec, ...],
+                 revisit_every: int, explore_evidence: int):
+        self.acceptance, self.policy, self.k_max, self.trees = acceptance, policy, k_max, trees
+        self.revisit_every, self.explore_evidence = revisit_every, explore_evidence
+        self.rounds = 0
+        self.next_probe = revisit_every  # round of the next probe
+        self._interval = 0  # rounds until the one after: doubles while nobody drafts
+        self._idle = False  # nobody drafted at the last probe
 
     def hopeless(self, slots: list[int], base_tokens: int, costs: PackedCosts) -> list[bool]:
         """Before a lookup proposes in a packed round: per row, whether its first draft cannot pay at the
@@ -66,17 +78,17 @@ class PackedChoice:
         a probe round, while the job explores (explore drafts rows whatever the choice says), before the
         costs are known, with trees, or for a drafter whose proposals carry priors (its rows' worth is
         known only once they have proposed)."""
-        policy = self.policy
-        if (self._rounds + 1 >= self._next_probe or self.evidence < self.explore_evidence or not costs.known
+        policy, model = self.policy, self.acceptance
+        if (self.rounds + 1 >= self.next_probe or model.evidence < self.explore_evidence or not costs.known
                 or self.trees or policy.draft_forwards or policy.priors):
             return [False] * len(slots)
         prices = costs.prices()
         if not pays_at_best(prices, len(slots), base_tokens, self.k_max, policy.draft_forwards):
             return [True] * len(slots)
         rate = len(slots) / max(prices.seconds(base_tokens, 0, 0), 1e-12)
-        threshold = rate * (prices.per_token + prices.per_draft) / max(self.calibration_at(0).ratio, 1e-12)
-        run = self.run_lengths() if policy.bursty else None
-        return [self.expected(self.alpha(s), 1, run) - 1.0 <= threshold for s in slots]
+        threshold = rate * (prices.per_token + prices.per_draft) / max(model.calibration_at(0).ratio, 1e-12)
+        run = model.run_lengths() if policy.bursty else None
+        return [model.expected(model.alpha(s), 1, run) - 1.0 <= threshold for s in slots]
 
     def choose_rows(self, slots: list[int], offers: list[int], room: list[int], priors: list[float | None] | None,
                     base_tokens: int, costs: PackedCosts) -> tuple[int, list[int]]:
@@ -86,46 +98,42 @@ class PackedChoice:
         drafting nothing and every row drafting its offer; every `revisit_every` rounds (doubling, up to 8x,
         while nobody drafts) each row verifies one draft more than chosen, so that rows drafting nothing
         keep learning their acceptance."""
-        self._rounds += 1
+        model = self.acceptance
+        self.rounds += 1
         priors = priors or [None] * len(slots)
-        self._priors = {s: p for s, p, n in zip(slots, priors, offers) if p is not None and n > 0}
-        trees = list(range(self.k_max + 1, self.num_shapes)) if max(room, default=0) > 0 else []
+        model.priors = {s: p for s, p, n in zip(slots, priors, offers) if p is not None and n > 0}
+        num_shapes = self.k_max + 1 + len(self.trees)
+        trees = list(range(self.k_max + 1, num_shapes)) if max(room, default=0) > 0 else []
         if max(offers, default=0) == 0 and not trees:
             return 0, [0] * len(slots)
         draws = self.policy.draft_forwards
         if not costs.known or (draws and costs.step.w == 0):  # start of the job: time both extremes
-            return (0, [0] * len(slots)) if self._rounds % 2 else (max(offers), list(offers))
+            return (0, [0] * len(slots)) if self.rounds % 2 else (max(offers), list(offers))
         prices = costs.prices()
         if not trees and not pays_at_best(prices, len(slots), base_tokens, max(offers), draws):
             return 0, [0] * len(slots)  # not even drafts that were all accepted would pay: no probes either
-        alphas = [self.alpha(s, p) for s, p in zip(slots, priors)]
-        run = self.run_lengths() if self.policy.bursty else None
-        gains = [[self.expected(a, j, run) - self.expected(a, j - 1, run) for j in range(1, n + 1)]
+        alphas = [model.alpha(s, p) for s, p in zip(slots, priors)]
+        run = model.run_lengths() if self.policy.bursty else None
+        gains = [[model.expected(a, j, run) - model.expected(a, j - 1, run) for j in range(1, n + 1)]
                  for a, n in zip(alphas, offers)]
-        drafts, rate = choose_drafts(self.calibrated(gains), base_tokens, prices, steps=draws)
-        if self.evidence < self.explore_evidence:
+        drafts, rate = choose_drafts(model.calibrated(gains), base_tokens, prices, steps=draws)
+        if model.evidence < self.explore_evidence:
             drafts, trees = explore(gains, prices, base_tokens, bool(draws)), []
         shape = max(drafts, default=0)
         for j in (t - self.k_max - 1 for t in trees):  # a tree round: every row its tree
             spec, n = self.trees[j], len(slots)
-            per_row = self.tree_tokens(j, alphas, run)
+            per_row = model.tree_tokens(j, alphas, run)
             tokens = sum(min(per_row, r + 1) for r in room)
             seconds = prices.seconds(base_tokens + n * spec.nodes, spec.depth if draws else 0, n * spec.depth)
             if tokens / max(seconds, 1e-12) > rate:
                 shape, rate, drafts = self.k_max + 1 + j, tokens / max(seconds, 1e-12), list(room)
-        if self._rounds >= self._next_probe:
+        if self.rounds >= self.next_probe:
             idle = sum(drafts) == 0
             self._interval = min(2 * self._interval, 8 * self.revisit_every) if idle and self._idle else self.revisit_every
-            self._next_probe, self._idle = self._rounds + self._interval, idle
+            self.next_probe, self._idle = self.rounds + self._interval, idle
             if shape <= self.k_max:
                 drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
                 shape = max(drafts, default=0)
         if shape <= self.k_max:
-            self._gains = {s: g[:k] for s, g, k in zip(slots, gains, drafts) if k > 0}
+            model.gains = {s: g[:k] for s, g, k in zip(slots, gains, drafts) if k > 0}
         return shape, drafts
-
-    def calibrated(self, gains: list[list[float]]) -> list[list[float]]:
-        """Each row's gains scaled by their position's calibration, kept non-increasing along the row (what
-        choose_drafts needs: a later draft never gains more than an earlier one)."""
-        return [list(accumulate((g * self.calibration_at(j).ratio for j, g in enumerate(row)), min))
-                for row in gains]

@@ -1,4 +1,4 @@
-"""The host side of a round's outcome (a mixin of Scheduler, scheduler.py): the tokens each row emitted
+"""The host side of a round's outcome (the Scheduler holds one, scheduler.py): the tokens each row emitted
 appended to its output, its grammar advanced, stops and limits checked, statistics counted, finished
 rows' Results made; new rows' first tokens likewise, and prompt logprobs kept."""
 
@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..types import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, Result
+from transformers import PreTrainedTokenizerBase
+
+from ..types import FINISH_ERROR, FINISH_STOP, Result
+from .grammar import Grammars
 from .round import Round
-from .slots import Slot
-from .stats import RowCounts, cut_counts
+from .slots import Slot, SlotTable
+from .stats import RowCounts, Statistics, cut_counts
+from .stops import StopRules
 from .verdict import RoundOutcome
 
 
@@ -39,7 +43,12 @@ class Emitted:
 
 
 class RowOutcomes:
-    """Scheduler's outcome half: its slots, stops, grammars, statistics and tokenizer."""
+    """What rows' new tokens do to the rows of `slots`: their outputs, grammars (None: no constrained rows),
+    stops, statistics, and the Results of the rows they finish (prompts decoded by `tokenizer`)."""
+
+    def __init__(self, slots: SlotTable, stops: StopRules, grammars: Grammars | None, stats: Statistics,
+                 tokenizer: PreTrainedTokenizerBase):
+        self.slots, self.stops, self.grammars, self.stats, self.tokenizer = slots, stops, grammars, stats, tokenizer
 
     def first_tokens(self, slots: list[int], tokens: list[int],
                      logprobs: list[list[float]] | None = None) -> list[tuple[int, Result]]:
@@ -58,9 +67,9 @@ class RowOutcomes:
         _add_logprobs(record, [block] if block else [])
         problem, hit_eos, hit_stop = self._take(slot, record, 1, token in self.stops.eos_ids)
         if problem:
-            return self._finish(slot, FINISH_ERROR, problem)
+            return self.finish(slot, FINISH_ERROR, problem)
         reason = self._finish_reason(slot, record, hit_eos, hit_stop)
-        return self._finish(slot, reason) if reason is not None else None
+        return self.finish(slot, reason) if reason is not None else None
 
     def _take(self, slot: int, record: Slot, num_new: int, hit_eos: bool) -> tuple[str | None, bool, bool]:
         """The row's last `num_new` output tokens (whose last is an EOS when hit_eos): cut at a stop string
@@ -118,7 +127,7 @@ class RowOutcomes:
             _add_logprobs(record, outcome.logprobs[i] if outcome.logprobs else [])
             problem, hit_eos, hit_stop = self._take(slot, record, len(new), outcome.hit_eos[i])
             if problem:
-                finished.append((slot, self._finish(slot, FINISH_ERROR, problem)))
+                finished.append((slot, self.finish(slot, FINISH_ERROR, problem)))
                 continue
             forced = round.forced[i] if round.forced else 0
             positions = outcome.depth[i] if outcome.depth is not None else outcome.num_drafts[i]
@@ -130,14 +139,8 @@ class RowOutcomes:
                         outcome.last_node[i] if emitted.path is not None else 0)
             reason = self._finish_reason(slot, record, hit_eos, hit_stop)
             if reason is not None:
-                finished.append((slot, self._finish(slot, reason)))
+                finished.append((slot, self.finish(slot, reason)))
         return finished, emitted
-
-    def cut_short(self) -> list[tuple[int, Result]]:
-        """Every running row finished as it stands (finish_reason "length": a deadline is a limit), and no
-        prompt left to bring in; a row still waiting for its first token ends with an empty completion."""
-        self.filling = []
-        return [(slot, self._finish(slot, FINISH_LENGTH)) for slot in self.slots.active()]
 
     def set_prompt_logprobs(self, slot: int, blocks: list[list[float]], k: int) -> None:
         """A row's prompt logprobs: blocks [logprob, K best, their ids] for prompt tokens 1.. (the first has
@@ -147,8 +150,8 @@ class RowOutcomes:
         record.prompt_logprobs = ([None] + [b[0] for b in blocks], [[]] + [b[1 : 1 + k] for b in blocks],
                                   [[]] + [[int(x) for x in b[1 + width : 1 + width + k]] for b in blocks])
 
-    def _finish(self, slot: int, reason: str, error: str | None = None) -> Result:
-        """The row's Result; an error (its grammar failed) keeps the output made before it."""
+    def finish(self, slot: int, reason: str, error: str | None = None) -> Result:
+        """The row's Result, its slot released; an error (its grammar failed) keeps the output made before it."""
         if self.grammars is not None:
             self.slots[slot].structured_complete = self._whole_match(slot, self.slots[slot], reason, error)
             self.grammars.release(slot)
@@ -159,7 +162,6 @@ class RowOutcomes:
         result.error = error
         self.stats.result(result)
         return result
-
 
     def _whole_match(self, slot: int, record: Slot, reason: str, error: str | None) -> bool | None:
         """structured_complete (None: unconstrained): the grammar accepts the output and the row ended because

@@ -14,7 +14,7 @@ from typing import Iterable
 
 from transformers import PreTrainedTokenizerBase
 
-from ..types import Request, Result, TreeSpec
+from ..types import FINISH_LENGTH, Request, Result, TreeSpec
 from .adaptive import AdaptiveK
 from .grammar import Grammars
 from .intake import Admission, Defaults, Intake
@@ -24,6 +24,7 @@ from .round import Round, RoundShape
 from .slots import SlotTable
 from .stats import Statistics
 from .stops import StopRules
+from .verdict import RoundOutcome
 
 
 @dataclass(slots=True)
@@ -38,7 +39,7 @@ class Seat:
         return self.admission.prompt_ids
 
 
-class Scheduler(RowOutcomes):
+class Scheduler:
     """Host bookkeeping for `num_slots` slots. k_max: the most drafts a chain round may have per row;
     trees: the tree shapes rounds may draft; adaptive: the controller choosing each round's shape (None:
     every round drafts the first tree, or a chain of k_max); grammars: the constrained rows' matchers
@@ -63,11 +64,27 @@ class Scheduler(RowOutcomes):
         self.intake_ = Intake(tokenizer, vocab_size=vocab_size, max_seq_len=max_seq_len, defaults=defaults,
                               grammars=grammars, no_constraints=no_constraints)
         self.slots = SlotTable(num_slots)
-        self.reset_stats()
+        self.stats = Statistics(max([k_max, *(t.depth for t in trees)]), k_max)
+        # What rows' new tokens do (outputs, grammars, stops, statistics, Results): postprocess.py.
+        self.outcomes = RowOutcomes(self.slots, stops, grammars, self.stats, tokenizer)
         self.admitting = True
 
-    def reset_stats(self) -> None:
-        self.stats = Statistics(max([self.k_max, *(t.depth for t in self.trees)]), self.k_max)
+    # A round's outcome and new rows' first tokens, on the host (postprocess.py).
+    def postprocess(self, round: Round, outcome: RoundOutcome) -> tuple[list[tuple[int, Result]], Emitted]:
+        return self.outcomes.postprocess(round, outcome)
+
+    def first_tokens(self, slots: list[int], tokens: list[int],
+                     logprobs: list[list[float]] | None = None) -> list[tuple[int, Result]]:
+        return self.outcomes.first_tokens(slots, tokens, logprobs)
+
+    def set_prompt_logprobs(self, slot: int, blocks: list[list[float]], k: int) -> None:
+        self.outcomes.set_prompt_logprobs(slot, blocks, k)
+
+    def cut_short(self) -> list[tuple[int, Result]]:
+        """Every running row finished as it stands (finish_reason "length": a deadline is a limit), and no
+        prompt left to bring in; a row still waiting for its first token ends with an empty completion."""
+        self.filling = []
+        return [(slot, self.outcomes.finish(slot, FINISH_LENGTH)) for slot in self.slots.active()]
 
     # ---- requests in --------------------------------------------------------------------------------
 

@@ -37,8 +37,13 @@ class Statistics:
     can have (k_max, or a tree's depth); max_drafts: the most drafts a chain round can have."""
 
     def __init__(self, max_positions: int, max_drafts: int):
-        self.run = RunStats(proposed_by_position=[0] * max_positions, accepted_by_position=[0] * max_positions,
-                            rounds_by_k=[0] * (max_drafts + 1))
+        self.max_positions, self.max_drafts = max_positions, max_drafts
+        self.reset()
+
+    def reset(self) -> None:
+        """Count afresh (a benchmark's next repeat)."""
+        self.run = RunStats(proposed_by_position=[0] * self.max_positions,
+                            accepted_by_position=[0] * self.max_positions, rounds_by_k=[0] * (self.max_drafts + 1))
 
     def round(self, shape: RoundShape) -> None:
         self.run.rounds += 1

@@ -1,9 +1,7 @@
 """A small draft model as the drafter, driven through its own ModelRunner: requests in and out, and its
-eager and packed drafting loops (its static path, captured steps: model_static.py)."""
+eager and packed drafting loops (its static path, captured steps, is a ModelStaticSteps: model_static.py)."""
 
 from __future__ import annotations
-
-from functools import partial
 
 import torch
 from transformers import PreTrainedModel
@@ -11,7 +9,7 @@ from transformers import PreTrainedModel
 from ...types import TreeSpec
 from ..graphs import StepGraphs, wall
 from ..packed import RowTokens
-from ..round import Draft, Round, RoundBuffers
+from ..round import Draft, Round, RoundBuffers, RoundShape
 from ..runner import ModelRunner
 from ..sampling import SamplingParams, row_transforms
 from ..slots import SlotState
@@ -21,7 +19,7 @@ from .choosing import buffered_draft, choose_draft, no_tree
 from .model_static import ModelStaticSteps
 
 
-class ModelDrafter(ModelStaticSteps):
+class ModelDrafter:
     """A small draft model, driven through its own ModelRunner, run k times per round over the rows.
 
     It proposes greedily (its argmax) under greedy decoding, argmax(its scores + the round's Gumbel noise)
@@ -54,9 +52,8 @@ class ModelDrafter(ModelStaticSteps):
                                  f"({min(self.draft_vocab, target_vocab_size)} tokens)")
         self.valid = [0] * num_slots  # per slot: leading draft-cache entries known to be right (host)
         self._round: tuple | None = None  # what the last propose drafted, for extend
-        self._step_times: dict[int, tuple[float, float]] = {}  # bucket -> seconds of the first, a next step
-        self._bound: tuple[torch.Tensor, SlotState, RoundBuffers] | None = None  # static: target lengths, state, buffers
-        self._presence: torch.Tensor | None = None  # [B, V] the drafts' growing repetition context (static)
+        self._state: SlotState | None = None  # the generator's sequences (bind)
+        self.static_steps = ModelStaticSteps(self.runner, graphs, sampling, self._align) if graphs.static else None
         self._steps: list[tuple[int, float]] = []  # the last round's packed drafting forwards: (tokens, seconds)
 
     def _align(self, logits: torch.Tensor) -> torch.Tensor:
@@ -78,7 +75,7 @@ class ModelDrafter(ModelStaticSteps):
                 self.valid[slot] = 0
             return
         if self.runner.static:
-            self.runner.prefill_static(self._bound[1].tokens, slots, [0] * len(slots), [len(p) for p in prompts])
+            self.runner.prefill_static(self._state.tokens, slots, [0] * len(slots), [len(p) for p in prompts])
         else:
             width = max(len(p) for p in prompts)
             ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=self.device)
@@ -121,6 +118,17 @@ class ModelDrafter(ModelStaticSteps):
 
     def release(self, slots):
         pass
+
+    def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers,
+             acceptor=None) -> None:
+        """The generator's device state (its sequences); on the static path the captured steps are declared."""
+        self._state = state
+        if self.static_steps is not None:
+            self.static_steps.bind(shapes, target, state, buffers)
+
+    def draft_seconds(self, k: int, kv_len: int) -> float:
+        """Device time of drafting k tokens (static path: timed replays of its steps)."""
+        return self.static_steps.draft_seconds(k, kv_len) if self.static_steps is not None else 0.0
 
     def packed_forward(self, chunks, verify_index):
         pass  # it reads tokens, not the target's hidden states
@@ -165,10 +173,7 @@ class ModelDrafter(ModelStaticSteps):
         self._round = ([round.rows[i] for i in fed], [round.lengths[i] for i in fed], [steps] * len(fed),
                        max(branching, 1))
         if round.static:
-            bucket = self.runner.bucket(kv_len)
-            for i in range(steps):
-                self.graphs.run(self._key(i, bucket, spec), partial(self._static_step, i=i, kv_len=bucket, spec=spec),
-                                self._static_args(i, spec))
+            self.static_steps.run(steps, kv_len, spec)
         elif self.runner.packs and spec is None:
             self._packed_steps(round, probs)
         else:
@@ -244,7 +249,7 @@ class ModelDrafter(ModelStaticSteps):
         sequences) -> the logits after each row's last token [n, V]; its (tokens, seconds) are kept for
         the round's cost model."""
         batch = self.runner.pack(rows, keep=[sum(r.count for r in rows[: j + 1]) - 1 for j in range(len(rows))])
-        ids = tokens if tokens is not None else self._bound[1].tokens[batch.slots, batch.index]
+        ids = tokens if tokens is not None else self._state.tokens[batch.slots, batch.index]
         started = wall(self.device)
         logits = self.runner.forward_packed(ids, batch)
         self._steps.append((batch.num_tokens, wall(self.device) - started))

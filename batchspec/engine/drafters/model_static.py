@@ -1,33 +1,46 @@
-"""The draft model's static path (a mixin of ModelDrafter, drafters/model.py): one captured step per drafted
+"""The draft model's static path (ModelDrafter holds one, drafters/model.py): one captured step per drafted
 token, declared at bind over every round shape and length bucket, and their timed replays
 (draft_seconds, what adaptive speculation's cost table adds for a shape's drafts)."""
 
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 import torch
 
 from ...types import TreeSpec
+from ..graphs import StepGraphs
 from ..round import RoundBuffers, RoundShape
 from ..runner import ModelRunner
+from ..sampling import SamplingParams
 from ..slots import SlotState
 from ..timing import median_seconds
 from .choosing import choose_draft, lay_out_static_tree
 
 
 class ModelStaticSteps:
-    """Draft step i of every slot at fixed addresses (ModelDrafter's runner, graphs, sampling and `_bound`)."""
+    """Draft step i of every slot at fixed addresses: the draft's `runner` under `graphs`, choosing with
+    `sampling` over logits that `align` maps onto the target's vocabulary. `bind` gives it the generator's
+    device state and declares the steps."""
+
+    def __init__(self, runner: ModelRunner, graphs: StepGraphs, sampling: SamplingParams,
+                 align: Callable[[torch.Tensor], torch.Tensor]):
+        self.runner, self.graphs, self.sampling, self.align = runner, graphs, sampling, align
+        self.device = runner.device
+        self._bound: tuple[torch.Tensor, SlotState, RoundBuffers] | None = None  # target lengths, state, buffers
+        self._presence: torch.Tensor | None = None  # [B, V] the drafts' growing repetition context
+        self._step_times: dict[int, tuple[float, float]] = {}  # bucket -> seconds of the first, a next step
 
     def _key(self, i: int, bucket: int, spec: TreeSpec | None) -> tuple:
         return ("draft", i, bucket, str(spec) if spec is not None else "chain")
 
-    def _static_args(self, i: int, spec: TreeSpec | None) -> tuple:
+    def _args(self, spec: TreeSpec | None) -> tuple:
         target_lengths, state, buffers = self._bound
         probs = buffers.q_at if spec is not None else buffers.probs
         return (state.tokens, buffers.drafts, buffers.num_drafts, buffers.gumbel, probs)
 
-    def _static_step(self, seqs, drafts, num, gumbel, probs, *, i: int, kv_len: int, spec: TreeSpec | None) -> None:
+    def _step(self, seqs, drafts, num, gumbel, probs, *, i: int, kv_len: int, spec: TreeSpec | None) -> None:
         """Draft i for every slot (static shapes): step 0 feeds the last two tokens of each sequence, step i
         the spine token drafted by step i - 1; the last step of a tree lays out its geometry."""
         target_lengths, state, buffers = self._bound
@@ -45,19 +58,16 @@ class ModelStaticSteps:
             fed = (i - 1) * max(branching, 1)
             runner.set_lengths(slice(None, n_slots), lengths + i - 1)
             logits = runner.step_logits(seqs, drafts[:, fed : fed + 1], kv_len=kv_len)[:, -1]
-        token = choose_draft(self._align(logits), i, self.sampling, lengths, state.noise_keys, self._presence, gumbel,
+        token = choose_draft(self.align(logits), i, self.sampling, lengths, state.noise_keys, self._presence, gumbel,
                              drafts, probs, branching,
                              None if self.sampling.greedy else state.sampling)
         if self._presence is not None:
             self._presence[runner.slot_index, token] = True
 
-    def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers,
-             acceptor=None) -> None:
-        """The generator's device state; on the static path, declare the steps: the draft's prefill chunks,
-        and each drafting step of each shape over each bucket."""
+    def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers) -> None:
+        """The generator's device state; declare the steps: the draft's prefill chunks, and each drafting
+        step of each shape over each bucket."""
         self._bound = (target.lengths, state, buffers)
-        if not self.runner.static:
-            return
         if state.presence is not None:
             self._presence = torch.zeros_like(state.presence)
         self.runner.declare_steps(buffers.drafts, state.tokens, forwards=False)  # prefill chunks only
@@ -67,8 +77,15 @@ class ModelStaticSteps:
             for spec in [None, *specs]:
                 steps = spec.depth if spec is not None else k_max
                 for i in range(steps):
-                    self.graphs.declare(self._key(i, bucket, spec), partial(self._static_step, i=i, kv_len=bucket,
-                                        spec=spec), self._static_args(i, spec), size=bucket * self.runner.num_slots)
+                    self.graphs.declare(self._key(i, bucket, spec), partial(self._step, i=i, kv_len=bucket, spec=spec),
+                                        self._args(spec), size=bucket * self.runner.num_slots)
+
+    def run(self, steps: int, kv_len: int, spec: TreeSpec | None) -> None:
+        """A round's drafting: its first `steps` steps, over the bucket of kv_len, into the round's buffers."""
+        bucket = self.runner.bucket(kv_len)
+        for i in range(steps):
+            self.graphs.run(self._key(i, bucket, spec), partial(self._step, i=i, kv_len=bucket, spec=spec),
+                            self._args(spec))
 
     def draft_seconds(self, k: int, kv_len: int) -> float:
         """k drafted tokens: one first step and k - 1 next steps (timed replays, per length bucket)."""
@@ -84,8 +101,8 @@ class ModelStaticSteps:
         return first + (k - 1) * step
 
     def _time(self, i: int, bucket: int) -> float:
-        """Median seconds of drafting step i over `bucket` (static path): it writes only past every row's
-        valid draft entries (or rewrites them with the same tokens) and restores the draft's lengths."""
+        """Median seconds of drafting step i over `bucket`: it writes only past every row's valid draft
+        entries (or rewrites them with the same tokens) and restores the draft's lengths."""
         with self.runner.lengths_kept():
             return median_seconds(lambda: self.graphs.run(self._key(i, bucket, None), partial(
-                self._static_step, i=i, kv_len=bucket, spec=None), self._static_args(i, None)), self.device)
+                self._step, i=i, kv_len=bucket, spec=None), self._args(None)), self.device)

@@ -1,4 +1,4 @@
-"""Suffix decoding's job-wide structure (a mixin of SuffixIndex, suffix_index.py): the completions of
+"""Suffix decoding's job-wide structure (SuffixIndex holds one, suffix_index.py): the completions of
 finished requests, in segments, and each request's match in each segment kept up to date.
 
 It holds at most `corpus_max_tokens` tokens in `corpus_segments` automata of
@@ -53,32 +53,40 @@ class Request:
 
 
 class JobCorpus:
-    """SuffixIndex's job-wide half: its segments (oldest first), their bound and the requests' matches in them."""
+    """At most max_tokens tokens of finished completions in `num_segments` automata (oldest first), each
+    keeping patterns of up to `window` tokens, and the requests' matches of up to max_match tokens in them."""
+
+    def __init__(self, max_tokens: int, num_segments: int, window: int, max_match: int):
+        self.num_segments, self.window, self.max_match = num_segments, window, max_match
+        self.segment_tokens = max_tokens // num_segments  # one segment's bound
+        self.segments: list[Segment] = []  # oldest first
+        self._next_serial = 0
 
     @property
-    def corpus_tokens(self) -> int:
-        """Tokens held by the job-wide structure (at most corpus_max_tokens)."""
-        return sum(s.tokens for s in self._segments)
+    def tokens(self) -> int:
+        """Tokens held (at most max_tokens)."""
+        return sum(s.tokens for s in self.segments)
 
     @property
-    def corpus_states(self) -> int:
-        return sum(s.automaton.num_states for s in self._segments)
+    def states(self) -> int:
+        return sum(s.automaton.num_states for s in self.segments)
 
-    def _add_to_corpus(self, tokens: Sequence[int]) -> None:
+    def add(self, tokens: Sequence[int]) -> None:
+        """A finished string, into the newest segment (a new one when it is full, the oldest then dropped)."""
         if self.segment_tokens == 0 or not tokens:
             return
         tokens = [int(t) for t in tokens[: self.segment_tokens]]  # longer than a segment: its beginning
-        if not self._segments or self._segments[-1].tokens + len(tokens) > self.segment_tokens:
-            self._segments.append(Segment(self._next_serial, SuffixAutomaton(self.window)))
+        if not self.segments or self.segments[-1].tokens + len(tokens) > self.segment_tokens:
+            self.segments.append(Segment(self._next_serial, SuffixAutomaton(self.window)))
             self._next_serial += 1
-            if len(self._segments) > self.corpus_segments:
-                self._segments.pop(0)  # evict the oldest completions
-        segment = self._segments[-1]
+            if len(self.segments) > self.num_segments:
+                self.segments.pop(0)  # evict the oldest completions
+        segment = self.segments[-1]
         segment.automaton.add_string(tokens)
         segment.tokens += len(tokens)
         segment.recent.append({tuple(tokens[i:i + n]) for n in (1, 2, 3) for i in range(len(tokens) - n + 1)})
 
-    def _corpus_match(self, request: Request, segment: Segment) -> CorpusMatch:
+    def match(self, request: Request, segment: Segment) -> CorpusMatch:
         """The request's longest recent suffix in `segment`, brought up to date if the segment grew.
 
         Strings added since the match can only make it longer, and only by an occurrence inside one of

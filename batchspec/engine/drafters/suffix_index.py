@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Iterator, Sequence
 
 from .suffix_automaton import ROOT, SuffixAutomaton, chain_draft, suffix_chain, tree_draft
-from .suffix_corpus import JobCorpus, Request, Segment
+from .suffix_corpus import JobCorpus, Request
 
 # Scores closer than this are a tie (float sums of the same probabilities in another order differ in
 # the last bits); with candidates pruned once their bound is <= the best score, nothing pruned could win.
@@ -76,7 +76,7 @@ class SuffixDraft:
         return sum(self.probs)
 
 
-class SuffixIndex(JobCorpus):
+class SuffixIndex:
     """Suffix decoding's proposals for many concurrent requests (keys) in one job.
 
     Per request: `start(key, prompt_ids)`, then `extend(key, tokens)` with every emitted token,
@@ -116,13 +116,19 @@ class SuffixIndex(JobCorpus):
         self.max_match, self.max_spec = max_match, max_spec
         self.spec_factor, self.spec_offset = spec_factor, spec_offset
         self.min_token_prob = min_token_prob
-        self.corpus_max_tokens, self.corpus_segments = corpus_max_tokens, corpus_segments
-        self.segment_tokens = corpus_max_tokens // corpus_segments  # one segment's bound
         self.prompt_context, self.prior_count = prompt_context, prior_count
         self.window = max_match + max_spec
         self._requests: dict[Hashable, Request] = {}
-        self._segments: list[Segment] = []  # oldest first
-        self._next_serial = 0
+        self.corpus = JobCorpus(corpus_max_tokens, corpus_segments, self.window, max_match)  # finished completions
+
+    @property
+    def corpus_tokens(self) -> int:
+        """Tokens held by the job-wide structure (at most corpus_max_tokens)."""
+        return self.corpus.tokens
+
+    @property
+    def corpus_states(self) -> int:
+        return self.corpus.states
 
     # ---- requests ---------------------------------------------------------------------------------
 
@@ -152,12 +158,12 @@ class SuffixIndex(JobCorpus):
         if learn:
             start = max(0, request.prompt_len - self.prompt_context)
             if len(request.tokens) > request.prompt_len:
-                self._add_to_corpus(request.tokens[start:])
+                self.corpus.add(request.tokens[start:])
 
     def add_corpus(self, token_lists: Iterable[Sequence[int]]) -> None:
         """Seed the job-wide structure with earlier outputs (oldest first), as if they had finished."""
         for tokens in token_lists:
-            self._add_to_corpus(tokens)
+            self.corpus.add(tokens)
 
     def _request(self, key: Hashable) -> Request:
         try:
@@ -170,8 +176,8 @@ class SuffixIndex(JobCorpus):
         # The request's corpus matches move along with it (O(1) amortized per token), each first brought
         # up to date with its segment if that grew since (a match must describe the tokens so far before
         # it can advance). Segments it has no match in yet are matched when it next proposes.
-        moving = [(self._corpus_match(request, segment), segment.automaton.advance)
-                  for segment in self._segments if segment.serial in request.corpus]
+        moving = [(self.corpus.match(request, segment), segment.automaton.advance)
+                  for segment in self.corpus.segments if segment.serial in request.corpus]
         for token in tokens:
             token = int(token)
             request.tokens.append(token)
@@ -206,8 +212,8 @@ class SuffixIndex(JobCorpus):
         request = self._request(key)
         if max_depth <= 0 or (max_nodes is not None and max_nodes <= 0):
             return SuffixDraft()
-        if len(request.corpus) > len(self._segments):  # forget matches in evicted segments
-            live = {s.serial for s in self._segments}
+        if len(request.corpus) > len(self.corpus.segments):  # forget matches in evicted segments
+            live = {s.serial for s in self.corpus.segments}
             request.corpus = {k: v for k, v in request.corpus.items() if k in live}
         best_score, best = 0.0, SuffixDraft()
         # A match of m tokens may go floor(spec_factor * m + spec_offset) deep (the epsilon keeps 1.0 * m
@@ -235,8 +241,8 @@ class SuffixIndex(JobCorpus):
         """The structures in tie-break order, each with its candidate matches: the request's own tokens,
         then the job-wide segments, newest first (matched lazily)."""
         yield "request", request.automaton, self._own_candidates(request)
-        for segment in reversed(self._segments):
-            match = self._corpus_match(request, segment)
+        for segment in reversed(self.corpus.segments):
+            match = self.corpus.match(request, segment)
             yield "corpus", segment.automaton, suffix_chain(segment.automaton, match.state, match.length)
 
     def _own_candidates(self, request: Request) -> Iterator[tuple[int, int]]:
