@@ -26,11 +26,13 @@ from hf_reference import hf_generate  # noqa: E402
 LENGTHS = (600, 700, 800, 900, 1000, 1200, 1500, 2000)
 ALONE = (0,)
 NEW_TOKENS = 24
-# The model and the references are built once (a minute on 2 cores): every test of this file on one worker.
+# The model and the references are built once (a minute on 2 cores): every test of this file on one worker, and
+# the fixtures session-scoped (that worker may run other files' tests in between, which would tear down a
+# module fixture).
 pytestmark = pytest.mark.xdist_group("gemma3")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gemma():
     try:
         path = gemma3.ensure()
@@ -50,7 +52,7 @@ def long_prompts(tokenizer) -> list[str]:
     return [tokenizer.decode(ids[2500 * i: 2500 * i + n]) for i, n in enumerate(LENGTHS)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def references(gemma):
     path, tokenizer, model = gemma
     prompts = long_prompts(tokenizer)

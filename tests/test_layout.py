@@ -155,3 +155,16 @@ def test_no_class_is_spread_over_files_by_a_mixin():
             if read - own_names(base_node):
                 mixins.add((name, base_name))
     assert mixins == MIXINS_LEFT, f"new mixins: {mixins - MIXINS_LEFT}; undone (drop from the list): {MIXINS_LEFT - mixins}"
+
+
+@pytest.mark.xdist_group("layout")
+def test_an_xdist_group_runs_on_one_worker(request):
+    """The suite's costly shared fixtures (the SLURM cluster and its array run, SmolLM2, Gemma-3) are built once
+    because their tests share an xdist_group: under `--dist loadgroup` xdist renames each such test's node id
+    with its group, and schedules by it. pytest 9.2 stopped reading the attribute xdist 3.8 writes, which
+    silently spread the groups over both workers (pyproject.toml pins pytest below 9.2)."""
+    if getattr(request.config.option, "dist", "no") == "no" and not hasattr(request.config, "workerinput"):
+        pytest.skip("not under pytest-xdist")
+    if not request.config.getvalue("loadgroup"):
+        pytest.skip("not --dist loadgroup")
+    assert request.node.nodeid.endswith("@layout"), request.node.nodeid

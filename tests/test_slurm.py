@@ -58,7 +58,9 @@ def markers(out: Path) -> dict[str, dict]:
     return {p.name: json.loads(p.read_text()) for p in (out / "shards").glob("*.json")}
 
 
-@pytest.fixture(scope="module")
+# Session-scoped: the SLURM tests share one worker (conftest.py), which may run other files' tests between them,
+# and a module fixture would then be torn down and this minute-long array run again.
+@pytest.fixture(scope="session")
 def uninterrupted(slurm_cluster, tmp_path_factory):
     """`sbatch --array=0-2 jobs/slurm_array.sh job=demo ...`, run to the end: (workdir, job id, rows)."""
     work = tmp_path_factory.mktemp("array")
