@@ -58,6 +58,7 @@ def pick_extra_eos(reference: list[list[int]]) -> int:
     raise RuntimeError("no suitable extra EOS token")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups to rename the tests by them
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (the README's test command runs two workers) the tests of the one SLURM cluster
     go to one worker: the cluster is a session fixture, and two workers would start two on one machine."""
