@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 from ..types import TreeSpec
 from .acceptance_model import AcceptanceModel
-from .costs import CostModel, RoundTimes
+from .costs import CostModel, PackedCosts, RoundTimes
 from .drafters.base import LOOKUP_POLICY as LOOKUP  # noqa: F401 (the tests' name for it)
 from .drafters.base import MODEL_POLICY as DRAFT_MODEL
 from .drafters.base import DrafterPolicy
@@ -108,11 +108,12 @@ class AdaptiveK:
         """A new request took `slot`: forget the previous one's history."""
         self.acceptance.admit(slot)
 
-    def hopeless(self, slots: list[int], base_tokens: int, costs) -> list[bool]:
+    def hopeless(self, slots: list[int], base_tokens: int, costs: PackedCosts) -> list[bool]:
         return self.packed.hopeless(slots, base_tokens, costs)
 
-    def choose_rows(self, *args, **kwargs) -> tuple[int, list[int]]:
-        return self.packed.choose_rows(*args, **kwargs)
+    def choose_rows(self, slots: list[int], offers: list[int], room: list[int], priors: list[float | None] | None,
+                    base_tokens: int, costs: PackedCosts) -> tuple[int, list[int]]:
+        return self.packed.choose_rows(slots, offers, room, priors, base_tokens, costs)
 
     def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int]) -> None:
         self.acceptance.learn(k, slots, budgets, drafted, accepted)
