@@ -23,7 +23,7 @@ from tiny import PROMPTS, build_tokenizer, save_model
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The machine's measured costs (engine/startup_costs.py) go to a folder of this run's, not the user's cache.
 os.environ["BATCHSPEC_CACHE"] = tempfile.mkdtemp(prefix="batchspec-cache-")
-torch.set_num_threads(2)
+torch.set_num_threads(int(os.environ.get("BATCHSPEC_TEST_THREADS", "2")))
 
 MAX_NEW = 24
 ARCHS = ("llama", "qwen2", "gpt2")

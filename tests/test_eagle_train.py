@@ -256,22 +256,22 @@ def test_shuffled_prompts_spread_the_data_and_the_held_out_prompts_over_the_whol
 @pytest.mark.parametrize("kind, mode, enabled", [
     ("cpu", "off", False),
     ("cpu", "bfloat16", True),
-    ("cpu", "auto", False),  # bf16 training slows the process's later fp32 forwards on CPU (loop.autocast_enabled)
+    ("cpu", "auto", False),  # bf16 training slows the process's later fp32 forwards on CPU (precision.autocast_enabled)
     ("cuda", "auto", True),
     ("cuda", "off", False),
     ("mps", "auto", False),
 ])
 def test_training_autocast(kind, mode, enabled):
-    from batchspec.training import loop
+    from batchspec.training import precision
 
-    assert loop.autocast_enabled(kind, mode) is enabled
+    assert precision.autocast_enabled(kind, mode) is enabled
     if kind == "cpu":
-        context = loop.training_autocast("cpu", mode)
+        context = precision.training_autocast("cpu", mode)
         assert context.fast_dtype == torch.bfloat16 and context._enabled is enabled
 
 
 def test_training_autocast_refuses_an_unknown_mode():
-    from batchspec.training.loop import training_autocast
+    from batchspec.training.precision import training_autocast
 
     with pytest.raises(ValueError, match="auto, bfloat16 or off"):
         training_autocast("cpu", "fp16")

@@ -295,12 +295,12 @@ def test_rows_not_asked_to_propose_are_those_that_would_draft_nothing(name, coun
 
     from batchspec.engine.acceptance_model import RowAcceptance
     from batchspec.engine.adaptive import AdaptiveK
-    from batchspec.engine.costs import PackedCosts
+    from batchspec.engine.costs import PackedCosts, RoundCost
     from batchspec.engine.drafters.base import LOOKUP_POLICY
 
     costs = PackedCosts()
-    for n in (8, 40, 12, 64):
-        costs.observe(n, line[0] + line[1] * n, [], line[0] + line[1] * n + 0.001)
+    for n in (8, 40, 12, 64):  # rounds of n tokens, a forward on the line and 1 ms more
+        costs.observe(RoundCost(0, 1, line[0] + line[1] * n + 0.001, tokens=n, verify_s=line[0] + line[1] * n))
     controller = AdaptiveK(k_max=4, policy=LOOKUP_POLICY, costs=costs)
     controller.packed.rounds = 1  # past the alternating start, and far from a probe
     controller.packed.next_probe = 10**6

@@ -74,7 +74,7 @@ def test_unpacked_static_steps_are_declared_only_when_asked(llama_pair):
 
 
 def test_static_packed_costs_time_each_length_bucket_once_and_price_the_rest_from_round_times():
-    from batchspec.engine.costs import StaticPackedCosts
+    from batchspec.engine.costs import RoundCost, StaticPackedCosts
     timed = []
 
     def verify(bucket):  # 1 ms fixed + 0.01 ms a token at bucket 64, twice that at 128
@@ -90,7 +90,8 @@ def test_static_packed_costs_time_each_length_bucket_once_and_price_the_rest_fro
     tokens, verify_s, steps = costs.round_costs(16, 2)
     assert tokens == 16 and verify_s == pytest.approx(1e-3 + 16e-5) and steps == [(1, 2e-4), (1, 2e-4)]
     for drafts, rest in ((0, 1e-3), (8, 1e-3 + 8 * 5e-5), (16, 1e-3 + 16 * 5e-5), (4, 1e-3 + 4 * 5e-5)):
-        costs.observe(*costs.round_costs(16 + drafts, 2), round_s=verify_s + 4e-4 + rest, drafts=drafts)
+        tokens, verify, steps = costs.round_costs(16 + drafts, 2)
+        costs.observe(RoundCost(0, 2, verify_s + 4e-4 + rest, drafts, tokens, verify, tuple(steps)))
     prices = costs.prices()
     # verify 1 ms + 0.01 ms a token, a drafting step 0.2 ms, the rest 1 ms + 0.05 ms a draft (less the verify's
     # token price: observe subtracts the verify of each round's own tokens)

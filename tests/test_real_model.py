@@ -49,9 +49,9 @@ def chat(tokenizer, text: str) -> str:
 
 @pytest.fixture(scope="session")
 def chat_references(smol):
-    _, tokenizer, model = smol
+    path, tokenizer, model = smol
     prompts = [chat(tokenizer, c) for c in CHATS]
-    return prompts, [hf_generate(model, tokenizer, p, 20) for p in prompts]
+    return prompts, [hf_generate(model, tokenizer, p, 20, model_dir=path) for p in prompts]
 
 
 @pytest.mark.parametrize("drafter", ["none", "ngram", "prompt_lookup", "suffix"])
@@ -84,7 +84,8 @@ def test_extraction_outputs_match_their_schemas(smol, drafter, temperature):
     assert sum(r.forced_tokens for r in results) > 8 * 3  # keys, quotes and braces came as free drafts
     if temperature == 0:
         for row, prompt, result in zip(rows[::4], prompts[::4], results[::4]):
-            expected = hf_generate(model, tokenizer, prompt, 96, Constraint.of("json_schema", row["schema"]))
+            expected = hf_generate(model, tokenizer, prompt, 96, Constraint.of("json_schema", row["schema"]),
+                                   model_dir=path)
             assert result.completion_token_ids == expected, row["id"]
 
 

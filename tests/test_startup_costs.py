@@ -85,11 +85,11 @@ def test_a_generator_measures_once_and_a_second_reads_the_cache(llama_pair, capl
     generator built again for the same model, batch size, k and drafter reads the points back; the output is
     drafter none's either way. (The suite's other worker shares the cores: its measurement is taken as quiet
     here, or it would not be cached.)"""
-    from batchspec.engine import generator as generator_module
+    from batchspec.engine import startup_costs
 
     monkeypatch.setenv("BATCHSPEC_CACHE", str(tmp_path))  # a cache of its own: other tests use the same pair
-    measure = generator_module.measure_startup
-    monkeypatch.setattr(generator_module, "measure_startup",
+    measure = startup_costs.measure
+    monkeypatch.setattr(startup_costs, "measure",
                         lambda *a, **k: dataclasses.replace(measure(*a, **k), quiet=True))
     models = batchspec.load_models(str(llama_pair.target), str(llama_pair.draft))
     requests = lambda: [batchspec.Request(id=str(i), prompt=p) for i, p in enumerate(PROMPTS[:6])]  # noqa: E731

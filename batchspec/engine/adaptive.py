@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 from ..types import TreeSpec
 from .acceptance_model import AcceptanceModel
-from .costs import CostModel, PackedCosts, RoundTimes
+from .costs import CostModel, PackedCosts, RoundCost, RoundTimes
 from .drafters.base import LOOKUP_POLICY as LOOKUP  # noqa: F401 (the tests' name for it)
 from .drafters.base import MODEL_POLICY as DRAFT_MODEL
 from .drafters.base import DrafterPolicy
@@ -152,10 +152,6 @@ class AdaptiveK:
         that its first draft is right (None: the job-wide rate is the prior)."""
         return self.shapes[self.choose_index(slots, budgets, room, priors)]
 
-    def observe(self, shape: RoundShape, seconds: float, slots: list[int], budgets: list[int], drafted: list[int],
-                accepted: list[int]) -> None:
-        """After a round of `shape` (see observe_index)."""
-        self.observe_index(self._index[shape], seconds, slots, budgets, drafted, accepted)
 
     def choose_index(self, slots: list[int], budgets: list[int], room: list[int] | None = None,
                      priors: list[float | None] | None = None) -> int:
@@ -215,17 +211,25 @@ class AdaptiveK:
         return [min(self.tree_depths[j], self.k_max)] + [self.k_max + 1 + i for i in (j - 1, j + 1)
                                                         if 0 <= i < len(self.tree_depths)]
 
-    def observe_index(self, k: int, seconds: float, slots: list[int], budgets: list[int], drafted: list[int],
-                      accepted: list[int]) -> None:
-        """After a round with k drafts over `slots`: its wall time and, per row, the drafts it was allowed
+    def observe(self, cost: RoundCost, slots: list[int], budgets: list[int], drafted: list[int],
+                accepted: list[int]) -> None:
+        """After a round over `slots`: what it cost (costs.RoundCost) and, per row, the drafts it was allowed
         (budgets), proposed and accepted.
 
         A row whose drafter proposed fewer drafts than allowed and had them all accepted (nothing more to
         say) counts as a rejection too: for throughput, a missing draft is a refused one.
         """
-        # A draft model first catches up on the tokens it skipped in plain rounds: not a cost of this k.
-        after_plain = self.policy.catches_up and k > 0 and self._last_k == 0
-        self._last_k = k
-        if seconds > 0 and not after_plain:
-            self.costs.observe(k, len(slots), seconds)
-        self.learn(k, slots, budgets, drafted, accepted)
+        if cost.packed:  # priced by what its forwards computed
+            self.costs.observe(cost)
+        else:
+            # A draft model first catches up on the tokens it skipped in plain rounds: not a cost of this k.
+            after_plain = self.policy.catches_up and cost.shape > 0 and self._last_k == 0
+            self._last_k = cost.shape
+            if cost.seconds > 0 and not after_plain:
+                self.costs.observe(cost)
+        self.learn(cost.shape, slots, budgets, drafted, accepted)
+
+    def observe_index(self, k: int, seconds: float, slots: list[int], budgets: list[int], drafted: list[int],
+                      accepted: list[int]) -> None:
+        """observe() for a round of shape index k timed as a whole (its wall time only)."""
+        self.observe(RoundCost(k, len(slots), seconds), slots, budgets, drafted, accepted)

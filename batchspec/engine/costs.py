@@ -17,10 +17,34 @@ from .row_drafts import Prices
 from .startup_costs import StartupCosts
 
 
+@dataclass(frozen=True, slots=True)
+class RoundCost:
+    """What one round cost: the record every cost model learns from (each reads the part it prices by). A
+    packed round (tokens > 0) also says what its target forward computed and how long it and each drafting
+    forward took, which prices its rows' drafts apart."""
+
+    shape: int  # the round's shape index: chains k = 0..k_max, then the trees
+    rows: int  # rows it verified
+    seconds: float  # its wall time
+    drafts: int = 0  # drafts it verified
+    tokens: int = 0  # its target forward's tokens (packed rounds; 0: not known)
+    verify_s: float = 0.0  # that forward's seconds
+    steps: tuple[tuple[int, float], ...] = ()  # each drafting forward's (tokens, seconds)
+
+    @property
+    def packed(self) -> bool:
+        return self.tokens > 0
+
+
 class CostModel(Protocol):
     def cost(self, k: int, b: int) -> float | None: ...  # seconds of a round of shape k over b rows
-    def observe(self, k: int, b: int, seconds: float) -> None: ...
+    def observe(self, round: RoundCost) -> None: ...
     def at_length(self, kv_len: int) -> None: ...  # rows now attend over about kv_len entries
+
+
+def rest_of(round: RoundCost) -> float:
+    """A packed round's seconds outside its target and drafting forwards (host work, acceptance, bookkeeping)."""
+    return max(round.seconds - round.verify_s - sum(s for _, s in round.steps), 0.0)
 
 
 @dataclass
@@ -44,7 +68,8 @@ class RoundTimes:
         scale = table[common[0]] / near[common[0]] if common else 1.0
         return near[k] * scale
 
-    def observe(self, k: int, b: int, seconds: float) -> None:
+    def observe(self, round: RoundCost) -> None:
+        k, b, seconds = round.shape, round.rows, round.seconds
         table = self.costs.setdefault(b, {})
         n = self.samples[b, k] = self.samples.get((b, k), 0) + 1
         # The first time of each (k, b) is replaced by the second: a cold first round must not steer
@@ -83,10 +108,11 @@ class StepTable:
         extra = self.overhead.get(k, sum(known) / len(known) if known else 0.0)
         return self.tables[self.bucket][k] + extra
 
-    def observe(self, k: int, b: int, seconds: float) -> None:
+    def observe(self, round: RoundCost) -> None:
         if self.bucket is None:
             return
-        residual = seconds - self.tables[self.bucket][k]
+        k = round.shape
+        residual = round.seconds - self.tables[self.bucket][k]
         old = self.overhead.get(k)
         self.overhead[k] = residual if old is None else (1 - self.smoothing) * old + self.smoothing * residual
 
@@ -143,14 +169,13 @@ class PackedCosts:
     step: Line = field(default_factory=Line)
     rest: Line = field(default_factory=lambda: Line(proportional=False))
 
-    def observe(self, tokens: int, verify_s: float, steps: list[tuple[int, float]], round_s: float,
-                drafts: int = 0) -> None:
-        """A round: its forward's tokens and seconds, each drafting forward's (tokens, seconds), its wall time,
-        the drafts it verified."""
-        self.verify.add(tokens, verify_s)
-        for n, seconds in steps:
+    def observe(self, round: RoundCost) -> None:
+        """A packed round: its forward's tokens and seconds, each drafting forward's, and the rest of its wall
+        time by the drafts it verified."""
+        self.verify.add(round.tokens, round.verify_s)
+        for n, seconds in round.steps:
             self.step.add(n, seconds)
-        self.rest.add(drafts, max(round_s - verify_s - sum(s for _, s in steps), 0.0))
+        self.rest.add(round.drafts, rest_of(round))
 
     def start_from(self, costs: StartupCosts) -> None:
         """The points measured at start (startup_costs.py): the verify and step lines start from them, and the
@@ -206,6 +231,6 @@ class StaticPackedCosts(PackedCosts):
         `observe` takes."""
         return tokens, self.verify.at(tokens) or 0.0, [(1, self.step.at(1) or 0.0)] * steps
 
-    def observe(self, tokens: int, verify_s: float, steps: list[tuple[int, float]], round_s: float,
-                drafts: int = 0) -> None:
-        self.rest.add(drafts, max(round_s - verify_s - sum(s for _, s in steps), 0.0))
+    def observe(self, round: RoundCost) -> None:
+        """The verify and step prices are the timed replays': only the rest of the round is learnt."""
+        self.rest.add(round.drafts, rest_of(round))

@@ -20,11 +20,8 @@ Stops (EOS ids, stop strings, max_new_tokens, max_seq_len) are checked on emitte
 
 from __future__ import annotations
 
-import logging
 import time
-from contextlib import contextmanager
 from dataclasses import replace
-from functools import partial
 from typing import Iterable, Iterator
 
 import torch
@@ -35,31 +32,28 @@ from ..types import Request, Result, TreeSpec
 from .accept import Acceptor
 from .adaptive import AdaptiveK
 from .admission import Admitter
-from .constrain import constrain_drafts, mask_round
-from .costs import PackedCosts, RoundTimes, StaticPackedCosts, StepTable
+from .constrain import mask_round
 from .drafters import Drafter
+from .drafting import DraftStage
 from .grammar import Grammars
 from .graphs import HostBuffer, StepGraphs
 from .intake import Defaults
 from .payoff import PayoffCheck
+from .phases import PhaseTimes
 from .round import Round, RoundBuffers, RoundShape, Verified
-from .round_steps import declare_round_steps, shape_seconds
-from .timing import packed_seconds
+from .round_prices import cost_model, measured_round, start_from_machine
+from .round_steps import declare_round_steps
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .shapes import kv_capacity
 from .slots import SlotState
-from .startup_costs import StartupCosts, cache_key, load_or_measure
-from .startup_costs import measure as measure_startup
+from .startup_costs import StartupCosts
 from .stops import StopRules
 from .threads import ThreadGuard
 from .verify_pass import TokenCounts, Verifier
 
-PHASES = ("admit", "draft", "verify", "accept", "bookkeeping")
 FILL_TOKENS = 1024  # prompt tokens a packed round prefills at most (see SpecBatchGenerator)
 FORCED_DRAFTS = 4  # drafts a grammar may force per row and round with drafter none (eager path)
-WARMUP_WITH_COSTS = 8  # the payoff check's warm-up rounds when the round costs were measured at start (payoff.py)
-log = logging.getLogger("batchspec")
 
 
 class SpecBatchGenerator:
@@ -128,7 +122,8 @@ class SpecBatchGenerator:
         # verify is not packed there).
         self.static_per_row = bool(self.static and self.runner.packed_width and not self.trees)
         if adaptive and (k_max > 0 or self.trees):
-            controller = AdaptiveK(k_max, policy=drafter.policy, costs=self._costs(drafter), trees=self.trees)
+            costs = cost_model(self.runner, drafter, self.shapes, static=self.static, static_per_row=self.static_per_row)
+            controller = AdaptiveK(k_max, policy=drafter.policy, costs=costs, trees=self.trees)
         self.packed = self.runner.packs
         self.scheduler = Scheduler(tokenizer, stops, num_slots=batch_size, vocab_size=vocab, max_seq_len=max_seq_len,
                                    defaults=defaults, k_max=k_max, trees=self.trees, adaptive=controller,
@@ -136,30 +131,19 @@ class SpecBatchGenerator:
                                    grammars=self.grammars, per_row=self.static_per_row,
                                    payoff=PayoffCheck() if controller is not None and (self.packed or self.static_per_row)
                                    else None)
-        self.timings = dict.fromkeys(PHASES, 0.0)  # seconds per phase (exact on a GPU only with profile)
-        self.noise_s = 0.0  # seconds making coupled sampling's noise (inside the draft phase)
+        self._phase = PhaseTimes(self.device, sync=profile, counter=graphs.counter)
         self.startup: StartupCosts | None = None  # the costs adaptive speculation started from (the first run())
-        self._sync_phases = profile and self.device.type == "cuda"
         self.admitter = Admitter(self.runner, self.state, self.acceptor, drafter)
         self._released = HostBuffer((batch_size,), self.device)
         self._rows = HostBuffer((batch_size,), self.device)  # an eager round's rows
         self._lengths = HostBuffer((batch_size,), self.device)  # their lengths L (packed rounds)
         self.verifier = Verifier(self.runner, self.state, drafter, self.scheduler)
+        self.drafting = DraftStage(drafter, self.scheduler, self.acceptor, self.grammars, self.buffers,
+                                   forced_max=self.forced_max, coupled=sampling.coupled)
         if self.static:
             declare_round_steps(self.shapes, self.runner, self.state, self.buffers, self.acceptor, drafter, graphs)
         else:
             drafter.bind(self.shapes, self.runner, self.state, self.buffers, self.acceptor)
-
-    def _costs(self, drafter: Drafter):
-        """What adaptive speculation prices rounds by (costs.py): timed replays of the captured steps (static),
-        packed rounds' forwards by their tokens (eager packed), or whole rounds' wall time."""
-        runner = self.runner
-        if self.static_per_row:
-            return StaticPackedCosts(measure_verify=partial(packed_seconds, runner),
-                                     measure_step=partial(drafter.draft_seconds, 1), bucket_of=runner.bucket)
-        if self.static:
-            return StepTable(partial(shape_seconds, self.shapes, runner, drafter), runner.bucket)
-        return PackedCosts() if runner.packs else RoundTimes()
 
     # ---- what callers read ----------------------------------------------------------------------
 
@@ -177,6 +161,16 @@ class SpecBatchGenerator:
         return self.verifier.tokens
 
     @property
+    def timings(self) -> dict[str, float]:
+        """Seconds per phase of the rounds (phases.py; exact on a GPU only with profile)."""
+        return self._phase.seconds
+
+    @property
+    def noise_s(self) -> float:
+        """Seconds spent making coupled sampling's noise (inside the draft phase)."""
+        return self.drafting.noise_s
+
+    @property
     def capture_s(self) -> float:
         """Seconds spent capturing (or compiling) steps so far."""
         return self.graphs.capture_s
@@ -184,8 +178,8 @@ class SpecBatchGenerator:
     def reset_stats(self) -> None:
         """Start the run statistics and phase times afresh (a benchmark's next repeat)."""
         self.scheduler.stats.reset()
-        self.timings = dict.fromkeys(PHASES, 0.0)
-        self.noise_s = 0.0
+        self._phase.reset()
+        self.drafting.noise_s = 0.0
         self.verifier.tokens = TokenCounts()
         self.grammars.mask_s = self.grammars.compile_s = 0.0
 
@@ -236,7 +230,7 @@ class SpecBatchGenerator:
         with self._phase("draft"):
             round = self._schedule()
             if round.rows:
-                round = self._draft(round)
+                round = self.drafting.run(round)
         with self._phase("verify"):
             verified = self.verifier.run(round)
             if self.static:  # a captured verify runs on the device: the idle host does the drafter's put-off work
@@ -262,36 +256,20 @@ class SpecBatchGenerator:
             finished, emitted = self.scheduler.postprocess(round, outcome)
             self.drafter.extend(emitted.slots, emitted.tokens, emitted.num_accepted, emitted.path)
             results = self._release(finished)
-        self.scheduler.learn(round, emitted, time.perf_counter() - started, self._round_costs(round, verified),
+        adaptive = self.scheduler.adaptive
+        costs = measured_round(adaptive.costs if adaptive is not None else None, self.drafter, round, verified,
+                               packed=self.packed, static_per_row=self.static_per_row)
+        self.scheduler.learn(round, emitted, time.perf_counter() - started, costs,
                              tokens=[len(outcome.emitted[i]) for i in round.running], forward=verified.forward)
         return results
 
-    def _round_costs(self, round: Round, verified: Verified) -> tuple | None:
-        """A packed round's (forward tokens, forward seconds, drafting forwards' (tokens, seconds)) for adaptive
-        speculation's prices: measured eagerly, from the timed replays on the static path; None otherwise."""
-        if self.packed:
-            return (*verified.forward, self.drafter.step_times())
-        if self.static_per_row and self.scheduler.adaptive is not None and verified.forward is not None:
-            return self.scheduler.adaptive.costs.round_costs(verified.forward[0], round.shape.depth)
-        return None
-
     def _startup_costs(self) -> StartupCosts:
-        """Packed rounds under adaptive speculation start from the machine's costs (startup_costs.py), measured
-        before the first row is admitted or read from the cache."""
+        """Packed rounds under adaptive speculation start from the machine's costs (round_prices.py)."""
         adaptive = self.scheduler.adaptive
         if adaptive is None or not self.packed:
             return StartupCosts((), ())
-        key = cache_key(self.runner.model, self.drafter, batch_size=self.batch_size, k_max=self.k_max,
-                        device=self.device)
-        step = self.drafter.step_seconds if self.drafter.policy.draft_forwards else None
-        costs = load_or_measure(key, lambda: measure_startup(self.runner, step, batch_size=self.batch_size,
-                                                             k_max=self.k_max))
-        adaptive.costs.start_from(costs)
-        if self.scheduler.payoff is not None and costs.verify:  # its warm-up learnt the costs: they are known
-            self.scheduler.payoff.warmup_rounds = WARMUP_WITH_COSTS
-        log.info("costs: %s (%s)", ", ".join(f"{n} tokens {1e3 * t:.1f} ms" for n, t in costs.verify),
-                 "from the cache" if costs.cached else f"measured in {costs.seconds:.2f} s")
-        return costs
+        return start_from_machine(adaptive.costs, self.scheduler.payoff, self.runner, self.drafter,
+                                  batch_size=self.batch_size, k_max=self.k_max)
 
     # ---- admission -------------------------------------------------------------------------------
 
@@ -326,59 +304,3 @@ class SpecBatchGenerator:
             rows_t = self._rows.put(round.rows)
             lengths_t = self.runner.lengths[rows_t] + 1  # the cache holds seq[:L-1]
         return replace(round, state=self.state, buffers=self.buffers, rows_t=rows_t, lengths_t=lengths_t)
-
-    def _draft(self, round: Round) -> Round:
-        """The round with its shape, each row's number of drafts and the drafts: a drafter that proposes first
-        (lookups) proposes its most, then the shape is chosen from what is on the table; others draft the
-        chosen shape (with the coupled noise). Structured output then cuts refused drafts and adds forced ones."""
-        drafter, coupled, draft = self.drafter, self.sampling.coupled, None
-        if drafter.policy.propose_first and self.scheduler.adaptive is not None:
-            offered = drafter.propose(replace(round, budgets=self.scheduler.skip_hopeless(round)))
-            shape, budgets = self.scheduler.choose(round, offered.host_num, offered.priors)
-            if shape.tree is None:
-                draft = offered.cut(budgets, self.buffers) if self.scheduler.per_row else offered.truncate(shape.drafts)
-        else:
-            shape, budgets = self.scheduler.choose(round)
-        # One new record per change the drafts need (replace costs ~10 us): the drafter reads the shape,
-        # each row's budget and the noise; the verify pass and the Acceptor read what follows.
-        round = replace(round, shape=shape, budgets=budgets,
-                        gumbel=self._noise(round, shape.width) if coupled else None)
-        if draft is None:
-            draft = drafter.propose_tree(round, shape.tree) if shape.tree else drafter.propose(round)
-        if shape.tree is not None:
-            round = replace(round, draft=draft)
-            return replace(round, tree=self.acceptor.shape_tree(round))
-        forced, gumbel, widened = None, round.gumbel, False
-        if self.grammars.rows:  # structured output: cut refused drafts, add forced ones
-            constrained = constrain_drafts(round, draft, self.grammars, self.scheduler.slots, self.buffers,
-                                           self.forced_max)
-            if constrained is not None:
-                draft, forced = constrained
-                widened = draft.tokens.shape[1] > shape.drafts
-                if widened and coupled:  # the same noise, wider
-                    gumbel = self._noise(round, 1 + draft.tokens.shape[1])
-        if widened or draft.tokens.shape[1] < shape.drafts:  # forced drafts, or trimmed to the longest proposal
-            shape = RoundShape(drafts=draft.tokens.shape[1])
-        return replace(round, shape=shape, draft=draft, forced=forced, gumbel=gumbel)
-
-    def _noise(self, round: Round, width: int) -> torch.Tensor:
-        """The coupled noise of the round's rows at positions L .. L + width - 1 (accept.py)."""
-        started = time.perf_counter()
-        noise = self.acceptor.noise(round, width)
-        self.noise_s += time.perf_counter() - started
-        return noise
-
-    # ---- measuring -------------------------------------------------------------------------------
-
-    @contextmanager
-    def _phase(self, name: str):
-        counter = self.graphs.counter
-        if counter is not None:
-            counter.phase = name
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self._sync_phases:
-                torch.cuda.synchronize(self.device)
-            self.timings[name] += time.perf_counter() - started

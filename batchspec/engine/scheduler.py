@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..types import FINISH_LENGTH, Request, Result, TreeSpec
 from .adaptive import AdaptiveK
+from .costs import RoundCost
 from .grammar import Grammars
 from .intake import Admission, Defaults, Intake
 from .payoff import PayoffCheck
@@ -289,9 +290,8 @@ class Scheduler:
             counted = sum(n for i, n in zip(round.running, tokens) if round.rows[i] not in admitted)
             self.payoff.observe(counted, seconds - round.admission_seconds(forward), rows=len(round.running))
         drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
-        if cost is None:
-            self.adaptive.observe(round.shape, seconds, emitted.slots, emitted.budgets, drafted, accepted)
-            return
-        self.adaptive.costs.observe(cost[0], cost[1], cost[2], seconds, sum(drafted))
-        self.adaptive.learn(self.adaptive.shapes.index(round.shape), emitted.slots, emitted.budgets, drafted, accepted)
+        shape = self.adaptive.shapes.index(round.shape)
+        measured = (RoundCost(shape, len(emitted.slots), seconds) if cost is None else
+                    RoundCost(shape, len(emitted.slots), seconds, sum(drafted), cost[0], cost[1], tuple(cost[2])))
+        self.adaptive.observe(measured, emitted.slots, emitted.budgets, drafted, accepted)
 

@@ -146,6 +146,14 @@ def measure(target_runner, step: Callable[[int, int], float] | None, *, batch_si
     return StartupCosts(tuple(verify), tuple(drafting), seconds=seconds, quiet=quiet)
 
 
+def for_runner(runner, drafter, *, batch_size: int, k_max: int) -> StartupCosts:
+    """The costs of a target's runner and a drafter at this batch size and k: read from the cache, or measured
+    now (and cached when the machine was quiet)."""
+    key = cache_key(runner.model, drafter, batch_size=batch_size, k_max=k_max, device=runner.device)
+    step = drafter.step_seconds if drafter.policy.draft_forwards else None
+    return load_or_measure(key, lambda: measure(runner, step, batch_size=batch_size, k_max=k_max))
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

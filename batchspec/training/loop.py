@@ -31,6 +31,7 @@ from .evaluate import acceptance, head_matches
 from .features import pad_batch
 from ..util.files import atomic_write
 from ..eagle.head import EagleHead
+from .precision import training_autocast
 from .ttt import unroll
 
 
@@ -106,26 +107,6 @@ def steps_at(progress: float, options: LoopOptions) -> int:
     if options.ttt_ramp <= 0 or options.ttt_steps <= 1:
         return options.ttt_steps
     return min(options.ttt_steps, 1 + int((options.ttt_steps - 1) * progress / options.ttt_ramp))
-
-
-def autocast_enabled(kind: str, mode: str = "auto") -> bool:
-    """Whether the training step runs under bf16 autocast on a device of this kind ("cpu", "cuda", ...).
-    "auto": on a GPU only. On a 2-core EPYC with AVX512-BF16, bf16 steps of the demo head were 1.3x faster
-    (0.16-0.18 s against 0.22-0.23 s), but they left the process's later fp32 forwards about 16% slower
-    (drafter none 865 -> 730 tokens/s after 30 s of such training; 881 -> 874 after fp32 training): a job that
-    trains its own head decodes in that process afterwards, and train_draft times the target there."""
-    if mode not in ("auto", "bfloat16", "off"):
-        raise ValueError(f"autocast must be auto, bfloat16 or off, got {mode!r}")
-    return mode == "bfloat16" or (mode == "auto" and kind == "cuda")
-
-
-def training_autocast(device, mode: str = "auto") -> torch.autocast:
-    """bf16 autocast for the training step. The weights, the optimiser and the loss stay fp32 (the saved
-    head is fp32); only matmul inputs round to bf16, which the head's drafting does not need to match:
-    verification by the target keeps the output exact whatever the head proposes."""
-    kind = torch.device(device).type
-    return torch.autocast(kind if kind in ("cuda", "cpu") else "cpu", dtype=torch.bfloat16,
-                          enabled=autocast_enabled(kind, mode))
 
 
 def noisy(features: torch.Tensor, share: float, layers: int, generator: torch.Generator) -> torch.Tensor:
@@ -218,10 +199,43 @@ def batch_loss(head: EagleHead, target_head: TargetHead, samples, states, rows, 
     return loss, agree, positions
 
 
+def step_loss(head: EagleHead, target_head: TargetHead, samples, states, order: list[int], state: LoopState,
+              options: LoopOptions, device):
+    """The loss of the step after `state` (batch_loss): its batch and its feature noise are drawn from (seed,
+    step), so that a resumed run draws the same."""
+    noise = (torch.Generator().manual_seed((options.seed * 1_000_003 + state.step) * 2 + 1)
+             if options.feature_noise else None)
+    return batch_loss(head, target_head, samples, states, pick_batch(order, state.step, options), options, device,
+                      steps_at(progress_of(state, options), options), noise)
+
+
 def quick_eval(head: EagleHead, samples, states, k: int = 4) -> dict:
+    """The head's first-draft acceptance and tokens per forward at k on held-out samples (in eval mode, then
+    back to training)."""
+    head.eval()
     matches = head_matches(head, samples, states, k)
+    head.train()
     result = acceptance(matches, samples, k_max=k)
     return {"acc1": result.cumulative[0], f"tpf{k}": result.tokens_per_forward[k]}
+
+
+def progress_bar(show: bool) -> tqdm:
+    """The training bar, in thousandths of the budget. Off a terminal (a log file, SLURM) a line every 30 s, not
+    one per step: fast steps made megabytes of log."""
+    return tqdm(total=1000, desc="training", bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} {postfix}",
+                disable=not show, mininterval=0.1 if sys.stderr.isatty() else 30.0)
+
+
+def record_step(state: LoopState, recent: list, loss: float, agree: list[float], positions: int) -> list:
+    """A finished step into `state`: positions seen, and the loss and per-step agreement over the last 20 steps
+    (returned, with this one)."""
+    state.positions += positions
+    recent = (recent + [(loss, agree)])[-20:]
+    state.loss = sum(r[0] for r in recent) / len(recent)
+    # (with a ramp recent steps unrolled different numbers of steps: each one's mean over those that ran it)
+    state.agreement = [statistics.fmean(a[j] for _, a in recent if j < len(a))
+                       for j in range(max(len(a) for _, a in recent))]
+    return recent
 
 
 def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states, options: LoopOptions,
@@ -245,9 +259,7 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
         payload = {"head": head.state_dict(), "optimizer": opt.state_dict(), "state": asdict(state)}
         atomic_write(checkpoint_path, lambda tmp: torch.save(payload, tmp))
 
-    # Off a terminal (a log file, SLURM) a line every 30 s, not one per step: fast steps made megabytes of log.
-    bar = tqdm(total=1000, desc="training", bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} {postfix}",
-               disable=not options.show_progress, mininterval=0.1 if sys.stderr.isatty() else 30.0)
+    bar = progress_bar(options.show_progress)
     last_save, recent, shown, in_a_row = time.time(), [], {}, 0
     try:
         while progress_of(state, options) < 1.0:
@@ -257,11 +269,7 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
             for group in opt.param_groups:
                 group["lr"] = lr_at(progress_of(state, options), options, peak_lr)
             with autocast:
-                # the noise, like the batch, is drawn from (seed, step): a resumed run draws the same
-                noise = (torch.Generator().manual_seed((options.seed * 1_000_003 + state.step) * 2 + 1)
-                         if options.feature_noise else None)
-                loss, agree, positions = batch_loss(head, target_head, samples, states, pick_batch(order, state.step, options),
-                                                    options, device, steps_at(progress_of(state, options), options), noise)
+                loss, agree, positions = step_loss(head, target_head, samples, states, order, state, options, device)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(params, options.grad_clip)
@@ -278,16 +286,9 @@ def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states
                 continue
             in_a_row = 0
             opt.step()
-            state.positions += positions
-            recent = (recent + [(loss.item(), agree)])[-20:]
-            state.loss = sum(r[0] for r in recent) / len(recent)
-            # (with a ramp recent steps unrolled different numbers of steps: each one's mean over those that ran it)
-            state.agreement = [statistics.fmean(a[j] for _, a in recent if j < len(a))
-                               for j in range(max(len(a) for _, a in recent))]
+            recent = record_step(state, recent, loss.item(), agree, positions)
             if heldout and (state.step % options.eval_every == 0):
-                head.eval()
                 shown = quick_eval(head, heldout[:16], heldout_states[:16])
-                head.train()
                 state.history.append({"step": state.step, "loss": recent[-1][0], **shown})
             state.seconds += time.time() - t0
             bar.set_postfix(step=state.step, loss=f"{state.loss:.3f}", acc=f"{state.agreement[0]:.2f}", refresh=False,

@@ -1,0 +1,79 @@
+"""The round's draft stage: a scheduled Round in, the same Round with its shape, each row's number of drafts,
+the drafts, the coupled noise, a tree's geometry and a grammar's forced drafts out (one new record per change,
+dataclasses.replace: the verify pass and the Acceptor only read it).
+
+Two orders, by what the drafter can tell before it drafts:
+  - a drafter that proposes first (host lookups: ngram, prompt_lookup, suffix) proposes its most; adaptive
+    speculation then chooses the shape and each row's budget from what is on the table (and the drafter's
+    own priors), and the proposals are cut to it;
+  - others (a draft model, an EAGLE head) are given the chosen shape and draft it, with the coupled noise.
+Structured output then cuts drafts the grammar refuses and adds the tokens it forces (constrain.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from .accept import Acceptor
+from .constrain import constrain_drafts
+from .drafters import Drafter
+from .grammar import Grammars
+from .round import Round, RoundBuffers, RoundShape
+from .scheduler import Scheduler
+
+
+class DraftStage:
+    """Builds a round's drafts. Plain arguments: the drafter, the scheduler (which chooses shapes and budgets),
+    the Acceptor (the coupled noise, a tree's geometry), the grammars and buffers of structured output, the
+    most drafts a grammar may force per row (`forced_max`), and whether sampling is coupled."""
+
+    def __init__(self, drafter: Drafter, scheduler: Scheduler, acceptor: Acceptor, grammars: Grammars,
+                 buffers: RoundBuffers, *, forced_max: int, coupled: bool):
+        self.drafter, self.scheduler, self.acceptor = drafter, scheduler, acceptor
+        self.grammars, self.buffers = grammars, buffers
+        self.forced_max, self.coupled = forced_max, coupled
+        self.noise_s = 0.0  # seconds making coupled sampling's noise
+
+    def run(self, round: Round) -> Round:
+        drafter, scheduler, draft = self.drafter, self.scheduler, None
+        if drafter.policy.propose_first and scheduler.adaptive is not None:
+            offered = drafter.propose(replace(round, budgets=scheduler.skip_hopeless(round)))
+            shape, budgets = scheduler.choose(round, offered.host_num, offered.priors)
+            if shape.tree is None:
+                draft = offered.cut(budgets, self.buffers) if scheduler.per_row else offered.truncate(shape.drafts)
+        else:
+            shape, budgets = scheduler.choose(round)
+        round = replace(round, shape=shape, budgets=budgets,
+                        gumbel=self._noise(round, shape.width) if self.coupled else None)
+        if draft is None:
+            draft = drafter.propose_tree(round, shape.tree) if shape.tree else drafter.propose(round)
+        if shape.tree is not None:
+            round = replace(round, draft=draft)
+            return replace(round, tree=self.acceptor.shape_tree(round))
+        return self._constrain(round, draft)
+
+    def _constrain(self, round: Round, draft) -> Round:
+        """Structured output: drafts a grammar refuses are cut and the tokens it forces are added; the shape is
+        the drafts' width (forced drafts widen it, a lookup's short proposals narrow it)."""
+        forced, gumbel, shape, widened = None, round.gumbel, round.shape, False
+        if self.grammars.rows:
+            constrained = constrain_drafts(round, draft, self.grammars, self.scheduler.slots, self.buffers,
+                                           self.forced_max)
+            if constrained is not None:
+                draft, forced = constrained
+                widened = draft.tokens.shape[1] > shape.drafts
+                if widened and self.coupled:  # the same noise, wider
+                    gumbel = self._noise(round, 1 + draft.tokens.shape[1])
+        if widened or draft.tokens.shape[1] < shape.drafts:
+            shape = RoundShape(drafts=draft.tokens.shape[1])
+        return replace(round, shape=shape, draft=draft, forced=forced, gumbel=gumbel)
+
+    def _noise(self, round: Round, width: int) -> torch.Tensor:
+        """The coupled noise of the round's rows at positions L .. L + width - 1 (accept.py)."""
+        started = time.perf_counter()
+        noise = self.acceptor.noise(round, width)
+        self.noise_s += time.perf_counter() - started
+        return noise

@@ -1,0 +1,56 @@
+"""Where adaptive speculation's prices come from on each path: the cost model it starts with, the machine's
+costs it reads at start, and what each round measured (costs.py, startup_costs.py)."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+from . import startup_costs
+from .costs import CostModel, PackedCosts, RoundTimes, StaticPackedCosts, StepTable
+from .drafters import Drafter
+from .payoff import PayoffCheck
+from .round import Round, RoundShape, Verified
+from .round_steps import shape_seconds
+from .runner import ModelRunner
+from .startup_costs import StartupCosts
+from .timing import packed_seconds
+
+WARMUP_WITH_COSTS = 8  # the payoff check's warm-up rounds when the round costs were measured at start (payoff.py)
+log = logging.getLogger("batchspec")
+
+
+def cost_model(runner: ModelRunner, drafter: Drafter, shapes: list[RoundShape], *, static: bool,
+               static_per_row: bool) -> CostModel:
+    """Timed replays of the captured steps (static; per row when its chains are packed), packed rounds' forwards
+    by their tokens (eager packed), or whole rounds' wall time."""
+    if static_per_row:
+        return StaticPackedCosts(measure_verify=partial(packed_seconds, runner),
+                                 measure_step=partial(drafter.draft_seconds, 1), bucket_of=runner.bucket)
+    if static:
+        return StepTable(partial(shape_seconds, shapes, runner, drafter), runner.bucket)
+    return PackedCosts() if runner.packs else RoundTimes()
+
+
+def start_from_machine(costs: CostModel, payoff: PayoffCheck | None, runner: ModelRunner, drafter: Drafter, *,
+                       batch_size: int, k_max: int) -> StartupCosts:
+    """Packed rounds start from the machine's costs, measured before the first row is admitted or read from the
+    cache; the payoff check's warm-up, which learnt them, is then shortened."""
+    measured = startup_costs.for_runner(runner, drafter, batch_size=batch_size, k_max=k_max)
+    costs.start_from(measured)
+    if payoff is not None and measured.verify:
+        payoff.warmup_rounds = WARMUP_WITH_COSTS
+    log.info("costs: %s (%s)", ", ".join(f"{n} tokens {1e3 * t:.1f} ms" for n, t in measured.verify),
+             "from the cache" if measured.cached else f"measured in {measured.seconds:.2f} s")
+    return measured
+
+
+def measured_round(costs: CostModel | None, drafter: Drafter, round: Round, verified: Verified, *, packed: bool,
+                   static_per_row: bool) -> tuple | None:
+    """A round's (forward tokens, forward seconds, drafting forwards' (tokens, seconds)) for the prices: measured
+    eagerly on packed rounds, from the timed replays on the static path's packed chains; None otherwise."""
+    if packed:
+        return (*verified.forward, drafter.step_times())
+    if static_per_row and costs is not None and verified.forward is not None:
+        return costs.round_costs(verified.forward[0], round.shape.depth)
+    return None
