@@ -17,7 +17,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .engine.drafters import Drafter, load_paths, make_drafter, needs_draft
 from .engine.generator import FILL_TOKENS, FORCED_DRAFTS, SpecBatchGenerator
-from .engine.graphs import LaunchCounter, StepGraphs, resolve_capture
+from .engine.graphs import StepGraphs, resolve_capture
+from .engine.host_device import LaunchCounter
 from .engine.intake import Defaults
 from .engine.memory import capture_buckets, kv_problem
 from .engine.model_check import check_model

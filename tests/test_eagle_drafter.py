@@ -13,7 +13,7 @@ import batchspec
 from batchspec.eagle.config import HeadError
 from batchspec.eagle.formats import save_head
 from batchspec.training.init import head_for_target
-from batchspec.engine.graphs import LaunchCounter
+from batchspec.engine.host_device import LaunchCounter
 from conftest import MAX_NEW
 from tiny import PROMPTS
 

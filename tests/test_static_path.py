@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import batchspec
-from batchspec.engine.graphs import LaunchCounter
+from batchspec.engine.host_device import LaunchCounter
 from batchspec.models import Models
 from conftest import MAX_NEW
 from tiny import PROMPTS, model_config

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..api import build_generator
-from ..engine.drafters.eagle import HeadAsModel
+from ..engine.drafters.head_model import HeadAsModel
 from ..engine.drafters.registry import DRAFTERS, load_paths
 from ..engine.graphs import StepGraphs
 from ..engine.runner import ModelRunner

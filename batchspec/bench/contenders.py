@@ -20,7 +20,7 @@ from ..api import build_generator
 from .grammar import GrammarLogitsProcessor
 from .calibrate import sync
 from ..engine.drafters.registry import DRAFT_MODEL, DRAFTERS, drafter_spec
-from ..engine.graphs import LaunchCounter
+from ..engine.host_device import LaunchCounter
 from ..types import Request, RowParams
 
 

@@ -17,7 +17,8 @@ import torch
 
 from .acceptance import sample
 from .grammar import Grammars, apply_masks
-from .graphs import HostBuffer, LaunchCounter, StepGraphs, host_lists
+from .graphs import StepGraphs
+from .host_device import HostBuffer, LaunchCounter, host_lists
 from .noise import STREAM_RESAMPLE, gumbel_noise, uniforms
 from .round import Draft, Round, RoundBuffers, RoundShape
 from .runner import ModelRunner

@@ -36,7 +36,8 @@ from .constrain import mask_round
 from .drafters import Drafter
 from .drafting import DraftStage
 from .grammar import Grammars
-from .graphs import HostBuffer, StepGraphs
+from .graphs import StepGraphs
+from .host_device import HostBuffer
 from .intake import Defaults
 from .payoff import PayoffCheck
 from .phases import PhaseTimes

@@ -13,7 +13,7 @@ PHASES = ("admit", "draft", "verify", "accept", "bookkeeping")
 
 class PhaseTimes:
     """Adds each phase's seconds to `seconds`. A GPU runs ahead of the host: a phase's time is exact there only
-    with `sync` (a device sync at each phase's end, which costs speed). `counter` (graphs.LaunchCounter, or
+    with `sync` (a device sync at each phase's end, which costs speed). `counter` (host_device.LaunchCounter, or
     None) is told the phase, so that kernel launches are counted per phase."""
 
     def __init__(self, device: torch.device, *, sync: bool = False, counter=None):

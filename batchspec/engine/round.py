@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..types import TreeSpec
-from .graphs import HostBuffer
+from .host_device import HostBuffer
 from .tree import TreeShape
 
 if TYPE_CHECKING:

@@ -27,7 +27,8 @@ import torch
 from transformers import PreTrainedModel
 
 from .few_rows import FewRowLinears
-from .graphs import HostBuffer, StepGraphs
+from .graphs import StepGraphs
+from .host_device import HostBuffer
 from .kv_cache import SlidingWindow, SlotKVCache, causal_mask
 from .model_calls import RowPositions, cache_argument
 from .packed import (PackedBatch, PackingUnsupported, RowTokens, pack, packed_attention_on, register,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..types import Request, Result
-from .graphs import HostBuffer
+from .host_device import HostBuffer
 from .sampling import RowSampling
 
 

@@ -9,7 +9,7 @@ import torch
 
 from .costs import Line
 from .drafters import Drafter
-from .graphs import HostBuffer, wall
+from .host_device import HostBuffer, wall
 from .packed import layout_round
 from .round import Round, Verified
 from .runner import ModelRunner

@@ -4,7 +4,8 @@ registry.py names them (what each needs, how it is built); base.py holds the pro
 speaks (admit / propose / extend / release), DrafterPolicy and the drafter that drafts nothing;
 lookup.py the model-free drafters (ngram, prompt_lookup); suffix.py suffix decoding over the request and
 the job's finished rows (its index: suffix_index.py, the job-wide part suffix_corpus.py); model.py the draft
-model and eagle.py an EAGLE-3 head, with their captured steps in model_static.py and eagle_static.py;
+model and eagle.py an EAGLE-3 head (head_model.py: the head as the model a runner drives), with their captured
+steps in model_static.py and eagle_static.py (objects each drafter holds);
 choosing.py what the model drafters share (picking tokens, laying out trees).
 """
 

@@ -17,13 +17,11 @@ decoding costs.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
-from torch import nn
 
 from ...types import TreeSpec
-from ..graphs import StepGraphs, wall
+from ..graphs import StepGraphs
+from ..host_device import wall
 from ..round import Draft, Round, RoundBuffers, RoundShape
 from ..runner import ModelRunner
 from ..startup_costs import time_rows
@@ -32,54 +30,13 @@ from ..slots import SlotState
 from .base import DrafterPolicy, empty_draft
 from .choosing import buffered_draft, choose_draft, no_tree
 from .eagle_static import EagleStaticSteps
+from .head_model import HeadAsModel
 
 EAGLE_POLICY = DrafterPolicy(draft_forwards=True, trees=True)
 LAG_MAX = 16  # eager: the most stashed entries a row holds before a round that drafts nothing catches it up
 
 
-class HeadAsModel(nn.Module):
-    """An EagleHead behind the forward a ModelRunner drives (a causal LM's), with logits over the target's
-    vocabulary (-inf outside the draft vocabulary) and the head's output as its one hidden state."""
-
-    def __init__(self, head, target_vocab_size: int):
-        super().__init__()
-        self.head, self.target_vocab = head, target_vocab_size
-        self.config = SimpleNamespace(get_text_config=lambda: SimpleNamespace(num_hidden_layers=1,
-                                                                             hidden_size=head.config.hidden_size))
-        self.register_buffer("target_ids", head.d2t + torch.arange(len(head.d2t), device=head.d2t.device))
-        self._out = SimpleNamespace(weight=torch.empty(target_vocab_size, 0))
-
-    @property
-    def device(self) -> torch.device:
-        return self.head.d2t.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.head.fc.weight.dtype
-
-    def get_output_embeddings(self):
-        return self._out  # its rows: the target's vocabulary
-
-    def forward(self, input_ids, position_ids, attention_mask, past_key_values, logits_to_keep=0, hidden=None,
-                **_):
-        out = self.head(input_ids, hidden, position_ids, attention_mask, past_key_values)  # [b, T, H]
-        kept = _keep(out, logits_to_keep)
-        draft = self.head.logits(kept)
-        logits = draft.new_full((*draft.shape[:-1], self.target_vocab), float("-inf"))
-        logits[..., self.target_ids] = draft
-        return SimpleNamespace(logits=logits, hidden_states=(out,))
-
-
-def _keep(x: torch.Tensor, keep) -> torch.Tensor:
-    """transformers' logits_to_keep over [b, T, H]: 0 all, int k the last k, [b, n] per-row positions."""
-    if isinstance(keep, int):
-        return x if keep == 0 else x[:, -keep:]
-    if keep.dim() == 1:
-        return x[:, keep]
-    return x.gather(1, keep[:, :, None].expand(-1, -1, x.shape[-1]))
-
-
-class EagleDrafter(EagleStaticSteps):
+class EagleDrafter:
     policy = EAGLE_POLICY
 
     def __init__(self, head, *, num_slots: int, capacity: int, max_position: int, target_vocab_size: int,
@@ -105,17 +62,17 @@ class EagleDrafter(EagleStaticSteps):
         self._verify_index: torch.Tensor | None = None  # packed: the last forward's [b, W] verify positions
         self._lagging: set[int] = set()  # slots that sat the last round's first step out (eager)
         self._target: ModelRunner | None = None
-        self._acceptor = None
-        self._presence: torch.Tensor | None = None  # [B, V] the drafts' growing repetition context (static)
+        self.static_steps = (EagleStaticSteps(self.runner, graphs, sampling, stash=self.stash, out=self.out,
+                                              catch_up=self.catch_up) if self.runner.static else None)
         self._steps: list[tuple[int, float]] = []  # the last round's drafting forwards after the first: (rows, seconds)
 
     def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers,
              acceptor=None) -> None:
         """The generator's device state; on the static path, declare the steps: each drafting step of each
         shape over each bucket, and the stash's update for each verify width."""
-        self._target, self._state, self._buffers, self._acceptor = target, state, buffers, acceptor
-        if self.runner.static:
-            self._declare_steps(shapes, state)
+        self._target, self._state, self._acceptor = target, state, acceptor
+        if self.static_steps is not None:
+            self.static_steps.bind(shapes, target, state, buffers, acceptor)
 
     # ---- requests in and out ----------------------------------------------------------------------
 
@@ -185,8 +142,8 @@ class EagleDrafter(EagleStaticSteps):
             if slot not in self._lagging:
                 self.valid[slot] = by_slot[slot] - 1
         features = self._target.features  # [b, T, F]: the round's verify pass, row order = rows
-        if self.runner.static:
-            self.graphs.run(("eagle", "stash", features.shape[1]), self._stash_step, self._stash_args(features.shape[1]))
+        if self.static_steps is not None:
+            self.static_steps.stash_from(features.shape[1])
             return
         if features.dim() == 2:  # a packed forward's [N, F]: each row's verify positions at verify_index
             where = self._verify_index
@@ -225,7 +182,7 @@ class EagleDrafter(EagleStaticSteps):
         rejection = not (self.sampling.greedy or self.sampling.coupled)
         probs = (buffers.q_at if spec is not None else buffers.probs) if rejection else None
         if round.static:
-            self._static_steps(round, max(steps, 1), spec)
+            self.static_steps.run(round.lengths, *self._first_entries(round), max(steps, 1), spec)
         else:
             self._eager_steps(round, max(steps, 1), branching, probs, draft=steps > 0)
         self._round = (list(round.rows), list(round.lengths))
@@ -298,6 +255,11 @@ class EagleDrafter(EagleStaticSteps):
         round.buffers.drafts[perm] = drafts
         if q is not None:
             probs[perm] = q
+
+    def draft_seconds(self, k: int, kv_len: int) -> float:
+        """Static: k drafted tokens cost about k head steps (the first computes a few entries more); the
+        head's steps are not timed separately (0: adaptive's overhead estimate absorbs them)."""
+        return 0.0
 
     def step_times(self) -> list[tuple[int, float]]:
         """The last round's head forwards (tokens, seconds): the first step, when it ran, and each later one."""

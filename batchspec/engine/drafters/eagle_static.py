@@ -1,6 +1,6 @@
-"""EAGLE's static path (a mixin of EagleDrafter, drafters/eagle.py): one captured step per drafted token, each
-slot's first step computing the head entries it lacks from the stash, and the stash's captured update
-from the verify pass's features along each slot's accepted path."""
+"""EAGLE's static path (EagleDrafter's `static_steps`, drafters/eagle.py): one captured step per drafted token,
+each slot's first step computing the head entries it lacks from the stash, and the stash's captured update from
+the verify pass's features along each slot's accepted path."""
 
 from __future__ import annotations
 
@@ -9,17 +9,33 @@ from functools import partial
 import torch
 
 from ...types import TreeSpec
-from ..graphs import HostBuffer
-from ..round import Round, RoundShape
+from ..accept import Acceptor
+from ..graphs import StepGraphs
+from ..host_device import HostBuffer
+from ..round import RoundBuffers, RoundShape
+from ..runner import ModelRunner
+from ..sampling import SamplingParams
 from ..slots import SlotState
 from .choosing import choose_draft, lay_out_static_tree
 
 
 class EagleStaticSteps:
-    """Draft step i of every slot at fixed addresses (EagleDrafter's runner, graphs, stash and bound state)."""
+    """Draft step i of every slot at fixed addresses. Built with the head's runner, the step graphs, the
+    sampling, the drafter's stash [B, E, F] and output [B, 1, H] buffers (shared with its eager path: written in
+    place, never replaced) and catch_up (the entries a first step computes); `bind` then gives it the generator's
+    device state and declares the steps."""
 
-    def _declare_steps(self, shapes: list[RoundShape], state: SlotState) -> None:
+    def __init__(self, runner: ModelRunner, graphs: StepGraphs, sampling: SamplingParams, *, stash: torch.Tensor,
+                 out: torch.Tensor, catch_up: int):
+        self.runner, self.graphs, self.sampling = runner, graphs, sampling
+        self.stash, self.out, self.catch_up = stash, out, catch_up
+        self.num_slots, self.device = stash.shape[0], stash.device
+        self._presence: torch.Tensor | None = None  # [B, V] the drafts' growing repetition context
+
+    def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers,
+             acceptor: Acceptor) -> None:
         """Each drafting step of each shape over each bucket, and the stash's update for each verify width."""
+        self._target, self._state, self._buffers, self._acceptor = target, state, buffers, acceptor
         self._where = HostBuffer((2, self.num_slots), self.device)  # each slot's first entry to compute, and how many
         self._where_args = torch.zeros(2, self.num_slots, dtype=torch.long, device=self.device)
         if state.presence is not None:
@@ -34,6 +50,10 @@ class EagleStaticSteps:
         for shape in shapes:
             width = shape.width
             self.graphs.declare(("eagle", "stash", width), self._stash_step, self._stash_args(width))
+
+    def stash_from(self, width: int) -> None:
+        """Every slot's stash from the last verify pass (of `width` positions a row), along its accepted path."""
+        self.graphs.run(("eagle", "stash", width), self._stash_step, self._stash_args(width))
 
     def _stash_args(self, width: int) -> tuple:
         return (self._target.features_buffer(width), self._acceptor.path_out)
@@ -53,10 +73,11 @@ class EagleStaticSteps:
         probs = (b.q_at if spec is not None else b.probs) if rejection else None
         return (self._state.tokens, self._where_args, b.drafts, b.num_drafts, b.gumbel, probs)
 
-    def _static_steps(self, round: Round, steps: int, spec: TreeSpec | None) -> None:
-        starts, counts = self._first_entries(round)
+    def run(self, lengths: list[int], starts: list[int], counts: list[int], steps: int, spec: TreeSpec | None) -> None:
+        """`steps` drafts of every slot (rows of these lengths L), the first step computing `counts` head entries
+        from `starts` (EagleDrafter._first_entries)."""
         where = self._where.put([starts, counts])
-        bucket = self.runner.bucket(min(max(round.lengths) + steps, self.runner.capacity))
+        bucket = self.runner.bucket(min(max(lengths) + steps, self.runner.capacity))
         for i in range(steps):
             args = self._static_args(spec)
             self.graphs.run(self._key(i, bucket, spec), partial(self._static_step, i=i, kv_len=bucket, spec=spec),
@@ -93,8 +114,3 @@ class EagleStaticSteps:
                              probs, branching, None if self.sampling.greedy else state.sampling)
         if self._presence is not None:
             self._presence[runner.slot_index, token] = True
-
-    def draft_seconds(self, k: int, kv_len: int) -> float:
-        """Static: k drafted tokens cost about k head steps (the first computes a few entries more); the
-        head's steps are not timed separately (0: adaptive's overhead estimate absorbs them)."""
-        return 0.0

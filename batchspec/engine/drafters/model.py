@@ -7,7 +7,8 @@ import torch
 from transformers import PreTrainedModel
 
 from ...types import TreeSpec
-from ..graphs import StepGraphs, wall
+from ..graphs import StepGraphs
+from ..host_device import wall
 from ..packed import RowTokens
 from ..round import Draft, Round, RoundBuffers, RoundShape
 from ..runner import ModelRunner
