@@ -22,7 +22,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from batchspec.engine.grammar import Grammars, grammar_text
+from batchspec.engine.grammar import Grammars
+from batchspec.engine.grammar_text import grammar_text
 from batchspec.types import Constraint
 
 # The schema of issue 58's reproduction: "additionalFields" is not a keyword, so every object the schema does

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 import batchspec
-from batchspec.engine.grammar import grammar_text
+from batchspec.engine.grammar_text import grammar_text
 from batchspec.engine.sampling import SamplingParams, to_probs
 from batchspec.types import Constraint, RowParams
 from conftest import MAX_NEW

@@ -25,13 +25,13 @@ before it; the other rows run on.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import OrderedDict
 
 import torch
 
 from ..types import Constraint
+from .grammar_text import grammar_text, one_line
 from .schema_finite import no_finite_instance
 
 CACHED_GRAMMARS = 256  # compiled grammars kept by content (a job with a schema per row reuses few)
@@ -40,37 +40,9 @@ CACHED_GRAMMARS = 256  # compiled grammars kept by content (a job with a schema 
 STEP_LEXER_FUEL = 200_000
 STEP_MAX_ITEMS = 50_000
 LIMIT_ERRORS = {  # in llguidance's first line -> what it means
-    "lexer error: too many expressions constructed": f"the lexer's work for one token passed its limit ({{fuel}})",
+    "lexer error: too many expressions constructed": "the lexer's work for one token passed its limit ({fuel})",
     "Too many items": "the parser's work for one token passed its limit ({items})",
 }
-
-
-def one_line(message: str, limit: int = 300) -> str:
-    """A library's multi-line error as one line."""
-    text = " ".join(message.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def grammar_text(constraint: Constraint) -> str:
-    """The constraint in llguidance's grammar format."""
-    import llguidance
-
-    kind, value = constraint.kind, constraint.value
-    compact = {"whitespace_flexible": False}  # one way to write a JSON value: more of it is forced
-    if kind == "json_schema":
-        return llguidance.LLMatcher.grammar_from_json_schema(value, defaults=compact)
-    if kind == "json_object":
-        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=compact)
-    if kind == "regex":
-        return llguidance.LLMatcher.grammar_from_regex(value)
-    if kind == "choice":
-        # One terminal, not a rule of alternatives: the lexer takes any number of them, where a rule's
-        # alternatives are parser items (llguidance stops at 2,000 in a row). Lark strings take JSON's escapes.
-        return llguidance.LLMatcher.grammar_from_lark("start: CHOICE\nCHOICE: " + " | ".join(
-            json.dumps(c) for c in json.loads(value)))
-    if kind == "grammar":
-        return llguidance.LLMatcher.grammar_from_lark(value)
-    raise ValueError(f"unknown constraint kind {kind!r}")
 
 
 def limit_error(error: str) -> str:
