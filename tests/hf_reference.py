@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from importlib.metadata import version
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def hf_generate(model, tokenizer, prompt: str, max_new_tokens: int, constraint: 
     tokens = _generate(model, tokenizer, prompt, max_new_tokens, constraint)
     if path is not None:
         path.parent.mkdir(exist_ok=True)
-        tmp = path.with_suffix(f".tmp{id(tokens)}")
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({"tokens": tokens}))
         tmp.replace(path)  # atomic: the other worker may write the same reference
     return tokens

@@ -152,7 +152,6 @@ class AdaptiveK:
         that its first draft is right (None: the job-wide rate is the prior)."""
         return self.shapes[self.choose_index(slots, budgets, room, priors)]
 
-
     def choose_index(self, slots: list[int], budgets: list[int], room: list[int] | None = None,
                      priors: list[float | None] | None = None) -> int:
         """The shape for a round over `slots`, whose rows may draft at most budgets[i] tokens: a chain of
