@@ -7,9 +7,10 @@
 A pair is NAME=FOLDER, a folder `tools/build_demo.py --out FOLDER` wrote (target/, draft/, prompts.parquet:
 prompts cut from files the pair never trained on, and eagle/ when built with --eagle), or
 NAME=TARGET,DRAFT,PROMPTS[,HEAD] (DRAFT '' for none). Every cell (pair, rows, lengths, batch size,
-temperature) is one `python -m batchspec.bench` run in this process: drafter none, each drafter at fixed k 1,
-2 and 4 and adaptive (k <= 4), interleaved, --repeats timed runs each after an untimed one, every run a job
-of its own (`--fresh`: the controller starts from the machine's cached costs and nothing else). It prints a
+temperature) is one `python -m batchspec.bench` run in this process: drafter none, each drafter at fixed k
+(--fixed-k, default 1, 2 and 4) and adaptive (k up to the largest), interleaved, --repeats timed runs each
+after an untimed one, every run a job of its own (`--fresh`: the controller starts from the machine's cached
+costs and nothing else). It prints a
 line per cell as it goes, then per drafter the worst and the median over the cells of adaptive's tokens/s
 over drafter none's and over the best fixed k's (only in cells where some fixed k beat none by 5% or more),
 and whether every greedy or coupled output equalled drafter none's.
@@ -31,8 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchspec.bench import main as bench  # noqa: E402
 
-FIXED_K = "1,2,4"
-
 
 def parse_pair(text: str) -> tuple[str, dict]:
     name, _, spec = text.partition("=")
@@ -53,7 +52,7 @@ def cell_args(pair: dict, args, rows: int, lengths: str, batch: int, temperature
     drafters = [d for d in args.drafters if (d != "model" or pair["draft"]) and (d != "eagle" or pair["head"])]
     argv = ["--target", pair["target"], "--draft", pair["draft"] or "", "--prompts", pair["prompts"],
             "--num-prompts", str(rows), "--max-new-tokens", str(args.max_new_tokens), "--row-lengths", lengths,
-            "--batch-size", str(batch), "--k", FIXED_K, "--repeats", str(args.repeats), "--drafters",
+            "--batch-size", str(batch), "--k", args.fixed_k, "--repeats", str(args.repeats), "--drafters",
             ",".join(drafters), "--temperature", str(temperature), "--fresh", "--no-hf-static", "--no-hf-batch1",
             "--no-hf-batched", "--json", str(out)]
     if pair["head"]:
@@ -109,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", default="1,8,32,64")
     parser.add_argument("--temperature", default="0", help="a list: 0 (greedy), 0.7 (coupled sampling)")
     parser.add_argument("--drafters", default="model,eagle,ngram,prompt_lookup,suffix")
+    parser.add_argument("--fixed-k", default="1,2,4", help="the fixed-k contenders of each drafter (adaptive's "
+                        "ceiling is the largest)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chat", action="store_true", help="prompts through the target's chat template")
     parser.add_argument("--json", help="every cell's ratios, written as the grid goes")
