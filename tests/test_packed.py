@@ -205,8 +205,12 @@ def test_choice_matches_brute_force(name, gains, base, prices, steps):
 
 EXPLORATIONS = [
     # name, the choice's drafts, first-draft gains, base tokens, prices, drafting forwards -> drafts explored
-    ("an eighth of 32 rows, best first", [2] * 32, [[0.5 + i / 100] for i in range(32)], 32, Prices(0.3, 0.0001),
-     False, [0] * 28 + [1] * 4),
+    ("a lookup: as many rows as the price allows", [2] * 32, [[0.5 + i / 100] for i in range(32)], 32,
+     Prices(0.3, 0.0001), False, [1] * 32),
+    ("a lookup at batch 8: 3 rows fit 10%, best first", [2] * 8, [[0.5 + i / 100] for i in range(8)], 8,
+     Prices(0.03, 0.001), False, [0] * 5 + [1] * 3),
+    ("a draft model: an eighth of 32 rows, best first", [2] * 32, [[0.5 + i / 100] for i in range(32)], 32,
+     Prices(0.3, 0.0001), True, [0] * 28 + [1] * 4),
     ("the price bound first: 2 rows fit 10%", [4] * 32, [[0.5]] * 32, 32, Prices(0.1, 0.001, 0.0, 0.005), False,
      [1, 1] + [0] * 30),
     ("a draft step over 10%: one row", [3] * 16, [[0.5]] * 16, 16, Prices(0.1, 0.001, 0.05, 0.0), True,
@@ -215,20 +219,22 @@ EXPLORATIONS = [
     ("only rows with something to draft", [0] * 16, [[], [], [0.9]] + [[]] * 12 + [[0.8]], 16,
      Prices(0.1, 0.0001), False, [0, 0, 1] + [0] * 12 + [1]),
     ("nothing to draft: nothing explored", [0] * 8, [[]] * 8, 8, Prices(0.1, 0.0001), False, [0] * 8),
-    ("drafts the choice refused: explored all the same", [0] * 8, [[0.3]] * 8, 8, Prices(0.1, 0.0001), False,
+    ("drafts the choice refused: explored all the same", [0] * 8, [[0.3]] * 8, 8, Prices(0.1, 0.0001), True,
      [1] + [0] * 7),
 ]
 
 
 @pytest.mark.parametrize("name,drafts,gains,base,prices,steps,explored", EXPLORATIONS, ids=[e[0] for e in EXPLORATIONS])
 def test_exploration_drafts_one_token_on_few_rows(name, drafts, gains, base, prices, steps, explored):
-    """While a job's acceptance is a prior (packed_choice.explore): one draft on at most an eighth of the rows the
-    choice drafted (at least one), those whose first draft gains most, within 10% of a plain round's price."""
+    """While a job's acceptance is a prior (packed_choice.explore): one draft on the rows whose first draft gains
+    most, as many as keep the round within 10% of a plain round's price (at least one), and with a drafter that
+    runs forwards at most an eighth of the rows."""
     assert explore(gains, prices, base, steps) == explored
 
 
 def test_the_controller_explores_until_it_has_evidence():
-    """Fresh, it explores (at most b/8 rows, one draft each); after 16 verified first drafts it chooses freely."""
+    """Fresh, it explores (one draft each, on as many rows as 10% of a plain round's price allows: all 32 where
+    verifying drafts costs little); after 16 verified first drafts it chooses freely."""
     costs = PackedCosts()
     for tokens, seconds in ((32, 0.30), (64, 0.31), (160, 0.34)):  # verifying drafts costs little here
         costs.verify.add(tokens, seconds)
@@ -236,7 +242,7 @@ def test_the_controller_explores_until_it_has_evidence():
     controller = AdaptiveK(k_max=4, policy=LOOKUP)
     slots = list(range(32))
     _, drafts = controller.choose_rows(slots, [4] * 32, [0] * 32, [0.95] * 32, 32, costs)
-    assert sum(drafts) == 4 and max(drafts) == 1
+    assert sum(drafts) == 32 and max(drafts) == 1
     controller.learn(1, slots, drafts, drafts, drafts)
     controller.learn(4, slots, [4] * 32, [4] * 32, [4] * 32)
     assert controller.acceptance.evidence >= 16
@@ -358,3 +364,30 @@ def test_each_draft_position_learns_its_own_calibration():
     assert got == [pytest.approx((2 * d + 2, 2 * d + 2.2)), pytest.approx((2 * d + 1, 2 * d + 1.3)),
                    pytest.approx((2 * d + 0, 2 * d + 0.3))]
     assert controller.acceptance.gains == {}
+
+
+LEARNT_ROUNDS = [
+    # name, the round (tokens, prompt tokens, verify seconds, drafting forwards), verify line moved, step line moved
+    ("a decoding round with drafts", (96, 0, 0.040, ((64, 0.012),)), True, True),
+    ("a round that prefilled prompt chunks", (1200, 1100, 0.900, ()), False, False),
+    ("a decoding round wider than twice the widest measured", (400, 0, 0.090, ()), False, False),
+    ("a drafting forward that fed prompts", (96, 0, 0.040, ((900, 0.150),)), True, False),
+]
+
+
+@pytest.mark.parametrize("name,round,verify_moves,step_moves", LEARNT_ROUNDS, ids=[r[0] for r in LEARNT_ROUNDS])
+def test_cost_lines_learn_from_forwards_the_size_of_drafting(name, round, verify_moves, step_moves):
+    """Started from the machine's points at batch 32 (k 4: forwards of 32, 160 and 64 tokens; drafting forwards of
+    32 and 8), the lines price a few drafts a row: a round that prefilled prompts (admission's host work in its
+    rest too), a forward past twice the widest measured, a drafting forward that fed a prompt do not move them."""
+    from batchspec.engine.costs import RoundCost
+    from batchspec.engine.startup_costs import StartupCosts
+
+    costs = PackedCosts()
+    costs.start_from(StartupCosts(verify=((32, 0.030), (160, 0.054), (64, 0.036)), step=((32, 0.012), (8, 0.008))))
+    verify, step, rest = costs.verify.fit(), costs.step.fit(), costs.rest.fit()
+    tokens, prompt, verify_s, steps = round
+    costs.observe(RoundCost(4, 32, verify_s + sum(s for _, s in steps) + 0.004, 64, tokens, verify_s, steps,
+                            prompt_tokens=prompt))
+    assert (costs.verify.fit() != verify, costs.rest.fit() != rest, costs.step.fit() != step) == \
+        (verify_moves, verify_moves, step_moves)

@@ -64,28 +64,30 @@ def test_a_change_in_the_workload_is_found():
 
 
 def test_schedule_warm_up_then_alternation_then_trials():
-    """Epochs of 3 rounds drafting and 1 plain, drafting twice as fast, no noise: warm-up (on), off, on, off,
-    on, then the verdict (a gap wider than `clear`: the loser next after max_interval = 4 epochs of the winner)."""
+    """Epochs of 3 rounds drafting and 1 plain, drafting twice as fast, no noise, no prices: warm-up (on), on,
+    off, on, then the verdict (a gap wider than `clear`: the loser next after max_interval = 4 epochs of the
+    winner)."""
     check = PayoffCheck(drafting_rounds=3, plain_rounds=1, max_interval=4)
     arms = []
     while len(arms) < 3 * 11 + 3:
         arms.append(int(check.drafting))
         check.observe(10, 0.5 if check.drafting else 1.0)
-    assert "".join(map(str, arms)) == "111" "0" "111" "0" "111" "111111111111" "0" "111111111111"
-    assert check.summary() == {"rounds_drafting": 33, "rounds_plain": 3, "winner": "drafting", "ratio": pytest.approx(2.0)}
+    assert "".join(map(str, arms)) == "111" "111" "0" "111" "111111111111" "0" "1111111111111"
+    assert check.summary() == {"rounds_drafting": 34, "rounds_plain": 2, "winner": "drafting", "ratio": pytest.approx(2.0)}
 
 
 def test_a_narrow_verdict_is_confirmed_at_doubling_intervals():
-    """Drafting 1.05x (below `clear`): after the verdict the loser is tried once 2 epochs of the winner have
-    passed, then, after the winner's epoch that closes each trial's comparison, 4 and then 8."""
+    """Drafting 1.05x (below `clear`): the verdict comes with the second comparison (warm-up, on, off, on, off);
+    the drafting epoch after it closes a third, which agrees, so the loser is next tried after 4 epochs of the
+    winner, then, after the winner's epoch that closes that trial's comparison, 8."""
     check = PayoffCheck(drafting_rounds=1, plain_rounds=1, max_interval=8)
     arms = []
     for _ in range(30):
         arms.append(int(check.drafting))
         check.observe(105 if check.drafting else 100, 1.0)
     trials = [i for i, a in enumerate(arms) if a == 0 and i > 4]
-    assert arms[:5] == [1, 0, 1, 0, 1]
-    assert trials == [7, 13, 23]
+    assert arms[:5] == [1, 1, 0, 1, 0]
+    assert trials == [10, 20]
 
 
 def test_rounds_below_full_occupancy_do_not_count():
@@ -101,9 +103,9 @@ def test_rounds_below_full_occupancy_do_not_count():
         if not drafting:
             for _ in range(5):
                 check.observe(1, 1.0, rows=4)
-    assert "".join(map(str, arms)) == "111" "0" "111" "0" "111" "111111111111" "0" "111111111111"
+    assert "".join(map(str, arms)) == "111" "111" "0" "111" "111111111111" "0" "1111111111111"
     assert check.winner == "drafting" and check.ratio == pytest.approx(2.0)
-    assert check.rounds == [3, 33 + 15]  # a plain epoch is one round here: its tail rounds ran in the next (drafting)
+    assert check.rounds == [2, 34 + 10]  # a plain epoch is one round here: its tail rounds ran in the next (drafting)
 
 
 def test_the_first_rounds_set_full_occupancy():
@@ -111,7 +113,7 @@ def test_the_first_rounds_set_full_occupancy():
     check = PayoffCheck(drafting_rounds=2, plain_rounds=1)
     for _ in range(7):
         check.observe(5, 1.0, rows=5)
-    assert check.rounds == [2, 5] and check._compared == 1
+    assert check.rounds == [1, 6] and check._compared == 1
 
 
 ADMISSION_CASES = [
@@ -139,17 +141,47 @@ def test_admission_share_of_a_round(name, fills, forward, expected):
 
 
 @pytest.mark.parametrize("drafting_rate,first_verdict_at,winner", [
-    (0.6, 8 + 8 + 24 + 8, "plain"),  # warm-up, off, on, off: the first comparison is wide, it decides
-    (0.95, 8 + 8 + 24 + 8 + 24, "plain"),  # within `clear`: a second comparison first
-    (1.5, 8 + 8 + 24 + 8, "drafting"),
+    (0.6, 8 + 24 + 8, "plain"),  # warm-up, on, off: the first plain epoch is `clear` ahead, it decides
+    (0.95, 8 + 24 + 8 + 24 + 8, "plain"),  # within `clear`: two comparisons first
+    (1.5, 8 + 24 + 8 + 24, "drafting"),  # unpriced rounds: the first comparison, wide, decides
 ])
 def test_a_short_warm_up_and_a_wide_first_comparison_decide_early(drafting_rate, first_verdict_at, winner):
-    """With the machine's costs measured at start the warm-up is 8 rounds; a first comparison 15% or more apart
-    gives the verdict (noise-free rounds: the round at which the verdict first exists is exact)."""
+    """With the machine's costs measured at start the warm-up is 8 rounds; a first plain epoch 15% or more ahead
+    of the drafting epoch before it, or a first comparison 15% or more apart, gives the verdict (noise-free
+    rounds: the round at which the verdict first exists is exact)."""
     check = PayoffCheck(warmup_rounds=8)
     for r in range(1, 200):
         check.observe(32, 32 / (drafting_rate if check.drafting else 1.0))
         if check.winner is not None:
             break
     assert (r, check.winner) == (first_verdict_at, winner)
-    assert check.rounds[1] == (8 + 24 if first_verdict_at == 48 else 8 + 24 + 24)
+    assert check.rounds == {40: [8, 32], 72: [16, 56], 64: [8, 56]}[first_verdict_at]
+
+
+@pytest.mark.parametrize("drafting_rate,books,first_verdict_at,winner", [
+    (1.5, 1.0, 8 + 24, "drafting"),  # the books price plain rounds `clear` below the first drafting epoch
+    (1.5, 1.4, 8 + 24 + 8 + 24, "drafting"),  # the books price them near drafting's rate: the clock decides
+    (1.5, None, 8 + 24 + 8 + 24, "drafting"),  # rounds not priced: the clock decides
+    (1.1, 1.0, 8 + 24 + 8 + 24 + 8, "drafting"),  # not clear: two comparisons
+    (0.6, 1.0, 8 + 24 + 8, "plain"),  # a loser: the first plain epoch
+])
+def test_a_clear_win_needs_no_plain_epoch_to_start(drafting_rate, books, first_verdict_at, winner):
+    """A first drafting epoch `clear` (1.15x) ahead of the cost model's price of the same rounds without drafts
+    gives a provisional verdict at once, and the clock confirms it 2 drafting epochs later (noise-free rounds:
+    the rounds are exact)."""
+    check = PayoffCheck(warmup_rounds=8)
+    for r in range(1, 300):
+        check.observe(32, 32 / (drafting_rate if check.drafting else 1.0),
+                      plain=None if books is None else (32, 32 / books))
+        if check.winner is not None:
+            break
+    assert (r, check.winner) == (first_verdict_at, winner)
+    if r == 32:
+        assert check.rounds == [0, 32] and check.ratio == pytest.approx(1.5)
+        arms = []
+        for _ in range(2 * 24 + 8 + 24 + 16 * 24 + 1):
+            arms.append(check.drafting)
+            check.observe(32, 32 / (drafting_rate if check.drafting else 1.0), plain=(32, 32.0))
+        # the plain trial after 2 epochs; its comparison by the clock is wide: the next one after 16
+        assert arms[:48] == [True] * 48 and arms[48:56] == [False] * 8
+        assert arms[56: 56 + 24 + 16 * 24] == [True] * (24 + 16 * 24) and not arms[-1]

@@ -21,6 +21,7 @@ from .grammar import GrammarLogitsProcessor
 from .calibrate import sync
 from ..engine.drafters.registry import DRAFT_MODEL, DRAFTERS, drafter_spec
 from ..engine.host_device import LaunchCounter
+from ..engine.phases import GRAMMAR_COMPILE, GRAMMAR_MASK
 from ..types import Request, RowParams
 
 
@@ -221,7 +222,7 @@ def run_batchspec(contender: Contender, models, prompts, args):
 
 def add_stats(contender: Contender, generator) -> None:
     """Add one run's statistics to the contender's (acceptance and tokens per forward: the latest run's)."""
-    contender.grammar_s += generator.grammars.mask_s + generator.grammars.compile_s
+    contender.grammar_s += generator.timers.seconds[GRAMMAR_MASK] + generator.timers.seconds[GRAMMAR_COMPILE]
     contender.acceptance = generator.stats.acceptance_rate
     contender.tokens_per_forward = generator.stats.tokens_per_forward
     before, now = contender.rounds_by_k or [], generator.stats.rounds_by_k  # forced drafts may reach past k

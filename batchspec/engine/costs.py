@@ -30,6 +30,7 @@ class RoundCost:
     tokens: int = 0  # its target forward's tokens (packed rounds; 0: not known)
     verify_s: float = 0.0  # that forward's seconds
     steps: tuple[tuple[int, float], ...] = ()  # each drafting forward's (tokens, seconds)
+    prompt_tokens: int = 0  # of `tokens`, prompt chunks prefilled in the same forward (admission)
 
     @property
     def packed(self) -> bool:
@@ -163,18 +164,31 @@ class PackedCosts:
       step: one drafting forward's seconds by its tokens (a draft model's or EAGLE head's; lookups have none);
       rest: the round's other seconds (proposing on the host, acceptance, bookkeeping) by its drafted
         tokens D: checking drafts costs host time too (at batch 64 on CPU about 0.2 ms a draft, as much
-        as a draft adds to the target forward), which decides whether a draft that is nearly even pays."""
+        as a draft adds to the target forward), which decides whether a draft that is nearly even pays.
+    The lines price drafts, a few tokens a row over the decoding rows, so they learn from forwards of that
+    size only. A round that prefills prompt chunks (hundreds of tokens, attention over long queries, and
+    admission's host work in its rest) and a drafting forward that feeds a row's prompt or catches it up
+    cost more per token: on a held-out pair at batch 32 (2 CPU cores, 2026-11-29) the first round's
+    prefill alone moved the verify line's price of a token from 0.18 ms (measured at start, and what
+    decoding forwards cost) to 0.73 ms, the controller priced every draft out of the job and it ran 0.66x
+    its best fixed k. `span`: the most tokens of a forward the lines learn from (None: any), set by
+    `start_from` to twice the largest forward measured at start."""
 
     verify: Line = field(default_factory=Line)
     step: Line = field(default_factory=Line)
     rest: Line = field(default_factory=lambda: Line(proportional=False))
+    span: tuple[int, int] | None = None  # (verify tokens, drafting forward tokens) the lines learn from
 
     def observe(self, round: RoundCost) -> None:
         """A packed round: its forward's tokens and seconds, each drafting forward's, and the rest of its wall
-        time by the drafts it verified."""
-        self.verify.add(round.tokens, round.verify_s)
+        time by the drafts it verified (not a round that prefilled prompt chunks, nor forwards past `span`)."""
+        verify_span, step_span = self.span or (None, None)
         for n, seconds in round.steps:
-            self.step.add(n, seconds)
+            if step_span is None or n <= step_span:
+                self.step.add(n, seconds)
+        if round.prompt_tokens or (verify_span is not None and round.tokens > verify_span):
+            return
+        self.verify.add(round.tokens, round.verify_s)
         self.rest.add(round.drafts, rest_of(round))
 
     def start_from(self, costs: StartupCosts) -> None:
@@ -185,6 +199,8 @@ class PackedCosts:
         for n, seconds in costs.step:
             self.step.add(n, seconds)
         self.rest.add(0, 0.0, weight=0.1)
+        if costs.verify:
+            self.span = (2 * max(n for n, _ in costs.verify), 2 * max((n for n, _ in costs.step), default=0) or None)
 
     @property
     def known(self) -> bool:
@@ -232,5 +248,7 @@ class StaticPackedCosts(PackedCosts):
         return tokens, self.verify.at(tokens) or 0.0, [(1, self.step.at(1) or 0.0)] * steps
 
     def observe(self, round: RoundCost) -> None:
-        """The verify and step prices are the timed replays': only the rest of the round is learnt."""
-        self.rest.add(round.drafts, rest_of(round))
+        """The verify and step prices are the timed replays': only the rest of the round is learnt (not from a
+        round that prefilled prompt chunks: admission's host work is in its rest)."""
+        if not round.prompt_tokens:
+            self.rest.add(round.drafts, rest_of(round))

@@ -12,7 +12,6 @@ Structured output then cuts drafts the grammar refuses and adds the tokens it fo
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import torch
@@ -21,6 +20,7 @@ from .accept import Acceptor
 from .constrain import constrain_drafts
 from .drafters import Drafter
 from .grammar import Grammars
+from .phases import NOISE, Timers
 from .round import Round, RoundBuffers, RoundShape
 from .scheduler import Scheduler
 
@@ -28,14 +28,14 @@ from .scheduler import Scheduler
 class DraftStage:
     """Builds a round's drafts. Plain arguments: the drafter, the scheduler (which chooses shapes and budgets),
     the Acceptor (the coupled noise, a tree's geometry), the grammars and buffers of structured output, the
-    most drafts a grammar may force per row (`forced_max`), and whether sampling is coupled."""
+    most drafts a grammar may force per row (`forced_max`), whether sampling is coupled, and the run's timers
+    (the noise's seconds)."""
 
     def __init__(self, drafter: Drafter, scheduler: Scheduler, acceptor: Acceptor, grammars: Grammars,
-                 buffers: RoundBuffers, *, forced_max: int, coupled: bool):
+                 buffers: RoundBuffers, *, forced_max: int, coupled: bool, timers: Timers):
         self.drafter, self.scheduler, self.acceptor = drafter, scheduler, acceptor
         self.grammars, self.buffers = grammars, buffers
-        self.forced_max, self.coupled = forced_max, coupled
-        self.noise_s = 0.0  # seconds making coupled sampling's noise
+        self.forced_max, self.coupled, self.timers = forced_max, coupled, timers
 
     def run(self, round: Round) -> Round:
         drafter, scheduler, draft = self.drafter, self.scheduler, None
@@ -73,7 +73,5 @@ class DraftStage:
 
     def _noise(self, round: Round, width: int) -> torch.Tensor:
         """The coupled noise of the round's rows at positions L .. L + width - 1 (accept.py)."""
-        started = time.perf_counter()
-        noise = self.acceptor.noise(round, width)
-        self.noise_s += time.perf_counter() - started
-        return noise
+        with self.timers.timed(NOISE):
+            return self.acceptor.noise(round, width)

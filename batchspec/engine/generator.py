@@ -40,7 +40,7 @@ from .graphs import StepGraphs
 from .host_device import HostBuffer
 from .intake import Defaults
 from .payoff import PayoffCheck
-from .phases import PhaseTimes
+from .phases import NOISE, Timers
 from .round import Round, RoundBuffers, RoundShape, Verified
 from .round_prices import cost_model, measured_round, start_from_machine
 from .round_steps import declare_round_steps
@@ -115,7 +115,8 @@ class SpecBatchGenerator:
                                     trees=bool(self.trees))
         stops = StopRules(tokenizer, eos_token_ids=eos_token_ids, max_seq_len=max_seq_len, device=self.device,
                           keep_stop=keep_stop)
-        self.grammars = Grammars(tokenizer, vocab_size=vocab, eos_ids=sorted(stops.eos_ids))
+        self.timers = Timers(self.device, sync=profile, counter=graphs.counter)  # phases.py: every stage's seconds
+        self.grammars = Grammars(tokenizer, vocab_size=vocab, eos_ids=sorted(stops.eos_ids), timers=self.timers)
         self.acceptor = Acceptor(self.runner, self.state, self.buffers, sampling=sampling, stops=stops, graphs=graphs,
                                  counter=graphs.counter, logprobs=defaults.max_logprobs, grammars=self.grammars)
         controller = None
@@ -132,7 +133,6 @@ class SpecBatchGenerator:
                                    grammars=self.grammars, per_row=self.static_per_row,
                                    payoff=PayoffCheck() if controller is not None and (self.packed or self.static_per_row)
                                    else None)
-        self._phase = PhaseTimes(self.device, sync=profile, counter=graphs.counter)
         self.startup: StartupCosts | None = None  # the costs adaptive speculation started from (the first run())
         self.admitter = Admitter(self.runner, self.state, self.acceptor, drafter)
         self._released = HostBuffer((batch_size,), self.device)
@@ -140,7 +140,7 @@ class SpecBatchGenerator:
         self._lengths = HostBuffer((batch_size,), self.device)  # their lengths L (packed rounds)
         self.verifier = Verifier(self.runner, self.state, drafter, self.scheduler)
         self.drafting = DraftStage(drafter, self.scheduler, self.acceptor, self.grammars, self.buffers,
-                                   forced_max=self.forced_max, coupled=sampling.coupled)
+                                   forced_max=self.forced_max, coupled=sampling.coupled, timers=self.timers)
         if self.static:
             declare_round_steps(self.shapes, self.runner, self.state, self.buffers, self.acceptor, drafter, graphs)
         else:
@@ -164,12 +164,12 @@ class SpecBatchGenerator:
     @property
     def timings(self) -> dict[str, float]:
         """Seconds per phase of the rounds (phases.py; exact on a GPU only with profile)."""
-        return self._phase.seconds
+        return self.timers.phases
 
     @property
     def noise_s(self) -> float:
         """Seconds spent making coupled sampling's noise (inside the draft phase)."""
-        return self.drafting.noise_s
+        return self.timers.seconds[NOISE]
 
     @property
     def capture_s(self) -> float:
@@ -179,10 +179,8 @@ class SpecBatchGenerator:
     def reset_stats(self) -> None:
         """Start the run statistics and phase times afresh (a benchmark's next repeat)."""
         self.scheduler.stats.reset()
-        self._phase.reset()
-        self.drafting.noise_s = 0.0
+        self.timers.reset()
         self.verifier.tokens = TokenCounts()
-        self.grammars.mask_s = self.grammars.compile_s = 0.0
 
     def continue_stats(self, stats: RunStats) -> None:
         """Count into `stats` from now on (an earlier generator's, widened to this one's drafts): one run's
@@ -228,17 +226,17 @@ class SpecBatchGenerator:
         """One round over the running requests: schedule -> draft -> verify -> accept -> commit; returns the
         requests it finished."""
         started = time.perf_counter()
-        with self._phase("draft"):
+        with self.timers.phase("draft"):
             round = self._schedule()
             if round.rows:
                 round = self.drafting.run(round)
-        with self._phase("verify"):
+        with self.timers.phase("verify"):
             verified = self.verifier.run(round)
             if self.static:  # a captured verify runs on the device: the idle host does the drafter's put-off work
                 self.drafter.learn_pending()
         if not round.rows:  # a round that only prefilled
             return []
-        with self._phase("accept"):
+        with self.timers.phase("accept"):
             outcome = self._accept(round, verified)
         return self._commit(round, verified, outcome, started)
 
@@ -253,7 +251,7 @@ class SpecBatchGenerator:
     def _commit(self, round: Round, verified: Verified, outcome, started: float) -> list[Result]:
         """The verdict into outputs, stops and Results (postprocess.py); the drafter, the finished rows' slots
         and adaptive speculation (what the round cost, what it accepted) follow it."""
-        with self._phase("bookkeeping"):
+        with self.timers.phase("bookkeeping"):
             finished, emitted = self.scheduler.postprocess(round, outcome)
             self.drafter.extend(emitted.slots, emitted.tokens, emitted.num_accepted, emitted.path)
             results = self._release(finished)
@@ -276,7 +274,7 @@ class SpecBatchGenerator:
 
     @torch.inference_mode()
     def _admit(self) -> list[Result]:
-        with self._phase("admit"):
+        with self.timers.phase("admit"):
             seats, errors = self.scheduler.intake()
             return errors + (self._release(self.admitter.admit(seats, self.scheduler)) if seats else [])
 

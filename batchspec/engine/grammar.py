@@ -32,6 +32,7 @@ import torch
 
 from ..types import Constraint
 from .grammar_text import grammar_text, one_line
+from .phases import GRAMMAR_COMPILE, GRAMMAR_MASK, Timers
 from .schema_finite import no_finite_instance
 
 CACHED_GRAMMARS = 256  # compiled grammars kept by content (a job with a schema per row reuses few)
@@ -75,7 +76,7 @@ class Grammars:
     only where the grammar accepts. llguidance's tokenizer view (about 0.5 s for a 49k vocabulary) is built
     when the first constraint arrives."""
 
-    def __init__(self, tokenizer, *, vocab_size: int, eos_ids: list[int]):
+    def __init__(self, tokenizer, *, vocab_size: int, eos_ids: list[int], timers: Timers | None = None):
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, list(eos_ids)
         self.rows: dict[int, object] = {}  # slot -> its llguidance.LLMatcher, over the row's emitted tokens
         self.failed: dict[int, tuple[int, str]] = {}  # slot -> (verify position, error) of a mask past a limit
@@ -83,8 +84,7 @@ class Grammars:
         self._outside: list[int] = []  # EOS ids past the tokenizer's vocabulary
         self._other_eos: list[int] = []  # EOS ids but llguidance's first
         self._compiled: OrderedDict[Constraint, object] = OrderedDict()  # -> a fresh matcher, or an error text
-        self.compile_s = 0.0  # seconds compiling grammars, over the run
-        self.mask_s = 0.0  # seconds computing masks, forced continuations and advances
+        self.timers = timers or Timers()  # seconds compiling (GRAMMAR_COMPILE) and masking, forcing, advancing
 
     @property
     def words(self) -> int:
@@ -132,7 +132,7 @@ class Grammars:
                 compiled = _first_mask_problem(constraint, matcher) or matcher
         except ValueError as error:  # a schema that is not a JSON object, a tokenizer it cannot read
             compiled = f"{constraint.kind}: {one_line(str(error))}"
-        self.compile_s += time.perf_counter() - started
+        self.timers.add(GRAMMAR_COMPILE, time.perf_counter() - started)
         self._compiled[constraint] = compiled
         if len(self._compiled) > CACHED_GRAMMARS:
             self._compiled.popitem(last=False)
@@ -179,7 +179,7 @@ class Grammars:
         # The end, allowed only where the grammar accepts: a stopped matcher takes no EOS, and the row ends on it.
         end = len(known) - (failed is None and bool(known) and known[-1] in self._env.eos_tokens)
         taken = matcher.try_consume_tokens(known[:end])
-        self.mask_s += time.perf_counter() - started
+        self.timers.add(GRAMMAR_MASK, time.perf_counter() - started)
         if failed is None and taken == end:
             return len(tokens), None
         if failed is None:
@@ -208,7 +208,7 @@ class Grammars:
         forced_bytes = matcher.compute_ff_bytes()
         tokens = self._env.tokenize_bytes(forced_bytes)[:limit] if forced_bytes else []
         tokens = tokens[: matcher.try_consume_tokens(tokens)] if tokens else []
-        self.mask_s += time.perf_counter() - started
+        self.timers.add(GRAMMAR_MASK, time.perf_counter() - started)
         return tokens
 
     def legal(self, slot: int, tokens: list[int]) -> int:
@@ -281,7 +281,7 @@ class Grammars:
                 bit = torch.tensor(1, dtype=torch.int32) << (token % 32)
                 word = bitmask[:, token // 32]
                 bitmask[:, token // 32] = (word & ~bit) | (allowed << (token % 32))
-        self.mask_s += time.perf_counter() - started
+        self.timers.add(GRAMMAR_MASK, time.perf_counter() - started)
         return bitmask.view(len(slots), width, self.words)
 
 

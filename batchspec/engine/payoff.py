@@ -9,7 +9,7 @@ controller chooses as before; `drafting_rounds` rounds) or not (every row drafts
 `plain_rounds`, fewer, since in a job of a few hundred rounds that drafts well its first plain epochs
 are a cost), and the tokens the rounds emit per second of their wall time are compared:
 
-    warm-up (drafting; not counted) | off | on | off | on | the winner ... | the loser | the winner ...
+    warm-up (drafting; not counted) | on | off | on | off | the winner ... | the loser | the winner ...
 
 What an epoch measures: the tokens its rounds emit over their wall time less admission's share of each
 forward (new rows' prompt chunks and their first decisions, in proportion to their tokens; the first
@@ -31,10 +31,17 @@ and starts over at 2 when it flips or the last comparison doubts it, so that a j
 changes finds out, at a cost of about one epoch in max_interval + 1 at the loser's rate. Drafting wins
 ties: plain decoding must be `margin` faster.
 
-A job's first verdict comes after two comparisons (warm-up, off, on, off, on: 88 rounds), or after the
+A job's first verdict comes after two comparisons (warm-up, on, off, on, off: 88 rounds), or after the
 first (64) when that one is `clear`-wide; the warm-up is 8 rounds instead of 24 when the controller starts
-from the machine's measured costs (startup_costs.py), so that a drafter that loses by 15% or more drafts
-32 rounds before its verdict instead of 72: a 32-row job of 64 tokens at batch 8 runs about 250 rounds.
+from the machine's measured costs (startup_costs.py). A short job cannot wait that long, so two verdicts
+come sooner, each on a gap of `clear`:
+  - a drafter that wins clearly: the first drafting epoch against the books' price of its own rounds
+    without drafts (`observe`'s `plain`: the cost model's, the measured forward and the measured rest of
+    a round), after 32 rounds and no plain epoch. Provisional: the first plain trial comes after 2
+    drafting epochs and its comparison, made by the clock, takes over. A held-out pair whose drafts were
+    0.94 right ran 0.66-0.86 of its best fixed k in jobs of 40-100 rounds, 16 of them plain (2026-11-29);
+  - a drafter that loses clearly: the first plain epoch against the drafting epoch just before it, after
+    40 rounds of which 32 drafted (as many as before this order).
 
 The check changes which rounds draft, never a greedy output (speculation is exact); like the rest of
 adaptive speculation it makes a sampled output depend on timing, which is why sampling keeps k fixed
@@ -78,6 +85,7 @@ class PayoffCheck:
     _since: int = 0  # rounds of the winner since the comparison that closed the loser's last trial
     _rates: list[float] = field(default_factory=lambda: [0.0, 0.0])  # each arm's rate in its last comparison
     _full: int = 0  # the most rows a round has had: rounds with fewer (a job's tail) are not counted
+    _books: list[float] = field(default_factory=lambda: [0.0, 0.0])  # the epoch's plain (tokens, seconds), priced
 
     @property
     def drafting(self) -> bool:
@@ -93,9 +101,12 @@ class PayoffCheck:
         """Drafting's tokens per second over plain decoding's, as the comparisons average it (1.0 before)."""
         return math.exp(self._score / self._weight) if self._weight else 1.0
 
-    def observe(self, tokens: int, seconds: float, rows: int | None = None) -> None:
+    def observe(self, tokens: int, seconds: float, rows: int | None = None,
+                plain: tuple[int, float] | None = None) -> None:
         """A round ended: it emitted `tokens` over its `rows` in `seconds` of wall time (admission's share
-        taken out). A round with fewer rows than the most seen (a job's tail) is not counted."""
+        taken out). A round with fewer rows than the most seen (a job's tail) is not counted. plain: the
+        tokens the same rows would emit without drafts and the seconds the cost model prices that round at
+        (None: not priced)."""
         self.rounds[self._arm] += 1
         if rows is not None:
             self._full = max(self._full, rows)
@@ -103,6 +114,9 @@ class PayoffCheck:
                 return
         self._epoch[0] += tokens
         self._epoch[1] += seconds
+        if plain is not None:
+            self._books[0] += plain[0]
+            self._books[1] += plain[1]
         self._round += 1
         length = self.drafting_rounds if self._arm == ON else self.plain_rounds
         if not self._warm and self.warmup_rounds is not None:
@@ -111,21 +125,45 @@ class PayoffCheck:
             self._end_epoch()
 
     def _end_epoch(self) -> None:
-        (tokens, seconds), ended = self._epoch, self._arm
-        self._round, self._epoch = 0, [0.0, 0.0]
+        (tokens, seconds), ended, books = self._epoch, self._arm, self._books
+        self._round, self._epoch, self._books = 0, [0.0, 0.0], [0.0, 0.0]
         if self._warm:
             self._last = (self._last + [(ended, tokens / max(seconds, 1e-12))])[-3:]
+        if self._winner is None and self._compared == 0 and self._clear_early(ended, books):
+            return
         compared = self._warm and len(self._last) == 3 and self._last[0][0] == self._last[2][0] != self._last[1][0]
         if compared:
             self._compare()
-        # Alternate until two comparisons (off first, after the warm-up), unless the first is already wide:
+        # Alternate until two comparisons (on first, after the warm-up), unless the first is already wide:
         # one epoch's noise is 4-6%, a gap of `clear` (15%) is not noise, and a short job cannot wait.
         decided = self._compared == 1 and compared and max(self.ratio, 1 / self.ratio) >= self.clear
-        if self._compared < 2 and not decided:
-            self._arm = ON if self._warm and self._last[-1][0] == OFF else OFF
+        if self._winner is None and self._compared < 2 and not decided:
+            self._arm = OFF if self._warm and self._last[-1][0] == ON else ON
             self._warm = True
             return
         self._arm = self._next(ended, compared)
+
+    def _clear_early(self, ended: int, books: list[float]) -> bool:
+        """The verdicts a short job cannot wait for (the module's docstring): the first drafting epoch `clear`
+        times the books' plain price of its rounds, or the first plain epoch `clear` times the drafting epoch
+        before it. Sets the verdict and the next arm; False when neither holds."""
+        if len(self._last) == 1 and ended == ON and books[1] > 0:
+            plain, drafting = books[0] / books[1], self._last[0][1]
+            if drafting < self.clear * plain:
+                return False
+            interval = 2  # provisional: a plain trial soon, whose comparison the clock makes
+        elif len(self._last) == 2 and ended == OFF:
+            (_, drafting), (_, plain) = self._last
+            if plain < self.clear * drafting:
+                return False
+            interval = None
+        else:
+            return False
+        self._rates = [plain, drafting]
+        self._score, self._weight, self._compared = math.log(max(drafting, 1e-12) / max(plain, 1e-12)), 1.0, 1
+        self._arm = self._next(ended, compared=True)
+        self._interval = interval or self._interval
+        return True
 
     def _compare(self) -> None:
         """The last three epochs are a, b, a: b's rate against the geometric mean of the a's."""

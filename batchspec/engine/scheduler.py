@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..types import FINISH_LENGTH, Request, Result, TreeSpec
 from .adaptive import AdaptiveK
-from .costs import RoundCost
+from .costs import PackedCosts, RoundCost
 from .grammar import Grammars
 from .intake import Admission, Defaults, Intake
 from .payoff import PayoffCheck
@@ -271,6 +271,15 @@ class Scheduler:
         """The payoff check runs an epoch without drafts (payoff.py)."""
         return self.payoff is not None and not self.payoff.drafting
 
+    def _plain_price(self, round: Round) -> tuple[int, float] | None:
+        """The round's rows without drafts as the cost model prices them: (the tokens they would emit, which
+        the payoff check counts, the seconds); None before the costs are known."""
+        costs = self.adaptive.costs
+        if not isinstance(costs, PackedCosts) or not costs.known:
+            return None
+        counted = sum(round.rows[i] not in round.admitted for i in round.running)
+        return counted, costs.prices().seconds(len(round.running), 0, 0)
+
     @property
     def _widest(self) -> int:
         return max([self.k_max, *(t.nodes for t in self.trees)])
@@ -288,10 +297,12 @@ class Scheduler:
             # first tokens are taken out.
             admitted = round.admitted
             counted = sum(n for i, n in zip(round.running, tokens) if round.rows[i] not in admitted)
-            self.payoff.observe(counted, seconds - round.admission_seconds(forward), rows=len(round.running))
+            self.payoff.observe(counted, seconds - round.admission_seconds(forward), rows=len(round.running),
+                                plain=self._plain_price(round))
         drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
         shape = self.adaptive.shapes.index(round.shape)
         measured = (RoundCost(shape, len(emitted.slots), seconds) if cost is None else
-                    RoundCost(shape, len(emitted.slots), seconds, sum(drafted), cost[0], cost[1], tuple(cost[2])))
+                    RoundCost(shape, len(emitted.slots), seconds, sum(drafted), cost[0], cost[1], tuple(cost[2]),
+                              prompt_tokens=round.chunk_tokens))
         self.adaptive.observe(measured, emitted.slots, emitted.budgets, drafted, accepted)
 
