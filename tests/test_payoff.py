@@ -185,3 +185,15 @@ def test_a_clear_win_needs_no_plain_epoch_to_start(drafting_rate, books, first_v
         # the plain trial after 2 epochs; its comparison by the clock is wide: the next one after 16
         assert arms[:48] == [True] * 48 and arms[48:56] == [False] * 8
         assert arms[56: 56 + 24 + 16 * 24] == [True] * (24 + 16 * 24) and not arms[-1]
+
+
+@pytest.mark.parametrize("exploring_rounds,warm_up", [(0, 8), (20, 21), (100, 48)])
+def test_the_warm_up_waits_for_the_controller_to_learn_its_acceptance(exploring_rounds, warm_up):
+    """While the controller explores (one draft on a few rows) its rounds are neither drafting nor plain: the
+    8-round warm-up lasts until exploring ends (the first round that does not explore is its last), 48 at most."""
+    check = PayoffCheck(warmup_rounds=8)
+    for r in range(1, 200):
+        check.observe(32, 1.0, learning=r <= exploring_rounds)
+        if check._warm:
+            break
+    assert r == warm_up
