@@ -33,7 +33,8 @@ ties: plain decoding must be `margin` faster.
 
 A job's first verdict comes after two comparisons (warm-up, on, off, on, off: 88 rounds), or after the
 first (64) when that one is `clear`-wide; the warm-up is 8 rounds instead of 24 when the controller starts
-from the machine's measured costs (startup_costs.py). A short job cannot wait that long, so two verdicts
+from the machine's measured costs (startup_costs.py), longer while it still explores its acceptance (up to
+`max_warmup`: exploring rounds are neither kind of epoch). A short job cannot wait that long, so two verdicts
 come sooner, each on a gap of `clear`:
   - a drafter that wins clearly: the first drafting epoch against the books' price of its own rounds
     without drafts (`observe`'s `plain`: the cost model's, the measured forward and the measured rest of
