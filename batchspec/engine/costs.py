@@ -31,6 +31,7 @@ class RoundCost:
     verify_s: float = 0.0  # that forward's seconds
     steps: tuple[tuple[int, float], ...] = ()  # each drafting forward's (tokens, seconds)
     prompt_tokens: int = 0  # of `tokens`, prompt chunks prefilled in the same forward (admission)
+    exploring: bool = False  # the controller's exploration chose its drafts (packed_choice.explore)
 
     @property
     def packed(self) -> bool:
@@ -183,13 +184,20 @@ class PackedCosts:
         """A packed round: its forward's tokens and seconds, each drafting forward's, and the rest of its wall
         time by the drafts it verified (not a round that prefilled prompt chunks, nor forwards past `span`)."""
         verify_span, step_span = self.span or (None, None)
+        # A drafting forward that fed prompts or caught rows up, or an exploring round (one draft on a row or
+        # two: a drafting round's own host work, ~1 ms here, would be read as the price of each draft), does
+        # not teach the rest of a round its price per draft.
+        fed = round.exploring
         for n, seconds in round.steps:
             if step_span is None or n <= step_span:
                 self.step.add(n, seconds)
+            else:
+                fed = True
         if round.prompt_tokens or (verify_span is not None and round.tokens > verify_span):
             return
         self.verify.add(round.tokens, round.verify_s)
-        self.rest.add(round.drafts, rest_of(round))
+        if not fed:
+            self.rest.add(round.drafts, rest_of(round))
 
     def start_from(self, costs: StartupCosts) -> None:
         """The points measured at start (startup_costs.py): the verify and step lines start from them, and the

@@ -273,9 +273,10 @@ class Scheduler:
 
     def _plain_price(self, round: Round) -> tuple[int, float] | None:
         """The round's rows without drafts as the cost model prices them: (the tokens they would emit, which
-        the payoff check counts, the seconds); None before the costs are known."""
+        the payoff check counts, the seconds); None before the costs are known and the rest of a round (host
+        work, which the start-up measurement leaves out) has been measured over 3 rounds or more."""
         costs = self.adaptive.costs
-        if not isinstance(costs, PackedCosts) or not costs.known:
+        if not isinstance(costs, PackedCosts) or not costs.known or costs.rest.n < 4:  # the weak zero and 3 rounds
             return None
         counted = sum(round.rows[i] not in round.admitted for i in round.running)
         return counted, costs.prices().seconds(len(round.running), 0, 0)
@@ -292,6 +293,7 @@ class Scheduler:
         check's); forward: the verify forward's (tokens, seconds) (Verified.forward)."""
         if self.adaptive is None:
             return
+        exploring = self.adaptive.acceptance.evidence < self.adaptive.explore_evidence  # before this round's verdicts
         if self.payoff is not None and tokens is not None:
             # Admission is the job's work whichever arm runs: its share of the forward and the admitted rows'
             # first tokens are taken out.
@@ -299,11 +301,11 @@ class Scheduler:
             counted = sum(n for i, n in zip(round.running, tokens) if round.rows[i] not in admitted)
             self.payoff.observe(counted, seconds - round.admission_seconds(forward), rows=len(round.running),
                                 plain=self._plain_price(round),
-                                learning=self.adaptive.acceptance.evidence < self.adaptive.explore_evidence)
+                                learning=exploring)
         drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
         shape = self.adaptive.shapes.index(round.shape)
         measured = (RoundCost(shape, len(emitted.slots), seconds) if cost is None else
                     RoundCost(shape, len(emitted.slots), seconds, sum(drafted), cost[0], cost[1], tuple(cost[2]),
-                              prompt_tokens=round.chunk_tokens))
+                              prompt_tokens=round.chunk_tokens, exploring=exploring))
         self.adaptive.observe(measured, emitted.slots, emitted.budgets, drafted, accepted)
 
