@@ -31,8 +31,8 @@ and starts over at 2 when it flips or the last comparison doubts it, so that a j
 changes finds out, at a cost of about one epoch in max_interval + 1 at the loser's rate. Drafting wins
 ties: plain decoding must be `margin` faster.
 
-A job's first verdict comes after two comparisons (warm-up, on, off, on, off: 88 rounds), or after the
-first (64) when that one is `clear`-wide; the warm-up is 8 rounds instead of 24 when the controller starts
+A job's first verdict comes after two comparisons (warm-up, on, off, on, off: 72 rounds with an 8-round
+warm-up), or after the first (64) when that one is `clear`-wide; the warm-up is 8 rounds instead of 24 when the controller starts
 from the machine's measured costs (startup_costs.py), longer while it still explores its acceptance (up to
 `max_warmup`: exploring rounds are neither kind of epoch). A short job cannot wait that long, so two verdicts
 come sooner, each on a gap of `clear`:
