@@ -583,3 +583,15 @@ def test_lm_head_frozen_or_trained(tiny, tmp_path, lm_head, stays_the_targets):
     other = "train" if lm_head == "frozen" else "frozen"
     with pytest.raises(TrainDraftError, match="lm_head"):
         run(options(tiny, tmp_path / "head", lm_head=other, resume=True), log=lambda *a: None)
+
+
+@pytest.mark.parametrize("budget_s, timed", [(float("inf"), 7), (0.0, 1), (0.7, 4)])
+def test_step_costs_stop_timing_once_their_budget_is_spent(budget_s, timed):
+    """The summary's step costs (training/evaluate.py) time up to `repeats` forwards a point after two untimed
+    ones, fewer once the timed ones have taken the point's budget, never none. A "forward" of 0.2 s (a sleep:
+    0.1 s from either side of the 0.7 s budget after 3 and 4 of them) stops after the 4th."""
+    from batchspec.training.evaluate import _median_ms
+
+    calls = []
+    ms = _median_ms(lambda: (calls.append(1), time.sleep(0.2)), lambda: None, 7, budget_s)
+    assert len(calls) - 2 == timed and ms >= 200

@@ -144,7 +144,11 @@ def test_greedy_parity_with_static_shapes(pair, drafter, batch_size, adaptive):
     assert all(r.target_forwards == len(r.accepted_per_round) for r in results)
 
 
+# Inductor's compiled kernels are cached on disk (torch's FX graph cache): on one worker, the tests that compile
+# the tiny Llama's steps compile them once (on a machine with a cold cache: 107 s, then 18 s for the next cell,
+# where the two workers compiled the same kernels side by side in 88 and 79 s).
 @pytest.mark.slow
+@pytest.mark.xdist_group("inductor")
 @pytest.mark.parametrize("drafter", ["model-random", "ngram"])
 def test_greedy_parity_captured_by_torch_compile(llama_pair, drafter):
     """compile="on" on CPU: the target's verify steps and the draft's steps compiled (inductor), once per

@@ -57,7 +57,11 @@ def chat_references(smol):
 @pytest.mark.parametrize("drafter", ["none", "ngram", "prompt_lookup", "suffix"])
 def test_greedy_parity_on_a_real_model(smol, chat_references, drafter):
     prompts, expected = chat_references
-    results = batchspec.generate(prompts, target=str(smol[0]), drafter=drafter, batch_size=3, max_new_tokens=20)
+    # drafter none loads the model from its folder (the real loading code); the others reuse the loaded model and
+    # its measured choice of linears (few_rows.py: ~3 s a load on a busy machine, which never caches it)
+    target = str(smol[0]) if drafter == "none" else smol[2]
+    results = batchspec.generate(prompts, target=target, tokenizer=None if drafter == "none" else smol[1],
+                                 drafter=drafter, batch_size=3, max_new_tokens=20)
     assert [r.completion_token_ids for r in results] == expected
 
 
@@ -76,7 +80,7 @@ def test_extraction_outputs_match_their_schemas(smol, drafter, temperature):
     path, tokenizer, model = smol
     rows = extraction_rows(2)
     prompts = [chat(tokenizer, r["prompt"]) for r in rows]
-    results = batchspec.generate(prompts, target=str(path), drafter=drafter, batch_size=8, max_new_tokens=96,
+    results = batchspec.generate(prompts, target=model, tokenizer=tokenizer, drafter=drafter, batch_size=8, max_new_tokens=96,
                                  temperature=temperature, seed=3, params=[RowParams(json_schema=r["schema"]) for r in rows])
     for row, result in zip(rows, results):
         assert result.finish_reason == "stop" and result.structured_complete, (row["id"], result.completion)
@@ -100,12 +104,13 @@ SCHEMA_TOKENS = 120
 def schema_rows(smol):
     """The schemas' prompts ("write a document for this schema", as a chat) and drafter none's greedy output at
     batch 16 (drafter none is checked against `generate` under constraints above and in test_structured.py)."""
-    path, tokenizer, _ = smol
+    path, tokenizer, model = smol
     schemas = [json.loads(line) for line in REAL_SCHEMAS.read_text().splitlines()]
     prompts = [chat(tokenizer, "Write a JSON document that conforms to this JSON schema. Answer with the JSON only."
                                "\nSchema: " + json.dumps(s, separators=(",", ":"))) for s in schemas]
     params = [RowParams(json_schema=s) for s in schemas]
-    results = batchspec.generate(prompts, target=str(path), batch_size=16, max_new_tokens=SCHEMA_TOKENS, params=params)
+    results = batchspec.generate(prompts, target=model, tokenizer=tokenizer, batch_size=16, max_new_tokens=SCHEMA_TOKENS,
+                                 params=params)
     return prompts, params, [r.completion_token_ids for r in results]
 
 
@@ -137,7 +142,8 @@ def test_greedy_output_under_real_world_schemas_does_not_change_with_the_drafter
     four rows including those two."""
     prompts, params, expected = schema_rows
     rows = rows or list(range(len(prompts)))
-    results = batchspec.generate([prompts[i] for i in rows], target=str(smol[0]), drafter=drafter, batch_size=batch_size,
+    results = batchspec.generate([prompts[i] for i in rows], target=smol[2], tokenizer=smol[1], drafter=drafter,
+                                 batch_size=batch_size,
                                  k=k, draft=str(smol_draft) if drafter == "model" else None,
                                  max_new_tokens=SCHEMA_TOKENS, params=[params[i] for i in rows])
     for i, result in zip(rows, results):
@@ -166,7 +172,8 @@ def test_train_draft_on_chat_prompts_gives_a_head_that_drafts_exactly(smol, chat
     assert summary["steps"] == 4 and summary["train_samples"] == 20 and summary["positions_seen"] > 0
     assert summary["heldout_samples"] == 4
     prompts, expected = chat_references
-    results = batchspec.generate(prompts, target=str(smol[0]), draft=str(out), drafter="eagle", k=3, adaptive=False,
+    results = batchspec.generate(prompts, target=smol[2], tokenizer=smol[1], draft=str(out), drafter="eagle", k=3,
+                                 adaptive=False,
                                  batch_size=3, max_new_tokens=20)
     assert [r.completion_token_ids for r in results] == expected
     assert sum(r.draft_tokens for r in results) > 0

@@ -180,6 +180,7 @@ def test_static_prefill_in_chunks_equals_fresh(model):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("inductor")  # beside test_greedy_parity's compiled cells: one worker compiles, the cache serves
 def test_inductor_capture_matches_eager(model):
     """compile=on on CPU: the 1-token step compiled by torch.compile gives the eager logits, replayed at
     other lengths without recompiling (one compiled step per shape)."""
