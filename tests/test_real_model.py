@@ -80,8 +80,8 @@ def test_extraction_outputs_match_their_schemas(smol, drafter, temperature):
     path, tokenizer, model = smol
     rows = extraction_rows(2)
     prompts = [chat(tokenizer, r["prompt"]) for r in rows]
-    results = batchspec.generate(prompts, target=model, tokenizer=tokenizer, drafter=drafter, batch_size=8, max_new_tokens=96,
-                                 temperature=temperature, seed=3, params=[RowParams(json_schema=r["schema"]) for r in rows])
+    results = batchspec.generate(prompts, target=model, tokenizer=tokenizer, drafter=drafter, batch_size=8,
+                                 max_new_tokens=96, temperature=temperature, seed=3, params=[RowParams(json_schema=r["schema"]) for r in rows])
     for row, result in zip(rows, results):
         assert result.finish_reason == "stop" and result.structured_complete, (row["id"], result.completion)
         jsonschema.validate(json.loads(result.completion), json.loads(row["schema"]))
@@ -143,8 +143,7 @@ def test_greedy_output_under_real_world_schemas_does_not_change_with_the_drafter
     prompts, params, expected = schema_rows
     rows = rows or list(range(len(prompts)))
     results = batchspec.generate([prompts[i] for i in rows], target=smol[2], tokenizer=smol[1], drafter=drafter,
-                                 batch_size=batch_size,
-                                 k=k, draft=str(smol_draft) if drafter == "model" else None,
+                                 batch_size=batch_size, k=k, draft=str(smol_draft) if drafter == "model" else None,
                                  max_new_tokens=SCHEMA_TOKENS, params=[params[i] for i in rows])
     for i, result in zip(rows, results):
         assert result.completion_token_ids == expected[i], (i, result.completion)
@@ -173,7 +172,6 @@ def test_train_draft_on_chat_prompts_gives_a_head_that_drafts_exactly(smol, chat
     assert summary["heldout_samples"] == 4
     prompts, expected = chat_references
     results = batchspec.generate(prompts, target=smol[2], tokenizer=smol[1], draft=str(out), drafter="eagle", k=3,
-                                 adaptive=False,
-                                 batch_size=3, max_new_tokens=20)
+                                 adaptive=False, batch_size=3, max_new_tokens=20)
     assert [r.completion_token_ids for r in results] == expected
     assert sum(r.draft_tokens for r in results) > 0
