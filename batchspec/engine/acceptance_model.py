@@ -31,6 +31,17 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 
+def acceptance_interval(kept: int, n: int, z: float = 1.64) -> tuple[float, float]:
+    """Wilson's score interval for a rate of kept / n (z = 1.64: each bound one-sided at 95%); (0, 1) when
+    n = 0. Wilson's, not the normal approximation, because exploration decides on a handful of drafts: with
+    none of 3 kept the bounds are (0, 0.47), with 3 of 3 (0.53, 1)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p, z2 = kept / n, z * z
+    centre, spread = p + z2 / (2 * n), z * (p * (1 - p) / n + z2 / (4 * n * n)) ** 0.5
+    return max(0.0, (centre - spread) / (1 + z2 / n)), min(1.0, (centre + spread) / (1 + z2 / n))
+
+
 def expected_tokens(alpha: float, k: int) -> float:
     """Tokens one round emits with k drafts, each accepted with probability alpha: 1 + a + ... + a^k."""
     return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
@@ -79,6 +90,7 @@ class AcceptanceModel:
     # Packed rounds, per draft position j: the drafts accepted there against the gains predicted for them.
     calibration: list[Calibration] = field(init=False)
     evidence: int = field(init=False, default=0)  # first drafts verified in this job (not decayed)
+    first_kept: int = field(init=False, default=0)  # of which accepted
     # The round in flight: each proposing row's prior (slot -> prior), and a packed round's predicted gain
     # per chosen draft (slot -> gains): what `learn` checks the verdict against.
     priors: dict[int, float] = field(init=False, default_factory=dict)
@@ -92,6 +104,12 @@ class AcceptanceModel:
     def admit(self, slot: int) -> None:
         """A new request took `slot`: forget the previous one's history."""
         self.rows[slot] = RowAcceptance()
+
+    def drafted(self, slot: int) -> bool:
+        """Whether the row in `slot` has had a draft verified (a draft model's cache then lacks only the
+        tokens since, not its prompt)."""
+        row = self.rows.get(slot)
+        return row is not None and row.accepted + row.rejections > 0
 
     @property
     def pooled_alpha(self) -> float:
@@ -177,6 +195,7 @@ class AcceptanceModel:
                     reliability.realized += min(m, 1)
                     reliability.predicted += self.priors[slot]
         self.evidence += sum(1 for budget, n in zip(budgets, drafted) if budget > 0 and n > 0)
+        self.first_kept += sum(1 for budget, n, m in zip(budgets, drafted, accepted) if budget > 0 and n > 0 and m > 0)
         for slot, budget, n, m in zip(slots, budgets, drafted, accepted):
             if budget == 0:
                 continue  # no room to draft (end of the request): nothing learned

@@ -111,9 +111,14 @@ class AdaptiveK:
     def hopeless(self, slots: list[int], base_tokens: int, costs: PackedCosts) -> list[bool]:
         return self.packed.hopeless(slots, base_tokens, costs)
 
+    @property
+    def explored(self) -> bool:
+        """The last packed round's drafts were exploration's (packed_choice.explore), not the choice's."""
+        return self.packed.explored
+
     def choose_rows(self, slots: list[int], offers: list[int], room: list[int], priors: list[float | None] | None,
-                    base_tokens: int, costs: PackedCosts) -> tuple[int, list[int]]:
-        return self.packed.choose_rows(slots, offers, room, priors, base_tokens, costs)
+                    base_tokens: int, costs: PackedCosts, lengths: list[int] | None = None) -> tuple[int, list[int]]:
+        return self.packed.choose_rows(slots, offers, room, priors, base_tokens, costs, lengths)
 
     def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int]) -> None:
         self.acceptance.learn(k, slots, budgets, drafted, accepted)

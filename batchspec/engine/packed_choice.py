@@ -27,28 +27,39 @@ draft gains most, until the evidence is in (whatever the choice would draft). A 
 explores at most an eighth of the rows: the prices leave out a draft model's first feeding of a row's
 prompt (18 rows' worth in that round). A lookup's drafts cost only their verify tokens, so it explores as
 many rows as the price allows: at batch 8 the eighth was one row a round, and a held-out pair whose drafts
-were 0.94 right spent 16 of a 32-row job's ~100 rounds learning that (2026-11-29).
+were 0.94 right spent 16 of a 32-row job's ~100 rounds learning that (2026-11-29). Exploration ends
+before `explore_evidence` once the first drafts verified put the job's acceptance clearly above or below
+the break-even point of the prices (`exploring`), and a draft model explores the rows it already fed.
 """
 
 from __future__ import annotations
 
 from ..types import TreeSpec
-from .acceptance_model import AcceptanceModel
+from .acceptance_model import AcceptanceModel, acceptance_interval
 from .costs import PackedCosts
 from .drafters.base import DrafterPolicy
-from .row_drafts import Prices, choose_drafts, pays_at_best
+from .row_drafts import Prices, breakeven, choose_drafts, pays_at_best
 
 
 EXPLORE_SHARE = 0.1  # what a round that explores acceptance may cost over one without drafts
+MIN_EVIDENCE = 3  # first drafts verified before their interval may end exploration early
 
 
-def explore(gains: list[list[float]], prices: Prices, base_tokens: int, steps: bool) -> list[int]:
+def explore(gains: list[list[float]], prices: Prices, base_tokens: int, steps: bool,
+            drafted_before: list[bool] | None = None, lengths: list[int] | None = None) -> list[int]:
     """A round's drafts while the job's acceptance is a prior: one draft on the rows that can draft (gains[i]
     not empty) whose first draft gains most, whether or not the choice drafted them (a few unlucky first
     verdicts must not end the learning: the demo pair's sampled drafts stopped at 1 of 3 accepted): as many
     as keep the round's predicted time within EXPLORE_SHARE of the round without drafts (at least one), and
-    with drafting forwards (`steps`: a draft model feeds each new row's prompt) at most an eighth of the rows."""
-    chosen = sorted((i for i, g in enumerate(gains) if g), key=lambda i: -gains[i][0])
+    with drafting forwards (`steps`: a draft model feeds each new row's prompt) at most an eighth of the rows,
+    the rows that drafted before first (drafted_before[i]): their draft cache lacks only the tokens since,
+    where a new row's first draft feeds its whole sequence, so of those the shortest first (lengths[i])
+    (2026-12-01, SmolLM2 with its first 12 layers at batch 8: a 36-token catch-up doubled a 130 ms round,
+    301 tokens for a probe's 5 rows took 264 ms)."""
+    fed = drafted_before if steps and drafted_before is not None else [False] * len(gains)
+    size = lengths if steps and lengths is not None else [0] * len(gains)
+    chosen = sorted((i for i, g in enumerate(gains) if g), key=lambda i: (not fed[i], 0 if fed[i] else size[i],
+                                                                         -gains[i][0]))
     if steps:
         chosen = chosen[: max(1, len(gains) // 8)]
     limit = (1 + EXPLORE_SHARE) * prices.seconds(base_tokens, 0, 0)
@@ -72,6 +83,25 @@ class PackedChoice:
         self.next_probe = revisit_every  # round of the next probe
         self._interval = 0  # rounds until the one after: doubles while nobody drafts
         self._idle = False  # nobody drafted at the last probe
+        self.explored = False  # the last choice's drafts were exploration's (explore)
+
+    def exploring(self, prices: Prices, rows: int, base_tokens: int, depth: int) -> bool:
+        """Whether the job still learns its acceptance: fewer than `explore_evidence` first drafts verified,
+        unless those verified already decide (at least MIN_EVIDENCE, and the acceptance interval of the first
+        drafts kept lies wholly above or below the acceptance at which drafting `depth` deep breaks even at
+        these prices). Near the break-even point more evidence is worth little (either choice runs at about
+        plain speed); far from it a few drafts tell: SmolLM2 with its own first 12 layers as the draft kept
+        1 of 16 explored first drafts where 0.65 breaks even, and 16 of them cost a 64-round job 8% (2026-12-01)."""
+        model = self.acceptance
+        if model.evidence >= self.explore_evidence:
+            return False
+        if model.evidence < MIN_EVIDENCE:
+            return True
+        low, high = acceptance_interval(model.first_kept, model.evidence)
+        run = model.run_lengths() if self.policy.bursty else None
+        alpha = breakeven(prices, rows, base_tokens, depth, bool(self.policy.draft_forwards),
+                          lambda a, k: model.expected(a, k, run))
+        return low <= alpha <= high
 
     def hopeless(self, slots: list[int], base_tokens: int, costs: PackedCosts) -> list[bool]:
         """Before a lookup proposes in a packed round: per row, whether its first draft cannot pay at the
@@ -83,10 +113,12 @@ class PackedChoice:
         costs are known, with trees, or for a drafter whose proposals carry priors (its rows' worth is
         known only once they have proposed)."""
         policy, model = self.policy, self.acceptance
-        if (self.rounds + 1 >= self.next_probe or model.evidence < self.explore_evidence or not costs.known
-                or self.trees or policy.draft_forwards or policy.priors):
+        if (self.rounds + 1 >= self.next_probe or not costs.known or self.trees or policy.draft_forwards
+                or policy.priors):
             return [False] * len(slots)
         prices = costs.prices()
+        if self.exploring(prices, len(slots), base_tokens, self.k_max):
+            return [False] * len(slots)
         if not pays_at_best(prices, len(slots), base_tokens, self.k_max, policy.draft_forwards):
             return [True] * len(slots)
         rate = len(slots) / max(prices.seconds(base_tokens, 0, 0), 1e-12)
@@ -95,15 +127,17 @@ class PackedChoice:
         return [model.expected(model.alpha(s), 1, run) - 1.0 <= threshold for s in slots]
 
     def choose_rows(self, slots: list[int], offers: list[int], room: list[int], priors: list[float | None] | None,
-                    base_tokens: int, costs: PackedCosts) -> tuple[int, list[int]]:
+                    base_tokens: int, costs: PackedCosts, lengths: list[int] | None = None) -> tuple[int, list[int]]:
         """A packed round (row_drafts.py): (shape index, drafts per row). offers: the most drafts each row may
         verify (a lookup's proposal, or its budget); room: how deep its tree may go; base_tokens: the
-        forward's tokens without drafts. Until the costs are known, rounds alternate between every row
+        forward's tokens without drafts; lengths: the rows' sequence lengths (what exploration with a draft
+        model weighs: a row's first draft feeds its whole sequence). Until the costs are known, rounds alternate between every row
         drafting nothing and every row drafting its offer; every `revisit_every` rounds (doubling, up to 8x,
         while nobody drafts) each row verifies one draft more than chosen, so that rows drafting nothing
         keep learning their acceptance."""
         model = self.acceptance
         self.rounds += 1
+        self.explored = False
         priors = priors or [None] * len(slots)
         model.priors = {s: p for s, p, n in zip(slots, priors, offers) if p is not None and n > 0}
         num_shapes = self.k_max + 1 + len(self.trees)
@@ -121,8 +155,10 @@ class PackedChoice:
         gains = [[model.expected(a, j, run) - model.expected(a, j - 1, run) for j in range(1, n + 1)]
                  for a, n in zip(alphas, offers)]
         drafts, rate = choose_drafts(model.calibrated(gains), base_tokens, prices, steps=draws)
-        if model.evidence < self.explore_evidence:
-            drafts, trees = explore(gains, prices, base_tokens, bool(draws)), []
+        drafted_before = [model.drafted(s) for s in slots]
+        if self.exploring(prices, len(slots), base_tokens, max(offers)):
+            drafts, trees, self.explored = explore(gains, prices, base_tokens, bool(draws), drafted_before,
+                                                            lengths), [], True
         shape = max(drafts, default=0)
         for j in (t - self.k_max - 1 for t in trees):  # a tree round: every row its tree
             spec, n = self.trees[j], len(slots)
@@ -131,11 +167,14 @@ class PackedChoice:
             seconds = prices.seconds(base_tokens + n * spec.nodes, spec.depth if draws else 0, n * spec.depth)
             if tokens / max(seconds, 1e-12) > rate:
                 shape, rate, drafts = self.k_max + 1 + j, tokens / max(seconds, 1e-12), list(room)
-        if self.rounds >= self.next_probe:
+        if self.rounds >= self.next_probe and not self.explored:  # exploring is measuring already
             idle = sum(drafts) == 0
             self._interval = min(2 * self._interval, 8 * self.revisit_every) if idle and self._idle else self.revisit_every
             self.next_probe, self._idle = self.rounds + self._interval, idle
-            if shape <= self.k_max:
+            if shape <= self.k_max and draws and idle:  # a draft model feeds each probed row what it missed
+                drafts = explore(gains, prices, base_tokens, True, drafted_before, lengths)
+                shape = max(drafts, default=0)
+            elif shape <= self.k_max:
                 drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
                 shape = max(drafts, default=0)
         if shape <= self.k_max:

@@ -20,6 +20,7 @@ the best overall. A row whose drafts do not pay drafts nothing and costs its one
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +72,24 @@ def pays_at_best(prices: Prices, rows: int, base_tokens: int, depth: int, steps:
     plain = rows / max(prices.seconds(base_tokens, 0, 0), 1e-12)
     return any(rows * (k + 1) / max(prices.seconds(base_tokens + rows * k, k if steps else 0, rows * k), 1e-12) > plain
                for k in range(1, depth + 1))
+
+
+def breakeven(prices: Prices, rows: int, base_tokens: int, depth: int, steps: bool,
+              expected: Callable[[float, int], float]) -> float:
+    """The least first-draft acceptance at which drafting pays at these prices: some k in 1..depth, every row
+    drafting k and emitting expected(alpha, k) tokens, beats every row emitting 1 (> 1: no acceptance pays).
+    expected(alpha, k) grows with alpha (the acceptance model's tokens with k drafts), so a bisection finds
+    it to 1e-4."""
+    plain = rows / max(prices.seconds(base_tokens, 0, 0), 1e-12)
+
+    def pays(alpha: float) -> bool:
+        return any(rows * expected(alpha, k) / max(prices.seconds(base_tokens + rows * k, k if steps else 0, rows * k),
+                                                   1e-12) > plain for k in range(1, depth + 1))
+
+    if not pays(1.0):
+        return 2.0
+    low, high = 0.0, 1.0
+    while high - low > 1e-4:
+        middle = (low + high) / 2
+        low, high = (low, middle) if pays(middle) else (middle, high)
+    return high

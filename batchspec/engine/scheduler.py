@@ -261,7 +261,7 @@ class Scheduler:
         pick = lambda values: [values[i] for i in at]  # noqa: E731
         index, drafts = adaptive.choose_rows(pick(round.rows), pick(offer), pick(round.room),
                                              pick(priors) if priors is not None else None,
-                                             len(at) + round.chunk_tokens, adaptive.costs)
+                                             len(at) + round.chunk_tokens, adaptive.costs, pick(round.lengths))
         for i, k in zip(at, drafts):
             budgets[i] = k
         return adaptive.shapes[index], budgets
@@ -272,14 +272,14 @@ class Scheduler:
         return self.payoff is not None and not self.payoff.drafting
 
     def _plain_price(self, round: Round) -> tuple[int, float] | None:
-        """The round's rows without drafts as the cost model prices them: (the tokens they would emit, which
-        the payoff check counts, the seconds); None before the costs are known and the rest of a round (host
-        work, which the start-up measurement leaves out) has been measured over 3 rounds or more."""
+        """The round's rows but admission's, without drafts, as the cost model prices them (the measured round
+        leaves admission out too): (their tokens, which the payoff check counts, the seconds); None before the
+        costs are known and the rest of a round (host work) has been measured over 3 rounds or more."""
         costs = self.adaptive.costs
         if not isinstance(costs, PackedCosts) or not costs.known or costs.rest.n < 4:  # the weak zero and 3 rounds
             return None
         counted = sum(round.rows[i] not in round.admitted for i in round.running)
-        return counted, costs.prices().seconds(len(round.running), 0, 0)
+        return counted, costs.prices().seconds(counted, 0, 0)
 
     @property
     def _widest(self) -> int:
@@ -293,7 +293,7 @@ class Scheduler:
         check's); forward: the verify forward's (tokens, seconds) (Verified.forward)."""
         if self.adaptive is None:
             return
-        exploring = self.adaptive.acceptance.evidence < self.adaptive.explore_evidence  # before this round's verdicts
+        exploring = self.adaptive.explored and not self._plain_epoch  # the round's drafts were exploration's
         if self.payoff is not None and tokens is not None:
             # Admission is the job's work whichever arm runs: its share of the forward and the admitted rows'
             # first tokens are taken out.

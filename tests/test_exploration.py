@@ -1,0 +1,122 @@
+"""How long a job explores its acceptance, and on which rows (packed_choice.py): exploration ends as soon as the
+first drafts verified say on which side of the break-even acceptance the drafter lies (row_drafts.breakeven,
+acceptance_model.acceptance_interval), and a draft model explores the rows whose draft cache it already fed.
+Every case is exact arithmetic on prices and counts (no timing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchspec.engine.acceptance_model import acceptance_interval, expected_tokens
+from batchspec.engine.adaptive import LOOKUP, AdaptiveK
+from batchspec.engine.costs import PackedCosts
+from batchspec.engine.drafters.base import MODEL_POLICY
+from batchspec.engine.packed_choice import explore
+from batchspec.engine.row_drafts import Prices, breakeven
+
+LOOKUP_PRICES = Prices(fixed=0.010, per_token=0.001)  # one draft on 8 rows: 0.026 s against 0.018 s plain
+MODEL_PRICES = Prices(fixed=0.008, per_token=0.0005, per_step=0.004)  # a draft step half a plain round
+BURSTY = lambda a, k: 1.0 + a * [0.0, 1.0, 1.9][k]  # noqa: E731  (a lookup's: the second draft kept 0.9 of the time)
+
+BREAKEVENS = [
+    # name, prices, depth, drafting forwards, expected tokens -> the least first-draft acceptance that pays
+    ("a lookup, one draft: 1 + a = 26/18", LOOKUP_PRICES, 1, False, expected_tokens, 8 / 18),
+    ("a draft model, one draft: 1 + a = 20/12", MODEL_PRICES, 1, True, expected_tokens, 2 / 3),
+    ("a draft model up to two: the first k breaks even first", MODEL_PRICES, 2, True, expected_tokens, 2 / 3),
+    ("bursty, two drafts: 1 + a = 26/18 still beats 1 + 1.9 a = 34/18", LOOKUP_PRICES, 2, False, BURSTY, 8 / 18),
+    ("a forward proportional to its tokens: nothing pays", Prices(0.0, 0.001), 4, False, expected_tokens, 2.0),
+    ("no drafts allowed", LOOKUP_PRICES, 0, False, expected_tokens, 2.0),
+]
+
+
+@pytest.mark.parametrize("name,prices,depth,steps,expected,alpha", BREAKEVENS, ids=[b[0] for b in BREAKEVENS])
+def test_breakeven_acceptance(name, prices, depth, steps, expected, alpha):
+    """8 rows, 8 base tokens: every row drafting k at acceptance a against every row emitting one token."""
+    assert breakeven(prices, 8, 8, depth, steps, expected) == pytest.approx(alpha, abs=2e-4)
+
+
+@pytest.mark.parametrize("kept,n,low,high", [
+    (0, 0, 0.0, 1.0),  # nothing verified: anything
+    (0, 3, 0.0, 0.4727),
+    (3, 3, 0.5273, 1.0),
+    (0, 4, 0.0, 0.4021),
+    (8, 16, 0.3103, 0.6897),
+])
+def test_acceptance_interval(kept, n, low, high):
+    """Wilson's score interval at z = 1.64 (each side one-sided 95%), to 1e-4."""
+    assert acceptance_interval(kept, n) == (pytest.approx(low, abs=1e-4), pytest.approx(high, abs=1e-4))
+
+
+EXPLORING = [
+    # name, policy, prices, first drafts kept, verified -> still exploring
+    ("2 verified: too few to decide", MODEL_POLICY, MODEL_PRICES, 0, 2, True),
+    ("a draft model, 0 of 3 where 2/3 breaks even: done, it loses", MODEL_POLICY, MODEL_PRICES, 0, 3, False),
+    ("a lookup, 0 of 3 where 0.44 breaks even: 0.47 is still possible", LOOKUP, LOOKUP_PRICES, 0, 3, True),
+    ("a lookup, 0 of 4: done, it loses", LOOKUP, LOOKUP_PRICES, 0, 4, False),
+    ("a lookup, 3 of 3: done, it pays", LOOKUP, LOOKUP_PRICES, 3, 3, False),
+    ("a draft model, 5 of 10: near break-even, more evidence", MODEL_POLICY, MODEL_PRICES, 5, 10, True),
+    ("16 verified: done whatever they say", MODEL_POLICY, MODEL_PRICES, 10, 16, False),
+]
+
+
+@pytest.mark.parametrize("name,policy,prices,kept,verified,exploring", EXPLORING, ids=[e[0] for e in EXPLORING])
+def test_exploration_ends_when_the_evidence_decides(name, policy, prices, kept, verified, exploring):
+    """PackedChoice.exploring at batch 8, one draft deep: until 16 first drafts are verified, unless 3 or more
+    put the acceptance interval wholly on one side of the break-even acceptance."""
+    controller = AdaptiveK(k_max=1, policy=policy)
+    controller.acceptance.evidence, controller.acceptance.first_kept = verified, kept
+    assert controller.packed.exploring(prices, 8, 8, 1) is exploring
+
+
+ROW_LENGTHS = [40, 90, 30, 300, 12, 80, 70, 60, 50, 20, 100, 110, 120, 130, 140, 150]
+
+
+@pytest.mark.parametrize("steps,fed,explored", [
+    # a draft model: the two rows it fed (whatever their length), not rows 14-15
+    (True, (3, 9), [0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),
+    (True, (3,), [0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),  # the one it fed, then the shortest (12 tokens)
+    (True, (), [0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),  # none fed: the two shortest
+    (False, (3, 9), [0] * 12 + [1] * 4),  # a lookup has no cache to feed: the best gains, 4 rows within 10%
+])
+def test_a_draft_model_explores_the_rows_it_fed_then_the_shortest(steps, fed, explored):
+    """16 rows of ROW_LENGTHS; the gains rise with the row, so the last rows gain most."""
+    gains = [[0.5 + i / 100] for i in range(16)]
+    before = [i in fed for i in range(16)]
+    prices = Prices(0.3, 0.0001, 0.0001) if steps else Prices(0.03, 0.001)  # a draft model: an eighth, 2 rows
+    assert explore(gains, prices, 16, steps, before, ROW_LENGTHS) == explored
+
+
+def controller_past_its_start(policy) -> tuple[AdaptiveK, PackedCosts]:
+    """A controller whose costs are MODEL_PRICES' (a draft model can pay only above 2/3 acceptance)."""
+    costs = PackedCosts()
+    for tokens in (8, 16, 24):
+        costs.verify.add(tokens, 0.008 + 0.0005 * tokens)
+    for tokens in (8, 16, 24):
+        costs.step.add(tokens, 0.004)
+    costs.rest.add(0, 0.0, weight=0.1)
+    controller = AdaptiveK(k_max=2, policy=policy, costs=costs)
+    controller.packed.rounds = 1
+    return controller, costs
+
+
+def test_three_rejected_first_drafts_end_a_draft_models_exploration():
+    """Exploring rounds draft one row (an eighth of 8) once a draft; after 3 first drafts refused the job drafts
+    nothing (the acceptance model's choice at 0.2), where 16 rounds of exploration would have run before."""
+    controller, costs = controller_past_its_start(MODEL_POLICY)
+    slots = list(range(8))
+    for verified in range(3):
+        _, drafts = controller.choose_rows(slots, [2] * 8, [0] * 8, None, 8, costs)
+        assert sum(drafts) == 1 and controller.packed.explored, verified
+        controller.learn(1, slots, drafts, drafts, [0] * 8)
+        assert drafts[0] == 1  # the row it fed stays the one explored
+    _, drafts = controller.choose_rows(slots, [2] * 8, [0] * 8, None, 8, costs)
+    assert drafts == [0] * 8 and not controller.packed.explored
+
+
+def test_a_probe_does_not_widen_exploration():
+    """A probe round that falls while the job explores drafts what exploration drafts (one draft on one row),
+    not one more draft on every row: a draft model would feed every row's prompt for it."""
+    controller, costs = controller_past_its_start(MODEL_POLICY)
+    controller.packed.next_probe = 2  # the next round is a probe
+    _, drafts = controller.choose_rows(list(range(8)), [2] * 8, [0] * 8, None, 8, costs)
+    assert drafts == [1] + [0] * 7 and controller.packed.explored
