@@ -116,6 +116,12 @@ class AdaptiveK:
         """The last packed round's drafts were exploration's (packed_choice.explore), not the choice's."""
         return self.packed.explored
 
+    @property
+    def learning(self) -> bool:
+        """The last packed round was chosen while the job explored its acceptance (its drafts exploration's,
+        or none while exploration's budget refills)."""
+        return self.packed.learning
+
     def choose_rows(self, slots: list[int], offers: list[int], room: list[int], priors: list[float | None] | None,
                     base_tokens: int, costs: PackedCosts, lengths: list[int] | None = None) -> tuple[int, list[int]]:
         return self.packed.choose_rows(slots, offers, room, priors, base_tokens, costs, lengths)

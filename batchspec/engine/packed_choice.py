@@ -28,8 +28,9 @@ explores at most an eighth of the rows: the prices leave out a draft model's fir
 prompt (18 rows' worth in that round). A lookup's drafts cost only their verify tokens, so it explores as
 many rows as the price allows: at batch 8 the eighth was one row a round, and a held-out pair whose drafts
 were 0.94 right spent 16 of a 32-row job's ~100 rounds learning that (2026-11-29). Exploration ends
-before `explore_evidence` once the first drafts verified put the job's acceptance clearly above or below
-the break-even point of the prices (`exploring`), and a draft model explores the rows it already fed.
+before `explore_evidence` once the first drafts verified put the job's acceptance clearly below the
+break-even point of the prices (`exploring`), a draft model explores the rows it already fed, and all
+of exploration spends at most EXPLORE_BUDGET of the rounds' price while it goes on (`_explore`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .row_drafts import Prices, breakeven, choose_drafts, pays_at_best
 
 
 EXPLORE_SHARE = 0.1  # what a round that explores acceptance may cost over one without drafts
+EXPLORE_BUDGET = 0.02  # what exploring may cost in all, a share of the price of the rounds while it goes on
 MIN_EVIDENCE = 3  # first drafts verified before their interval may end exploration early
 
 
@@ -84,24 +86,46 @@ class PackedChoice:
         self._interval = 0  # rounds until the one after: doubles while nobody drafts
         self._idle = False  # nobody drafted at the last probe
         self.explored = False  # the last choice's drafts were exploration's (explore)
+        self.learning = False  # the last choice was made while the job explored (exploring)
+        self._credit = 0.0  # exploration's budget in seconds: EXPLORE_BUDGET of each round's price, less its spending
 
     def exploring(self, prices: Prices, rows: int, base_tokens: int, depth: int) -> bool:
         """Whether the job still learns its acceptance: fewer than `explore_evidence` first drafts verified,
-        unless those verified already decide (at least MIN_EVIDENCE, and the acceptance interval of the first
-        drafts kept lies wholly above or below the acceptance at which drafting `depth` deep breaks even at
-        these prices). Near the break-even point more evidence is worth little (either choice runs at about
-        plain speed); far from it a few drafts tell: SmolLM2 with its own first 12 layers as the draft kept
-        1 of 16 explored first drafts where 0.65 breaks even, and 16 of them cost a 64-round job 8% (2026-12-01)."""
+        unless those verified already say that drafting loses (`evidence_says`)."""
+        return self.acceptance.evidence < self.explore_evidence and self.evidence_says(prices, rows, base_tokens,
+                                                                                       depth) >= 0
+
+    def evidence_says(self, prices: Prices, rows: int, base_tokens: int, depth: int) -> int:
+        """-1 when the acceptance interval of the first drafts verified (at least MIN_EVIDENCE) lies wholly
+        below the acceptance at which drafting `depth` deep breaks even at these prices, +1 wholly above, 0
+        before or between. Only the first ends exploration early: stopping where drafting looks bad costs at
+        most what drafting near break-even would have gained (SmolLM2 with its own first 12 layers as the
+        draft kept 1 of 16 explored first drafts where 0.65 breaks even, and the 16 cost a 64-round job 8%),
+        while the first drafts of one round are alike (chat rows open alike): 4 of SmolLM2's first 6 ngram
+        drafts were kept, 1 in 10 afterwards, and a job that stopped there drafted at a loss (2026-12-01)."""
         model = self.acceptance
-        if model.evidence >= self.explore_evidence:
-            return False
         if model.evidence < MIN_EVIDENCE:
-            return True
+            return 0
         low, high = acceptance_interval(model.first_kept, model.evidence)
         run = model.run_lengths() if self.policy.bursty else None
         alpha = breakeven(prices, rows, base_tokens, depth, bool(self.policy.draft_forwards),
                           lambda a, k: model.expected(a, k, run))
-        return low <= alpha <= high
+        return -1 if high < alpha else (1 if low > alpha else 0)
+
+    def _explore(self, drafts: list[int], prices: Prices, base_tokens: int, steps: bool, pays: bool) -> list[int]:
+        """Exploration's drafts while its budget is not overspent, else none: each exploring round's cost
+        over a plain one comes out of EXPLORE_BUDGET of every round's price, so that a drafter whose evidence
+        comes slowly does not explore at EXPLORE_SHARE over a whole job (suffix decoding on Gemma-3-270M at
+        batch 8 explored one row a round for 54 rounds and ran 0.87-0.91x drafter none; 2026-12-01). While
+        the evidence says drafting pays (`pays`), every round explores: it buys what the job will gain."""
+        plain = prices.seconds(base_tokens, 0, 0)
+        self._credit += EXPLORE_BUDGET * plain
+        if self._credit < 0 and not pays:
+            return [0] * len(drafts)
+        n = sum(drafts)
+        self._credit -= prices.seconds(base_tokens + n, int(steps and n > 0), n) - plain
+        self.explored = n > 0
+        return drafts
 
     def hopeless(self, slots: list[int], base_tokens: int, costs: PackedCosts) -> list[bool]:
         """Before a lookup proposes in a packed round: per row, whether its first draft cannot pay at the
@@ -137,7 +161,7 @@ class PackedChoice:
         keep learning their acceptance."""
         model = self.acceptance
         self.rounds += 1
-        self.explored = False
+        self.explored = self.learning = False
         priors = priors or [None] * len(slots)
         model.priors = {s: p for s, p, n in zip(slots, priors, offers) if p is not None and n > 0}
         num_shapes = self.k_max + 1 + len(self.trees)
@@ -156,9 +180,11 @@ class PackedChoice:
                  for a, n in zip(alphas, offers)]
         drafts, rate = choose_drafts(model.calibrated(gains), base_tokens, prices, steps=draws)
         drafted_before = [model.drafted(s) for s in slots]
-        if self.exploring(prices, len(slots), base_tokens, max(offers)):
-            drafts, trees, self.explored = explore(gains, prices, base_tokens, bool(draws), drafted_before,
-                                                            lengths), [], True
+        says = self.evidence_says(prices, len(slots), base_tokens, max(offers))
+        self.learning = model.evidence < self.explore_evidence and says >= 0
+        if self.learning:
+            drafts, trees = self._explore(explore(gains, prices, base_tokens, bool(draws), drafted_before, lengths),
+                                          prices, base_tokens, bool(draws), says > 0), []
         shape = max(drafts, default=0)
         for j in (t - self.k_max - 1 for t in trees):  # a tree round: every row its tree
             spec, n = self.trees[j], len(slots)
@@ -167,7 +193,7 @@ class PackedChoice:
             seconds = prices.seconds(base_tokens + n * spec.nodes, spec.depth if draws else 0, n * spec.depth)
             if tokens / max(seconds, 1e-12) > rate:
                 shape, rate, drafts = self.k_max + 1 + j, tokens / max(seconds, 1e-12), list(room)
-        if self.rounds >= self.next_probe and not self.explored:  # exploring is measuring already
+        if self.rounds >= self.next_probe and not self.learning:  # exploring is measuring already
             idle = sum(drafts) == 0
             self._interval = min(2 * self._interval, 8 * self.revisit_every) if idle and self._idle else self.revisit_every
             self.next_probe, self._idle = self.rounds + self._interval, idle
