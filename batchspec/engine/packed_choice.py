@@ -155,10 +155,10 @@ class PackedChoice:
         """A packed round (row_drafts.py): (shape index, drafts per row). offers: the most drafts each row may
         verify (a lookup's proposal, or its budget); room: how deep its tree may go; base_tokens: the
         forward's tokens without drafts; lengths: the rows' sequence lengths (what exploration with a draft
-        model weighs: a row's first draft feeds its whole sequence). Until the costs are known, rounds alternate between every row
-        drafting nothing and every row drafting its offer; every `revisit_every` rounds (doubling, up to 8x,
-        while nobody drafts) each row verifies one draft more than chosen, so that rows drafting nothing
-        keep learning their acceptance."""
+        model weighs: a row's first draft feeds its whole sequence). Until the costs are known, rounds
+        alternate between every row drafting nothing and every row drafting its offer; every `revisit_every`
+        rounds (doubling, up to 8x, while nobody drafts) each row verifies one draft more than chosen, so that
+        rows drafting nothing keep learning their acceptance."""
         model = self.acceptance
         self.rounds += 1
         self.explored = self.learning = False
@@ -179,9 +179,11 @@ class PackedChoice:
         gains = [[model.expected(a, j, run) - model.expected(a, j - 1, run) for j in range(1, n + 1)]
                  for a, n in zip(alphas, offers)]
         drafts, rate = choose_drafts(model.calibrated(gains), base_tokens, prices, steps=draws)
-        drafted_before = [model.drafted(s) for s in slots]
-        says = self.evidence_says(prices, len(slots), base_tokens, max(offers))
-        self.learning = model.evidence < self.explore_evidence and says >= 0
+        # Past explore_evidence the job is done exploring, as when the evidence says drafting loses.
+        says = (self.evidence_says(prices, len(slots), base_tokens, max(offers))
+                if model.evidence < self.explore_evidence else -1)
+        self.learning = says >= 0
+        drafted_before = [model.drafted(s) for s in slots] if draws else None  # only a draft model's order uses it
         if self.learning:
             drafts, trees = self._explore(explore(gains, prices, base_tokens, bool(draws), drafted_before, lengths),
                                           prices, base_tokens, bool(draws), says > 0), []

@@ -64,27 +64,30 @@ def choose_drafts(gains: list[list[float]], base_tokens: int, prices: Prices,
     return best, best_rate
 
 
-def pays_at_best(prices: Prices, rows: int, base_tokens: int, depth: int, steps: bool) -> bool:
-    """Whether drafting could beat plain decoding at these prices if every draft were accepted: some k in
-    1..depth with every row drafting k and emitting k + 1 tokens is faster than every row emitting 1. When
-    it is not, no acceptance can make a draft pay (with equal gains the best choice drafts every row alike:
-    a round's rate moves one way as drafts of one depth are added), and the controller drafts nothing."""
+def beats_plain(prices: Prices, rows: int, base_tokens: int, depth: int, steps: bool,
+                tokens: Callable[[int], float]) -> bool:
+    """Whether some k in 1..depth, every row drafting k and emitting tokens(k) tokens, is faster than every row
+    emitting 1 at these prices."""
     plain = rows / max(prices.seconds(base_tokens, 0, 0), 1e-12)
-    return any(rows * (k + 1) / max(prices.seconds(base_tokens + rows * k, k if steps else 0, rows * k), 1e-12) > plain
-               for k in range(1, depth + 1))
+    return any(rows * tokens(k) / max(prices.seconds(base_tokens + rows * k, k if steps else 0, rows * k), 1e-12)
+               > plain for k in range(1, depth + 1))
+
+
+def pays_at_best(prices: Prices, rows: int, base_tokens: int, depth: int, steps: bool) -> bool:
+    """Whether drafting could beat plain decoding at these prices if every draft were accepted (k + 1 tokens
+    a row with k drafts). When it is not, no acceptance can make a draft pay (with equal gains the best choice
+    drafts every row alike: a round's rate moves one way as drafts of one depth are added), and the
+    controller drafts nothing."""
+    return beats_plain(prices, rows, base_tokens, depth, steps, lambda k: k + 1)
 
 
 def breakeven(prices: Prices, rows: int, base_tokens: int, depth: int, steps: bool,
               expected: Callable[[float, int], float]) -> float:
-    """The least first-draft acceptance at which drafting pays at these prices: some k in 1..depth, every row
-    drafting k and emitting expected(alpha, k) tokens, beats every row emitting 1 (> 1: no acceptance pays).
-    expected(alpha, k) grows with alpha (the acceptance model's tokens with k drafts), so a bisection finds
-    it to 1e-4."""
-    plain = rows / max(prices.seconds(base_tokens, 0, 0), 1e-12)
-
+    """The least first-draft acceptance at which drafting pays at these prices (beats_plain with each row
+    emitting expected(alpha, k) tokens; > 1: no acceptance pays). expected(alpha, k) grows with alpha (the
+    acceptance model's tokens with k drafts), so a bisection finds it to 1e-4."""
     def pays(alpha: float) -> bool:
-        return any(rows * expected(alpha, k) / max(prices.seconds(base_tokens + rows * k, k if steps else 0, rows * k),
-                                                   1e-12) > plain for k in range(1, depth + 1))
+        return beats_plain(prices, rows, base_tokens, depth, steps, lambda k: expected(alpha, k))
 
     if not pays(1.0):
         return 2.0
