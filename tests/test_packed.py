@@ -87,7 +87,8 @@ def test_no_prefill_forward_of_its_own(llama_pair, monkeypatch):
     models = load_models(str(llama_pair.target), str(llama_pair.draft), dtype="float32")
     generator = build_generator(models, drafter="model", k=2, batch_size=3, max_new_tokens=MAX_NEW)
     calls = []
-    for name in ("prefill", "forward", "prefill_static"):
+    assert generator.runner.static_prefill is None  # the captured path's prompt chunks: none on this path
+    for name in ("prefill", "forward"):
         monkeypatch.setattr(generator.runner, name, lambda *a, _n=name, **k: calls.append(_n))
     results = list(generator.run(Request(str(i), p) for i, p in enumerate(PROMPTS)))
     assert len(results) == len(PROMPTS) and calls == []

@@ -33,7 +33,9 @@ def runner(model, capture=None, slots=4, capacity=40, widths=(1, 2, 3, 4), decla
     r = ModelRunner(model, num_slots=slots, capacity=capacity, max_position=capacity,
                     graphs=StepGraphs(capture, model.device), widths=widths, name="test")
     if declare:  # the static steps read their tokens from these buffers
-        r.declare_steps(torch.zeros(slots, max(widths), dtype=torch.long), torch.zeros(slots, capacity, dtype=torch.long))
+        seqs = torch.zeros(slots, capacity, dtype=torch.long)
+        r.static_steps.declare(torch.zeros(slots, max(widths), dtype=torch.long), seqs)
+        r.static_prefill.declare(seqs)
     return r
 
 
@@ -166,14 +168,14 @@ def test_static_prefill_in_chunks_equals_fresh(model):
     prompts = {0: torch.randint(3, 300, (150,), generator=gen).tolist(), 2: torch.randint(3, 300, (9,), generator=gen).tolist()}
     for slot, p in prompts.items():
         seqs[slot, : len(p)] = torch.tensor(p)
-    last = r.prefill_static(seqs, [0, 2], [0, 0], [150, 9])
+    last = r.static_prefill.prefill(seqs, [0, 2], [0, 0], [150, 9])
     assert r.lengths.tolist() == [150, 0, 9, 1]  # the scratch slot took a padding row (length 1)
     for slot, p in prompts.items():
         torch.testing.assert_close(last[slot], fresh_logits(model, p)[-1], atol=1e-4, rtol=1e-4)
     # A second admission resumes where the first stopped (a draft catching up: from a start).
     more = torch.randint(3, 300, (70,), generator=gen).tolist()
     seqs[2, 9 : 9 + 70] = torch.tensor(more)
-    last = r.prefill_static(seqs, [2], [9], [79])
+    last = r.static_prefill.prefill(seqs, [2], [9], [79])
     torch.testing.assert_close(last[2], fresh_logits(model, prompts[2] + more)[-1], atol=1e-4, rtol=1e-4)
     logits = r.forward(torch.tensor([[7], [7], [7]]), kv_len=160)
     torch.testing.assert_close(logits[0, -1], fresh_logits(model, prompts[0] + [7])[-1], atol=1e-4, rtol=1e-4)

@@ -51,7 +51,7 @@ def forward_ms(model, batch_size: int, width: int, context: int, repeats: int = 
     runner = ModelRunner(model, num_slots=batch_size, capacity=capacity, max_position=capacity, graphs=graphs,
                          widths=[width], name="calibrate")
     tokens = torch.zeros(batch_size, width, dtype=torch.long, device=model.device)
-    runner.declare_steps(tokens, torch.zeros(batch_size, capacity, dtype=torch.long, device=model.device), prefill=False)
+    runner.static_steps.declare(tokens, torch.zeros(batch_size, capacity, dtype=torch.long, device=model.device))
     graphs.capture_all()
     ids = torch.randint(3, 100, (batch_size, context), device=model.device)
     runner.prefill(list(range(batch_size)), ids, [0] * batch_size, [context] * batch_size)

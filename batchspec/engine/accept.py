@@ -228,11 +228,11 @@ class Acceptor:
         b = self.buffers
         if b.gumbel is not None:
             self.graphs.declare(("noise",), self._noise_step, (b.gumbel,))
-        self.graphs.declare(("first",), self._first_step, (self.runner.last_logits(), self._new))
+        self.graphs.declare(("first",), self._first_step, (self.runner.static_prefill.last_logits(), self._new))
         for shape in shapes:
             width = shape.width
             out = b.verdict[:, : PACKED_FIELDS + shape.depth + 1]
-            logits = self.runner.output(width)
+            logits = self.runner.static_steps.output(width)
             lp = self._lp[:, : (1 + shape.depth + 1) * (1 + 2 * self.k)] if self.k is not None else None
             if shape.tree is None:
                 probs = b.probs[:, : width - 1] if b.probs is not None else None

@@ -105,7 +105,7 @@ class Admitter:
         chunked = [s for s in seats if s not in eager]
         last = None
         if chunked:
-            last = self.runner.prefill_static(self.state.tokens, [s.slot for s in chunked], [0] * len(chunked),
+            last = self.runner.static_prefill.prefill(self.state.tokens, [s.slot for s in chunked], [0] * len(chunked),
                                               [len(s.prompt_ids) for s in chunked])
         if not eager:
             return last, None
@@ -119,7 +119,7 @@ class Admitter:
         if scored:
             self._prompt_logprobs(eager, logits, seated)
         if self.static:
-            last = self.runner.last_logits()
+            last = self.runner.static_prefill.last_logits()
             last[torch.tensor([s.slot for s in eager], device=self.device)] = at_end.to(last.dtype)
             return last, features
         return at_end, features

@@ -4,7 +4,7 @@ The eager path packs each round from host specs (packed.py). A captured step nee
 reads everything from the device, so the static packed verify is one step per (n, attended-length
 bucket), n the round's tokens rounded up to a bucket (`shapes.token_buckets`). The host writes which
 slot each of the n tokens belongs to and its offset t in that slot's row into a layout buffer (one
-copy per round, no sync); in the step (ModelRunner.verify_static, runner.py):
+copy per round, no sync); in the step (StaticSteps.verify_packed, static_steps.py):
 
   - token (s, t) is slot s's pending token for t = 0 and its t-th draft after, at position and cache
     index lengths[s] + t: a row computes only the tokens it verifies and an idle slot none; the

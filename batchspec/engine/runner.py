@@ -10,17 +10,18 @@ Forwards:
   - eager (the CPU default): `prefill` of ragged new prompts, and `forward(tokens, rows=...)` of some
     slots, attending over exactly `kv_len` entries; consecutive slots are read as views, not gathered;
   - static (captured on a GPU): `forward(tokens)` of T tokens for every slot, attending over a length
-    bucket (64, 128, ... up to the capacity), and `prefill_chunk` of C tokens for P rows; positions and
+    bucket (64, 128, ... up to the capacity), and prefill chunks of C tokens for P rows; positions and
     masks come from `lengths` on the device, so a step needs nothing from the host. Each (T, bucket) and
-    (P, bucket) is a step of the generator's StepGraphs, declared at start (`declare_steps`: static_steps.py;
-    the prefill chunks: prefill.py) and captured there. A step writes its logits into the runner's one output buffer (a contiguous prefix of it) and
-    returns that view: read it before this runner's next forward.
+    (P, bucket) is a step of the generator's StepGraphs, declared at start and captured there, by the
+    runner's two parts: `static_steps` (static_steps.py: the forwards, the packed verify, the output
+    buffer) and `static_prefill` (prefill.py: prompt chunks, prefix copies). A step writes its logits into
+    the runner's one output buffer (a contiguous prefix of it) and returns that view: read it before this
+    runner's next forward.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from functools import partial
 from typing import Iterable, Iterator
 
 import torch
@@ -28,18 +29,17 @@ from transformers import PreTrainedModel
 
 from .few_rows import FewRowLinears
 from .graphs import StepGraphs
-from .host_device import HostBuffer
 from .kv_cache import SlidingWindow, SlotKVCache, causal_mask
 from .model_calls import RowPositions, cache_argument
 from .packed import (PackedBatch, PackingUnsupported, RowTokens, pack, packed_attention_on, register,
                      supports_packing)
 from .prefill import StaticPrefill
-from .shapes import PREFILL_CHUNK, kv_buckets, token_buckets
+from .shapes import PREFILL_CHUNK, kv_buckets
 from .static_steps import StaticSteps
 from .tree import TreeShape, tree_mask
 
 
-class ModelRunner(StaticPrefill, StaticSteps):
+class ModelRunner:
     """Owns `model`'s slot cache (num_slots + 1 scratch x capacity positions) and lengths [num_slots + 1].
 
     graphs: the generator's StepGraphs (its mode decides eager or static forwards). widths: the step
@@ -58,8 +58,6 @@ class ModelRunner(StaticPrefill, StaticSteps):
         # Hidden states a drafter reads (EAGLE-3): output_hidden_states indices, concatenated per token.
         self.feature_layers = tuple(feature_layers)
         self.features: torch.Tensor | None = None  # [b, T, F] of the last forward (static: a buffer view)
-        self._features_out: torch.Tensor | None = None
-        self._packed: tuple | None = None  # the static packed verify's logits and features buffers
         self.device = model.device
         self.num_slots, self.capacity, self.max_position = num_slots, capacity, max_position
         self.scratch = num_slots  # the extra slot
@@ -73,14 +71,6 @@ class ModelRunner(StaticPrefill, StaticSteps):
         self.buckets = buckets if buckets is not None else kv_buckets(capacity)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self._arange = torch.arange(max(self.widths + [PREFILL_CHUNK]) + 1, device=self.device)
-        self._out: torch.Tensor | None = None  # the static steps' logits, allocated with the first one
-        self._chunk: torch.Tensor | None = None  # [4, P] rows, starts, counts, final of a prefill chunk
-        self._last: torch.Tensor | None = None  # [num_slots + 1, V] each slot's logits after its last prefilled token
-        self.declared_io: tuple | None = None  # what declare_steps was given: timing replays the same steps
-        self._no_seqs = torch.zeros(num_slots, 1, dtype=torch.long, device=self.device)  # for steps that read none
-        max_chunks = (capacity + PREFILL_CHUNK - 1) // PREFILL_CHUNK
-        self._chunks = HostBuffer((max_chunks, 4, num_slots), self.device) if graphs.static else None
-        self._pairs = HostBuffer((2, num_slots), self.device) if graphs.static else None  # copy_prefix's src, dst
         # Eager forwards of a model whose attention transformers dispatches are packed (packed.py); static
         # chain verify forwards too when asked (packed_static.py).
         packable = supports_packing(model) and self._packs_through()
@@ -88,11 +78,9 @@ class ModelRunner(StaticPrefill, StaticSteps):
         self.packed_width = packed_width if graphs.static and packable else 0
         if self.packs or self.packed_width:
             register()
-        if self.packed_width:
-            self.token_buckets = token_buckets(num_slots, self.packed_width)
-            # A packed verify's host plan, one copy a round: rows 0-1 the slot and t of each token, then a
-            # row per slot of its verify positions (packed_static.host_layout).
-            self._plan = HostBuffer((2 + num_slots, self.token_buckets[-1]), self.device)
+        # The captured path's parts: every slot's forwards and packed verify, and the prompts' chunks.
+        self.static_steps = StaticSteps(self)
+        self.static_prefill = StaticPrefill(self) if graphs.static else None
 
     @property
     def static(self) -> bool:
@@ -105,7 +93,7 @@ class ModelRunner(StaticPrefill, StaticSteps):
         register()
         batch = self.pack([RowTokens(self.scratch, 0, 1)])
         try:
-            self._call_packed(torch.zeros(1, dtype=torch.long, device=self.device), batch.positions, batch)
+            self.call_packed(torch.zeros(1, dtype=torch.long, device=self.device), batch.positions, batch)
         except PackingUnsupported:
             return False
         return True
@@ -155,16 +143,16 @@ class ModelRunner(StaticPrefill, StaticSteps):
         (all_logits: after every token, [b, W, V]). extra: more model inputs, [b, W, ...] each (an EAGLE
         head's hidden states)."""
         ends = [s + n for s, n in zip(starts, lengths)]
-        self._check(max(ends))
+        self.check(max(ends))
         rows_t = torch.tensor(rows, device=self.device)
         if all_logits:
-            logits = self._call(ids, torch.tensor(starts, device=self.device), max(ends), 0, rows=rows_t, extra=extra)
+            logits = self.call(ids, torch.tensor(starts, device=self.device), max(ends), 0, rows=rows_t, extra=extra)
             self.lengths[rows_t] = torch.tensor(ends, device=self.device)
             return logits
         # Logits only at each row's last position: the distinct columns for every row, then each row's own.
         keep = sorted({n - 1 for n in lengths})
-        logits = self._call(ids, torch.tensor(starts, device=self.device), max(ends),
-                            torch.tensor(keep, device=self.device), rows=rows_t, extra=extra)
+        logits = self.call(ids, torch.tensor(starts, device=self.device), max(ends),
+                           torch.tensor(keep, device=self.device), rows=rows_t, extra=extra)
         column = torch.tensor([keep.index(n - 1) for n in lengths], device=self.device)
         self.lengths[rows_t] = torch.tensor(ends, device=self.device)
         return logits[torch.arange(len(rows), device=self.device), column]
@@ -185,24 +173,15 @@ class ModelRunner(StaticPrefill, StaticSteps):
         the prefix and its own ancestors; None is a chain (causal). extra: more model inputs [b, T, ...]
         (eager only); keep [b, n]: per row, the positions whose logits come back (eager only).
         """
-        self._check(kv_len)
+        self.check(kv_len)
+        if rows is None:
+            return self.static_steps.forward(tokens, kv_len=kv_len, last_only=last_only, tree=tree, seqs=seqs,
+                                             from_seqs=from_seqs)
         depth, ancestors = (tree.depth, tree.ancestors) if tree is not None else (None, None)
-        if rows is not None:
-            span = rows if isinstance(rows, slice) else None
-            index = self.slot_index[span] if span is not None else rows
-            to_keep = keep if keep is not None else 1 if last_only else 0
-            return self._call(tokens, self.lengths[index], kv_len, to_keep, depth, ancestors, index, span, extra)
-        width = from_seqs + tokens.shape[1]
-        out = self.output(1 if last_only else width)
-        bucket = self.bucket(kv_len)
-        window = ancestors.shape[2] if ancestors is not None else 0  # a tree's scratch window (0: a chain)
-        seqs = seqs if seqs is not None else self._no_seqs
-        args = (seqs, tokens, out) if tree is None else (seqs, tokens, out, depth, ancestors)
-        self.graphs.run(self._key(width, bucket, last_only, window, from_seqs),
-                        partial(self._step, kv_len=bucket, last_only=last_only, from_seqs=from_seqs), args)
-        if self.feature_layers:
-            self.features = self.features_buffer(width)
-        return out
+        span = rows if isinstance(rows, slice) else None
+        index = self.slot_index[span] if span is not None else rows
+        to_keep = keep if keep is not None else 1 if last_only else 0
+        return self.call(tokens, self.lengths[index], kv_len, to_keep, depth, ancestors, index, span, extra)
 
     def pack(self, rows: list[RowTokens], keep: list[int] | None = None, tree: TreeShape | None = None) -> PackedBatch:
         """packed.pack for this runner's model (its device, dtype and sliding window); tree: the geometry of the
@@ -217,12 +196,12 @@ class ModelRunner(StaticPrefill, StaticSteps):
         """ids [N]: the tokens of a packed forward (packed.py), written where `batch` says -> logits [M, V]
         at batch.keep (every token when keep is None); the features of all N tokens, [N, F], when the
         runner hands them out. Lengths are not changed. extra: more model inputs [1, N, ...]."""
-        self._check(max(row.start + row.count for row in batch.rows))
-        logits, self.features = self._call_packed(ids, batch.positions, batch, batch.keep, extra)
+        self.check(max(row.start + row.count for row in batch.rows))
+        logits, self.features = self.call_packed(ids, batch.positions, batch, batch.keep, extra)
         return logits
 
-    def _call_packed(self, ids: torch.Tensor, positions: torch.Tensor, batch, keep: torch.Tensor | None = None,
-                     extra: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def call_packed(self, ids: torch.Tensor, positions: torch.Tensor, batch, keep: torch.Tensor | None = None,
+                    extra: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One packed forward of ids [N] at positions [N], written and attended as `batch` says (a PackedBatch,
         or a static layout: packed_static.py) -> (logits [M, V] at keep, or every token's; the features
         [N, F] when the runner hands them out, else None)."""
@@ -247,8 +226,8 @@ class ModelRunner(StaticPrefill, StaticSteps):
             features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
         return self._row_positions.narrow(out.logits, keep if keep is not None else 0)[0], features
 
-    def _call(self, tokens, starts, kv_len, logits_to_keep, depth=None, ancestors=None, rows=None,
-              span: slice | None = None, extra: dict | None = None) -> torch.Tensor:
+    def call(self, tokens, starts, kv_len, logits_to_keep, depth=None, ancestors=None, rows=None,
+             span: slice | None = None, extra: dict | None = None) -> torch.Tensor:
         """One forward writing tokens [b, T] at cache indices starts [b] + t: causal, or a tree."""
         plan = self.cache.plan
         width = tokens.shape[1]
@@ -285,10 +264,29 @@ class ModelRunner(StaticPrefill, StaticSteps):
             self.features = torch.cat([out.hidden_states[i] for i in self.feature_layers], dim=-1)
         return self._row_positions.narrow(out.logits, logits_to_keep)
 
-    def _check(self, kv_len: int) -> None:
+    def check(self, kv_len: int) -> None:
         if kv_len > self.capacity:
             raise RuntimeError(f"{self.name} KV cache overflow: a row would write position {kv_len - 1} "
                                f">= {self.capacity}")
+
+    # ---- copies ----------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def copy_prefix(self, src: list[int], dst: list[int], length: int) -> None:
+        """Slot dst[i] takes slot src[i]'s first `length` cache entries and its length (samples of one prompt
+        share its prefill; on the static path also its last prefill logits, a captured step: prefill.py)."""
+        if self.static:
+            self.static_prefill.copy_prefix(src, dst, length)
+        else:
+            self.copy_entries(torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device), length)
+
+    def copy_entries(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
+        """Slots dst [n] take the first `length` entries of every layer and the lengths of slots src [n]."""
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.keys[dst, :, :length] = layer.keys[src, :, :length]
+                layer.values[dst, :, :length] = layer.values[src, :, :length]
+        self.copy_length(dst, src)
 
     # ---- compaction ------------------------------------------------------------------------------
 

@@ -1,90 +1,134 @@
-"""A ModelRunner's static steps (a mixin of ModelRunner, runner.py): the forward of every slot that is
-captured, positions and mask from `lengths` on the device, and a target's packed verify (packed_static.py);
-their declaration at start (a forward per width and bucket, or a packed verify per token bucket and
-bucket, and the prefill chunks and prefix copies of prefill.py); and the one output buffer (logits, and
-the features a drafter reads) whose contiguous prefixes the steps write."""
+"""A ModelRunner's static steps (the captured path): the forward of every slot, positions and mask from the
+runner's `lengths` on the device, and a target's packed verify (packed_static.py); their declaration at start
+(a forward per width and bucket, a packed verify per token bucket and bucket); and the one output buffer
+(logits, and the features a drafter reads) whose contiguous prefixes the steps write.
+
+`StaticSteps` is a part of its runner (`runner.static_steps`): it calls the runner's raw forwards (`call`,
+`call_packed`) and reads its lengths, and owns nothing of the cache."""
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 
+from .host_device import HostBuffer
 from .kv_cache import causal_mask
 from .packed_static import StaticLayout, host_layout
-from .shapes import PREFILL_CHUNK, row_buckets
+from .shapes import token_buckets
+
+if TYPE_CHECKING:
+    from .runner import ModelRunner
+    from .tree import TreeShape
 
 
 class StaticSteps:
-    def _key(self, width: int, bucket: int, last_only: bool, window: int, from_seqs: int) -> tuple:
-        return (self.name, "forward", width, bucket, last_only, window, from_seqs)
+    """The static steps of `runner`'s every slot (see the module docstring). token_buckets: the token counts a
+    packed verify runs at (only with the runner's packed_width)."""
+
+    def __init__(self, runner: ModelRunner):
+        self.runner, self.graphs, self.name = runner, runner.graphs, runner.name
+        self.num_slots, self.vocab_size, self.device = runner.num_slots, runner.vocab_size, runner.device
+        self.widths = runner.widths
+        self.declared_io: tuple | None = None  # what `declare` was given: timing replays the same steps
+        self._out: torch.Tensor | None = None  # the logits buffer, allocated with the first step
+        self._features_out: torch.Tensor | None = None
+        self._packed: tuple | None = None  # the packed verify's logits and features buffers
+        self._no_seqs = torch.zeros(self.num_slots, 1, dtype=torch.long, device=self.device)  # for steps that read none
+        self._arange = torch.arange(max(self.widths + [runner.packed_width]) + 1, device=self.device)
+        if runner.packed_width:
+            self.token_buckets = token_buckets(self.num_slots, runner.packed_width)
+            # A packed verify's host plan, one copy a round: rows 0-1 the slot and t of each token, then a row
+            # per slot of its verify positions (packed_static.host_layout).
+            self._plan = HostBuffer((2 + self.num_slots, self.token_buckets[-1]), self.device)
+
+    @staticmethod
+    def _key(name: str, width: int, bucket: int, last_only: bool, window: int, from_seqs: int) -> tuple:
+        return (name, "forward", width, bucket, last_only, window, from_seqs)
 
     def output(self, width: int) -> torch.Tensor:
         """The static steps' logits buffer as [num_slots, width, V] (a contiguous prefix of one buffer); a
         width wider than every declared one (a step that was not declared) gets a tensor of its own."""
+        dtype = self.runner.model.dtype
         if width > max(self.widths + [1]):
-            return torch.empty(self.num_slots, width, self.vocab_size, dtype=self.model.dtype, device=self.device)
+            return torch.empty(self.num_slots, width, self.vocab_size, dtype=dtype, device=self.device)
         if self._out is None:
             size = self.num_slots * max(self.widths + [1]) * self.vocab_size
-            self._out = torch.empty(size, dtype=self.model.dtype, device=self.device)
+            self._out = torch.empty(size, dtype=dtype, device=self.device)
         return self._out[: self.num_slots * width * self.vocab_size].view(self.num_slots, width, self.vocab_size)
-
-    def _step(self, seqs, tokens, out, depth=None, ancestors=None, *, kv_len: int, last_only: bool,
-              from_seqs: int) -> None:
-        """The static forward of every slot, into the output buffer (and the features buffer): what is captured."""
-        out.copy_(self.step_logits(seqs, tokens, depth, ancestors, kv_len=kv_len, last_only=last_only,
-                                   from_seqs=from_seqs))
-        if self.feature_layers:
-            width = self.features.shape[1]
-            self.features_buffer(width).copy_(self.features)
 
     def features_buffer(self, width: int) -> torch.Tensor:
         """The static steps' features as [num_slots, width, F] (a prefix of one buffer, like `output`)."""
         if self._features_out is None:
             self._features_out = torch.zeros(self.num_slots, max(self.widths + [1]), self._features_size(),
-                                             dtype=self.model.dtype, device=self.device)
+                                             dtype=self.runner.model.dtype, device=self.device)
         return self._features_out[:, :width]
-
-    def _feature_width(self, index: int) -> int:
-        return self.model.config.get_text_config().hidden_size
 
     def _features_size(self) -> int:
         """F: the handed-out hidden states of one token, concatenated."""
-        return sum(self._feature_width(i) for i in self.feature_layers)
+        return len(self.runner.feature_layers) * self.runner.model.config.get_text_config().hidden_size
 
-    def step_logits(self, seqs, tokens, depth=None, ancestors=None, *, kv_len: int, last_only: bool = False,
-                    from_seqs: int = 0, extra: dict | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
+    # ---- the forward of every slot ------------------------------------------------------------------
+
+    def forward(self, tokens: torch.Tensor, *, kv_len: int, last_only: bool, tree: TreeShape | None,
+                seqs: torch.Tensor | None, from_seqs: int) -> torch.Tensor:
+        """ModelRunner.forward over every slot (rows=None): the declared step of this width and the bucket of
+        kv_len -> a view of the output buffer [num_slots, T, V] (or [.., 1, V])."""
+        runner = self.runner
+        width = from_seqs + tokens.shape[1]
+        out = self.output(1 if last_only else width)
+        bucket = runner.bucket(kv_len)
+        window = tree.ancestors.shape[2] if tree is not None else 0  # a tree's scratch window (0: a chain)
+        seqs = seqs if seqs is not None else self._no_seqs
+        args = (seqs, tokens, out) if tree is None else (seqs, tokens, out, tree.depth, tree.ancestors)
+        self.graphs.run(self._key(self.name, width, bucket, last_only, window, from_seqs),
+                        partial(self._step, kv_len=bucket, last_only=last_only, from_seqs=from_seqs), args)
+        if runner.feature_layers:
+            runner.features = self.features_buffer(width)
+        return out
+
+    def _step(self, seqs, tokens, out, depth=None, ancestors=None, *, kv_len: int, last_only: bool,
+              from_seqs: int) -> None:
+        """The static forward of every slot, into the output buffer (and the features buffer): what is captured."""
+        out.copy_(self.logits(seqs, tokens, depth, ancestors, kv_len=kv_len, last_only=last_only, from_seqs=from_seqs))
+        features = self.runner.features
+        if self.runner.feature_layers:
+            self.features_buffer(features.shape[1]).copy_(features)
+
+    def logits(self, seqs, tokens, depth=None, ancestors=None, *, kv_len: int, last_only: bool = False,
+               from_seqs: int = 0, extra: dict | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The static forward of every slot (positions and mask from `lengths` on the device), feeding
         `from_seqs` tokens of seqs [num_slots, S] at lengths + t, then tokens [num_slots, T']: logits
         [num_slots, T, V] (or [.., 1, V]). A building block of other static steps (a draft step)."""
+        runner = self.runner
         span = slice(0, self.num_slots)
-        starts = self.lengths[span]
+        starts = runner.lengths[span]
         if from_seqs:
             head = seqs.gather(1, (starts[:, None] + self._arange[:from_seqs]).clamp(max=seqs.shape[1] - 1))
             tokens = torch.cat([head, tokens], dim=1)
         to_keep = keep if keep is not None else 1 if last_only else 0
-        return self._call(tokens, starts, kv_len, to_keep, depth, ancestors, self.slot_index, span, extra)
+        return runner.call(tokens, starts, kv_len, to_keep, depth, ancestors, runner.slot_index, span, extra)
 
     # ---- the packed verify (packed_static.py) -------------------------------------------------------
 
-    def verify_static(self, widths: list[int], width: int, kv_len: int, seqs: torch.Tensor,
+    def verify_packed(self, widths: list[int], width: int, kv_len: int, seqs: torch.Tensor,
                       drafts: torch.Tensor) -> torch.Tensor:
         """The packed verify of every slot: widths[s] tokens of slot s (its pending token, from seqs
         [num_slots, S] at lengths[s], then drafts[s, :widths[s] - 1]; drafts [num_slots, >= packed_width - 1]
         is the round's buffer), attending over the bucket of kv_len -> logits [num_slots, width, V], a view
         of the output buffer (a slot's positions past its own width repeat its last). Two steps, no sync."""
         n = self.token_bucket(sum(widths))
-        layout, table = host_layout(widths, width, n, self.scratch)
+        layout, table = host_layout(widths, width, n, self.runner.scratch)
         columns = max(n, width)
         self._plan.put([row + [0] * (columns - len(row)) for row in layout + table])
-        plan, bucket = self._plan.device, self.bucket(kv_len)
+        plan, bucket = self._plan.device, self.runner.bucket(kv_len)
         self.graphs.run((self.name, "packed", n, bucket), partial(self._packed_step, n=n, kv_len=bucket),
                         (seqs, drafts, plan))
         out = self.output(width)
         self.graphs.run((self.name, "gather", width), partial(self._gather_step, width=width), (plan, out))
-        if self.feature_layers:
-            self.features = self.features_buffer(width)
+        if self.runner.feature_layers:
+            self.runner.features = self.features_buffer(width)
         return out
 
     def token_bucket(self, tokens: int) -> int:
@@ -94,17 +138,18 @@ class StaticSteps:
     def _packed_step(self, seqs: torch.Tensor, drafts: torch.Tensor, plan: torch.Tensor, *, n: int,
                      kv_len: int) -> None:
         """The captured packed verify of n tokens (plan rows 0-1: slot, t of each) into the packed buffers."""
+        runner = self.runner
         slots, t = plan[0, :n], plan[1, :n]
-        width = self.packed_width
-        starts = self.lengths[: self.num_slots]
+        width, dtype = runner.packed_width, runner.model.dtype
+        starts = runner.lengths[: self.num_slots]
         pending = seqs.gather(1, starts[:, None].clamp(max=seqs.shape[1] - 1))
         tokens = torch.cat([pending, drafts[:, : width - 1]], dim=1)  # [S, W]: what each slot may verify
         ids = tokens[slots.clamp(max=self.num_slots - 1), t]
-        index = (self.lengths[slots] + t).clamp(max=self.capacity - 1)  # padding: the scratch slot
+        index = (runner.lengths[slots] + t).clamp(max=runner.capacity - 1)  # padding: the scratch slot
         positions = starts[:, None] + self._arange[:width]
-        mask = causal_mask(positions, kv_len, self.model.dtype)
-        windowed = causal_mask(positions, kv_len, self.model.dtype, self.window.size) if self.window else None
-        logits, features = self._call_packed(ids, index, StaticLayout(slots, t, index, mask, kv_len, windowed))
+        mask = causal_mask(positions, kv_len, dtype)
+        windowed = causal_mask(positions, kv_len, dtype, runner.window.size) if runner.window else None
+        logits, features = runner.call_packed(ids, index, StaticLayout(slots, t, index, mask, kv_len, windowed))
         buffers = self.packed_buffers()
         buffers[0][:n].copy_(logits)
         if features is not None:
@@ -122,47 +167,42 @@ class StaticSteps:
     def packed_buffers(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The packed verify's logits [n_max, V] and features [n_max, F] (None without feature layers)."""
         if self._packed is None:
-            n = self.token_buckets[-1]
+            n, dtype = self.token_buckets[-1], self.runner.model.dtype
             features = None
-            if self.feature_layers:
-                features = torch.zeros(n, self._features_size(), dtype=self.model.dtype, device=self.device)
-            self._packed = (torch.zeros(n, self.vocab_size, dtype=self.model.dtype, device=self.device), features)
+            if self.runner.feature_layers:
+                features = torch.zeros(n, self._features_size(), dtype=dtype, device=self.device)
+            self._packed = (torch.zeros(n, self.vocab_size, dtype=dtype, device=self.device), features)
         return self._packed
+
+    # ---- declared at start --------------------------------------------------------------------------
 
     def declare_packed(self, seqs: torch.Tensor, drafts: torch.Tensor) -> None:
         """Declare the packed verify: a step per token bucket and attended-length bucket, and a gather per
         chain width (captured at start in cuda_graphs mode)."""
-        for bucket in self.buckets:
+        for bucket in self.runner.buckets:
             for n in self.token_buckets:
                 self.graphs.declare((self.name, "packed", n, bucket), partial(self._packed_step, n=n, kv_len=bucket),
                                     (seqs, drafts, self._plan.device), size=n * bucket, compile=True)
-        for width in range(1, self.packed_width + 1):
+        for width in range(1, self.runner.packed_width + 1):
             self.graphs.declare((self.name, "gather", width), partial(self._gather_step, width=width),
                                 (self._plan.device, self.output(width)), size=width)
 
-    def declare_steps(self, tokens: torch.Tensor, seqs: torch.Tensor, *, from_seqs: int = 0,
-                      trees: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
-                      last_only: Iterable[int] = (), forwards: bool = True, prefill: bool = True) -> None:
-        """Declare the static steps this runner may run (captured at start in cuda_graphs mode): for each
-        width T and bucket, a forward feeding `from_seqs` tokens from `seqs` and tokens[:, :T - from_seqs]
-        (a tree width reads its depth/ancestors buffers from `trees`: T -> (depth, ancestors); widths in
-        `last_only` keep only the last logits), and with `prefill` a prefill chunk per row bucket."""
+    def declare(self, tokens: torch.Tensor, seqs: torch.Tensor, *, from_seqs: int = 0,
+                trees: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+                last_only: Iterable[int] = ()) -> None:
+        """Declare the forwards this runner may run (captured at start in cuda_graphs mode): for each width T
+        and bucket, a forward feeding `from_seqs` tokens from `seqs` and tokens[:, :T - from_seqs] (a tree
+        width reads its depth/ancestors buffers from `trees`: T -> (depth, ancestors); widths in `last_only`
+        keep only the last logits). A packed runner's chains verify packed instead (declare_packed)."""
         self.declared_io = (tokens, seqs, from_seqs, dict(trees or {}))
-        for bucket in self.buckets:
-            for width in self.widths if forwards else ():
+        for bucket in self.runner.buckets:
+            for width in self.widths:
                 only = width in set(last_only)
                 tree = (trees or {}).get(width)
-                if self.packed_width and tree is None:  # chains verify packed (declare_packed)
+                if self.runner.packed_width and tree is None:
                     continue
                 window = tree[1].shape[2] if tree is not None else 0
                 args = (seqs, tokens[:, : width - from_seqs], self.output(1 if only else width)) + (tree or ())
-                self.graphs.declare(self._key(width, bucket, only, window, from_seqs),
+                self.graphs.declare(self._key(self.name, width, bucket, only, window, from_seqs),
                                     partial(self._step, kv_len=bucket, last_only=only, from_seqs=from_seqs), args,
                                     size=width * bucket * self.num_slots, compile=True)
-            for rows in row_buckets(self.num_slots) if prefill else ():
-                chunk = torch.zeros(4, rows, dtype=torch.long, device=self.device)
-                chunk[0], chunk[2] = self.scratch, 1  # padding rows until a real chunk is copied in
-                self.graphs.declare((self.name, "prefill", rows, bucket), partial(self._prefill_step, kv_len=bucket),
-                                    (seqs, chunk, self.last_logits()), size=rows * PREFILL_CHUNK * bucket)
-                pairs = torch.full((2, rows), self.scratch, dtype=torch.long, device=self.device)
-                self.graphs.declare((self.name, "copy", rows, bucket), partial(self._copy_step, length=bucket), (pairs,))

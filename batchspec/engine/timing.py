@@ -31,7 +31,7 @@ def time_step(runner: ModelRunner, width: int, kv_len: int, *, last_only: bool =
     declared step when there is one, on whatever its buffers hold). It writes at the last `width`
     positions of the capacity, past every valid entry of every slot (those are below max_seq_len), and
     restores the lengths."""
-    tokens, seqs, from_seqs, trees = runner.declared_io or (None, None, 0, {})
+    tokens, seqs, from_seqs, trees = runner.static_steps.declared_io or (None, None, 0, {})
     if tokens is None:
         tokens = torch.zeros(runner.num_slots, width, dtype=torch.long, device=runner.device)
     shape = None
@@ -44,7 +44,7 @@ def time_step(runner: ModelRunner, width: int, kv_len: int, *, last_only: bool =
     with runner.lengths_kept():
         runner.set_lengths(slice(None, runner.num_slots), runner.capacity - width)
         if runner.packed_width and not tree and not last_only:  # a chain verifies packed: every slot its width
-            return median_seconds(lambda: runner.verify_static([width] * runner.num_slots, width, kv_len, seqs, tokens),
+            return median_seconds(lambda: runner.static_steps.verify_packed([width] * runner.num_slots, width, kv_len, seqs, tokens),
                                   runner.device, repeats)
         return median_seconds(lambda: runner.forward(tokens[:, : width - from_seqs], kv_len=kv_len, last_only=last_only,
                                                      tree=shape, seqs=seqs, from_seqs=from_seqs),
@@ -57,15 +57,15 @@ def packed_seconds(runner: ModelRunner, kv_len: int, repeats: int = 3, points: i
     buckets from half the slots to the widest (where rounds are: a line through them prices a token),
     attending over kv_len: the tokens spread over the slots as evenly as they go, written past every valid
     entry as in time_step (the lengths come back after)."""
-    tokens, seqs, _, _ = runner.declared_io
+    tokens, seqs, _, _ = runner.static_steps.declared_io
     slots, out = runner.num_slots, []
-    buckets = [n for n in runner.token_buckets if 2 * n >= slots]
+    buckets = [n for n in runner.static_steps.token_buckets if 2 * n >= slots]
     picked = sorted({buckets[round(i * (len(buckets) - 1) / max(points - 1, 1))] for i in range(points)})
     with runner.lengths_kept():
         runner.set_lengths(slice(None, slots), runner.capacity - runner.packed_width)
         for n in picked:
             widths = [n // slots + (1 if s < n % slots else 0) for s in range(slots)]
-            run = lambda: runner.verify_static(widths, max(widths), kv_len, seqs, tokens)  # noqa: E731
+            run = lambda: runner.static_steps.verify_packed(widths, max(widths), kv_len, seqs, tokens)  # noqa: E731
             out.append((n, median_seconds(run, runner.device, repeats)))
     return out
 

@@ -58,8 +58,8 @@ class Verifier:
         running = set(round.running)
         widths = [1 + min(n, width - 1) if i in running else 0 for i, n in enumerate(num)]
         kv_len = max(round.lengths[i] for i in round.running) + width - 1
-        logits = self.runner.verify_static(widths, width, kv_len, self.state.tokens, round.buffers.drafts)
-        n = self.runner.token_bucket(sum(widths))
+        logits = self.runner.static_steps.verify_packed(widths, width, kv_len, self.state.tokens, round.buffers.drafts)
+        n = self.runner.static_steps.token_bucket(sum(widths))
         self.tokens.add(n, n - sum(widths), 0)
         return Verified(logits, (n, 0.0))  # its tokens; its time is not measured (a sync): the replay tables price it
 

@@ -56,7 +56,7 @@ class EagleStaticSteps:
         self.graphs.run(("eagle", "stash", width), self._stash_step, self._stash_args(width))
 
     def _stash_args(self, width: int) -> tuple:
-        return (self._target.features_buffer(width), self._acceptor.path_out)
+        return (self._target.static_steps.features_buffer(width), self._acceptor.path_out)
 
     def _stash_step(self, features: torch.Tensor, path: torch.Tensor) -> None:
         """Every slot's stash from the verify pass's features along its accepted path (static)."""
@@ -97,7 +97,7 @@ class EagleStaticSteps:
             positions = (starts[:, None] + 1 + torch.arange(width, device=self.device)).clamp(max=seqs.shape[1] - 1)
             runner.set_lengths(slice(None, n_slots), starts)
             last = (counts - 1).clamp(min=0)[:, None]
-            logits = runner.step_logits(seqs, seqs.gather(1, positions), kv_len=kv_len,
+            logits = runner.static_steps.logits(seqs, seqs.gather(1, positions), kv_len=kv_len,
                                         extra={"hidden": self.stash}, keep=last)[:, 0]
             self.out.copy_(runner.features.gather(1, last[:, :, None].expand(-1, -1, runner.features.shape[-1])))
             if self._presence is not None:
@@ -107,7 +107,7 @@ class EagleStaticSteps:
         else:
             fed = (i - 1) * max(branching, 1)
             runner.set_lengths(slice(None, n_slots), lengths - 2 + i)
-            logits = runner.step_logits(seqs, drafts[:, fed : fed + 1], kv_len=kv_len,
+            logits = runner.static_steps.logits(seqs, drafts[:, fed : fed + 1], kv_len=kv_len,
                                         extra={"hidden": self.out})[:, -1]
             self.out.copy_(runner.features)
         token = choose_draft(logits, i, self.sampling, lengths, state.noise_keys, self._presence, gumbel, drafts,

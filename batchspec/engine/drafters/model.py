@@ -76,7 +76,7 @@ class ModelDrafter:
                 self.valid[slot] = 0
             return
         if self.runner.static:
-            self.runner.prefill_static(self._state.tokens, slots, [0] * len(slots), [len(p) for p in prompts])
+            self.runner.static_prefill.prefill(self._state.tokens, slots, [0] * len(slots), [len(p) for p in prompts])
         else:
             width = max(len(p) for p in prompts)
             ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=self.device)
@@ -92,7 +92,7 @@ class ModelDrafter:
             return
         rows, starts, ends = ([x[j] for x in lagging] for j in range(3))
         if self.runner.static:
-            self.runner.prefill_static(tokens, rows, starts, ends)
+            self.runner.static_prefill.prefill(tokens, rows, starts, ends)
             return
         width = max(e - s for s, e in zip(starts, ends))
         index = torch.tensor(starts, device=self.device)[:, None] + torch.arange(width, device=self.device)

@@ -49,7 +49,7 @@ class ModelStaticSteps:
         branching = spec.branching if spec is not None else 0
         if i == 0:
             runner.set_lengths(slice(None, n_slots), (lengths - 2).clamp(min=0))
-            logits = runner.step_logits(seqs, drafts[:, :0], kv_len=kv_len, last_only=True, from_seqs=2)[:, -1]
+            logits = runner.static_steps.logits(seqs, drafts[:, :0], kv_len=kv_len, last_only=True, from_seqs=2)[:, -1]
             if self._presence is not None:
                 self._presence.copy_(state.presence)
             if spec is not None:  # the tree's geometry depends only on the budgets
@@ -57,7 +57,7 @@ class ModelStaticSteps:
         else:
             fed = (i - 1) * max(branching, 1)
             runner.set_lengths(slice(None, n_slots), lengths + i - 1)
-            logits = runner.step_logits(seqs, drafts[:, fed : fed + 1], kv_len=kv_len)[:, -1]
+            logits = runner.static_steps.logits(seqs, drafts[:, fed : fed + 1], kv_len=kv_len)[:, -1]
         token = choose_draft(self.align(logits), i, self.sampling, lengths, state.noise_keys, self._presence, gumbel,
                              drafts, probs, branching,
                              None if self.sampling.greedy else state.sampling)
@@ -70,7 +70,7 @@ class ModelStaticSteps:
         self._bound = (target.lengths, state, buffers)
         if state.presence is not None:
             self._presence = torch.zeros_like(state.presence)
-        self.runner.declare_steps(buffers.drafts, state.tokens, forwards=False)  # prefill chunks only
+        self.runner.static_prefill.declare(state.tokens)  # its prompts in chunks
         specs = {shape.tree for shape in shapes if shape.tree is not None}
         k_max = max((shape.drafts for shape in shapes if shape.tree is None), default=0)
         for bucket in self.runner.buckets:
