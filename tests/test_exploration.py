@@ -1,7 +1,9 @@
 """How long a job explores its acceptance, and on which rows (packed_choice.py): exploration ends as soon as the
-first drafts verified say that the drafter lies below the break-even acceptance (row_drafts.breakeven,
-acceptance_model.acceptance_interval), and a draft model explores the rows whose draft cache it already fed.
-Every case is exact arithmetic on prices and counts (no timing)."""
+first drafts verified, counted by the rounds that verified them, put the drafter's acceptance below or above
+the break-even acceptance (row_drafts.breakeven, acceptance_model.acceptance_interval); a draft model explores
+the rows whose draft cache it already fed; after exploration a lookup's rows that the choice leaves without
+drafts are sampled within exploration's budget. Every case is exact arithmetic on prices and counts (no
+timing)."""
 
 from __future__ import annotations
 
@@ -48,25 +50,33 @@ def test_acceptance_interval(kept, n, low, high):
 
 
 EXPLORING = [
-    # name, policy, prices, first drafts kept, verified -> what the evidence says, still exploring
-    ("2 verified: too few to decide", MODEL_POLICY, MODEL_PRICES, 0, 2, 0, True),
-    ("a draft model, 0 of 3 where 2/3 breaks even: done, it loses", MODEL_POLICY, MODEL_PRICES, 0, 3, -1, False),
-    ("a lookup, 0 of 3 where 0.44 breaks even: 0.47 is still possible", LOOKUP, LOOKUP_PRICES, 0, 3, 0, True),
-    ("a lookup, 0 of 4: done, it loses", LOOKUP, LOOKUP_PRICES, 0, 4, -1, False),
-    ("a lookup, 3 of 3: it pays, and exploring goes on to 16", LOOKUP, LOOKUP_PRICES, 3, 3, 1, True),
-    ("a draft model, 5 of 10: near break-even, more evidence", MODEL_POLICY, MODEL_PRICES, 5, 10, 0, True),
-    ("16 verified: done whatever they say", MODEL_POLICY, MODEL_PRICES, 10, 16, 0, False),
+    # name, policy, prices, first drafts kept, verified, rounds that verified them -> what the evidence says
+    # (by rounds), still exploring
+    ("2 verified: too few to decide", MODEL_POLICY, MODEL_PRICES, 0, 2, 2, 0, True),
+    ("a draft model, 0 of 3 where 2/3 breaks even: done, it loses", MODEL_POLICY, MODEL_PRICES, 0, 3, 3, -1, False),
+    ("a lookup, 0 of 3 where 0.44 breaks even: 0.47 is still possible", LOOKUP, LOOKUP_PRICES, 0, 3, 3, 0, True),
+    ("a lookup, 0 of 4: done, it loses", LOOKUP, LOOKUP_PRICES, 0, 4, 4, -1, False),
+    ("a lookup, 3 of 3 in three rounds: done, it pays", LOOKUP, LOOKUP_PRICES, 3, 3, 3, 1, False),
+    ("a lookup, 6 of 6 in two rounds: a round is one observation, more evidence", LOOKUP, LOOKUP_PRICES, 6, 6, 2, 0,
+     True),
+    ("a lookup, 2 of 12 in two rounds: the same", LOOKUP, LOOKUP_PRICES, 2, 12, 2, 0, True),
+    ("a lookup, 1 of 12 in three rounds: at most 0.55 over three", LOOKUP, LOOKUP_PRICES, 1, 12, 3, 0, True),
+    ("a lookup, 0 of 12 in four rounds: done, it loses", LOOKUP, LOOKUP_PRICES, 0, 12, 4, -1, False),
+    ("a draft model, 5 of 10: near break-even, more evidence", MODEL_POLICY, MODEL_PRICES, 5, 10, 10, 0, True),
+    ("16 verified: done whatever they say", MODEL_POLICY, MODEL_PRICES, 10, 16, 16, 0, False),
 ]
 
 
-@pytest.mark.parametrize("name,policy,prices,kept,verified,says,exploring", EXPLORING, ids=[e[0] for e in EXPLORING])
-def test_exploration_ends_when_the_evidence_says_drafting_loses(name, policy, prices, kept, verified, says,
-                                                                 exploring):
+@pytest.mark.parametrize("name,policy,prices,kept,verified,rounds,says,exploring", EXPLORING,
+                         ids=[e[0] for e in EXPLORING])
+def test_exploration_ends_when_the_evidence_says_whether_drafting_pays(name, policy, prices, kept, verified, rounds,
+                                                                       says, exploring):
     """PackedChoice at batch 8, one draft deep: exploring until 16 first drafts are verified, unless 3 or more
-    put the acceptance interval wholly below the break-even acceptance (wholly above, it goes on: the first
-    drafts of a round are alike, and stopping on a lucky start drafts at a loss)."""
+    rounds' put the acceptance interval wholly below or above the break-even acceptance. The interval's rate is
+    the drafts', its sample size the rounds' (the first drafts of one round are alike)."""
     controller = AdaptiveK(k_max=1, policy=policy)
-    controller.acceptance.evidence, controller.acceptance.first_kept = verified, kept
+    model = controller.acceptance
+    model.evidence, model.first_kept, model.evidence_rounds = verified, kept, rounds
     assert controller.packed.evidence_says(prices, 8, 8, 1) == says
     assert controller.packed.exploring(prices, 8, 8, 1) is exploring
 
@@ -132,15 +142,53 @@ def test_a_probe_does_not_widen_exploration():
 def test_exploration_that_finds_drafts_paying_is_not_held_to_its_budget():
     """A lookup whose first drafts are all kept (break-even 1/3 at these prices; 2 rows fit 10% of a round):
     round 0 explores 2 rows, the budget then holds it back (2 verified say nothing yet) until round 4; its 4
-    of 4 kept put the interval above 0.59, and from round 5 every round explores, to 16 verified first drafts."""
+    of 4 kept put the drafts' interval above break-even, so round 5 explores whatever the budget; with 3
+    rounds' evidence the rounds' interval (3 of 3) lies above it too, and exploration is done: the choice
+    drafts every row from round 6."""
     controller, costs = controller_past_its_start(LOOKUP)
-    slots, explored = list(range(8)), []
-    for r in range(11):
+    slots, explored, chosen = list(range(8)), [], []
+    for r in range(8):
         _, drafts = controller.choose_rows(slots, [2] * 8, [0] * 8, None, 8, costs)
         if controller.packed.explored:
             explored.append(r)
+        elif sum(drafts):
+            chosen.append(r)
         controller.learn(max(drafts), slots, drafts, drafts, drafts)
-    assert explored == [0, 4, 5, 6, 7, 8, 9, 10]
-    assert controller.acceptance.evidence == 16
-    controller.choose_rows(slots, [2] * 8, [0] * 8, None, 8, costs)
+    assert explored == [0, 4, 5] and chosen == [6, 7]
+    assert controller.acceptance.evidence == 22 and controller.acceptance.evidence_rounds == 5
     assert not controller.packed.learning
+
+
+def test_a_lookups_rows_left_without_drafts_are_sampled_within_the_budget():
+    """After exploration (16 first drafts, 1 kept: the choice drafts nothing), a lookup's rows are sampled: one
+    draft on the rows least recently verified, as many as the credit covers (2% of each round's price,
+    0.00024 s, where a draft costs 0.0005 s: a draft every second or third round), each row once before any
+    twice; a draft model's are not (its rows catch up on what they skipped: the probes measure it)."""
+    for policy, sampled in ((LOOKUP, True), (MODEL_POLICY, False)):
+        controller, costs = controller_past_its_start(policy)
+        model = controller.acceptance
+        model.evidence, model.first_kept, model.evidence_rounds = 16, 1, 8
+        model.pooled.accepted, model.pooled.rejections = 1.0, 15.0
+        controller.packed.next_probe = 10 ** 6  # no probe in these rounds
+        slots, rows = list(range(8)), []
+        for r in range(24):
+            _, drafts = controller.choose_rows(slots, [2] * 8, [0] * 8, None, 8, costs)
+            assert not controller.packed.learning
+            rows += [i for i, k in enumerate(drafts) if k]
+            assert sum(drafts) <= 1 and controller.packed.explored == (sum(drafts) == 1), r
+            controller.learn(max(drafts), slots, drafts, drafts, [0] * 8)
+        assert rows == ([0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2] if sampled else []), policy
+
+
+def test_sampling_spares_its_rows_from_hopeless():
+    """A lookup is not asked to propose for rows whose drafts cannot pay (hopeless), except the rows sampling
+    would take: the least recently verified, as many as the credit covers."""
+    controller, costs = controller_past_its_start(LOOKUP)
+    model = controller.acceptance
+    model.evidence, model.first_kept, model.evidence_rounds = 16, 1, 8
+    model.pooled.accepted, model.pooled.rejections = 1.0, 15.0
+    controller.packed.next_probe = 10 ** 6
+    controller.packed._seen = {0: 5, 1: 3, 2: 9, 3: 1, 4: 7, 5: 2, 6: 8, 7: 4}
+    assert controller.hopeless(list(range(8)), 8, costs) == [True] * 8  # no credit yet
+    controller.packed._credit = 0.0011  # two drafts' worth (0.0005 s each)
+    assert controller.hopeless(list(range(8)), 8, costs) == [True, True, True, False, True, False, True, True]

@@ -368,13 +368,16 @@ def test_each_draft_position_learns_its_own_calibration():
 
 
 LEARNT_ROUNDS = [
-    # name, the round (tokens, prompt tokens, verify seconds, drafting forwards, exploring), which lines moved
-    # (verify, rest, step)
-    ("a decoding round with drafts", (96, 0, 0.040, ((64, 0.012),), False), (True, True, True)),
-    ("a round that prefilled prompt chunks", (1200, 1100, 0.900, (), False), (False, False, False)),
-    ("a decoding round wider than twice the widest measured", (400, 0, 0.090, (), False), (False, False, False)),
-    ("a drafting forward that fed prompts", (96, 0, 0.040, ((900, 0.150),), False), (True, False, False)),
-    ("an exploring round", (33, 0, 0.031, ((2, 0.008),), True), (True, False, True)),
+    # name, the round (tokens, prompt tokens, verify seconds, drafting forwards, exploring, drafts), which lines
+    # moved (verify, rest, step)
+    ("a decoding round with drafts", (96, 0, 0.040, ((64, 0.012),), False, 64), (True, True, True)),
+    ("a round that prefilled prompt chunks", (1200, 1100, 0.900, (), False, 64), (False, False, False)),
+    ("a decoding round wider than twice the widest measured", (400, 0, 0.090, (), False, 64), (False, False, False)),
+    ("a drafting forward that fed prompts", (96, 0, 0.040, ((900, 0.150),), False, 64), (True, False, False)),
+    ("an exploring round", (33, 0, 0.031, ((2, 0.008),), True, 1), (True, False, True)),
+    ("a round of 7 drafts over 32 rows, fewer than a quarter", (39, 0, 0.032, (), False, 7), (True, False, False)),
+    ("a round of 8 drafts over 32 rows", (40, 0, 0.032, (), False, 8), (True, True, False)),
+    ("a round without drafts", (32, 0, 0.030, (), False, 0), (True, True, False)),
 ]
 
 
@@ -383,14 +386,15 @@ def test_cost_lines_learn_from_forwards_the_size_of_drafting(name, round, moved)
     """Started from the machine's points at batch 32 (k 4: forwards of 32, 160 and 64 tokens; drafting forwards of
     32 and 8), the lines price a few drafts a row: a round that prefilled prompts (admission's host work in its
     rest too), a forward past twice the widest measured, a drafting forward that fed a prompt do not move them;
-    nor does an exploring round (one draft or two) move the rest of a round's price per draft."""
+    nor does an exploring round (one draft or two), or a round with fewer drafts than a quarter of its rows (its
+    rows' host work that is not per draft), move the rest of a round's price per draft."""
     from batchspec.engine.costs import RoundCost
     from batchspec.engine.startup_costs import StartupCosts
 
     costs = PackedCosts()
     costs.start_from(StartupCosts(verify=((32, 0.030), (160, 0.054), (64, 0.036)), step=((32, 0.012), (8, 0.008))))
     verify, step, rest = costs.verify.fit(), costs.step.fit(), costs.rest.fit()
-    tokens, prompt, verify_s, steps, exploring = round
-    costs.observe(RoundCost(4, 32, verify_s + sum(s for _, s in steps) + 0.004, 64, tokens, verify_s, steps,
+    tokens, prompt, verify_s, steps, exploring, drafts = round
+    costs.observe(RoundCost(4, 32, verify_s + sum(s for _, s in steps) + 0.004, drafts, tokens, verify_s, steps,
                             prompt_tokens=prompt, exploring=exploring))
     assert (costs.verify.fit() != verify, costs.rest.fit() != rest, costs.step.fit() != step) == moved

@@ -91,6 +91,7 @@ class AcceptanceModel:
     calibration: list[Calibration] = field(init=False)
     evidence: int = field(init=False, default=0)  # first drafts verified in this job (not decayed)
     first_kept: int = field(init=False, default=0)  # of which accepted
+    evidence_rounds: int = field(init=False, default=0)  # rounds that verified any of them
     # The round in flight: each proposing row's prior (slot -> prior), and a packed round's predicted gain
     # per chosen draft (slot -> gains): what `learn` checks the verdict against.
     priors: dict[int, float] = field(init=False, default_factory=dict)
@@ -194,7 +195,9 @@ class AcceptanceModel:
                 if budget > 0 and slot in self.priors:
                     reliability.realized += min(m, 1)
                     reliability.predicted += self.priors[slot]
-        self.evidence += sum(1 for budget, n in zip(budgets, drafted) if budget > 0 and n > 0)
+        verified = sum(1 for budget, n in zip(budgets, drafted) if budget > 0 and n > 0)
+        self.evidence += verified
+        self.evidence_rounds += verified > 0
         self.first_kept += sum(1 for budget, n, m in zip(budgets, drafted, accepted) if budget > 0 and n > 0 and m > 0)
         for slot, budget, n, m in zip(slots, budgets, drafted, accepted):
             if budget == 0:

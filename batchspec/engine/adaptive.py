@@ -107,6 +107,7 @@ class AdaptiveK:
     def admit(self, slot: int) -> None:
         """A new request took `slot`: forget the previous one's history."""
         self.acceptance.admit(slot)
+        self.packed.admit(slot)
 
     def hopeless(self, slots: list[int], base_tokens: int, costs: PackedCosts) -> list[bool]:
         return self.packed.hopeless(slots, base_tokens, costs)

@@ -44,7 +44,7 @@ from .row_drafts import Prices, breakeven, choose_drafts, pays_at_best
 
 EXPLORE_SHARE = 0.1  # what a round that explores acceptance may cost over one without drafts
 EXPLORE_BUDGET = 0.02  # what exploring may cost in all, a share of the price of the rounds while it goes on
-MIN_EVIDENCE = 3  # first drafts verified before their interval may end exploration early
+MIN_EVIDENCE = 3  # rounds that verified first drafts before their interval may end exploration early
 
 
 def explore(gains: list[list[float]], prices: Prices, base_tokens: int, steps: bool,
@@ -88,25 +88,32 @@ class PackedChoice:
         self.explored = False  # the last choice's drafts were exploration's (explore)
         self.learning = False  # the last choice was made while the job explored (exploring)
         self._credit = 0.0  # exploration's budget in seconds: EXPLORE_BUDGET of each round's price, less its spending
+        self._seen: dict[int, int] = {}  # slot -> the last round that verified a draft of its row (sampling's order)
+
+    def admit(self, slot: int) -> None:
+        """A new request took `slot`: it has had no draft verified."""
+        self._seen.pop(slot, None)
 
     def exploring(self, prices: Prices, rows: int, base_tokens: int, depth: int) -> bool:
         """Whether the job still learns its acceptance: fewer than `explore_evidence` first drafts verified,
-        unless those verified already say that drafting loses (`evidence_says`)."""
+        unless those verified already say whether drafting pays (`evidence_says`)."""
         return self.acceptance.evidence < self.explore_evidence and self.evidence_says(prices, rows, base_tokens,
-                                                                                       depth) >= 0
+                                                                                       depth) == 0
 
-    def evidence_says(self, prices: Prices, rows: int, base_tokens: int, depth: int) -> int:
-        """-1 when the acceptance interval of the first drafts verified (at least MIN_EVIDENCE) lies wholly
-        below the acceptance at which drafting `depth` deep breaks even at these prices, +1 wholly above, 0
-        before or between. Only the first ends exploration early: stopping where drafting looks bad costs at
-        most what drafting near break-even would have gained (SmolLM2 with its own first 12 layers as the
-        draft kept 1 of 16 explored first drafts where 0.65 breaks even, and the 16 cost a 64-round job 8%),
-        while the first drafts of one round are alike (chat rows open alike): 4 of SmolLM2's first 6 ngram
-        drafts were kept, 1 in 10 afterwards, and a job that stopped there drafted at a loss (2026-12-01)."""
+    def evidence_says(self, prices: Prices, rows: int, base_tokens: int, depth: int, by_rounds: bool = True) -> int:
+        """-1 when the acceptance interval of the first drafts verified lies wholly below the acceptance at
+        which drafting `depth` deep breaks even at these prices, +1 wholly above, 0 before MIN_EVIDENCE
+        observations or between. Either ends exploration early. An observation is a round that verified first
+        drafts (by_rounds; the rate is the drafts'), not a draft: the first drafts of one round are alike, rows
+        at the same point of their output (chat rows open alike: 4 of SmolLM2's first 6 ngram drafts were
+        kept, 1 in 10 afterwards, 2026-12-01; on a held-out pair at batch 32, 2 of 17 drafts one or two tokens
+        into the rows' output, then 30 of 31 fifty rounds later, 2026-12-02). Counted by drafts, it sets
+        exploration's pace: while that interval lies above break-even, every round explores."""
         model = self.acceptance
-        if model.evidence < MIN_EVIDENCE:
+        n = model.evidence_rounds if by_rounds else model.evidence
+        if n < MIN_EVIDENCE:
             return 0
-        low, high = acceptance_interval(model.first_kept, model.evidence)
+        low, high = acceptance_interval(n * model.first_kept / model.evidence, n)
         run = model.run_lengths() if self.policy.bursty else None
         alpha = breakeven(prices, rows, base_tokens, depth, bool(self.policy.draft_forwards),
                           lambda a, k: model.expected(a, k, run))
@@ -117,9 +124,8 @@ class PackedChoice:
         over a plain one comes out of EXPLORE_BUDGET of every round's price, so that a drafter whose evidence
         comes slowly does not explore at EXPLORE_SHARE over a whole job (suffix decoding on Gemma-3-270M at
         batch 8 explored one row a round for 54 rounds and ran 0.87-0.91x drafter none; 2026-12-01). While
-        the evidence says drafting pays (`pays`), every round explores: it buys what the job will gain."""
+        the drafts so far say drafting pays (`pays`), every round explores: it buys what the job will gain."""
         plain = prices.seconds(base_tokens, 0, 0)
-        self._credit += EXPLORE_BUDGET * plain
         if self._credit < 0 and not pays:
             return [0] * len(drafts)
         n = sum(drafts)
@@ -148,7 +154,11 @@ class PackedChoice:
         rate = len(slots) / max(prices.seconds(base_tokens, 0, 0), 1e-12)
         threshold = rate * (prices.per_token + prices.per_draft) / max(model.calibration_at(0).ratio, 1e-12)
         run = model.run_lengths() if policy.bursty else None
-        return [model.expected(model.alpha(s), 1, run) - 1.0 <= threshold for s in slots]
+        hopeless = [model.expected(model.alpha(s), 1, run) - 1.0 <= threshold for s in slots]
+        # The rows sampling would take propose all the same (the same order and credit as _sample's).
+        for i in self._sampled([i for i, h in enumerate(hopeless) if h], slots, prices, base_tokens, 0)[0]:
+            hopeless[i] = False
+        return hopeless
 
     def choose_rows(self, slots: list[int], offers: list[int], room: list[int], priors: list[float | None] | None,
                     base_tokens: int, costs: PackedCosts, lengths: list[int] | None = None) -> tuple[int, list[int]]:
@@ -166,10 +176,13 @@ class PackedChoice:
         model.priors = {s: p for s, p, n in zip(slots, priors, offers) if p is not None and n > 0}
         num_shapes = self.k_max + 1 + len(self.trees)
         trees = list(range(self.k_max + 1, num_shapes)) if max(room, default=0) > 0 else []
+        draws = self.policy.draft_forwards
+        known = costs.known and not (draws and costs.step.w == 0)
+        if known:  # every round adds to exploration's and sampling's credit, whoever proposed
+            self._accrue(costs.prices(), base_tokens, draws)
         if max(offers, default=0) == 0 and not trees:
             return 0, [0] * len(slots)
-        draws = self.policy.draft_forwards
-        if not costs.known or (draws and costs.step.w == 0):  # start of the job: time both extremes
+        if not known:  # start of the job: time both extremes
             return (0, [0] * len(slots)) if self.rounds % 2 else (max(offers), list(offers))
         prices = costs.prices()
         if not trees and not pays_at_best(prices, len(slots), base_tokens, max(offers), draws):
@@ -179,14 +192,15 @@ class PackedChoice:
         gains = [[model.expected(a, j, run) - model.expected(a, j - 1, run) for j in range(1, n + 1)]
                  for a, n in zip(alphas, offers)]
         drafts, rate = choose_drafts(model.calibrated(gains), base_tokens, prices, steps=draws)
-        # Past explore_evidence the job is done exploring, as when the evidence says drafting loses.
+        # Past explore_evidence the job is done exploring, as when the evidence says whether drafting pays.
         says = (self.evidence_says(prices, len(slots), base_tokens, max(offers))
                 if model.evidence < self.explore_evidence else -1)
-        self.learning = says >= 0
+        self.learning = says == 0
         drafted_before = [model.drafted(s) for s in slots] if draws else None  # only a draft model's order uses it
         if self.learning:
+            pays = self.evidence_says(prices, len(slots), base_tokens, max(offers), by_rounds=False) > 0
             drafts, trees = self._explore(explore(gains, prices, base_tokens, bool(draws), drafted_before, lengths),
-                                          prices, base_tokens, bool(draws), says > 0), []
+                                          prices, base_tokens, bool(draws), pays), []
         shape = max(drafts, default=0)
         for j in (t - self.k_max - 1 for t in trees):  # a tree round: every row its tree
             spec, n = self.trees[j], len(slots)
@@ -205,6 +219,53 @@ class PackedChoice:
             elif shape <= self.k_max:
                 drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
                 shape = max(drafts, default=0)
+        elif shape <= self.k_max and not self.learning and not draws:
+            drafts = self._sample(slots, drafts, offers, prices, base_tokens)
+            shape = max(drafts, default=0)
         if shape <= self.k_max:
             model.gains = {s: g[:k] for s, g, k in zip(slots, gains, drafts) if k > 0}
+            self._seen.update((s, self.rounds) for s, k in zip(slots, drafts) if k > 0)
         return shape, drafts
+
+    def _accrue(self, prices: Prices, base_tokens: int, steps: bool) -> None:
+        """EXPLORE_BUDGET of this round's price into exploration's and sampling's credit, which holds at most
+        EXPLORE_SHARE of a round's price more than one sampled draft costs (a credit saved over a long run of
+        rounds that needed none must not buy a round of many)."""
+        plain = prices.seconds(base_tokens, 0, 0)
+        one = prices.seconds(base_tokens + 1, int(steps), 1) - plain
+        self._credit = min(self._credit + EXPLORE_BUDGET * plain, EXPLORE_SHARE * plain + one)
+
+    def _sampled(self, idle: list[int], slots: list[int], prices: Prices, base_tokens: int,
+                 drafts: int) -> tuple[list[int], float]:
+        """Of the rows `idle` (indices into slots), the ones sampling takes in a round whose choice drafts
+        `drafts` tokens: least recently verified first, as many as the credit covers -> (rows, their cost)."""
+        if self._credit <= 0:
+            return [], 0.0
+        order = sorted(idle, key=lambda i: self._seen.get(slots[i], -1))
+        before = prices.seconds(base_tokens + drafts, 0, drafts)
+        taken, cost = [], 0.0
+        for i in order:
+            more = prices.seconds(base_tokens + drafts + len(taken) + 1, 0, drafts + len(taken) + 1) - before
+            if more > self._credit:
+                break
+            taken, cost = taken + [i], more
+        return taken, cost
+
+    def _sample(self, slots: list[int], drafts: list[int], offers: list[int], prices: Prices,
+                base_tokens: int) -> list[int]:
+        """After exploration, a lookup's rows the choice leaves without drafts are sampled: one draft each, as
+        many as exploration's budget (EXPLORE_BUDGET of every round's price) covers, the rows least recently
+        verified first. A lookup's acceptance moves as a row's own output grows: on a held-out pair at batch 32
+        (q384, 2026-12-02) the first drafts of rows one or two tokens into their output were 2 of 17 kept, the
+        choice then drafted nothing, and a probe 52 rounds later found 30 of 31 kept (fixed k=1 ran 1.15x
+        plain decoding, adaptive 0.93x). Sampling keeps the books' acceptance current at that price."""
+        idle = [i for i, (n, k) in enumerate(zip(offers, drafts)) if n > 0 and k == 0]
+        taken, cost = self._sampled(idle, slots, prices, base_tokens, sum(drafts))
+        if not taken:
+            return drafts
+        self._credit -= cost
+        self.explored = True  # a draft or two: the round's host work is not their price (costs.PackedCosts)
+        out = list(drafts)
+        for i in taken:
+            out[i] = 1
+        return out
