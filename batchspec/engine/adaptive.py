@@ -114,7 +114,7 @@ class AdaptiveK:
 
     @property
     def explored(self) -> bool:
-        """The last packed round's drafts were exploration's (packed_choice.explore), not the choice's."""
+        """The last packed round's drafts were exploration's or sampling's (packed_choice.py), not the choice's."""
         return self.packed.explored
 
     @property

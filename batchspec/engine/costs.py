@@ -31,7 +31,7 @@ class RoundCost:
     verify_s: float = 0.0  # that forward's seconds
     steps: tuple[tuple[int, float], ...] = ()  # each drafting forward's (tokens, seconds)
     prompt_tokens: int = 0  # of `tokens`, prompt chunks prefilled in the same forward (admission)
-    exploring: bool = False  # the controller's exploration chose its drafts (packed_choice.explore)
+    exploring: bool = False  # the controller's exploration or sampling chose its drafts (packed_choice.py)
 
     @property
     def packed(self) -> bool:

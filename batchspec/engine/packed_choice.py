@@ -28,9 +28,10 @@ explores at most an eighth of the rows: the prices leave out a draft model's fir
 prompt (18 rows' worth in that round). A lookup's drafts cost only their verify tokens, so it explores as
 many rows as the price allows: at batch 8 the eighth was one row a round, and a held-out pair whose drafts
 were 0.94 right spent 16 of a 32-row job's ~100 rounds learning that (2026-11-29). Exploration ends
-before `explore_evidence` once the first drafts verified put the job's acceptance clearly below the
-break-even point of the prices (`exploring`), a draft model explores the rows it already fed, and all
-of exploration spends at most EXPLORE_BUDGET of the rounds' price while it goes on (`_explore`).
+before `explore_evidence` once the first drafts verified, a round counted as one observation, put the job's
+acceptance clearly below or above the break-even point of the prices (`exploring`), a draft model explores
+the rows it already fed, and exploration spends at most EXPLORE_BUDGET of the rounds' price (`_explore`).
+After it, the same budget samples a lookup's rows that the choice leaves without drafts (`_sample`).
 """
 
 from __future__ import annotations
