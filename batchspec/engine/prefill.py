@@ -8,19 +8,15 @@ and cache copy (`copy_entries`), and owns the logits after each slot's last pref
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 
 from .host_device import HostBuffer
 from .shapes import PREFILL_CHUNK, row_buckets
 
-if TYPE_CHECKING:
-    from .runner import ModelRunner
-
 
 class StaticPrefill:
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner):  # the ModelRunner this is a part of (runner.py imports this module)
         self.runner, self.graphs, self.name = runner, runner.graphs, runner.name
         self.num_slots, self.device = runner.num_slots, runner.device
         max_chunks = (runner.capacity + PREFILL_CHUNK - 1) // PREFILL_CHUNK

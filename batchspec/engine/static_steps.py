@@ -9,7 +9,7 @@ runner's `lengths` on the device, and a target's packed verify (packed_static.py
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
 import torch
 
@@ -17,17 +17,14 @@ from .host_device import HostBuffer
 from .kv_cache import causal_mask
 from .packed_static import StaticLayout, host_layout
 from .shapes import token_buckets
-
-if TYPE_CHECKING:
-    from .runner import ModelRunner
-    from .tree import TreeShape
+from .tree import TreeShape
 
 
 class StaticSteps:
     """The static steps of `runner`'s every slot (see the module docstring). token_buckets: the token counts a
     packed verify runs at (only with the runner's packed_width)."""
 
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner):  # the ModelRunner this is a part of (runner.py imports this module)
         self.runner, self.graphs, self.name = runner, runner.graphs, runner.name
         self.num_slots, self.vocab_size, self.device = runner.num_slots, runner.vocab_size, runner.device
         self.widths = runner.widths
