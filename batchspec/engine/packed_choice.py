@@ -101,24 +101,33 @@ class PackedChoice:
         return self.acceptance.evidence < self.explore_evidence and self.evidence_says(prices, rows, base_tokens,
                                                                                        depth) == 0
 
-    def evidence_says(self, prices: Prices, rows: int, base_tokens: int, depth: int, by_rounds: bool = True) -> int:
-        """-1 when the acceptance interval of the first drafts verified lies wholly below the acceptance at
-        which drafting `depth` deep breaks even at these prices, +1 wholly above, 0 before MIN_EVIDENCE
-        observations or between. Either ends exploration early. An observation is a round that verified first
-        drafts (by_rounds; the rate is the drafts'), not a draft: the first drafts of one round are alike, rows
+    def evidence_says(self, prices: Prices, rows: int, base_tokens: int, depth: int) -> int:
+        """What the first drafts verified say, by rounds (`evidence`'s first verdict)."""
+        return self.evidence(prices, rows, base_tokens, depth)[0]
+
+    def evidence(self, prices: Prices, rows: int, base_tokens: int, depth: int) -> tuple[int, int]:
+        """Two verdicts on the first drafts verified, each -1 when their acceptance interval lies wholly below the
+        acceptance at which drafting `depth` deep breaks even at these prices, +1 wholly above, 0 before
+        MIN_EVIDENCE observations or between: with a round as an observation (the rate is the drafts'), which
+        ends exploration early either way, and with a draft as one, which sets exploration's pace (while it lies
+        above break-even every round explores). By rounds because the first drafts of one round are alike, rows
         at the same point of their output (chat rows open alike: 4 of SmolLM2's first 6 ngram drafts were
         kept, 1 in 10 afterwards, 2026-12-01; on a held-out pair at batch 32, 2 of 17 drafts one or two tokens
-        into the rows' output, then 30 of 31 fifty rounds later, 2026-12-02). Counted by drafts, it sets
-        exploration's pace: while that interval lies above break-even, every round explores."""
+        into the rows' output, then 30 of 31 fifty rounds later, 2026-12-02)."""
         model = self.acceptance
-        n = model.evidence_rounds if by_rounds else model.evidence
-        if n < MIN_EVIDENCE:
-            return 0
-        low, high = acceptance_interval(n * model.first_kept / model.evidence, n)
+        if model.evidence < MIN_EVIDENCE:  # evidence_rounds <= evidence: neither says anything yet
+            return 0, 0
         run = model.run_lengths() if self.policy.bursty else None
         alpha = breakeven(prices, rows, base_tokens, depth, bool(self.policy.draft_forwards),
                           lambda a, k: model.expected(a, k, run))
-        return -1 if high < alpha else (1 if low > alpha else 0)
+
+        def says(n: int) -> int:
+            if n < MIN_EVIDENCE:
+                return 0
+            low, high = acceptance_interval(n * model.first_kept / model.evidence, n)
+            return -1 if high < alpha else (1 if low > alpha else 0)
+
+        return says(model.evidence_rounds), says(model.evidence)
 
     def _explore(self, drafts: list[int], prices: Prices, base_tokens: int, steps: bool, pays: bool) -> list[int]:
         """Exploration's drafts while its budget is not overspent, else none: each exploring round's cost
@@ -157,7 +166,7 @@ class PackedChoice:
         run = model.run_lengths() if policy.bursty else None
         hopeless = [model.expected(model.alpha(s), 1, run) - 1.0 <= threshold for s in slots]
         # The rows sampling would take propose all the same (the same order and credit as _sample's).
-        for i in self._sampled([i for i, h in enumerate(hopeless) if h], slots, prices, base_tokens, 0)[0]:
+        for i in self._sampled([i for i, h in enumerate(hopeless) if h], slots, prices)[0]:
             hopeless[i] = False
         return hopeless
 
@@ -178,14 +187,13 @@ class PackedChoice:
         num_shapes = self.k_max + 1 + len(self.trees)
         trees = list(range(self.k_max + 1, num_shapes)) if max(room, default=0) > 0 else []
         draws = self.policy.draft_forwards
-        known = costs.known and not (draws and costs.step.w == 0)
-        if known:  # every round adds to exploration's and sampling's credit, whoever proposed
-            self._accrue(costs.prices(), base_tokens, draws)
+        prices = costs.prices() if costs.known and not (draws and costs.step.w == 0) else None
+        if prices is not None:  # every round adds to exploration's and sampling's credit, whoever proposed
+            self._accrue(prices, base_tokens, draws)
         if max(offers, default=0) == 0 and not trees:
             return 0, [0] * len(slots)
-        if not known:  # start of the job: time both extremes
+        if prices is None:  # start of the job: time both extremes
             return (0, [0] * len(slots)) if self.rounds % 2 else (max(offers), list(offers))
-        prices = costs.prices()
         if not trees and not pays_at_best(prices, len(slots), base_tokens, max(offers), draws):
             return 0, [0] * len(slots)  # not even drafts that were all accepted would pay: no probes either
         alphas = [model.alpha(s, p) for s, p in zip(slots, priors)]
@@ -194,14 +202,13 @@ class PackedChoice:
                  for a, n in zip(alphas, offers)]
         drafts, rate = choose_drafts(model.calibrated(gains), base_tokens, prices, steps=draws)
         # Past explore_evidence the job is done exploring, as when the evidence says whether drafting pays.
-        says = (self.evidence_says(prices, len(slots), base_tokens, max(offers))
-                if model.evidence < self.explore_evidence else -1)
+        says, pays = (self.evidence(prices, len(slots), base_tokens, max(offers))
+                      if model.evidence < self.explore_evidence else (-1, 0))
         self.learning = says == 0
         drafted_before = [model.drafted(s) for s in slots] if draws else None  # only a draft model's order uses it
         if self.learning:
-            pays = self.evidence_says(prices, len(slots), base_tokens, max(offers), by_rounds=False) > 0
             drafts, trees = self._explore(explore(gains, prices, base_tokens, bool(draws), drafted_before, lengths),
-                                          prices, base_tokens, bool(draws), pays), []
+                                          prices, base_tokens, bool(draws), pays > 0), []
         shape = max(drafts, default=0)
         for j in (t - self.k_max - 1 for t in trees):  # a tree round: every row its tree
             spec, n = self.trees[j], len(slots)
@@ -221,7 +228,7 @@ class PackedChoice:
                 drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
                 shape = max(drafts, default=0)
         elif shape <= self.k_max and not self.learning and not draws:
-            drafts = self._sample(slots, drafts, offers, prices, base_tokens)
+            drafts = self._sample(slots, drafts, offers, prices)
             shape = max(drafts, default=0)
         if shape <= self.k_max:
             model.gains = {s: g[:k] for s, g, k in zip(slots, gains, drafts) if k > 0}
@@ -236,24 +243,18 @@ class PackedChoice:
         one = prices.seconds(base_tokens + 1, int(steps), 1) - plain
         self._credit = min(self._credit + EXPLORE_BUDGET * plain, EXPLORE_SHARE * plain + one)
 
-    def _sampled(self, idle: list[int], slots: list[int], prices: Prices, base_tokens: int,
-                 drafts: int) -> tuple[list[int], float]:
-        """Of the rows `idle` (indices into slots), the ones sampling takes in a round whose choice drafts
-        `drafts` tokens: least recently verified first, as many as the credit covers -> (rows, their cost)."""
-        if self._credit <= 0:
+    def _sampled(self, idle: list[int], slots: list[int], prices: Prices) -> tuple[list[int], float]:
+        """Of the rows `idle` (indices into slots), the ones sampling takes: least recently verified first, as
+        many as the credit covers at a lookup's price of a draft (a verify token and its host work) -> (rows,
+        their cost)."""
+        each = prices.per_token + prices.per_draft
+        if self._credit <= 0 or not idle:
             return [], 0.0
-        order = sorted(idle, key=lambda i: self._seen.get(slots[i], -1))
-        before = prices.seconds(base_tokens + drafts, 0, drafts)
-        taken, cost = [], 0.0
-        for i in order:
-            more = prices.seconds(base_tokens + drafts + len(taken) + 1, 0, drafts + len(taken) + 1) - before
-            if more > self._credit:
-                break
-            taken, cost = taken + [i], more
-        return taken, cost
+        count = len(idle) if each <= 0 else min(len(idle), int(self._credit / each))
+        taken = sorted(idle, key=lambda i: self._seen.get(slots[i], -1))[:count]
+        return taken, count * each
 
-    def _sample(self, slots: list[int], drafts: list[int], offers: list[int], prices: Prices,
-                base_tokens: int) -> list[int]:
+    def _sample(self, slots: list[int], drafts: list[int], offers: list[int], prices: Prices) -> list[int]:
         """After exploration, a lookup's rows the choice leaves without drafts are sampled: one draft each, as
         many as exploration's budget (EXPLORE_BUDGET of every round's price) covers, the rows least recently
         verified first. A lookup's acceptance moves as a row's own output grows: on a held-out pair at batch 32
@@ -261,7 +262,7 @@ class PackedChoice:
         choice then drafted nothing, and a probe 52 rounds later found 30 of 31 kept (fixed k=1 ran 1.15x
         plain decoding, adaptive 0.93x). Sampling keeps the books' acceptance current at that price."""
         idle = [i for i, (n, k) in enumerate(zip(offers, drafts)) if n > 0 and k == 0]
-        taken, cost = self._sampled(idle, slots, prices, base_tokens, sum(drafts))
+        taken, cost = self._sampled(idle, slots, prices)
         if not taken:
             return drafts
         self._credit -= cost
