@@ -116,28 +116,39 @@ def test_the_first_rounds_set_full_occupancy():
     assert check.rounds == [1, 6] and check._compared == 1
 
 
+def line(n):  # a verify line: 10 ms a forward and 0.1 ms a token
+    return 0.010 + 0.0001 * n
+
+
 ADMISSION_CASES = [
-    # name, fills (slot, start, count), forward (tokens, seconds), admission seconds
-    ("no prompt chunks", [], (32, 0.024), 0.0),
-    ("a chunk of 96 in a forward of 128", [(3, 0, 96)], (128, 0.040), 0.030),
-    ("two chunks", [(3, 0, 32), (5, 10, 32)], (96, 0.030), 0.020),
-    ("the last chunk of a deciding row (slot 0): its first decision too", [(0, 0, 63)], (128, 0.040), 0.020),
-    ("untimed forward (the static path)", [(3, 0, 32)], (64, 0.0), 0.0),
-    ("no forward", [(3, 0, 32)], None, 0.0),
+    # name, fills (slot, start, count), forward (tokens, seconds), the verify line's price, admission seconds
+    ("no prompt chunks", [], (32, 0.024), None, 0.0),
+    ("a chunk of 96 in a forward of 128", [(3, 0, 96)], (128, 0.040), None, 0.030),
+    ("two chunks", [(3, 0, 32), (5, 10, 32)], (96, 0.030), None, 0.020),
+    ("the last chunk of a deciding row (slot 0): its first decision too", [(0, 0, 63)], (128, 0.040), None, 0.020),
+    ("untimed forward (the static path)", [(3, 0, 32)], (64, 0.0), None, 0.0),
+    ("no forward", [(3, 0, 32)], None, None, 0.0),
+    ("priced: the forward less the line's price of the other 32 tokens", [(3, 0, 96)], (128, 0.040), line,
+     0.040 - 0.0132),
+    ("priced above the forward: nothing is admission's", [(3, 0, 96)], (128, 0.012), line, 0.0),
+    ("priced, only admission in the forward: all of it", [(0, 0, 63)], (64, 0.030), line, 0.030),
+    ("a line not fitted yet: in proportion", [(3, 0, 96)], (128, 0.040), lambda n: None, 0.030),
+    ("priced, no prompt chunks", [], (32, 0.024), line, 0.0),
 ]
 
 
-@pytest.mark.parametrize("name,fills,forward,expected", ADMISSION_CASES, ids=[c[0] for c in ADMISSION_CASES])
-def test_admission_share_of_a_round(name, fills, forward, expected):
-    """What the scheduler takes out of a round's time before the check sees it: the forward's seconds times
-    the prompt chunks' share of its tokens."""
+@pytest.mark.parametrize("name,fills,forward,price,expected", ADMISSION_CASES, ids=[c[0] for c in ADMISSION_CASES])
+def test_admission_share_of_a_round(name, fills, forward, price, expected):
+    """What the scheduler takes out of a round's time before the check sees it: the forward's seconds less the
+    verify line's price of a forward of the deciding rows' own tokens (a forward's fixed cost is theirs), or
+    without a line the prompt chunks' share of its tokens."""
     import torch
 
     from batchspec.engine.round import Round
 
     round = Round(rows=[0], rows_t=torch.tensor([0]), span=slice(0, 1), lengths=[5], lengths_t=torch.tensor([5]),
                   running=[0], room=[0], budgets=[0], static=False, fills=fills)
-    assert round.admission_seconds(forward) == pytest.approx(expected)
+    assert round.admission_seconds(forward, price) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("drafting_rate,first_verdict_at,winner", [

@@ -12,9 +12,9 @@ are a cost), and the tokens the rounds emit per second of their wall time are co
     warm-up (drafting; not counted) | on | off | on | off | the winner ... | the loser | the winner ...
 
 What an epoch measures: the tokens its rounds emit over their wall time less admission's share of each
-forward (new rows' prompt chunks and their first decisions, in proportion to their tokens; the first
-tokens of those rows are not counted either), over the rounds with as many rows as the job has had at
-most. Admission is the job's work whichever arm runs, and a round that prefills several prompts
+forward (new rows' prompt chunks and their first decisions: the forward's seconds less what the verify
+line prices a forward of the other rows' tokens at, Round.admission_seconds; the first tokens of those
+rows are not counted either), over the rounds with as many rows as the job has had at most. Admission is the job's work whichever arm runs, and a round that prefills several prompts
 takes 2-4x a decoding round; rounds at the job's tail run fewer rows. Counted in full, both made one epoch's
 rate differ from the next by 12-23% (standard deviation of the log-ratio of an epoch to the epochs around
 it; ngram at batch 32 on 2 CPU cores, epochs forced to alternate), so that the verdict followed the

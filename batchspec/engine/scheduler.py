@@ -295,11 +295,13 @@ class Scheduler:
             return
         exploring = self.adaptive.explored and not self._plain_epoch  # the round's drafts were exploration's
         if self.payoff is not None and tokens is not None:
-            # Admission is the job's work whichever arm runs: its share of the forward and the admitted rows'
-            # first tokens are taken out.
-            admitted = round.admitted
+            # Admission is the job's work whichever arm runs: its share of the forward (beyond what the verify
+            # line prices the other rows' tokens at) and the admitted rows' first tokens are taken out.
+            admitted, costs = round.admitted, self.adaptive.costs
             counted = sum(n for i, n in zip(round.running, tokens) if round.rows[i] not in admitted)
-            self.payoff.observe(counted, seconds - round.admission_seconds(forward), rows=len(round.running),
+            price = costs.verify.at if isinstance(costs, PackedCosts) and costs.known else None
+            admission = round.admission_seconds(forward, price)
+            self.payoff.observe(counted, seconds - admission, rows=len(round.running),
                                 plain=self._plain_price(round),
                                 learning=self.adaptive.learning and not self._plain_epoch)
         drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
