@@ -169,21 +169,29 @@ def test_a_short_warm_up_and_a_wide_first_comparison_decide_early(drafting_rate,
     assert check.rounds == {40: [8, 32], 72: [16, 56], 64: [8, 56]}[first_verdict_at]
 
 
-@pytest.mark.parametrize("drafting_rate,books,first_verdict_at,winner", [
-    (1.5, 1.0, 8 + 24, "drafting"),  # the books price plain rounds `clear` below the first drafting epoch
-    (1.5, 1.4, 8 + 24 + 8 + 24, "drafting"),  # the books price them near drafting's rate: the clock decides
-    (1.5, None, 8 + 24 + 8 + 24, "drafting"),  # rounds not priced: the clock decides
-    (1.1, 1.0, 8 + 24 + 8 + 24 + 8, "drafting"),  # not clear: two comparisons
-    (0.6, 1.0, 8 + 24 + 8, "plain"),  # a loser: the first plain epoch
+@pytest.mark.parametrize("drafting_rate,plain_rate,books,first_verdict_at,winner", [
+    # the clock's rates (tokens a second, drafting and plain); the books' (plain, as run): tokens a second they price
+    (1.5, 1.0, (1.0, 1.5), 8 + 24, "drafting"),  # the books price drafting `clear` above plain: no plain epoch
+    (3.0, 2.0, (1.0, 1.5), 8 + 24, "drafting"),  # a machine twice as fast as the books: their ratio counts
+    (1.5, 1.0, (1.0, 1.1), 8 + 24 + 8 + 24, "drafting"),  # the books price drafting near plain: the clock decides
+    (1.5, 1.0, (1.0, 1.0), 8 + 24 + 8 + 24, "drafting"),  # a lagging line (the clock 1.5x its plain price, as
+    #                                                       run too) no longer reads as a clear win
+    (1.5, 1.0, None, 8 + 24 + 8 + 24, "drafting"),  # rounds not priced: the clock decides
+    (1.1, 1.0, (1.0, 1.1), 8 + 24 + 8 + 24 + 8, "drafting"),  # not clear: two comparisons
+    (0.6, 1.0, (1.0, 0.6), 8 + 24 + 8, "plain"),  # a loser: the first plain epoch
 ])
-def test_a_clear_win_needs_no_plain_epoch_to_start(drafting_rate, books, first_verdict_at, winner):
-    """A first drafting epoch `clear` (1.15x) ahead of the cost model's price of the same rounds without drafts
-    gives a provisional verdict at once, and the clock confirms it 2 drafting epochs later (noise-free rounds:
-    the rounds are exact)."""
+def test_a_clear_win_needs_no_plain_epoch_to_start(drafting_rate, plain_rate, books, first_verdict_at, winner):
+    """A first drafting epoch whose rounds the cost model prices `clear` (1.15x) ahead of the same rows without
+    drafts (the tokens counted, both sides' seconds priced) gives a provisional verdict at once, and the clock
+    confirms it 2 drafting epochs later (noise-free rounds: the rounds are exact)."""
     check = PayoffCheck(warmup_rounds=8)
+
+    def observe():
+        priced = None if books is None else ((32, 32 / books[0]), 32 / books[1])
+        check.observe(32, 32 / (drafting_rate if check.drafting else plain_rate), books=priced)
+
     for r in range(1, 300):
-        check.observe(32, 32 / (drafting_rate if check.drafting else 1.0),
-                      plain=None if books is None else (32, 32 / books))
+        observe()
         if check.winner is not None:
             break
     assert (r, check.winner) == (first_verdict_at, winner)
@@ -192,7 +200,7 @@ def test_a_clear_win_needs_no_plain_epoch_to_start(drafting_rate, books, first_v
         arms = []
         for _ in range(2 * 24 + 8 + 24 + 16 * 24 + 1):
             arms.append(check.drafting)
-            check.observe(32, 32 / (drafting_rate if check.drafting else 1.0), plain=(32, 32.0))
+            observe()
         # the plain trial after 2 epochs; its comparison by the clock is wide: the next one after 16
         assert arms[:48] == [True] * 48 and arms[48:56] == [False] * 8
         assert arms[56: 56 + 24 + 16 * 24] == [True] * (24 + 16 * 24) and not arms[-1]
