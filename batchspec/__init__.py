@@ -1,10 +1,10 @@
 """batchspec: offline batch inference with speculative decoding at batch size > 1."""
 
-from .runstats import RunStats
-from .types import Request, Result, RowParams
+from .engine.runstats import RunStats
+from .engine.types import Constraint, Request, Result, RowParams
 
 __version__ = "0.1.0"
-__all__ = ["generate", "load_models", "build_generator", "Request", "Result", "RowParams", "RunStats", "__version__"]
+__all__ = ["generate", "load_models", "build_generator", "Constraint", "Request", "Result", "RowParams", "RunStats", "__version__"]
 _API = ("generate", "load_models", "build_generator")
 
 

@@ -25,11 +25,11 @@ from .engine.model_check import check_model
 from .engine.shapes import kv_capacity
 from .engine.threads import guard_for
 from .engine.sampling import SamplingParams
-from .types import TreeSpec
+from .engine.types import TreeSpec
 from .sources.corpus import load_corpus
-from .models import ModelLoadError, Models, load_models, model_max_positions
+from .engine.models import ModelLoadError, Models, load_models, model_max_positions
 from .util.textcheck import text_problem
-from .types import Constraint, Request, Result, RowParams
+from .engine.types import Constraint, Request, Result, RowParams
 
 DEFAULT_MAX_SEQ_LEN = 2048
 log = logging.getLogger("batchspec")

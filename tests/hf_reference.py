@@ -20,7 +20,7 @@ from transformers import LogitsProcessorList
 
 from batchspec.bench import grammar
 from batchspec.bench.grammar import GrammarLogitsProcessor
-from batchspec.types import Constraint
+from batchspec.engine.types import Constraint
 
 FOLDER = "hf-references"
 

@@ -14,7 +14,7 @@ import pytest
 
 from batchspec.engine.acceptance_model import expected_tokens
 from batchspec.engine.adaptive import LOOKUP, AdaptiveK
-from batchspec.types import TreeSpec
+from batchspec.engine.types import TreeSpec
 
 # Round time relative to a 1-token step for k = 0..4: the CPU cost curve measured on the demo pair.
 CPU_CURVE = [1.0, 1.27, 1.43, 1.60, 1.77]

@@ -17,7 +17,7 @@ from batchspec.jobs.layout import part_files
 from batchspec.jobs.sink import ParquetSink
 from batchspec.sources.prompts import PromptBuilder
 from batchspec.sources import Row, RowSelector, SourceError, open_source
-from batchspec.types import Request, Result
+from batchspec.engine.types import Request, Result
 from conftest_jobs import (  # noqa: F401 (fixtures)
     one_line_error as last_error_line, one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job,
 )

@@ -295,7 +295,7 @@ class FakeGenerator:
     IN_FLIGHT = 30
 
     def __init__(self, step: float):
-        from batchspec.runstats import RunStats
+        from batchspec.engine.runstats import RunStats
 
         self.stats, self.step, self.admitting = RunStats(), step, True
 
@@ -303,7 +303,7 @@ class FakeGenerator:
         self.admitting = False
 
     def run(self, requests):
-        from batchspec.types import Result
+        from batchspec.engine.types import Result
 
         left = self.IN_FLIGHT
         for request in requests:
@@ -324,7 +324,7 @@ def test_the_second_signal_rule(second, delay, stops_now, tmp_path):
     """docs/jobs.md: a second signal stops at once, except a SIGTERM within 1 s of a SIGTERM."""
     from batchspec.jobs.job import Progress, run_job
     from batchspec.jobs.sink import ParquetSink
-    from batchspec.types import Request
+    from batchspec.engine.types import Request
 
     generator = FakeGenerator(step=0.05)
     sink = ParquetSink(tmp_path, shard_index=0, shard_count=1, rows_per_file=1000)

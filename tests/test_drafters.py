@@ -7,7 +7,7 @@ import torch
 
 from batchspec.engine.drafters import NGramDrafter, PromptLookupDrafter
 from batchspec.engine.round import Round, RoundBuffers
-from batchspec.types import TreeSpec
+from batchspec.engine.types import TreeSpec
 
 
 def context(seqs: list[list[int]], k: list[int]) -> Round:

@@ -9,7 +9,7 @@ import pytest
 import batchspec
 from batchspec.training import selftrain
 from batchspec.training.selftrain import Phase, SelfTrainingGenerator, break_even_row, training_seconds, verdict_of
-from batchspec.runstats import self_training_text
+from batchspec.engine.runstats import self_training_text
 from conftest import MAX_NEW
 from tiny import PROMPTS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import batchspec
-from batchspec.types import Request, RowParams
+from batchspec.engine.types import Request, RowParams
 from tiny import PROMPTS
 
 

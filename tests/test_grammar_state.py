@@ -24,7 +24,7 @@ from transformers import PreTrainedTokenizerFast
 
 from batchspec.engine.grammar import Grammars
 from batchspec.engine.grammar_text import grammar_text
-from batchspec.types import Constraint
+from batchspec.engine.types import Constraint
 
 # The schema of issue 58's reproduction: "additionalFields" is not a keyword, so every object the schema does
 # not describe (api_method_arguments' other keys and their values) takes any JSON.

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchspec.jobs.config import ASSETS_DIR
-from batchspec.types import RESULT_COLUMNS
+from batchspec.engine.types import RESULT_COLUMNS
 from conftest_jobs import (  # noqa: F401 (fixtures)
     WORDS, cli_env, one_thread, read_output, run_cli, run_inprocess, tiny_job, tiny_models, write_job,
 )

@@ -14,7 +14,7 @@ import pytest
 
 from batchspec.jobs.grouping import RowGroups
 from batchspec.sources.rowparams import RowParamColumns
-from batchspec.types import Request, Result, RowParams
+from batchspec.engine.types import Request, Result, RowParams
 from conftest_jobs import (  # noqa: F401 (fixtures)
     WORDS, one_line_error, one_thread, read_output, run_inprocess, tiny_job, tiny_models, write_job,
 )

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 import batchspec
 from batchspec.engine.model_check import check_model
-from batchspec.models import ModelLoadError
+from batchspec.engine.models import ModelLoadError
 from model_zoo import build
 from tiny import PROMPTS
 

@@ -23,8 +23,8 @@ from batchspec.engine.packed import RowTokens, layout_round, pack, supports_pack
 from batchspec.engine.row_drafts import Prices, choose_drafts
 from batchspec.engine.runner import ModelRunner
 from batchspec.engine.tree import tree_shape
-from batchspec.models import load_models
-from batchspec.types import Request, RowParams
+from batchspec.engine.models import load_models
+from batchspec.engine.types import Request, RowParams
 from conftest import MAX_NEW
 from tiny import PROMPTS
 

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import batchspec
-from batchspec.types import Constraint, RowParams
+from batchspec.engine.types import Constraint, RowParams
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))

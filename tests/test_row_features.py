@@ -11,7 +11,7 @@ from transformers.generation.logits_process import (
 )
 
 import batchspec
-from batchspec.types import RowParams
+from batchspec.engine.types import RowParams
 from conftest import MAX_NEW
 from tiny import PROMPTS
 

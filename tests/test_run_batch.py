@@ -20,7 +20,7 @@ import pytest
 from batchspec.jobs.openai import request as fmt
 from batchspec.jobs.openai import response as ofmt
 from batchspec.jobs.openai import run_batch
-from batchspec.types import Result, RowParams
+from batchspec.engine.types import Result, RowParams
 from conftest_jobs import REPO, cli_env, one_thread, run_inprocess, tiny_models  # noqa: F401 (fixtures)
 
 openai = pytest.importorskip("openai", reason="the openai package checks the output's types")

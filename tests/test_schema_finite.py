@@ -7,7 +7,7 @@ import pytest
 
 import batchspec
 from batchspec.engine.schema_finite import no_finite_instance
-from batchspec.types import RowParams
+from batchspec.engine.types import RowParams
 from tiny import PROMPTS
 
 NODE = {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"]}

@@ -14,7 +14,7 @@ from batchspec.jobs.layout import done_ids, part_files, summarize
 from batchspec.jobs.schema import output_schema, RESULT_SCHEMA
 
 from batchspec.jobs.sink import ParquetSink
-from batchspec.types import RESULT_COLUMNS, Request, Result
+from batchspec.engine.types import RESULT_COLUMNS, Request, Result
 
 
 def result(i: int, error: bool = False) -> Result:

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 import batchspec
 from batchspec.engine.host_device import LaunchCounter
-from batchspec.models import Models
+from batchspec.engine.models import Models
 from conftest import MAX_NEW
 from tiny import PROMPTS, model_config
 

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorL
 import batchspec
 from batchspec.engine.grammar_text import grammar_text
 from batchspec.engine.sampling import SamplingParams, to_probs
-from batchspec.types import Constraint, RowParams
+from batchspec.engine.types import Constraint, RowParams
 from conftest import MAX_NEW
 from test_sampling_e2e import chi2_critical, chi_square, first_two_counts
 from tiny import PROMPTS, build_tokenizer, save_model
@@ -134,7 +134,7 @@ def test_refused_drafts_are_cut_and_forced_ones_added_before_verification(tokeni
     from batchspec.engine.grammar import Grammars
     from batchspec.engine.round import Round, RoundBuffers, RoundShape
     from batchspec.engine.slots import SlotTable
-    from batchspec.types import Request
+    from batchspec.engine.types import Request
 
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     grammars = Grammars(tokenizer, vocab_size=len(tokenizer), eos_ids=[tokenizer.eos_token_id])

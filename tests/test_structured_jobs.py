@@ -12,7 +12,7 @@ import pytest
 
 from batchspec.jobs.openai import request as fmt
 from batchspec.jobs.openai import run_batch
-from batchspec.types import RowParams
+from batchspec.engine.types import RowParams
 from conftest_jobs import one_line_error, one_thread, read_output, run_inprocess, write_job  # noqa: F401 (fixtures)
 from tiny import PROMPTS, build_tokenizer, save_model
 

@@ -94,7 +94,7 @@ def test_a_cpu_generator_is_guarded_and_gives_its_threads_back(llama_pair):
     import torch
 
     import batchspec
-    from batchspec.types import Request
+    from batchspec.engine.types import Request
 
     models = batchspec.load_models(str(llama_pair.target))
     generator = batchspec.build_generator(models, drafter="ngram", batch_size=2, max_new_tokens=8)

@@ -141,7 +141,7 @@ def test_synthetic_pair_knobs_control_agreement(tmp_path):
 
     sp.main(["--out", str(tmp_path / "pair"), "--shape", "tiny", "--draft-layers", "2", "--alpha", "0.6",
              "--dtype", "float32", "--device", "cpu", "--calibration-prompts", "3", "--calibration-tokens", "8"])
-    from batchspec.models import load_models
+    from batchspec.engine.models import load_models
 
     models = load_models(str(tmp_path / "pair" / "target"), str(tmp_path / "pair" / "draft"), dtype="float32",
                          device="cpu")

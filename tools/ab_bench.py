@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
 
 from batchspec.bench.calibrate import read_prompts  # noqa: E402
-from batchspec.models import load_models  # noqa: E402
+from batchspec.engine.models import load_models  # noqa: E402
 
 
 def load_base(checkout: Path, into: Path):
@@ -45,7 +45,9 @@ def load_base(checkout: Path, into: Path):
     if packed.exists():
         packed.write_text(packed.read_text().replace('ATTENTION = "batchspec_packed"', 'ATTENTION = "batchspec_packed_base"'))
     sys.path.insert(0, str(into))
-    return importlib.import_module("batchspec_base.api"), importlib.import_module("batchspec_base.types")
+    # The records moved into engine/ on 2026-12-02: a base from before has them at the top.
+    types = "batchspec_base.engine.types" if (into / "batchspec_base" / "engine" / "types.py").exists() else "batchspec_base.types"
+    return importlib.import_module("batchspec_base.api"), importlib.import_module(types)
 
 
 def requests(types, prompts: list[str], max_new_tokens: int, staggered: bool) -> list:
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
     import batchspec.api as this_api
-    import batchspec.types as this_types
+    import batchspec.engine.types as this_types
     with tempfile.TemporaryDirectory() as tmp:
         base_api, base_types = load_base(Path(args.base).resolve(), Path(tmp))
         versions = {"base": (base_api, base_types), "this": (this_api, this_types)}

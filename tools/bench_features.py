@@ -21,7 +21,7 @@ import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
 import batchspec  # noqa: E402
-from batchspec.types import Request  # noqa: E402
+from batchspec.engine.types import Request  # noqa: E402
 
 DEMO = Path(batchspec.__file__).parent / "assets" / "demo"
 

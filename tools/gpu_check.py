@@ -103,7 +103,7 @@ def structured_parity(lines: list[str], report: dict, num_prompts: int, max_new_
     from transformers import LogitsProcessorList
 
     from batchspec.bench.grammar import GrammarLogitsProcessor
-    from batchspec.types import RowParams
+    from batchspec.engine.types import RowParams
 
     models = batchspec.load_models(str(DEMO / "target"), str(DEMO / "draft"), dtype="float32", device=device)
     prompts = read_prompts(str(DEMO / "prompts.parquet"), num_prompts)

@@ -24,8 +24,8 @@ sys.path.insert(0, str(HERE))
 from batchspec.api import build_generator  # noqa: E402
 from batchspec.bench.calibrate import read_prompts  # noqa: E402
 from batchspec.engine.generator import SpecBatchGenerator  # noqa: E402
-from batchspec.models import load_models  # noqa: E402
-from batchspec.types import Request  # noqa: E402
+from batchspec.engine.models import load_models  # noqa: E402
+from batchspec.engine.types import Request  # noqa: E402
 
 PACKAGE = str(HERE / "batchspec")
 

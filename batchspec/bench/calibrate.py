@@ -28,10 +28,10 @@ from ..engine.drafters.registry import DRAFTERS, load_paths
 from ..engine.graphs import StepGraphs
 from ..engine.runner import ModelRunner
 from ..engine.timing import median_seconds, time_step
-from ..models import Models, load_models
+from ..engine.models import Models, load_models
 from ..sources import open_source
 from ..sources.prompts import check_messages
-from ..types import Request
+from ..engine.types import Request
 from ..util.files import atomic_write_text
 
 DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"

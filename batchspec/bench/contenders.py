@@ -22,7 +22,7 @@ from .calibrate import sync
 from ..engine.drafters.registry import DRAFT_MODEL, DRAFTERS, drafter_spec
 from ..engine.host_device import LaunchCounter
 from ..engine.phases import GRAMMAR_COMPILE, GRAMMAR_MASK
-from ..types import Request, RowParams
+from ..engine.types import Request, RowParams
 
 
 @dataclass

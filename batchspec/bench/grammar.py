@@ -9,7 +9,7 @@ import json
 import torch
 
 from ..engine.grammar import Grammars, apply_masks
-from ..types import Constraint
+from ..engine.types import Constraint
 
 
 class GrammarLogitsProcessor:

@@ -45,8 +45,8 @@ from ..sources.corpus import load_corpus
 from ..engine.drafters.registry import DRAFTERS, HEAD, drafter_spec
 from ..engine.graphs import resolve_capture
 from ..util.files import atomic_write_text
-from ..models import load_models
-from ..types import Constraint, TreeSpec
+from ..engine.models import load_models
+from ..engine.types import Constraint, TreeSpec
 
 DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from ..runstats import rounds_by_k_text
+from ..engine.runstats import rounds_by_k_text
 from .contenders import Contender, variant_tag, variants
 from .grammar import schema_validity
 

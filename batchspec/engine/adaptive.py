@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..types import TreeSpec
+from .types import TreeSpec
 from .acceptance_model import AcceptanceModel
 from .costs import CostModel, PackedCosts, RoundCost, RoundTimes
 from .drafters.base import LOOKUP_POLICY as LOOKUP  # noqa: F401 (the tests' name for it)

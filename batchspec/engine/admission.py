@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..types import Result
+from .types import Result
 from .accept import Acceptor
 from .drafters import Drafter
 from .runner import ModelRunner

@@ -27,8 +27,8 @@ from typing import Iterable, Iterator
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..runstats import RunStats
-from ..types import Request, Result, TreeSpec
+from .runstats import RunStats
+from .types import Request, Result, TreeSpec
 from .accept import Acceptor
 from .adaptive import AdaptiveK
 from .admission import Admitter

@@ -30,7 +30,7 @@ from collections import OrderedDict
 
 import torch
 
-from ..types import Constraint
+from .types import Constraint
 from .grammar_text import grammar_text, one_line
 from .phases import GRAMMAR_COMPILE, GRAMMAR_MASK, Timers
 from .schema_finite import no_finite_instance

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ..types import Constraint
+from .types import Constraint
 
 
 def one_line(message: str, limit: int = 300) -> str:

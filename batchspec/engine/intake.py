@@ -9,7 +9,7 @@ from typing import Iterable, Iterator
 
 from transformers import PreTrainedTokenizerBase
 
-from ..types import MAX_CHARS_PER_TOKEN, Constraint, Request, Result, RowParams
+from .types import MAX_CHARS_PER_TOKEN, Constraint, Request, Result, RowParams
 from .noise import sample_key
 from .sampling import RowSampling, SamplingParams
 

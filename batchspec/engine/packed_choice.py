@@ -36,7 +36,7 @@ After it, the same budget samples a lookup's rows that the choice leaves without
 
 from __future__ import annotations
 
-from ..types import TreeSpec
+from .types import TreeSpec
 from .acceptance_model import AcceptanceModel, acceptance_interval
 from .costs import PackedCosts
 from .drafters.base import DrafterPolicy

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from ..types import FINISH_ERROR, FINISH_STOP, Result
+from .types import FINISH_ERROR, FINISH_STOP, Result
 from .grammar import Grammars
 from .round import Round
 from .slots import Slot, SlotTable

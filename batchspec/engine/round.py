@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from ..types import TreeSpec
+from .types import TreeSpec
 from .host_device import HostBuffer
 from .tree import TreeShape
 

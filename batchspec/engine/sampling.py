@@ -34,7 +34,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from ..types import MIN_TEMPERATURE
+from .types import MIN_TEMPERATURE
 
 VERIFY_MODES = ("coupled", "rejection")
 

@@ -14,7 +14,7 @@ from typing import Iterable
 
 from transformers import PreTrainedTokenizerBase
 
-from ..types import FINISH_LENGTH, Request, Result, TreeSpec
+from .types import FINISH_LENGTH, Request, Result, TreeSpec
 from .adaptive import AdaptiveK
 from .costs import PackedCosts, RoundCost
 from .grammar import Grammars

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..runstats import RunStats
-from ..types import Result
+from .runstats import RunStats
+from .types import Result
 from .round import RoundShape
 from .slots import Slot
 

@@ -12,7 +12,7 @@ from typing import Iterable
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..types import FINISH_LENGTH, FINISH_STOP
+from .types import FINISH_LENGTH, FINISH_STOP
 from .slots import Slot
 
 

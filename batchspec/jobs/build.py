@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..engine.drafters.registry import load_paths
-from ..types import MAX_LOGPROBS
+from ..engine.types import MAX_LOGPROBS
 from .checks import job_constraint
 from .config import ConfigError, JobConfig, draft_path, self_training
 from ..sources.rowparams import RowParamColumns
@@ -20,7 +20,7 @@ def load_job_models(job: JobConfig):
     try:
         return load_models(job.model.target, draft_model, dtype=job.model.dtype.value, device=job.model.device,
                            trust_remote_code=job.model.trust_remote_code, head=head)
-    except ValueError as e:  # batchspec.models.ModelLoadError: unloadable model or incompatible draft
+    except ValueError as e:  # batchspec.engine.models.ModelLoadError: unloadable model or incompatible draft
         raise ConfigError(str(e).strip().splitlines()[0]) from e
 
 

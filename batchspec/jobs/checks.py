@@ -13,7 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ..engine.drafters.registry import needs_draft
 from ..util.paths import missing_local_path, offline_hub_id
 from ..util.textcheck import first_line
-from ..types import CONSTRAINT_KINDS, MAX_LOGPROBS, MIN_TEMPERATURE, Constraint, TreeSpec
+from ..engine.types import CONSTRAINT_KINDS, MAX_LOGPROBS, MIN_TEMPERATURE, Constraint, TreeSpec
 from .openai import batch as openai_batch
 from .config import ConfigError, DrafterName, JobConfig, SourceFormat, draft_path, find_jobs, job_dirs
 from ..sources.prompts import template_columns

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from typing import Iterable, Iterator
 
 from ..engine.intake import sample_count
-from ..types import Request, Result
+from ..engine.types import Request, Result
 
 
 class RowGroups:

@@ -22,8 +22,8 @@ from typing import Any, Iterable
 
 from .grouping import RowGroups
 from .sink import ParquetSink
-from ..types import FINISH_ERROR, Request
-from ..runstats import RunStats
+from ..engine.types import FINISH_ERROR, Request
+from ..engine.runstats import RunStats
 
 log = logging.getLogger("batchspec")
 

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..util.textcheck import first_line
-from ..types import CONSTRAINT_KINDS, FINISH_ERROR
+from ..engine.types import CONSTRAINT_KINDS, FINISH_ERROR
 from .schema import LATER_COLUMNS, META_KEY, RESULT_SCHEMA
 
 # The job's own part files. Anything else in data/ (a backup copy, a file dropped there by hand) is

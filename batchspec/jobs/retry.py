@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..types import FINISH_ERROR
+from ..engine.types import FINISH_ERROR
 from .layout import part_files, shard_name
 from .sink import write_part
 

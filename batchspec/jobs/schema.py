@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from ..sources.rows import POSITION_COLUMN
-from ..types import RESULT_COLUMNS
+from ..engine.types import RESULT_COLUMNS
 
 COLUMN_TYPES = {
     "id": pa.string(),

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from ..util.files import atomic_write
 from ..util.textcheck import first_line
-from ..types import FINISH_ERROR, Result
+from ..engine.types import FINISH_ERROR, Result
 from .layout import shard_name
 from .schema import META_KEY, output_schema
 

@@ -35,8 +35,8 @@ import pyarrow.parquet as pq
 from .layout import FAILED_LISTED, PART_NAME, foreign_files, part_files, part_problem, read_json
 from .schema import CONFIG_KEY, FINGERPRINT_KEY
 from ..util.textcheck import first_line
-from ..types import FINISH_ERROR
-from ..runstats import self_training_text
+from ..engine.types import FINISH_ERROR
+from ..engine.runstats import self_training_text
 
 MARKER = re.compile(r"^shard-(\d+)-of-(\d+)\.json$")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..util.files import atomic_write_text
-from ..runstats import rounds_by_k_text, self_training_text
+from ..engine.runstats import rounds_by_k_text, self_training_text
 from .openai import batch as openai_batch
 from .config import DrafterName, JobConfig, OutputFormat
 from .layout import read_json, shard_name, summarize
@@ -54,7 +54,7 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
     if trained:  # model.draft=train: each shard's before / after, training time and break-even row
         summary["self_training"] = trained
     if job is not None and job.output.format == OutputFormat.openai and summary["shards"]["complete"]:
-        from ..models import load_tokenizer  # deferred: transformers only for an OpenAI-format output
+        from ..engine.models import load_tokenizer  # deferred: transformers only for an OpenAI-format output
 
         tokenizer = load_tokenizer(job.model.target, trust_remote_code=job.model.trust_remote_code)
         summary["openai_results"] = str(openai_batch.write_results(

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..runstats import rounds_by_k_text
+from ..engine.runstats import rounds_by_k_text
 from .data import Output
 
 

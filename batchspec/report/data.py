@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from ..jobs.layout import part_files, read_part, summarize
 
 from ..jobs.schema import CONFIG_KEY
-from ..types import FINISH_ERROR, TreeSpec
+from ..engine.types import FINISH_ERROR, TreeSpec
 
 ROW_COLUMNS = ["id", "finish_reason", "draft_tokens", "accepted_tokens", "acceptance_rate", "tokens_per_forward", "latency_s",
                "accepted_per_round"]

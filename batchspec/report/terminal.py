@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..runstats import self_training_text
+from ..engine.runstats import self_training_text
 from .columns import COLUMNS, best_index, cell
 from .data import Output
 

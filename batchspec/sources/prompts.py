@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from ..util.textcheck import text_problem
 from ..util.textcheck import first_line
-from ..types import MAX_CHARS_PER_TOKEN, Request
+from ..engine.types import MAX_CHARS_PER_TOKEN, Request
 from .rowparams import RowParamColumns
 from .rows import POSITION_COLUMN
 from . import ABSENT, BadValue, Row, SourceError

@@ -15,7 +15,7 @@ import json
 from dataclasses import fields
 from typing import Any, Mapping
 
-from ..types import RowParams
+from ..engine.types import RowParams
 from . import ABSENT, BadValue
 
 FIELDS = tuple(f.name for f in fields(RowParams))

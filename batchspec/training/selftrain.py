@@ -32,8 +32,8 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from ..eagle.formats import load_head
-from ..runstats import RunStats
-from ..types import FINISH_ERROR, Request, Result
+from ..engine.runstats import RunStats
+from ..engine.types import FINISH_ERROR, Request, Result
 from .data import Sample
 from .job_head import NoHead, train_job_head
 from .loop import NonFiniteLoss

@@ -224,7 +224,7 @@ def main(argv=None) -> None:
     from .summary import render
     from .train import TrainDraftError
     from ..sources import SourceError
-    from ..models import ModelLoadError
+    from ..engine.models import ModelLoadError
 
     try:
         summary = run(options)

@@ -27,7 +27,7 @@ from typing import Protocol
 
 import torch
 
-from ...types import TreeSpec
+from ..types import TreeSpec
 from ..round import Draft, Round, RoundBuffers, RoundShape
 
 

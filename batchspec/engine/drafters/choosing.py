@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ...types import TreeSpec
+from ..types import TreeSpec
 from ..acceptance import sample
 from ..noise import STREAM_DRAFT, uniforms
 from ..round import Draft, Round, RoundBuffers

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ...types import TreeSpec
+from ..types import TreeSpec
 from ..graphs import StepGraphs
 from ..host_device import wall
 from ..round import Draft, Round, RoundBuffers, RoundShape

@@ -8,7 +8,7 @@ from functools import partial
 
 import torch
 
-from ...types import TreeSpec
+from ..types import TreeSpec
 from ..accept import Acceptor
 from ..graphs import StepGraphs
 from ..host_device import HostBuffer

@@ -13,7 +13,7 @@ A row's table is a function of its own tokens only, so the proposals are those o
 
 from __future__ import annotations
 
-from ...types import TreeSpec
+from ..types import TreeSpec
 from ..round import Draft, Round
 from .base import LOOKUP_POLICY, HostDrafter, host_draft, host_tree
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from ...types import TreeSpec
+from ..types import TreeSpec
 from ..graphs import StepGraphs
 from ..host_device import wall
 from ..packed import RowTokens

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from ...types import TreeSpec
+from ..types import TreeSpec
 from ..graphs import StepGraphs
 from ..round import RoundBuffers, RoundShape
 from ..runner import ModelRunner

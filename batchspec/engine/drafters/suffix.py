@@ -8,7 +8,7 @@ from dataclasses import replace
 from itertools import count
 from typing import Iterable, Sequence
 
-from ...types import TreeSpec
+from ..types import TreeSpec
 from ..round import Draft, Round
 from .base import SUFFIX_POLICY, HostDrafter, host_draft, host_tree_nodes
 from .suffix_index import SuffixIndex

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from ...util.files import atomic_write_text
 from .request import BatchLine, parse_request, with_defaults
 from .response import dumps, error_output, format_output, line_key, token_decoder
-from ...types import MAX_CHARS_PER_TOKEN, Request, Result
+from ...engine.types import MAX_CHARS_PER_TOKEN, Request, Result
 from ..layout import part_files, read_part
 from ...sources.prompts import PromptBuilder
 from ...sources.rows import POSITION_COLUMN

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from ...util.textcheck import text_problem
-from ...types import Constraint, RowParams
+from ...engine.types import Constraint, RowParams
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"

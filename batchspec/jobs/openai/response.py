@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 from .request import BatchLine
-from ...types import FINISH_ERROR, Result
+from ...engine.types import FINISH_ERROR, Result
 
 
 def line_key(input_sha256: str, number: int) -> str:

@@ -1,5 +1,5 @@
-"""Records that cross module boundaries: a request in, a result out, a structured-output constraint, a
-tree shape. Run-wide statistics are in runstats.py."""
+"""The engine's records, which the jobs, sources and reports share: a request in, a result out, a
+structured-output constraint, a tree shape. Run-wide statistics are in runstats.py."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from functools import partial
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .util.paths import missing_local_path, offline_hub_id
+from ..util.paths import missing_local_path, offline_hub_id
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that honour an explicit 4D per-row mask
