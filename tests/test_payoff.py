@@ -116,39 +116,28 @@ def test_the_first_rounds_set_full_occupancy():
     assert check.rounds == [1, 6] and check._compared == 1
 
 
-def line(n):  # a verify line: 10 ms a forward and 0.1 ms a token
-    return 0.010 + 0.0001 * n
-
-
 ADMISSION_CASES = [
-    # name, fills (slot, start, count), forward (tokens, seconds), the verify line's price, admission seconds
-    ("no prompt chunks", [], (32, 0.024), None, 0.0),
-    ("a chunk of 96 in a forward of 128", [(3, 0, 96)], (128, 0.040), None, 0.030),
-    ("two chunks", [(3, 0, 32), (5, 10, 32)], (96, 0.030), None, 0.020),
-    ("the last chunk of a deciding row (slot 0): its first decision too", [(0, 0, 63)], (128, 0.040), None, 0.020),
-    ("untimed forward (the static path)", [(3, 0, 32)], (64, 0.0), None, 0.0),
-    ("no forward", [(3, 0, 32)], None, None, 0.0),
-    ("priced: the forward less the line's price of the other 32 tokens", [(3, 0, 96)], (128, 0.040), line,
-     0.040 - 0.0132),
-    ("priced above the forward: nothing is admission's", [(3, 0, 96)], (128, 0.012), line, 0.0),
-    ("priced, only admission in the forward: all of it", [(0, 0, 63)], (64, 0.030), line, 0.030),
-    ("a line not fitted yet: in proportion", [(3, 0, 96)], (128, 0.040), lambda n: None, 0.030),
-    ("priced, no prompt chunks", [], (32, 0.024), line, 0.0),
+    # name, fills (slot, start, count), forward (tokens, seconds), admission seconds
+    ("no prompt chunks", [], (32, 0.024), 0.0),
+    ("a chunk of 96 in a forward of 128", [(3, 0, 96)], (128, 0.040), 0.030),
+    ("two chunks", [(3, 0, 32), (5, 10, 32)], (96, 0.030), 0.020),
+    ("the last chunk of a deciding row (slot 0): its first decision too", [(0, 0, 63)], (128, 0.040), 0.020),
+    ("untimed forward (the static path)", [(3, 0, 32)], (64, 0.0), 0.0),
+    ("no forward", [(3, 0, 32)], None, 0.0),
 ]
 
 
-@pytest.mark.parametrize("name,fills,forward,price,expected", ADMISSION_CASES, ids=[c[0] for c in ADMISSION_CASES])
-def test_admission_share_of_a_round(name, fills, forward, price, expected):
-    """What the scheduler takes out of a round's time before the check sees it: the forward's seconds less the
-    verify line's price of a forward of the deciding rows' own tokens (a forward's fixed cost is theirs), or
-    without a line the prompt chunks' share of its tokens."""
+@pytest.mark.parametrize("name,fills,forward,expected", ADMISSION_CASES, ids=[c[0] for c in ADMISSION_CASES])
+def test_admission_share_of_a_round(name, fills, forward, expected):
+    """What the scheduler takes out of a round's time before the check sees it: the forward's seconds times
+    the prompt chunks' share of its tokens."""
     import torch
 
     from batchspec.engine.round import Round
 
     round = Round(rows=[0], rows_t=torch.tensor([0]), span=slice(0, 1), lengths=[5], lengths_t=torch.tensor([5]),
                   running=[0], room=[0], budgets=[0], static=False, fills=fills)
-    assert round.admission_seconds(forward, price) == pytest.approx(expected)
+    assert round.admission_seconds(forward) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("drafting_rate,first_verdict_at,winner", [
@@ -169,29 +158,21 @@ def test_a_short_warm_up_and_a_wide_first_comparison_decide_early(drafting_rate,
     assert check.rounds == {40: [8, 32], 72: [16, 56], 64: [8, 56]}[first_verdict_at]
 
 
-@pytest.mark.parametrize("drafting_rate,plain_rate,books,first_verdict_at,winner", [
-    # the clock's rates (tokens a second, drafting and plain); the books' (plain, as run): tokens a second they price
-    (1.5, 1.0, (1.0, 1.5), 8 + 24, "drafting"),  # the books price drafting `clear` above plain: no plain epoch
-    (3.0, 2.0, (1.0, 1.5), 8 + 24, "drafting"),  # a machine twice as fast as the books: their ratio counts
-    (1.5, 1.0, (1.0, 1.1), 8 + 24 + 8 + 24, "drafting"),  # the books price drafting near plain: the clock decides
-    (1.5, 1.0, (1.0, 1.0), 8 + 24 + 8 + 24, "drafting"),  # a lagging line (the clock 1.5x its plain price, as
-    #                                                       run too) no longer reads as a clear win
-    (1.5, 1.0, None, 8 + 24 + 8 + 24, "drafting"),  # rounds not priced: the clock decides
-    (1.1, 1.0, (1.0, 1.1), 8 + 24 + 8 + 24 + 8, "drafting"),  # not clear: two comparisons
-    (0.6, 1.0, (1.0, 0.6), 8 + 24 + 8, "plain"),  # a loser: the first plain epoch
+@pytest.mark.parametrize("drafting_rate,books,first_verdict_at,winner", [
+    (1.5, 1.0, 8 + 24, "drafting"),  # the books price plain rounds `clear` below the first drafting epoch
+    (1.5, 1.4, 8 + 24 + 8 + 24, "drafting"),  # the books price them near drafting's rate: the clock decides
+    (1.5, None, 8 + 24 + 8 + 24, "drafting"),  # rounds not priced: the clock decides
+    (1.1, 1.0, 8 + 24 + 8 + 24 + 8, "drafting"),  # not clear: two comparisons
+    (0.6, 1.0, 8 + 24 + 8, "plain"),  # a loser: the first plain epoch
 ])
-def test_a_clear_win_needs_no_plain_epoch_to_start(drafting_rate, plain_rate, books, first_verdict_at, winner):
-    """A first drafting epoch whose rounds the cost model prices `clear` (1.15x) ahead of the same rows without
-    drafts (the tokens counted, both sides' seconds priced) gives a provisional verdict at once, and the clock
-    confirms it 2 drafting epochs later (noise-free rounds: the rounds are exact)."""
+def test_a_clear_win_needs_no_plain_epoch_to_start(drafting_rate, books, first_verdict_at, winner):
+    """A first drafting epoch `clear` (1.15x) ahead of the cost model's price of the same rounds without drafts
+    gives a provisional verdict at once, and the clock confirms it 2 drafting epochs later (noise-free rounds:
+    the rounds are exact)."""
     check = PayoffCheck(warmup_rounds=8)
-
-    def observe():
-        priced = None if books is None else ((32, 32 / books[0]), 32 / books[1])
-        check.observe(32, 32 / (drafting_rate if check.drafting else plain_rate), books=priced)
-
     for r in range(1, 300):
-        observe()
+        check.observe(32, 32 / (drafting_rate if check.drafting else 1.0),
+                      plain=None if books is None else (32, 32 / books))
         if check.winner is not None:
             break
     assert (r, check.winner) == (first_verdict_at, winner)
@@ -200,7 +181,7 @@ def test_a_clear_win_needs_no_plain_epoch_to_start(drafting_rate, plain_rate, bo
         arms = []
         for _ in range(2 * 24 + 8 + 24 + 16 * 24 + 1):
             arms.append(check.drafting)
-            observe()
+            check.observe(32, 32 / (drafting_rate if check.drafting else 1.0), plain=(32, 32.0))
         # the plain trial after 2 epochs; its comparison by the clock is wide: the next one after 16
         assert arms[:48] == [True] * 48 and arms[48:56] == [False] * 8
         assert arms[56: 56 + 24 + 16 * 24] == [True] * (24 + 16 * 24) and not arms[-1]

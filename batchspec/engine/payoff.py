@@ -12,9 +12,9 @@ are a cost), and the tokens the rounds emit per second of their wall time are co
     warm-up (drafting; not counted) | on | off | on | off | the winner ... | the loser | the winner ...
 
 What an epoch measures: the tokens its rounds emit over their wall time less admission's share of each
-forward (new rows' prompt chunks and their first decisions: the forward's seconds less what the verify
-line prices a forward of the other rows' tokens at, Round.admission_seconds; the first tokens of those
-rows are not counted either), over the rounds with as many rows as the job has had at most. Admission is the job's work whichever arm runs, and a round that prefills several prompts
+forward (new rows' prompt chunks and their first decisions, in proportion to their tokens; the first
+tokens of those rows are not counted either), over the rounds with as many rows as the job has had at
+most. Admission is the job's work whichever arm runs, and a round that prefills several prompts
 takes 2-4x a decoding round; rounds at the job's tail run fewer rows. Counted in full, both made one epoch's
 rate differ from the next by 12-23% (standard deviation of the log-ratio of an epoch to the epochs around
 it; ngram at batch 32 on 2 CPU cores, epochs forced to alternate), so that the verdict followed the
@@ -36,10 +36,9 @@ warm-up), or after the first (64) when that one is `clear`-wide; the warm-up is 
 from the machine's measured costs (startup_costs.py), longer while it still explores its acceptance (up to
 `max_warmup`: exploring rounds are neither kind of epoch). A short job cannot wait that long, so two verdicts
 come sooner, each on a gap of `clear`:
-  - a drafter that wins clearly: the first drafting epoch's tokens over the books' price of its rounds as
-    they ran, against the same rows' tokens without drafts over the books' price of those rounds
-    (`observe`'s `books`: the cost model's, the measured forward and the measured rest of a round),
-    after 32 rounds and no plain epoch. Provisional: the first plain trial comes after 2
+  - a drafter that wins clearly: the first drafting epoch against the books' price of its own rounds
+    without drafts (`observe`'s `plain`: the cost model's, the measured forward and the measured rest of
+    a round), after 32 rounds and no plain epoch. Provisional: the first plain trial comes after 2
     drafting epochs and its comparison, made by the clock, takes over. A held-out pair whose drafts were
     0.94 right ran 0.66-0.86 of its best fixed k in jobs of 40-100 rounds, 16 of them plain (2026-11-29);
   - a drafter that loses clearly: the first plain epoch against the drafting epoch just before it, after
@@ -88,8 +87,7 @@ class PayoffCheck:
     _since: int = 0  # rounds of the winner since the comparison that closed the loser's last trial
     _rates: list[float] = field(default_factory=lambda: [0.0, 0.0])  # each arm's rate in its last comparison
     _full: int = 0  # the most rows a round has had: rounds with fewer (a job's tail) are not counted
-    _books: list[float] = field(default_factory=lambda: [0.0] * 4)  # the epoch's priced rounds: plain (tokens,
-    #   seconds), as run (tokens, seconds)
+    _books: list[float] = field(default_factory=lambda: [0.0, 0.0])  # the epoch's plain (tokens, seconds), priced
 
     @property
     def drafting(self) -> bool:
@@ -106,11 +104,11 @@ class PayoffCheck:
         return math.exp(self._score / self._weight) if self._weight else 1.0
 
     def observe(self, tokens: int, seconds: float, rows: int | None = None,
-                books: tuple[tuple[int, float], float] | None = None, learning: bool = False) -> None:
+                plain: tuple[int, float] | None = None, learning: bool = False) -> None:
         """A round ended: it emitted `tokens` over its `rows` in `seconds` of wall time (admission's share
-        taken out). A round with fewer rows than the most seen (a job's tail) is not counted. books: the cost
-        model's prices, ((the tokens the same rows would emit without drafts, the seconds of that round),
-        the seconds of the round as it ran), or None (not priced). learning: the controller still explores its acceptance (packed_choice.explore),
+        taken out). A round with fewer rows than the most seen (a job's tail) is not counted. plain: the
+        tokens the same rows would emit without drafts and the seconds the cost model prices that round at
+        (None: not priced). learning: the controller still explores its acceptance (packed_choice.explore),
         which the warm-up waits for (up to `max_warmup` rounds): exploring rounds are neither drafting as
         the controller will draft nor plain decoding, and compared with a plain epoch they gave a drafter
         that ran 1.45x plain at fixed k the verdict plain (2026-11-29)."""
@@ -121,9 +119,9 @@ class PayoffCheck:
                 return
         self._epoch[0] += tokens
         self._epoch[1] += seconds
-        if books is not None:
-            (plain_tokens, plain_seconds), as_run = books
-            self._books = [a + b for a, b in zip(self._books, (plain_tokens, plain_seconds, tokens, as_run))]
+        if plain is not None:
+            self._books[0] += plain[0]
+            self._books[1] += plain[1]
         self._round += 1
         length = self.drafting_rounds if self._arm == ON else self.plain_rounds
         if not self._warm and self.warmup_rounds is not None:
@@ -135,7 +133,7 @@ class PayoffCheck:
 
     def _end_epoch(self) -> None:
         (tokens, seconds), ended, books = self._epoch, self._arm, self._books
-        self._round, self._epoch, self._books = 0, [0.0, 0.0], [0.0] * 4
+        self._round, self._epoch, self._books = 0, [0.0, 0.0], [0.0, 0.0]
         if self._warm:
             self._last = (self._last + [(ended, tokens / max(seconds, 1e-12))])[-3:]
         if self._winner is None and self._compared == 0 and self._clear_early(ended, books):
@@ -154,17 +152,12 @@ class PayoffCheck:
 
     def _clear_early(self, ended: int, books: list[float]) -> bool:
         """The verdicts a short job cannot wait for (the module's docstring): the first drafting epoch `clear`
-        times the same rounds without drafts, both as the books price them, or the first plain epoch `clear`
-        times the drafting epoch before it. Sets the verdict and the next arm; False when neither holds."""
-        if len(self._last) == 1 and ended == ON and books[1] > 0 and books[3] > 0:
-            # Both sides priced by the books (the tokens are the clock's): the books' scale drifts with the
-            # machine over a minute, and the clock against a lagging line read 1.16-1.38x plain for drafts
-            # that ran 0.9x (SmolLM2, batch 8, 2026-12-02); only their price of drafts against none counts.
-            ratio = (books[2] / books[3]) / (books[0] / books[1])
-            drafting = self._last[0][1]
-            if ratio < self.clear:
+        times the books' plain price of its rounds, or the first plain epoch `clear` times the drafting epoch
+        before it. Sets the verdict and the next arm; False when neither holds."""
+        if len(self._last) == 1 and ended == ON and books[1] > 0:
+            plain, drafting = books[0] / books[1], self._last[0][1]
+            if drafting < self.clear * plain:
                 return False
-            plain = drafting / ratio
             interval = 2  # provisional: a plain trial soon, whose comparison the clock makes
         elif len(self._last) == 2 and ended == OFF:
             (_, drafting), (_, plain) = self._last

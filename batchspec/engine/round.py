@@ -16,7 +16,7 @@ Records are values, built by the stage that owns them and only read after (gener
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -162,27 +162,13 @@ class Round:
         chunked = {slot for slot, _, _ in self.fills}
         return {self.rows[i] for i in self.running if self.rows[i] in chunked}
 
-    def admission_seconds(self, forward: tuple[int, float] | None,
-                          decode_price: Callable[[int], float | None] | None = None) -> float:
+    def admission_seconds(self, forward: tuple[int, float] | None) -> float:
         """Packed: the share of the forward's measured time (forward: its tokens and seconds, Verified.forward)
-        that admission took (the prompt chunks, and each admitted row's first decision): the forward's seconds
-        less what a forward of the other rows' own tokens costs, as `decode_price(tokens)` prices it (the
-        verify line, fitted on decoding forwards), or without a price in proportion to the tokens; 0 when the
-        forward was not timed (the static path's). A forward's fixed cost is the decoding rows' too: priced
-        in proportion, the decoding share of a 449-token forward that prefilled 433 was 34 ms where a round
-        of its 16 decoding tokens takes about 100 (SmolLM2, batch 8, 2 CPU cores, 2026-12-02), and drafting
-        epochs, which had the job's admissions, read 1.2-1.35x plain while drafting ran 0.9x."""
+        that admission took, in proportion to its tokens (the prompt chunks, and one for each admitted row's
+        first decision); 0 when the forward was not timed (the static path's)."""
         if not self.fills or forward is None or not forward[0]:
             return 0.0
-        tokens, seconds = forward
-        admission = self.chunk_tokens + len(self.admitted)
-        own = tokens - admission
-        if own <= 0:
-            return seconds
-        priced = decode_price(own) if decode_price is not None else None
-        if priced is not None:
-            return min(seconds, max(0.0, seconds - priced))
-        return seconds * min(1.0, admission / tokens)
+        return forward[1] * min(1.0, (self.chunk_tokens + len(self.admitted)) / forward[0])
 
     @property
     def base_tokens(self) -> int:

@@ -271,17 +271,15 @@ class Scheduler:
         """The payoff check runs an epoch without drafts (payoff.py)."""
         return self.payoff is not None and not self.payoff.drafting
 
-    def _books(self, round: Round, cost: tuple | None, drafts: int) -> tuple[tuple[int, float], float] | None:
-        """The round's rows but admission's as the cost model prices them (the measured round leaves admission
-        out too): ((their tokens, which the payoff check counts, the seconds without drafts), the seconds with
-        the drafts and drafting forwards it ran); None before the costs are known and the rest of a round
-        (host work) has been measured over 3 rounds or more."""
+    def _plain_price(self, round: Round) -> tuple[int, float] | None:
+        """The round's rows but admission's, without drafts, as the cost model prices them (the measured round
+        leaves admission out too): (their tokens, which the payoff check counts, the seconds); None before the
+        costs are known and the rest of a round (host work) has been measured over 3 rounds or more."""
         costs = self.adaptive.costs
         if not isinstance(costs, PackedCosts) or not costs.known or costs.rest.n < 4:  # the weak zero and 3 rounds
             return None
-        counted, prices = sum(round.rows[i] not in round.admitted for i in round.running), costs.prices()
-        steps = len(cost[2]) if cost is not None else 0
-        return (counted, prices.seconds(counted, 0, 0)), prices.seconds(counted + drafts, steps, drafts)
+        counted = sum(round.rows[i] not in round.admitted for i in round.running)
+        return counted, costs.prices().seconds(counted, 0, 0)
 
     @property
     def _widest(self) -> int:
@@ -296,16 +294,15 @@ class Scheduler:
         if self.adaptive is None:
             return
         exploring = self.adaptive.explored and not self._plain_epoch  # the round's drafts were exploration's
-        drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
         if self.payoff is not None and tokens is not None:
-            # Admission is the job's work whichever arm runs: its share of the forward (beyond what the verify
-            # line prices the other rows' tokens at) and the admitted rows' first tokens are taken out.
-            admitted, costs = round.admitted, self.adaptive.costs
+            # Admission is the job's work whichever arm runs: its share of the forward and the admitted rows'
+            # first tokens are taken out.
+            admitted = round.admitted
             counted = sum(n for i, n in zip(round.running, tokens) if round.rows[i] not in admitted)
-            price = costs.verify.at if isinstance(costs, PackedCosts) and costs.known else None
-            admission, books = round.admission_seconds(forward, price), self._books(round, cost, sum(drafted))
-            self.payoff.observe(counted, seconds - admission, rows=len(round.running), books=books,
+            self.payoff.observe(counted, seconds - round.admission_seconds(forward), rows=len(round.running),
+                                plain=self._plain_price(round),
                                 learning=self.adaptive.learning and not self._plain_epoch)
+        drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
         shape = self.adaptive.shapes.index(round.shape)
         measured = (RoundCost(shape, len(emitted.slots), seconds) if cost is None else
                     RoundCost(shape, len(emitted.slots), seconds, sum(drafted), cost[0], cost[1], tuple(cost[2]),
