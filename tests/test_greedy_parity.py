@@ -147,14 +147,20 @@ def test_greedy_parity_with_static_shapes(pair, drafter, batch_size, adaptive):
 # Inductor's compiled kernels are cached on disk (torch's FX graph cache): on one worker, the tests that compile
 # the tiny Llama's steps find what the first compiled (on a cold cache: 107 s, then 18 s for the next cell, where
 # the two workers compiled the same kernels side by side in 88 and 79 s). The cache key holds torch's thread count,
-# which the thread guard moves with the load, so a warm machine can still miss (13.6 s in one run, 78.5 s in the next).
+# which the thread guard moves with the load (13.6 s in one warm run, 78.5 s in the next): these cells keep the
+# worker's threads, so that a machine that has run them before finds its kernels.
 @pytest.mark.slow
 @pytest.mark.xdist_group("inductor")
 @pytest.mark.parametrize("drafter", ["model-random", "ngram"])
 def test_greedy_parity_captured_by_torch_compile(llama_pair, drafter):
     """compile="on" on CPU: the target's verify steps and the draft's steps compiled (inductor), once per
     shape, adaptive choosing among them."""
-    results = run(llama_pair, drafter, batch_size=3, k=2, adaptive=True, compile="on")
+    draft = str(llama_pair.draft) if drafter == "model-random" else None
+    models = batchspec.load_models(str(llama_pair.target), draft)
+    generator = batchspec.build_generator(models, drafter="model" if draft else drafter, k=2, batch_size=3,
+                                          max_new_tokens=MAX_NEW, adaptive=True, compile="on", guard_threads=False)
+    results = sorted(generator.run(batchspec.Request(id=str(i), prompt=p) for i, p in enumerate(PROMPTS)),
+                     key=lambda r: int(r.id))  # run() yields in the order requests finish
     assert [r.completion_token_ids for r in results] == llama_pair.reference
 
 
