@@ -4,7 +4,8 @@ from .engine.runstats import RunStats
 from .engine.types import Constraint, Request, Result, RowParams
 
 __version__ = "0.1.0"
-__all__ = ["generate", "load_models", "build_generator", "Constraint", "Request", "Result", "RowParams", "RunStats", "__version__"]
+__all__ = ["generate", "load_models", "build_generator", "Constraint", "Request", "Result", "RowParams", "RunStats",
+           "__version__"]
 _API = ("generate", "load_models", "build_generator")
 
 

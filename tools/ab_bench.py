@@ -45,9 +45,9 @@ def load_base(checkout: Path, into: Path):
     if packed.exists():
         packed.write_text(packed.read_text().replace('ATTENTION = "batchspec_packed"', 'ATTENTION = "batchspec_packed_base"'))
     sys.path.insert(0, str(into))
-    # The records moved into engine/ on 2026-12-02: a base from before has them at the top.
-    types = "batchspec_base.engine.types" if (into / "batchspec_base" / "engine" / "types.py").exists() else "batchspec_base.types"
-    return importlib.import_module("batchspec_base.api"), importlib.import_module(types)
+    # A base from before engine/ held the records has them at the package's top.
+    types = "engine.types" if (into / "batchspec_base" / "engine" / "types.py").exists() else "types"
+    return importlib.import_module("batchspec_base.api"), importlib.import_module(f"batchspec_base.{types}")
 
 
 def requests(types, prompts: list[str], max_new_tokens: int, staggered: bool) -> list:
