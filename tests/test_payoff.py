@@ -197,3 +197,40 @@ def test_the_warm_up_waits_for_the_controller_to_learn_its_acceptance(exploring_
         if check._warm:
             break
     assert r == warm_up
+
+
+
+# (name, the first rounds of each drafting / plain epoch that admit, drafting's rate in rounds that admit nothing
+#  and in those that admit (as the proportional share left it), plain's the same, the verdict)
+ADMITTING_CASES = [
+    # A fifth of the drafting rounds admit and look 4x faster than they are: only the rest count, where drafting
+    # runs 0.9x plain (Gemma-3 with ngram: drafting spreads admissions over the job, drafter none admits in waves).
+    ("a few admitting rounds that look fast", (5, 0), (0.9, 4.0), (1.0, 1.0), "plain"),
+    ("the same in plain epochs", (5, 2), (0.9, 4.0), (1.0, 4.0), "plain"),
+    # Most rounds of every epoch admit (large batches, staggered lengths): all of them count.
+    ("most rounds admit", (20, 6), (0.9, 1.3), (1.0, 1.0), "drafting"),
+]
+
+
+@pytest.mark.parametrize("name,admitting,drafting,plain,winner", ADMITTING_CASES, ids=[c[0] for c in ADMITTING_CASES])
+def test_an_epoch_is_measured_over_its_rounds_that_admit_nothing_when_they_are_most(name, admitting, drafting, plain,
+                                                                                       winner):
+    """Rounds that admit are left out of an epoch's rate when they are fewer than half of it (noise-free rounds,
+    8-round warm-up, epochs of 24 rounds drafting and 8 plain)."""
+    check = PayoffCheck(warmup_rounds=8)
+    for _ in range(8 + 4 * (24 + 8)):
+        arm = int(check.drafting)
+        admits = check._warm and check._round < admitting[1 - arm]
+        rate = (drafting if arm else plain)[admits]
+        check.observe(32, 32 / rate, rows=8, admitting=admits)
+    assert check.winner == winner
+
+
+def test_the_clock_replaces_a_provisional_verdict_of_the_books():
+    """The books price plain rounds 1.6x slower than they run (start-up points measured without the LM head's work
+    at every draft: Gemma-3, 2026-12-02): drafting at 0.9x plain looks 1.44x, a provisional verdict. The first
+    plain epoch's comparison by the clock then replaces it (averaged with it, drafting would stay at 1.07x)."""
+    check = PayoffCheck(warmup_rounds=8)
+    for _ in range(8 + 3 * 24 + 8 + 24):
+        check.observe(32, 32 / (0.9 if check.drafting else 1.0), plain=(32, 32 * 1.6))
+    assert check.winner == "plain" and check.ratio == pytest.approx(0.9)

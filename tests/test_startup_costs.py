@@ -115,3 +115,21 @@ def test_the_key_names_the_drafter_and_its_model(llama_pair):
     assert keys[0]["drafter"] == "ModelDrafter" and keys[0]["draft"] is not None
     assert keys[1]["draft"] is None and keys[0]["target"] == keys[1]["target"]
     assert keys[1] == keys[2] == keys[3]  # no forwards of their own: the lookups measure the target once
+
+
+@pytest.mark.parametrize("rows,width", [(4, 1), (4, 4), (2, 5)])
+def test_the_timed_forward_computes_logits_at_every_token_as_a_verify_does(llama_pair, monkeypatch, rows, width):
+    """A verify needs the target's logits at every draft's position, so the timed forward of rows x width tokens
+    computes them at every token: with one row's logits a model whose LM head is a large share of a token's work
+    (Gemma-3-270M's 262,144-token head) had its drafts priced several times too cheap."""
+    from batchspec.engine import startup_costs
+
+    generator = batchspec.build_generator(batchspec.load_models(str(llama_pair.target), None), drafter="ngram", k=4,
+                                          batch_size=4, adaptive=True)
+    runner, shapes = generator.runner, []
+    forward = runner.forward_packed
+    monkeypatch.setattr(runner, "forward_packed", lambda ids, batch, *a: shapes.append(
+        tuple(forward(ids, batch, *a).shape)) or None)
+    startup_costs.time_packed(runner, rows, width, repeats=1)
+    vocab = runner.model.get_output_embeddings().weight.shape[0]
+    assert shapes == [(rows * width, vocab)] * 2  # the untimed forward and the timed one

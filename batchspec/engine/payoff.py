@@ -11,16 +11,23 @@ are a cost), and the tokens the rounds emit per second of their wall time are co
 
     warm-up (drafting; not counted) | on | off | on | off | the winner ... | the loser | the winner ...
 
-What an epoch measures: the tokens its rounds emit over their wall time less admission's share of each
-forward (new rows' prompt chunks and their first decisions, in proportion to their tokens; the first
-tokens of those rows are not counted either), over the rounds with as many rows as the job has had at
-most. Admission is the job's work whichever arm runs, and a round that prefills several prompts
-takes 2-4x a decoding round; rounds at the job's tail run fewer rows. Counted in full, both made one epoch's
-rate differ from the next by 12-23% (standard deviation of the log-ratio of an epoch to the epochs around
-it; ngram at batch 32 on 2 CPU cores, epochs forced to alternate), so that the verdict followed the
-admission waves (1.11x and 1.15x drafting over plain where the two arms' totals said 0.89x and 0.91x);
-measured this way the same epochs differ by 4-6%. Rounds below full occupancy run in the current arm
-and do not count towards its epoch.
+What an epoch measures: the tokens its rounds emit over their wall time, over the rounds with as many
+rows as the job has had at most, and of those only the rounds that admit nothing (no prompt chunk in
+their forward) when they are at least half of the epoch. Admission is the job's work whichever arm runs,
+and a round that prefills several prompts takes 2-4x a decoding round; rounds at the job's tail run fewer
+rows. Counted in full, both made one epoch's rate differ from the next by 12-23% (standard deviation of
+the log-ratio of an epoch to the epochs around it; ngram at batch 32 on 2 CPU cores, epochs forced to
+alternate), so that the verdict followed the admission waves (1.11x and 1.15x drafting over plain where
+the two arms' totals said 0.89x and 0.91x). Taking admission's share of a forward out in proportion to
+its tokens is not enough where a verified token costs more than a prompt token (it reaches the LM head:
+Gemma-3's 262,144-token head makes it ~2.7x): an admitting round's decoding rows then look nearly free.
+With ngram on Gemma-3-270M at batch 8 (2 CPU cores, 2026-12-02) a fifth of the drafting rounds admitted
+(drafting spreads admissions over the job; drafter none admits in waves), and the check said drafting ran
+1.33-1.38x plain where its rounds that admitted nothing ran 0.87-0.94x the plain epochs' and the job 0.93-0.98x
+drafter none. An epoch whose rounds mostly admit (large batches with rows of staggered lengths) falls back
+to all its rounds with admission's share taken out that way (new rows' prompt chunks and their first
+decisions; the first tokens of those rows are not counted either). Rounds below full occupancy run in the
+current arm and do not count towards its epoch.
 
 An epoch is only ever compared with the two epochs of the other arm around it (the geometric mean of
 their rates), so that a machine whose speed drifts over minutes (this project's 2-core VMs move by
@@ -61,6 +68,21 @@ OFF, ON = 0, 1
 
 
 @dataclass
+class _Sums:
+    """An epoch's rounds summed: tokens, seconds, and the books' plain price of them (tokens, seconds)."""
+
+    rounds: int = 0
+    tokens: float = 0.0
+    seconds: float = 0.0
+    books: list[float] = field(default_factory=lambda: [0.0, 0.0])
+
+    def add(self, tokens: int, seconds: float, plain: tuple[int, float] | None) -> None:
+        self.rounds, self.tokens, self.seconds = self.rounds + 1, self.tokens + tokens, self.seconds + seconds
+        if plain is not None:
+            self.books = [self.books[0] + plain[0], self.books[1] + plain[1]]
+
+
+@dataclass
 class PayoffCheck:
     """Call `drafting` before a round (may its rows draft?) and `observe(tokens, seconds)` after it."""
 
@@ -77,7 +99,8 @@ class PayoffCheck:
     _arm: int = ON  # the current epoch's arm (the first epoch: the controller's warm-up)
     _round: int = 0  # rounds into the current epoch
     _warm: bool = False  # the warm-up epoch (the controller learning its costs) is over; it is not compared
-    _epoch: list[float] = field(default_factory=lambda: [0.0, 0.0])  # the current epoch's tokens, seconds
+    _epoch: list[_Sums] = field(default_factory=lambda: [_Sums(), _Sums()])  # the current epoch's: all its
+    #   counted rounds, and those of them that admitted nothing
     _last: list[tuple[int, float]] = field(default_factory=list)  # the last three counted epochs: (arm, rate)
     _score: float = 0.0  # decayed sum of log(drafting's rate / plain's rate) over the comparisons
     _weight: float = 0.0
@@ -87,7 +110,7 @@ class PayoffCheck:
     _since: int = 0  # rounds of the winner since the comparison that closed the loser's last trial
     _rates: list[float] = field(default_factory=lambda: [0.0, 0.0])  # each arm's rate in its last comparison
     _full: int = 0  # the most rows a round has had: rounds with fewer (a job's tail) are not counted
-    _books: list[float] = field(default_factory=lambda: [0.0, 0.0])  # the epoch's plain (tokens, seconds), priced
+    _provisional: bool = False  # the verdict is the books' (_clear_early): the first comparison replaces it
 
     @property
     def drafting(self) -> bool:
@@ -104,9 +127,10 @@ class PayoffCheck:
         return math.exp(self._score / self._weight) if self._weight else 1.0
 
     def observe(self, tokens: int, seconds: float, rows: int | None = None,
-                plain: tuple[int, float] | None = None, learning: bool = False) -> None:
+                plain: tuple[int, float] | None = None, learning: bool = False, admitting: bool = False) -> None:
         """A round ended: it emitted `tokens` over its `rows` in `seconds` of wall time (admission's share
-        taken out). A round with fewer rows than the most seen (a job's tail) is not counted. plain: the
+        taken out; admitting: it prefilled prompt chunks). A round with fewer rows than the most seen (a job's
+        tail) is not counted. plain: the
         tokens the same rows would emit without drafts and the seconds the cost model prices that round at
         (None: not priced). learning: the controller still explores its acceptance (packed_choice.explore),
         which the warm-up waits for (up to `max_warmup` rounds): exploring rounds are neither drafting as
@@ -117,11 +141,8 @@ class PayoffCheck:
             self._full = max(self._full, rows)
             if rows < self._full:
                 return
-        self._epoch[0] += tokens
-        self._epoch[1] += seconds
-        if plain is not None:
-            self._books[0] += plain[0]
-            self._books[1] += plain[1]
+        for sums in self._epoch[:1] if admitting else self._epoch:
+            sums.add(tokens, seconds, plain)
         self._round += 1
         length = self.drafting_rounds if self._arm == ON else self.plain_rounds
         if not self._warm and self.warmup_rounds is not None:
@@ -132,8 +153,10 @@ class PayoffCheck:
             self._end_epoch()
 
     def _end_epoch(self) -> None:
-        (tokens, seconds), ended, books = self._epoch, self._arm, self._books
-        self._round, self._epoch, self._books = 0, [0.0, 0.0], [0.0, 0.0]
+        every, clean = self._epoch
+        sums = clean if 2 * clean.rounds >= every.rounds else every
+        (tokens, seconds), ended, books = (sums.tokens, sums.seconds), self._arm, sums.books
+        self._round, self._epoch = 0, [_Sums(), _Sums()]
         if self._warm:
             self._last = (self._last + [(ended, tokens / max(seconds, 1e-12))])[-3:]
         if self._winner is None and self._compared == 0 and self._clear_early(ended, books):
@@ -159,6 +182,7 @@ class PayoffCheck:
             if drafting < self.clear * plain:
                 return False
             interval = 2  # provisional: a plain trial soon, whose comparison the clock makes
+            self._provisional = True
         elif len(self._last) == 2 and ended == OFF:
             (_, drafting), (_, plain) = self._last
             if plain < self.clear * drafting:
@@ -178,6 +202,8 @@ class PayoffCheck:
         around = math.sqrt(first * last)
         self._rates[a], self._rates[b] = around, middle
         r = math.log(max(self._rates[ON], 1e-12) / max(self._rates[OFF], 1e-12))
+        if self._provisional:  # the books priced plain rounds; the clock measured them: its word replaces theirs
+            self._score, self._weight, self._provisional = 0.0, 0.0, False
         self._score, self._weight = self.decay * self._score + r, self.decay * self._weight + 1
         self._compared += 1
 

@@ -301,7 +301,8 @@ class Scheduler:
             counted = sum(n for i, n in zip(round.running, tokens) if round.rows[i] not in admitted)
             self.payoff.observe(counted, seconds - round.admission_seconds(forward), rows=len(round.running),
                                 plain=self._plain_price(round),
-                                learning=self.adaptive.learning and not self._plain_epoch)
+                                learning=self.adaptive.learning and not self._plain_epoch,
+                                admitting=bool(round.fills))
         drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
         shape = self.adaptive.shapes.index(round.shape)
         measured = (RoundCost(shape, len(emitted.slots), seconds) if cost is None else

@@ -59,7 +59,8 @@ def cache_key(target, drafter, *, batch_size: int, k_max: int, device: torch.dev
     # A drafter without a model (the lookups) adds no forward: they share the target's points.
     return {"target": model_shape(target), "drafter": type(drafter).__name__ if runner is not None else "no forwards",
             "draft": model_shape(runner.model) if runner is not None else None, "batch_size": batch_size,
-            "k_max": k_max, **machine_cache.machine(device), "torch": torch.__version__, "batchspec": __version__}
+            "k_max": k_max, **machine_cache.machine(device), "torch": torch.__version__, "batchspec": __version__,
+            "logits": "every token"}  # points measured with one row's logits (before 2026-12-02) are not read
 
 
 def load_or_measure(key: dict, measure: Callable[[], StartupCosts], folder: Path | None = None) -> StartupCosts:
@@ -82,11 +83,14 @@ def token_counts(batch_size: int, k_max: int) -> list[int]:
 @torch.inference_mode()
 def time_packed(runner, rows: int, width: int, *, repeats: int) -> float:
     """Median seconds of one packed forward of `rows` slots x `width` tokens written at CONTEXT.. of slots
-    0 .. rows - 1 (call before any row is admitted: it writes garbage past every valid entry, which the
-    rows' own tokens overwrite before anything reads it). Lengths are not changed."""
+    0 .. rows - 1, logits at every token (call before any row is admitted: it writes garbage past every valid
+    entry, which the rows' own tokens overwrite before anything reads it). Lengths are not changed."""
     start = max(0, min(CONTEXT, runner.capacity - width))
-    batch = runner.pack([RowTokens(slot, start, width) for slot in range(rows)],
-                        keep=[(r + 1) * width - 1 for r in range(rows)])
+    # Logits at every token, as a verify needs them at every draft's position: a model whose LM head is a large
+    # share of a token's work prices drafts several times too cheap otherwise (Gemma-3-270M, 262,144-token
+    # head: the forward of 40 tokens 262 ms with one row's logits, against 236-279 ms for whole decoding rounds of
+    # 16-19 tokens, so that drafts looked nearly free).
+    batch = runner.pack([RowTokens(slot, start, width) for slot in range(rows)])
     ids = torch.zeros(rows * width, dtype=torch.long, device=runner.device)
     times = []
     for _ in range(repeats + 1):
