@@ -130,12 +130,11 @@ class PayoffCheck:
                 plain: tuple[int, float] | None = None, learning: bool = False, admitting: bool = False) -> None:
         """A round ended: it emitted `tokens` over its `rows` in `seconds` of wall time (admission's share
         taken out; admitting: it prefilled prompt chunks). A round with fewer rows than the most seen (a job's
-        tail) is not counted. plain: the
-        tokens the same rows would emit without drafts and the seconds the cost model prices that round at
-        (None: not priced). learning: the controller still explores its acceptance (packed_choice.explore),
-        which the warm-up waits for (up to `max_warmup` rounds): exploring rounds are neither drafting as
-        the controller will draft nor plain decoding, and compared with a plain epoch they gave a drafter
-        that ran 1.45x plain at fixed k the verdict plain (2026-11-29)."""
+        tail) is not counted. plain: the tokens the same rows would emit without drafts and the seconds the
+        cost model prices that round at (None: not priced). learning: the controller still explores its
+        acceptance (packed_choice.explore), which the warm-up waits for (up to `max_warmup` rounds): exploring
+        rounds are neither drafting as the controller will draft nor plain decoding, and compared with a plain
+        epoch they gave a drafter that ran 1.45x plain at fixed k the verdict plain (2026-11-29)."""
         self.rounds[self._arm] += 1
         if rows is not None:
             self._full = max(self._full, rows)
