@@ -199,7 +199,6 @@ def test_the_warm_up_waits_for_the_controller_to_learn_its_acceptance(exploring_
     assert r == warm_up
 
 
-
 # (name, the first rounds of each drafting / plain epoch that admit, drafting's rate in rounds that admit nothing
 #  and in those that admit (as the proportional share left it), plain's the same, the verdict)
 ADMITTING_CASES = [

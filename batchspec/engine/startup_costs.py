@@ -60,7 +60,7 @@ def cache_key(target, drafter, *, batch_size: int, k_max: int, device: torch.dev
     return {"target": model_shape(target), "drafter": type(drafter).__name__ if runner is not None else "no forwards",
             "draft": model_shape(runner.model) if runner is not None else None, "batch_size": batch_size,
             "k_max": k_max, **machine_cache.machine(device), "torch": torch.__version__, "batchspec": __version__,
-            "logits": "every token"}  # points measured with one row's logits (before 2026-12-02) are not read
+            "logits": "every token"}  # what the points priced: a verify's logits at every draft, not one row's
 
 
 def load_or_measure(key: dict, measure: Callable[[], StartupCosts], folder: Path | None = None) -> StartupCosts:
