@@ -23,7 +23,16 @@ from tiny import PROMPTS, build_tokenizer, save_model
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The machine's measured costs (engine/startup_costs.py) go to a folder of this run's, not the user's cache.
 os.environ["BATCHSPEC_CACHE"] = tempfile.mkdtemp(prefix="batchspec-cache-")
-torch.set_num_threads(int(os.environ.get("BATCHSPEC_TEST_THREADS", "2")))
+# torch's threads per test: one for the tiny models, two for the real ones (SmolLM2, Gemma-3), set around each
+# test's setup, call and teardown (pytest_runtest_protocol below). The suite runs two workers on two cores: the
+# tiny models' small ops gain nothing from a second thread and lose to the other worker's (2 threads each: 105-110 s
+# for 390 tests of test_greedy_parity / test_structured / test_sampling_e2e, 83-84 s on one; the whole suite 13 min
+# 34 s against 12 min 40 s, 2026-12-02), while the real models' matrix products use a core the other worker leaves
+# idle (test_gemma3 175 s on two threads, 197 s on one).
+TINY_THREADS = int(os.environ.get("BATCHSPEC_TEST_THREADS", "1"))
+REAL_MODEL_THREADS = int(os.environ.get("BATCHSPEC_TEST_REAL_MODEL_THREADS", "2"))
+REAL_MODEL_GROUPS = {"gemma3", "smollm2"}  # the xdist_group of test_gemma3.py and test_real_model.py
+torch.set_num_threads(TINY_THREADS)
 
 MAX_NEW = 24
 ARCHS = ("llama", "qwen2", "gpt2")
@@ -56,6 +65,19 @@ def pick_extra_eos(reference: list[list[int]]) -> int:
         if 2 <= n <= len(reference) - 3:
             return token
     raise RuntimeError("no suitable extra EOS token")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test on its threads (TINY_THREADS or REAL_MODEL_THREADS, above), its fixtures' setup included."""
+    group = item.get_closest_marker("xdist_group")
+    real = group is not None and bool(group.args) and group.args[0] in REAL_MODEL_GROUPS
+    before = torch.get_num_threads()
+    torch.set_num_threads(REAL_MODEL_THREADS if real else TINY_THREADS)
+    try:
+        return (yield)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups to rename the tests by them

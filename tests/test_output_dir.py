@@ -19,7 +19,7 @@ import pytest
 
 from batchspec.jobs import status
 from conftest_jobs import (  # noqa: F401 (fixtures)
-    WORDS, cli_env, one_line_error, one_thread, read_output, run_cli, run_inprocess, tiny_job, tiny_models,
+    WORDS, cli_env, one_line_error, one_thread, read_output, run_inprocess, tiny_job, tiny_models,
     write_job,
 )
 
@@ -49,10 +49,11 @@ def wait_for_parts(data: Path, n: int, proc: subprocess.Popen, timeout: float = 
 
 
 @pytest.mark.slow
-def test_a_second_run_of_a_shard_is_refused_while_the_first_runs(tmp_path, tiny_models):
-    """A double-submitted task: the first run holds the shard (stopped mid-run with SIGSTOP, so the
-    overlap is certain); a second run of the same shard, with another rows_per_file as in the issue,
-    and a run of another shard count are refused; the first then finishes and every row is there once."""
+def test_a_second_run_of_a_shard_is_refused_while_the_first_runs(tmp_path, tiny_models, monkeypatch, capsys):
+    """A double-submitted task: the first run holds the shard (a process of its own, stopped mid-run with
+    SIGSTOP, so the overlap is certain); a second run of the same shard, with another rows_per_file as in the
+    issue, and a run of another shard count are refused; the first then finishes and every row is there once.
+    The runs that only meet the lock run in this process (each a CLI run would spend ~6 s importing)."""
     pq.write_table(pa.table({"text": PROMPTS}), tmp_path / "in.parquet")
     write_job(tmp_path, "lock", tiny_job(tiny_models, {"path": "in.parquet", "prompt_column": "text"},
                                          output={"rows_per_file": 2}, batch_size=2, sampling={"max_new_tokens": 8}))
@@ -61,13 +62,13 @@ def test_a_second_run_of_a_shard_is_refused_while_the_first_runs(tmp_path, tiny_
     wait_for_parts(out / "data", 1, first)
     first.send_signal(signal.SIGSTOP)
     try:
-        second = run_cli(tmp_path, "job=lock", "output.rows_per_file=3", timeout=120)
-        assert second.returncode == 2, second.stderr
-        assert f"is being written by another run (pid {first.pid} on " in second.stderr
-        assert second.stderr.count("batchspec: error:") == 1 and "Traceback" not in second.stderr
-        other_count = run_cli(tmp_path, "job=lock", "shard.count=2", "shard.index=1", timeout=120)
-        assert other_count.returncode == 2, other_count.stderr
-        assert "is being written by a run with shard.count=1 (this one has shard.count=2)" in other_count.stderr
+        for args, refusal in ((["output.rows_per_file=3"], f"is being written by another run (pid {first.pid} on "),
+                              (["shard.count=2", "shard.index=1"],
+                               "is being written by a run with shard.count=1 (this one has shard.count=2)")):
+            capsys.readouterr()
+            assert run_inprocess(tmp_path, "job=lock", *args, monkeypatch=monkeypatch) == 2
+            err = capsys.readouterr().err
+            assert "Traceback" not in err and err.count("batchspec: error:") == 1 and refusal in err, err
     finally:
         first.send_signal(signal.SIGCONT)
     log = first.communicate(timeout=120)[0]
@@ -82,8 +83,7 @@ def test_a_second_run_of_a_shard_is_refused_while_the_first_runs(tmp_path, tiny_
     killed.wait()
     assert (tmp_path / "outputs" / "killed" / ".locks" / "shard-00000-of-00001.lock").exists()
     for args in (["job=lock"], ["job=lock", "output.dir=outputs/killed"]):
-        rerun = run_cli(tmp_path, *args)
-        assert rerun.returncode == 0, rerun.stderr
+        assert run_inprocess(tmp_path, *args, monkeypatch=monkeypatch) == 0, capsys.readouterr().err
     assert sorted(ids(tmp_path / "outputs" / "killed")) == sorted(str(i) for i in range(len(PROMPTS)))
 
 
