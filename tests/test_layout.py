@@ -156,6 +156,22 @@ def test_no_class_is_spread_over_files_by_a_mixin():
     assert mixins == MIXINS_LEFT, f"new mixins: {mixins - MIXINS_LEFT}; undone (drop from the list): {MIXINS_LEFT - mixins}"
 
 
+# Modules read before a job has work to do (its config and the drafter names it checks against, the status
+# command): importing them must not load torch or transformers (seconds), which a package __init__ that imports
+# its modules eagerly does silently (engine/drafters/__init__.py did until 2026-12-02: 3.9 s for jobs.config).
+LIGHT_MODULES = ["batchspec.jobs.config", "batchspec.engine.drafters.registry", "batchspec.jobs.status",
+                 "batchspec.jobs.build", "batchspec.training.train_draft"]
+
+
+@pytest.mark.parametrize("module", LIGHT_MODULES)
+def test_modules_read_before_the_work_load_no_torch(module):
+    import subprocess
+
+    code = f"import sys, {module}; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", (module, out.stdout, out.stderr[-2000:])
+
+
 @pytest.mark.xdist_group("layout")
 def test_an_xdist_group_runs_on_one_worker(request):
     """The suite's costly shared fixtures (the SLURM cluster and its array run, SmolLM2, Gemma-3) are built once

@@ -36,6 +36,7 @@ import json
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from .contenders import requests  # noqa: F401 (importable from here, as before the split)
 from .measure import bench_batch_size
@@ -234,8 +235,6 @@ def constraints_for(args, count: int, schemas: list[str] | None, parser) -> list
 
 def randomize(model, seed: int) -> None:
     """Replace every weight of `model` by a fresh random initialisation of the same config (fixed seed)."""
-    from transformers import AutoModelForCausalLM
-
     torch.manual_seed(seed)
     fresh = AutoModelForCausalLM.from_config(model.config)
     model.load_state_dict(fresh.state_dict())

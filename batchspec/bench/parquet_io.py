@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,6 +54,8 @@ REPO = Path(__file__).resolve().parents[2]  # the checkout: the job's subprocess
 
 def build_model(path: Path, seed: int = 0) -> Path:
     """A tiny random Llama (fp32) with a word-level tokenizer, saved to `path`."""
+    # deferred here and below: `--help` and the parent process (which only times a job's subprocess) need
+    # neither torch, transformers, pyarrow nor yaml
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
@@ -175,8 +178,6 @@ def rss(args, workdir: Path, model: Path) -> None:
 
 
 def _rmtree(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)
     path.with_suffix(".log").unlink(missing_ok=True)
 

@@ -92,6 +92,8 @@ class Grammars:
 
     def _environment(self):
         if self._env is None:
+            # deferred: only a job with a constraint needs llguidance (its .hf and .torch modules take 0.8-2 s
+            # to import on 2 cores)
             import llguidance
             import llguidance.hf
 

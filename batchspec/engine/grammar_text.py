@@ -16,7 +16,7 @@ def one_line(message: str, limit: int = 300) -> str:
 
 def grammar_text(constraint: Constraint) -> str:
     """The constraint in llguidance's grammar format."""
-    import llguidance
+    import llguidance  # deferred: only a job with a constraint needs it (engine/grammar.py)
 
     kind, value = constraint.kind, constraint.value
     compact = {"whitespace_flexible": False}  # one way to write a JSON value: more of it is forced

@@ -12,6 +12,7 @@ high: it counts every temporary of a layer as alive at once.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from functools import partial
 
@@ -130,9 +131,6 @@ def kv_bytes(m: Shape, *, num_slots: int, capacity: int, dtype_bytes: int) -> in
 
 def device_memory(device) -> int | None:
     """All the memory of `device` in bytes (a GPU's, or the machine's RAM for the CPU), or None if unknown."""
-    import os
-
-    import torch
 
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[1]

@@ -58,7 +58,7 @@ def read_sample(proc: Path = Path("/proc")) -> CpuSample | None:
 def guard_for(device) -> "ThreadGuard | None":
     """A guard over torch's current thread count where `device` is the CPU; None elsewhere (a GPU's host
     threads mostly wait on the device)."""
-    import torch
+    import torch  # deferred: the module's /proc readings load without torch
 
     return ThreadGuard(torch.get_num_threads()) if torch.device(device).type == "cpu" else None
 
@@ -75,7 +75,7 @@ class ThreadGuard:
                  read: Callable[[], CpuSample | None] = read_sample, set_threads: Callable[[int], None] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         if set_threads is None:
-            import torch
+            import torch  # deferred, as in guard_for
             set_threads = torch.set_num_threads
         self.threads = self.current = max(1, threads)
         self.interval_s, self.max_wait, self.hold_s = interval_s, max_wait, hold_s

@@ -31,7 +31,7 @@ def build_job_generator(job: JobConfig, models, row_params: RowParamColumns | No
     lines, each with its own sampling and logprobs; `rows_left`: the rows this run has to do (None: unknown),
     which a self-training job's training budget reads. Raises ConfigError for a setting the
     models cannot take (max_seq_len beyond the target's positions)."""
-    from ..api import build_generator
+    from ..api import build_generator  # deferred, as in load_job_models
     from ..engine.sampling import SamplingParams
 
     s, d = job.sampling, job.drafter

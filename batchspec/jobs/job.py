@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from tqdm import tqdm
+
 from .grouping import RowGroups
 from .sink import ParquetSink
 from ..engine.types import FINISH_ERROR, Request
@@ -104,8 +106,6 @@ class Progress:
         self.start = self.last_log = time.perf_counter()
         self.bar = None
         if mode == "bar":
-            from tqdm import tqdm
-
             self.bar = tqdm(total=total, unit="row", file=self.stream, dynamic_ncols=True, smoothing=0.1)
 
     def set_total(self, total: int | None) -> None:

@@ -4,6 +4,7 @@ datasets by chunks from the end."""
 
 from __future__ import annotations
 
+import codecs
 import os
 from pathlib import Path
 from typing import Iterator
@@ -141,7 +142,6 @@ def jsonl_texts(path: str, name: str) -> Iterator[str]:
 def lines_backwards(path: str) -> Iterator[bytes]:
     """A file's lines (split at b"\\n", as reading it forwards does), last first, a block at a time; the
     first line without a UTF-8 byte order mark."""
-    import codecs
 
     with open(path, "rb") as f:
         end = f.seek(0, os.SEEK_END)

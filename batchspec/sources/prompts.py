@@ -21,6 +21,7 @@ from . import ABSENT, BadValue, Row, SourceError
 
 
 def _sandbox():
+    # deferred here and in the other functions: only prompt and chat templates need jinja2
     from jinja2 import StrictUndefined
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 

@@ -138,6 +138,7 @@ def target_facts(target: str) -> tuple[str | None, int | None]:
     """(dtype named in the target's config, its layer count), each None when the config cannot be read
     (the run then reports why the target does not load)."""
     try:
+        # deferred here and below: `--help` and a bad argument answer before transformers and torch load
         from transformers import AutoConfig
 
         from ..eagle.config import target_num_layers

@@ -31,7 +31,7 @@ def offline_hub_id(name_or_path: str, *, timeout_s: float = 2.0) -> str | None:
     transformers' own answer offline is ~40 s of retries, each warning printed twice, then a long error."""
     if Path(name_or_path).expanduser().exists() or missing_local_path(name_or_path):
         return None
-    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub import constants, try_to_load_from_cache  # deferred: only names that read as hub ids
 
     if isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
         return None  # cached: transformers loads it offline

@@ -11,13 +11,21 @@ choosing.py what the model drafters share (picking tokens, laying out trees).
 
 from __future__ import annotations
 
-from .base import LOOKUP_POLICY, MODEL_POLICY, Drafter, DrafterPolicy, NoDrafter
-from .eagle import EagleDrafter
-from .lookup import NGramDrafter, PromptLookupDrafter
-from .model import ModelDrafter
-from .registry import DRAFTERS, REGISTRY, DrafterSpec, drafter_spec, load_paths, make_drafter, needs_draft
-from .suffix import SuffixDrafter
+import importlib
 
-__all__ = ["Drafter", "DrafterPolicy", "LOOKUP_POLICY", "MODEL_POLICY", "NoDrafter", "NGramDrafter",
-           "PromptLookupDrafter", "ModelDrafter", "SuffixDrafter", "EagleDrafter", "make_drafter", "DRAFTERS",
-           "REGISTRY", "DrafterSpec", "drafter_spec", "load_paths", "needs_draft"]
+# Each name is imported from its module when first used (PEP 562): the job's config reads the registry's
+# choices (registry.py), and importing this package eagerly would load every drafter, the runner, torch and
+# transformers with it (3.9 s of `import batchspec.jobs.config` on 2 cores, 2026-12-02).
+_MODULES = {
+    "Drafter": "base", "DrafterPolicy": "base", "LOOKUP_POLICY": "base", "MODEL_POLICY": "base", "NoDrafter": "base",
+    "EagleDrafter": "eagle", "NGramDrafter": "lookup", "PromptLookupDrafter": "lookup", "ModelDrafter": "model",
+    "SuffixDrafter": "suffix", "DRAFTERS": "registry", "REGISTRY": "registry", "DrafterSpec": "registry",
+    "drafter_spec": "registry", "load_paths": "registry", "make_drafter": "registry", "needs_draft": "registry",
+}
+__all__ = list(_MODULES)
+
+
+def __getattr__(name: str):
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_MODULES[name]}", __name__), name)
