@@ -158,8 +158,9 @@ def test_no_class_is_spread_over_files_by_a_mixin():
 
 # Modules read before a job has work to do (its config and the drafter names it checks against, the status
 # command): importing them must not load torch or transformers (seconds), which a package __init__ that imports
-# its modules eagerly does silently (engine/drafters/__init__.py did until 2026-12-02: 3.9 s for jobs.config).
-LIGHT_MODULES = ["batchspec.jobs.config", "batchspec.engine.drafters.registry", "batchspec.jobs.status",
+# its modules eagerly, or a helper imported from a module that needs torch, does silently (engine/drafters/__init__.py
+# made jobs.config take 3.9 s; jobs.grouping took sample_count from engine.intake, which loads torch).
+LIGHT_MODULES = ["batchspec.jobs.cli", "batchspec.jobs.config", "batchspec.engine.drafters.registry", "batchspec.jobs.status",
                  "batchspec.jobs.build", "batchspec.training.train_draft"]
 
 

@@ -9,7 +9,7 @@ from typing import Iterable, Iterator
 
 from transformers import PreTrainedTokenizerBase
 
-from .types import MAX_CHARS_PER_TOKEN, Constraint, Request, Result, RowParams
+from .types import MAX_CHARS_PER_TOKEN, Constraint, Request, Result, RowParams, sample_count
 from .noise import sample_key
 from .sampling import RowSampling, SamplingParams
 
@@ -79,12 +79,6 @@ def prompt_ids(request: Request, tokenizer: PreTrainedTokenizerBase, vocab_size:
     if len(ids) >= max_seq_len:
         return f"prompt has {len(ids)} tokens but max_seq_len is {max_seq_len}: no room for a new token"
     return ids
-
-
-def sample_count(request: Request, default: int) -> int:
-    """How many Results a request gives: its own n, else the job's; a bad n gives one (an error row)."""
-    n = request.params.n if request.params is not None and request.params.n is not None else default
-    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1024 else 1
 
 
 class Intake:

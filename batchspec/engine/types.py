@@ -153,6 +153,12 @@ class Request:
     sample_index: int = 0
 
 
+def sample_count(request: Request, default: int) -> int:
+    """How many Results a request gives: its own n, else the job's; a bad n gives one (an error row)."""
+    n = request.params.n if request.params is not None and request.params.n is not None else default
+    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1024 else 1
+
+
 @dataclass(slots=True)
 class Result:
     """One output row: the completion plus how well drafting worked for this request.

@@ -4,7 +4,7 @@
 A request of n samples comes back as n Results that finish at different times. Holding them until the
 last one is in means a part file never holds some of an id's samples, so resume (which skips the ids
 found in part files) keeps exactly n rows per id, however a run is killed. `samples` is the job's n; a
-request's own n (a `source.row_params` column) overrides it, as the engine counts it (intake.sample_count).
+request's own n (a `source.row_params` column) overrides it, as the engine counts it (types.sample_count).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterable, Iterator
 
-from ..engine.intake import sample_count
-from ..engine.types import Request, Result
+from ..engine.types import Request, Result, sample_count
 
 
 class RowGroups:
