@@ -131,7 +131,6 @@ def kv_bytes(m: Shape, *, num_slots: int, capacity: int, dtype_bytes: int) -> in
 
 def device_memory(device) -> int | None:
     """All the memory of `device` in bytes (a GPU's, or the machine's RAM for the CPU), or None if unknown."""
-
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[1]
     try:
