@@ -47,27 +47,6 @@ def test_the_faster_arm_wins_and_the_trials_cost_little(name, on, off, winner, l
     assert achieved >= least, achieved
 
 
-# (name, drafting's rate over plain's, the least mean share of the better arm's rate over 10 seeds)
-SHORT_JOB_CASES = [
-    # A drafter that loses pays for its epochs before the verdict and for its trials: short ones (8 rounds, as
-    # plain epochs) keep a 200-round job >= 0.97 of plain decoding (with 24-round ones it ran 0.958 and 0.970).
-    ("drafting loses 0.85x", 0.85, 0.975),
-    ("drafting loses 0.92x", 0.92, 0.975),
-    ("drafting halves the rate", 0.5, 0.92),  # (0.863 with 24-round trial epochs)
-    # A drafter that wins pays for the plain epochs, as before.
-    ("drafting pays 1.3x", 1.3, 0.98),
-    ("drafting pays 1.6x", 1.6, 0.97),
-]
-
-
-@pytest.mark.parametrize("name,on,least", SHORT_JOB_CASES, ids=[c[0] for c in SHORT_JOB_CASES])
-def test_a_short_job_pays_little_for_its_verdict(name, on, least):
-    """A 200-round job (32 rows x 48 tokens at batch 8 runs ~190) with the machine's costs measured at start
-    (8-round warm-up); the simulator's noisy rounds, 10 seeds: the mean share of the better arm's rate."""
-    shares = [simulate(on, 1.0, rounds=200, seed=seed, check=PayoffCheck(warmup_rounds=8))[1] for seed in range(10)]
-    assert sum(shares) / len(shares) >= least, shares
-
-
 def test_a_tie_goes_to_drafting():
     """Within the margin (2%) drafting is kept: its rounds also keep the acceptance estimates fresh."""
     check, _ = simulate(1.0, 1.01, noise=0.0, drift=0.0)
@@ -85,16 +64,16 @@ def test_a_change_in_the_workload_is_found():
 
 
 def test_schedule_warm_up_then_alternation_then_trials():
-    """Epochs of 3 rounds drafting and 1 plain, drafting twice as fast, no noise, no prices: warm-up (3 rounds
-    on), then drafting on trial in epochs as short as plain ones (on, off, on), then the verdict (a gap wider
-    than `clear`: the loser next after max_interval = 4 epochs of the winner, which now runs 3-round epochs)."""
+    """Epochs of 3 rounds drafting and 1 plain, drafting twice as fast, no noise, no prices: warm-up (on), on,
+    off, on, then the verdict (a gap wider than `clear`: the loser next after max_interval = 4 epochs of the
+    winner)."""
     check = PayoffCheck(drafting_rounds=3, plain_rounds=1, max_interval=4)
     arms = []
     while len(arms) < 3 * 11 + 3:
         arms.append(int(check.drafting))
         check.observe(10, 0.5 if check.drafting else 1.0)
-    assert "".join(map(str, arms)) == "111" "1" "0" "1" "111111111111" "0" "111" "111111111111" "0" "1"
-    assert check.summary() == {"rounds_drafting": 33, "rounds_plain": 3, "winner": "drafting", "ratio": pytest.approx(2.0)}
+    assert "".join(map(str, arms)) == "111" "111" "0" "111" "111111111111" "0" "1111111111111"
+    assert check.summary() == {"rounds_drafting": 34, "rounds_plain": 2, "winner": "drafting", "ratio": pytest.approx(2.0)}
 
 
 def test_a_narrow_verdict_is_confirmed_at_doubling_intervals():
@@ -124,17 +103,17 @@ def test_rounds_below_full_occupancy_do_not_count():
         if not drafting:
             for _ in range(5):
                 check.observe(1, 1.0, rows=4)
-    assert "".join(map(str, arms)) == "111" "1" "0" "1" "111111111111" "0" "111" "111111111111" "0" "1"
+    assert "".join(map(str, arms)) == "111" "111" "0" "111" "111111111111" "0" "1111111111111"
     assert check.winner == "drafting" and check.ratio == pytest.approx(2.0)
-    assert check.rounds == [3, 33 + 15]  # a plain epoch is one round here: its tail rounds ran in the next (drafting)
+    assert check.rounds == [2, 34 + 10]  # a plain epoch is one round here: its tail rounds ran in the next (drafting)
 
 
 def test_the_first_rounds_set_full_occupancy():
     """Full is the most rows seen so far: a job smaller than the batch counts its rounds (5 rows of 8 slots)."""
     check = PayoffCheck(drafting_rounds=2, plain_rounds=1)
-    for _ in range(7):  # warm-up (2 rounds), on, off, on (the first comparison), off, on (the second)
+    for _ in range(7):
         check.observe(5, 1.0, rows=5)
-    assert check.rounds == [2, 5] and check._compared == 2
+    assert check.rounds == [1, 6] and check._compared == 1
 
 
 ADMISSION_CASES = [
@@ -162,30 +141,29 @@ def test_admission_share_of_a_round(name, fills, forward, expected):
 
 
 @pytest.mark.parametrize("drafting_rate,first_verdict_at,winner", [
-    (0.6, 8 + 8 + 8, "plain"),  # warm-up, on, off: the first plain epoch is `clear` ahead, it decides
-    (0.95, 8 + 8 + 8 + 8 + 8, "plain"),  # within `clear`: two comparisons first
-    (1.5, 8 + 8 + 8 + 8, "drafting"),  # unpriced rounds: the first comparison, wide, decides
+    (0.6, 8 + 24 + 8, "plain"),  # warm-up, on, off: the first plain epoch is `clear` ahead, it decides
+    (0.95, 8 + 24 + 8 + 24 + 8, "plain"),  # within `clear`: two comparisons first
+    (1.5, 8 + 24 + 8 + 24, "drafting"),  # unpriced rounds: the first comparison, wide, decides
 ])
 def test_a_short_warm_up_and_a_wide_first_comparison_decide_early(drafting_rate, first_verdict_at, winner):
     """With the machine's costs measured at start the warm-up is 8 rounds; a first plain epoch 15% or more ahead
-    of the drafting epoch before it, or a first comparison 15% or more apart, gives the verdict; before it,
-    drafting's epochs are as short as plain ones (noise-free rounds: the round at which the verdict first exists
-    is exact)."""
+    of the drafting epoch before it, or a first comparison 15% or more apart, gives the verdict (noise-free
+    rounds: the round at which the verdict first exists is exact)."""
     check = PayoffCheck(warmup_rounds=8)
     for r in range(1, 200):
         check.observe(32, 32 / (drafting_rate if check.drafting else 1.0))
         if check.winner is not None:
             break
     assert (r, check.winner) == (first_verdict_at, winner)
-    assert check.rounds == {24: [8, 16], 40: [16, 24], 32: [8, 24]}[first_verdict_at]
+    assert check.rounds == {40: [8, 32], 72: [16, 56], 64: [8, 56]}[first_verdict_at]
 
 
 @pytest.mark.parametrize("drafting_rate,books,first_verdict_at,winner", [
-    (1.5, 1.0, 8 + 8, "drafting"),  # the books price plain rounds `clear` below the first drafting epoch
-    (1.5, 1.4, 8 + 8 + 8 + 8, "drafting"),  # the books price them near drafting's rate: the clock decides
-    (1.5, None, 8 + 8 + 8 + 8, "drafting"),  # rounds not priced: the clock decides
-    (1.1, 1.0, 8 + 8 + 8 + 8 + 8, "drafting"),  # not clear: two comparisons
-    (0.6, 1.0, 8 + 8 + 8, "plain"),  # a loser: the first plain epoch
+    (1.5, 1.0, 8 + 24, "drafting"),  # the books price plain rounds `clear` below the first drafting epoch
+    (1.5, 1.4, 8 + 24 + 8 + 24, "drafting"),  # the books price them near drafting's rate: the clock decides
+    (1.5, None, 8 + 24 + 8 + 24, "drafting"),  # rounds not priced: the clock decides
+    (1.1, 1.0, 8 + 24 + 8 + 24 + 8, "drafting"),  # not clear: two comparisons
+    (0.6, 1.0, 8 + 24 + 8, "plain"),  # a loser: the first plain epoch
 ])
 def test_a_clear_win_needs_no_plain_epoch_to_start(drafting_rate, books, first_verdict_at, winner):
     """A first drafting epoch `clear` (1.15x) ahead of the cost model's price of the same rounds without drafts
@@ -198,14 +176,13 @@ def test_a_clear_win_needs_no_plain_epoch_to_start(drafting_rate, books, first_v
         if check.winner is not None:
             break
     assert (r, check.winner) == (first_verdict_at, winner)
-    if r == 16:
-        assert check.rounds == [0, 16] and check.ratio == pytest.approx(1.5)
+    if r == 32:
+        assert check.rounds == [0, 32] and check.ratio == pytest.approx(1.5)
         arms = []
         for _ in range(2 * 24 + 8 + 24 + 16 * 24 + 1):
             arms.append(check.drafting)
             check.observe(32, 32 / (drafting_rate if check.drafting else 1.0), plain=(32, 32.0))
-        # the winner's epochs are 24 rounds now; the plain trial after 2 of them; its comparison by the clock
-        # is wide: the next one after 16
+        # the plain trial after 2 epochs; its comparison by the clock is wide: the next one after 16
         assert arms[:48] == [True] * 48 and arms[48:56] == [False] * 8
         assert arms[56: 56 + 24 + 16 * 24] == [True] * (24 + 16 * 24) and not arms[-1]
 
@@ -222,15 +199,15 @@ def test_the_warm_up_waits_for_the_controller_to_learn_its_acceptance(exploring_
     assert r == warm_up
 
 
-# (name, the share of each drafting / plain epoch's rounds that admit (its first ones), drafting's rate in rounds
-#  that admit nothing and in those that admit (as the proportional share left it), plain's the same, the verdict)
+# (name, the first rounds of each drafting / plain epoch that admit, drafting's rate in rounds that admit nothing
+#  and in those that admit (as the proportional share left it), plain's the same, the verdict)
 ADMITTING_CASES = [
     # A fifth of the drafting rounds admit and look 4x faster than they are: only the rest count, where drafting
     # runs 0.9x plain (Gemma-3 with ngram: drafting spreads admissions over the job, drafter none admits in waves).
-    ("a few admitting rounds that look fast", (0.21, 0), (0.9, 4.0), (1.0, 1.0), "plain"),
-    ("the same in plain epochs", (0.21, 0.25), (0.9, 4.0), (1.0, 4.0), "plain"),
+    ("a few admitting rounds that look fast", (5, 0), (0.9, 4.0), (1.0, 1.0), "plain"),
+    ("the same in plain epochs", (5, 2), (0.9, 4.0), (1.0, 4.0), "plain"),
     # Most rounds of every epoch admit (large batches, staggered lengths): all of them count.
-    ("most rounds admit", (0.83, 0.75), (0.9, 1.3), (1.0, 1.0), "drafting"),
+    ("most rounds admit", (20, 6), (0.9, 1.3), (1.0, 1.0), "drafting"),
 ]
 
 
@@ -238,11 +215,11 @@ ADMITTING_CASES = [
 def test_an_epoch_is_measured_over_its_rounds_that_admit_nothing_when_they_are_most(name, admitting, drafting, plain,
                                                                                        winner):
     """Rounds that admit are left out of an epoch's rate when they are fewer than half of it (noise-free rounds,
-    8-round warm-up, epochs of 8 rounds, 24 for drafting once it won)."""
+    8-round warm-up, epochs of 24 rounds drafting and 8 plain)."""
     check = PayoffCheck(warmup_rounds=8)
     for _ in range(8 + 4 * (24 + 8)):
         arm = int(check.drafting)
-        admits = check._warm and check._round < admitting[1 - arm] * check._length()
+        admits = check._warm and check._round < admitting[1 - arm]
         rate = (drafting if arm else plain)[admits]
         check.observe(32, 32 / rate, rows=8, admitting=admits)
     assert check.winner == winner

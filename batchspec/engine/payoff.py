@@ -5,12 +5,9 @@ rounds it ran (adaptive.py, packed_choice.py). Costs the books do not see can ma
 call profitable slower than plain decoding: on 2 CPU cores, ngram at batch 32 ran 0.85-0.93x drafter
 none while its calibration said its drafts paid (docs/benchmarks.md, 2026-11-26). So
 per-row rounds (packed, or the captured path's) run in epochs, each with drafting allowed (the
-controller chooses as before) or not (every row drafts nothing), and the tokens the rounds emit per
-second of their wall time are compared. Epochs are short (`plain_rounds`, 8) except drafting's once it
-has won (`drafting_rounds`, 24): a job pays for the arm that loses, and short epochs of it cost a
-short job little whichever arm that is. A drafter that loses by 8% ran 0.970 of plain decoding over
-200 simulated rounds with drafting epochs of 24 before the verdict and as trials, 0.980 with epochs
-of 8; one that halves the rate 0.863 and 0.927; winners unchanged (tests/test_payoff.py):
+controller chooses as before; `drafting_rounds` rounds) or not (every row drafts nothing;
+`plain_rounds`, fewer, since in a job of a few hundred rounds that drafts well its first plain epochs
+are a cost), and the tokens the rounds emit per second of their wall time are compared:
 
     warm-up (drafting; not counted) | on | off | on | off | the winner ... | the loser | the winner ...
 
@@ -41,18 +38,18 @@ and starts over at 2 when it flips or the last comparison doubts it, so that a j
 changes finds out, at a cost of about one epoch in max_interval + 1 at the loser's rate. Drafting wins
 ties: plain decoding must be `margin` faster.
 
-A job's first verdict comes after two comparisons (warm-up, on, off, on, off: 40 rounds with an 8-round
-warm-up), or after the first (32) when that one is `clear`-wide; the warm-up is 8 rounds instead of 24 when the controller starts
+A job's first verdict comes after two comparisons (warm-up, on, off, on, off: 72 rounds with an 8-round
+warm-up), or after the first (64) when that one is `clear`-wide; the warm-up is 8 rounds instead of 24 when the controller starts
 from the machine's measured costs (startup_costs.py), longer while it still explores its acceptance (up to
 `max_warmup`: exploring rounds are neither kind of epoch). A short job cannot wait that long, so two verdicts
 come sooner, each on a gap of `clear`:
   - a drafter that wins clearly: the first drafting epoch against the books' price of its own rounds
     without drafts (`observe`'s `plain`: the cost model's, the measured forward and the measured rest of
-    a round), after 16 rounds and no plain epoch. Provisional: the first plain trial comes after 2
+    a round), after 32 rounds and no plain epoch. Provisional: the first plain trial comes after 2
     drafting epochs and its comparison, made by the clock, takes over. A held-out pair whose drafts were
     0.94 right ran 0.66-0.86 of its best fixed k in jobs of 40-100 rounds, 16 of them plain (2026-11-29);
   - a drafter that loses clearly: the first plain epoch against the drafting epoch just before it, after
-    24 rounds of which 16 drafted.
+    40 rounds of which 32 drafted (as many as before this order).
 
 The check changes which rounds draft, never a greedy output (speculation is exact); like the rest of
 adaptive speculation it makes a sampled output depend on timing, which is why sampling keeps k fixed
@@ -89,8 +86,8 @@ class _Sums:
 class PayoffCheck:
     """Call `drafting` before a round (may its rows draft?) and `observe(tokens, seconds)` after it."""
 
-    drafting_rounds: int = 24  # rounds in an epoch with drafting allowed, once drafting has won
-    plain_rounds: int = 8  # rounds in any other epoch: plain decoding's, and drafting's before it wins (trials)
+    drafting_rounds: int = 24  # rounds in an epoch with drafting allowed
+    plain_rounds: int = 8  # rounds in an epoch without: shorter, since a short job that drafts well pays for them
     margin: float = 0.02  # plain decoding must be this much faster than drafting to be preferred
     clear: float = 1.15  # a gap this wide needs no confirming: the loser is next tried after max_interval
     decay: float = 0.5  # per comparison
@@ -146,19 +143,13 @@ class PayoffCheck:
         for sums in self._epoch[:1] if admitting else self._epoch:
             sums.add(tokens, seconds, plain)
         self._round += 1
-        length = self._length()
-        if not self._warm:
-            length = self.drafting_rounds if self.warmup_rounds is None else self.warmup_rounds
+        length = self.drafting_rounds if self._arm == ON else self.plain_rounds
+        if not self._warm and self.warmup_rounds is not None:
+            length = self.warmup_rounds
         if not self._warm and learning:
             length = max(length, min(self._round + 1, self.max_warmup))
         if self._round >= length:
             self._end_epoch()
-
-    def _length(self) -> int:
-        """The current epoch's rounds: `drafting_rounds` for drafting once it has won, `plain_rounds` for plain
-        decoding and for drafting on trial (before the first verdict, or as the loser). A drafter that loses
-        then pays for one short epoch at a time; one that wins pays for short plain epochs as before."""
-        return self.drafting_rounds if self._arm == ON and self._winner == ON else self.plain_rounds
 
     def _end_epoch(self) -> None:
         every, clean = self._epoch
