@@ -250,3 +250,28 @@ def test_the_heldout_grid_prints_each_drafters_worst_and_median(llama_pair, prom
     assert "grid: tiny rows 4 fixed batch 2 T 0.0: model " in printed
     assert [line.split()[0] for line in printed.splitlines()[-2:]] == ["model", "ngram"]
     assert printed.splitlines()[-1].endswith("identical")
+
+
+@pytest.mark.parametrize("kind,opening,closing", [
+    ("module-chat", "Here is the documentation of the Python module `", "give one short usage example."),
+    ("module-raw", "# Python module `", "\n\n## Example\n\n"),
+    ("class-chat", "Here is the documentation of the Python class `", "give one short usage example."),
+    ("class-raw", "# Python class `", "\n\n## Example\n\n"),
+])
+def test_heldout_prompts_are_the_same_every_time(tmp_path, kind, opening, closing):
+    """tools/heldout_prompts.py: the held-out sets are a fixed function of the running Python's standard library
+    (sorted, shuffled by a fixed seed, docstrings cut to 700 characters), so two builds are identical."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import heldout_prompts
+
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert heldout_prompts.main(["--kind", kind, "--out", str(first)]) == 0
+    heldout_prompts.main(["--kind", kind, "--out", str(second)])
+    assert first.read_bytes() == second.read_bytes()
+    prompts = [json.loads(line)["prompt"] for line in first.read_text().splitlines()]
+    assert len(prompts) >= 20
+    assert all(p.startswith(opening) and p.endswith(closing) for p in prompts)
+    assert max(len(p) for p in prompts) <= 700 + 250  # the docstring's 700 characters and the template
