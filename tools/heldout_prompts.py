@@ -1,8 +1,8 @@
 """Held-out prompts for tools/heldout_grid.py, built from the docstrings of Python's standard library.
 
-    python tools/heldout_prompts.py --kind module-chat --out /work/heldout/stdlib_docs_chat.jsonl
-    python tools/heldout_prompts.py --kind module-raw  --out /work/heldout/stdlib_docs_raw.jsonl
-    python tools/heldout_prompts.py --kind class-chat  --out /work/heldout/stdlib_class_chat.jsonl
+    python tools/heldout_prompts.py --kind module-chat --out heldout/module-chat.jsonl
+    python tools/heldout_prompts.py --kind module-raw  --out heldout/module-raw.jsonl
+    python tools/heldout_prompts.py --kind class-chat  --out heldout/class-chat.jsonl
 
 No download and nothing the demo pair trained on as prompts: the text is what `ast.get_docstring` returns
 for the top-level modules (module-*) or the public top-level classes (class-*) of the running Python's
@@ -35,44 +35,36 @@ def _clean(doc: str) -> str:
     return " ".join(doc.split())[:MAX_CHARS]
 
 
-def module_docs(root: Path) -> list[tuple[str, str]]:
-    """(module name, docstring) for each top-level stdlib module file with a long enough docstring."""
-    out = []
+def _modules(root: Path):
+    """(module name, parsed module) for each top-level stdlib module file that parses."""
     for path in sorted(root.glob("*.py")):
         try:
-            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+            yield path.stem, ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError):
             continue
-        if doc and len(doc) >= MIN_CHARS:
-            out.append((path.stem, doc))
-    return out
 
 
-def class_docs(root: Path) -> list[tuple[str, str]]:
-    """('module.Class', docstring) for each public top-level class of the top-level stdlib module files."""
-    out = []
-    for path in sorted(root.glob("*.py")):
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError):
-            continue
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
-                doc = ast.get_docstring(node)
-                if doc and len(doc) >= MIN_CHARS:
-                    out.append((f"{path.stem}.{node.name}", doc))
-    return out
+def docs(root: Path, what: str) -> list[tuple[str, str]]:
+    """(name, docstring) of each top-level module (what="module") or each public top-level class ("class",
+    named 'module.Class') whose docstring is long enough."""
+    found = []
+    for stem, tree in _modules(root):
+        if what == "module":
+            found.append((stem, ast.get_docstring(tree)))
+        else:
+            found += [(f"{stem}.{node.name}", ast.get_docstring(node)) for node in tree.body
+                      if isinstance(node, ast.ClassDef) and not node.name.startswith("_")]
+    return [(name, doc) for name, doc in found if doc and len(doc) >= MIN_CHARS]
 
 
 def prompts(kind: str, root: Path) -> list[str]:
     what, style = kind.split("-")
-    docs = module_docs(root) if what == "module" else class_docs(root)
-    random.Random(SEED).shuffle(docs)
-    noun = "module" if what == "module" else "class"
+    found = docs(root, what)
+    random.Random(SEED).shuffle(found)
     if style == "chat":
-        return [f"Here is the documentation of the Python {noun} `{name}`:\n\n{_clean(doc)}\n\nExplain in a few "
-                f"sentences what this {noun} is for and give one short usage example." for name, doc in docs]
-    return [f"# Python {noun} `{name}`\n\n{_clean(doc)}\n\n## Example\n\n" for name, doc in docs]
+        return [f"Here is the documentation of the Python {what} `{name}`:\n\n{_clean(doc)}\n\nExplain in a few "
+                f"sentences what this {what} is for and give one short usage example." for name, doc in found]
+    return [f"# Python {what} `{name}`\n\n{_clean(doc)}\n\n## Example\n\n" for name, doc in found]
 
 
 def main(argv: list[str] | None = None) -> int:
