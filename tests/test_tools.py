@@ -83,6 +83,33 @@ def test_bench_checks_coupled_outputs_against_a_coupled_none(llama_pair, prompt_
     assert "coupled sampled outputs (seed 0): all identical to drafter none" in capsys.readouterr().out
 
 
+def test_bench_interleaved_runs_the_batchspec_contenders_round_by_round(llama_pair, prompt_file, tmp_path, capsys):
+    """--interleave: the batchspec contenders' jobs advance one round at a time in one stretch of time (a job
+    with a round that did not pause raises), each finishes at least --repeats jobs and its outputs equal
+    drafter none's; HF generate still runs its repeats one after another. --noise-check: drafter none again."""
+    out = tmp_path / "bench.json"
+    bench.main(["--target", str(llama_pair.target), "--draft", "", "--prompts", prompt_file, "--num-prompts", "4",
+                "--max-new-tokens", "8", "--batch-size", "2", "--k", "2", "--repeats", "2", "--drafters", "ngram",
+                "--no-hf-static", "--no-hf-batch1", "--fresh", "--interleave", "--noise-check", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["contender"] for r in rows] == ["hf generate (batched)", "batchspec none", "batchspec none (again)",
+                                              "batchspec ngram k=2", "batchspec ngram adaptive k<=2"]
+    assert len(rows[0]["repeats_tokens_per_s"]) == 2
+    for row in rows[1:]:
+        assert len(row["repeats_tokens_per_s"]) >= 2 and row["outputs_equal_to_none"] == 4, row
+    assert rows[1]["vs_none"] == 1.0 and rows[2]["vs_none"] > 0  # the first none is the reference
+    printed = capsys.readouterr().out
+    assert printed.count("  interleaved: batchspec ") == 4
+
+
+def test_a_pausing_step_yields_the_pause_then_the_rounds_results():
+    from batchspec.bench.interleave import PAUSE, pausing
+
+    calls = []
+    step = pausing(lambda: calls.append(1) or ["a", "b"])
+    assert calls == [] and list(step()) == [PAUSE, "a", "b"] and calls == [1]
+
+
 @pytest.mark.parametrize("kind", ["parquet_folder", "jsonl", "saved_hf_dataset"])
 def test_prompts_come_from_any_job_source(tmp_path, kind):
     rows = [{"text": p} for p in PROMPTS[:5]] + [{"text": None}]
@@ -241,13 +268,15 @@ def test_the_heldout_grid_prints_each_drafters_worst_and_median(llama_pair, prom
     out = tmp_path / "grid.json"
     heldout_grid.main(["--pair", f"tiny={llama_pair.target},{llama_pair.draft},{prompt_file}", "--rows", "4",
                        "--max-new-tokens", "6", "--lengths", "fixed", "--batch-size", "2", "--drafters", "model,ngram",
-                       "--repeats", "1", "--json", str(out)])
+                       "--repeats", "1", "--interleave", "--noise-check", "--json", str(out)])
     cells = json.loads(out.read_text())
     assert len(cells) == 1 and set(cells[0]["ratios"]) == {"model", "ngram"}
+    assert cells[0]["none_again_vs_none"] > 0  # --noise-check: drafter none's second contender over its first
     for ratios in cells[0]["ratios"].values():
         assert ratios["identical"] and ratios["vs_none"] > 0 and ratios["best_fixed"].startswith("batchspec")
     printed = capsys.readouterr().out
     assert "grid: tiny rows 4 fixed batch 2 T 0.0: model " in printed
+    assert " [none again " in printed and "  interleaved: batchspec none (again) " in printed
     assert [line.split()[0] for line in printed.splitlines()[-2:]] == ["model", "ngram"]
     assert printed.splitlines()[-1].endswith("identical")
 

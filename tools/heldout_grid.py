@@ -10,7 +10,8 @@ NAME=TARGET,DRAFT,PROMPTS[,HEAD] (DRAFT '' for none). Every cell (pair, rows, le
 temperature) is one `python -m batchspec.bench` run in this process: drafter none, each drafter at fixed k
 (--fixed-k, default 1, 2 and 4) and adaptive (k up to the largest), interleaved, --repeats timed runs each
 after an untimed one, every run a job of its own (`--fresh`: the controller starts from the machine's cached
-costs and nothing else). It prints a
+costs and nothing else); with --interleave the contenders' jobs advance round by round in one stretch of time
+(the bench's --interleave), and --noise-check adds drafter none a second time. It prints a
 line per cell as it goes, then per drafter the worst and the median over the cells of adaptive's tokens/s
 over drafter none's and over the best fixed k's (only in cells where some fixed k beat none by 5% or more),
 and whether every greedy or coupled output equalled drafter none's.
@@ -57,8 +58,8 @@ def cell_args(pair: dict, args, rows: int, lengths: str, batch: int, temperature
             "--no-hf-batched", "--json", str(out)]
     if pair["head"]:
         argv += ["--head", pair["head"]]
-    if args.chat:
-        argv += ["--chat"]
+    argv += [flag for flag, on in (("--chat", args.chat), ("--interleave", args.interleave),
+                                   ("--noise-check", args.noise_check)) if on]
     return argv
 
 
@@ -83,6 +84,12 @@ def cell_ratios(report: dict) -> dict[str, dict]:
             "tokens_per_forward": adaptive["tokens_per_forward"],
         }
     return out
+
+
+def noise(report: dict) -> float | None:
+    """--noise-check: drafter none's second contender over its first, a ratio that should be 1."""
+    nones = [r["tokens_per_s"] for r in report["rows"] if r["kind"] == "batchspec" and r["drafter"] == "none"]
+    return nones[1] / nones[0] if len(nones) > 1 else None
 
 
 def summary(cells: list[dict]) -> list[str]:
@@ -112,6 +119,10 @@ def main(argv: list[str] | None = None) -> None:
                         "ceiling is the largest)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chat", action="store_true", help="prompts through the target's chat template")
+    parser.add_argument("--interleave", action="store_true", help="the bench's --interleave: every cell's "
+                        "contenders round by round in one stretch of time (bench/interleave.py)")
+    parser.add_argument("--noise-check", action="store_true", help="the bench's --noise-check: drafter none twice, "
+                        "and the cell's line says what the second read over the first")
     parser.add_argument("--json", help="every cell's ratios, written as the grid goes")
     args = parser.parse_args(argv)
     args.drafters = [d for d in args.drafters.split(",") if d]
@@ -128,11 +139,14 @@ def main(argv: list[str] | None = None) -> None:
                             cell = {"pair": name, "rows": rows, "lengths": lengths, "batch": batch,
                                     "temperature": temperature, "ratios": cell_ratios(report),
                                     "none_tokens_per_s": next(r["tokens_per_s"] for r in report["rows"]
-                                                              if r["drafter"] == "none")}
+                                                              if r["drafter"] == "none"),
+                                    "none_again_vs_none": noise(report)}
                             cells.append(cell)
+                            again = "" if cell["none_again_vs_none"] is None else \
+                                f" [none again {cell['none_again_vs_none']:.2f}x none]"
                             print(f"grid: {name} rows {rows} {lengths} batch {batch} T {temperature}: " + ", ".join(
                                 f"{d} {m['vs_none']:.2f}x none ({m['vs_best_fixed']:.2f}x {m['best_fixed']})"
-                                for d, m in cell["ratios"].items()), flush=True)
+                                for d, m in cell["ratios"].items()) + again, flush=True)
                             if args.json:
                                 Path(args.json).write_text(json.dumps(cells, indent=1))
     print("\n".join(summary(cells)))

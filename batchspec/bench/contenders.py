@@ -90,6 +90,8 @@ def batchspec_contenders(args, drafters: list[str], mode: str, verify: str) -> l
     k_max = max(args.k)
     tag = variant_tag(args, mode, verify)
     out = [Contender(f"batchspec none{tag}", "batchspec", "none", compile=mode, verify=verify)]
+    if getattr(args, "noise_check", False):  # the same contender again: the ratio it reads is the noise
+        out.append(Contender(f"batchspec none (again){tag}", "batchspec", "none", compile=mode, verify=verify))
     for drafter in drafters:
         for k in args.k if args.fixed else ():
             out.append(Contender(f"batchspec {drafter} k={k}{tag}", "batchspec", drafter, k=k, compile=mode,
@@ -202,20 +204,33 @@ def generator_settings(contender: Contender, args) -> dict:
 
 
 def run_batchspec(contender: Contender, models, prompts, args):
-    generator = contender.generator
-    if contender.drafter == "suffix" or args.fresh:  # suffix learns the prompts' completions: every run starts
-        generator = None  # with what a job starts; --fresh: each run is a job of its own
-    if generator is None:  # the warm-up: forwards are captured once, here, as in a job
-        generator = contender.generator = build_generator(
-            models, profile=args.profile, compile=contender.compile, **generator_settings(contender, args))
-    generator.reset_stats()
+    generator = batchspec_job(contender, models, args)
     sync(models.target.device)
     t0 = time.perf_counter()
     results = list(generator.run(requests(prompts, args)))
     sync(models.target.device)
-    elapsed = time.perf_counter() - t0
+    return finish_batchspec(contender, generator, results, len(prompts), time.perf_counter() - t0)
+
+
+def batchspec_job(contender: Contender, models, args):
+    """The generator for one run of a batchspec contender, its statistics reset: the contender's own, built at
+    the warm-up, or a new one (suffix learns the prompts' completions, so that every run starts with what a
+    job starts; --fresh: each run is a job of its own)."""
+    generator = contender.generator
+    if contender.drafter == "suffix" or args.fresh:
+        generator = None
+    if generator is None:  # the warm-up: forwards are captured once, here, as in a job
+        generator = contender.generator = build_generator(
+            models, profile=args.profile, compile=contender.compile, **generator_settings(contender, args))
+    generator.reset_stats()
+    return generator
+
+
+def finish_batchspec(contender: Contender, generator, results, count: int, elapsed: float):
+    """A run's (tokens per second, each prompt's output tokens in prompt order); its statistics added to the
+    contender's."""
     by_id = {r.id: r for r in results}
-    outputs = [by_id[str(i)].completion_token_ids for i in range(len(prompts))]
+    outputs = [by_id[str(i)].completion_token_ids for i in range(count)]
     add_stats(contender, generator)
     return generator.stats.completion_tokens / elapsed, outputs
 

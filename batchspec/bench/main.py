@@ -149,6 +149,11 @@ def add_field_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh", action="store_true", help="every run builds its generator anew, as a job of "
                         "--num-prompts rows would (adaptive speculation starts from nothing but the machine's cached "
                         "costs); by default a contender keeps its generator across repeats, as one long job would")
+    parser.add_argument("--interleave", action="store_true", help="run the batchspec contenders' jobs round by "
+                        "round, interleaved in one stretch of time, so that the machine's swings slow each alike "
+                        "(bench/interleave.py); each contender runs jobs until every one has finished --repeats")
+    parser.add_argument("--noise-check", action="store_true", help="drafter none a second time ('batchspec none "
+                        "(again)'): its ratio to the first is what the machine and the harness do to a ratio of 1")
     parser.add_argument("--json", help="write the table as JSON here")
     parser.add_argument("--markdown", help="write the table as Markdown here")
 

@@ -1,7 +1,8 @@
 """The benchmark's measurement (python -m batchspec.bench): one batch size, every contender, timed.
 
 `bench_batch_size` runs the field at one batch size and returns its report: `measure` runs every contender
-once untimed (the warm-up), then all of them interleaved, --repeats times each; `cost_curve` measures the
+once untimed (the warm-up), then all of them interleaved, --repeats times each (with --interleave the
+batchspec contenders round by round, interleave.py); `cost_curve` measures the
 target's and the draft's forward times that the predicted speedups use; report.py turns the results
 into rows, tables and the lines printed under them.
 """
@@ -18,6 +19,7 @@ import torch
 from ..engine.graphs import resolve_capture
 from .calibrate import forward_ms
 from .contenders import Contender, contenders, count_launches, run_contender
+from .interleave import interleave
 from .report import (CostCurve, adaptive_vs_best_fixed, print_cost_curve, print_identity, print_launches,
                      print_structured, print_time_split, render, result_rows)
 
@@ -59,8 +61,10 @@ def measure(field_: list[Contender], models, prompts: list[str], args) -> None:
         c.capture_s = c.generator.capture_s if c.generator is not None else None
         extra = f" (capturing {c.capture_s:.1f} s)" if c.capture_s else ""
         print(f"  warm-up:  {c.name:32s} {c.warmup_s:8.1f} s{extra}", flush=True)
+    if args.interleave:  # the batchspec contenders round by round, in one stretch of time (interleave.py)
+        interleave([c for c in field_ if c.kind == "batchspec"], models, prompts, args)
     for repeat in range(args.repeats):
-        for c in field_:
+        for c in (c for c in field_ if c.kind != "batchspec" or not args.interleave):
             rate, outputs = run_contender(c, models, prompts, args)
             c.tokens_per_s.append(rate)
             c.outputs = c.outputs or outputs

@@ -65,7 +65,10 @@ def result_rows(field_: list[Contender], args, num_prompts: int, curve: CostCurv
     baseline = statistics.median(hf_batched.tokens_per_s) if hf_batched else None
     hf_static = next((c for c in field_ if c.kind == "hf_static"), None)
     static = statistics.median(hf_static.tokens_per_s) if hf_static else None
-    nones = {(c.compile, c.verify): c for c in field_ if c.kind == "batchspec" and c.drafter == "none"}
+    nones: dict = {}
+    for c in field_:  # the first none of each variant is the reference (--noise-check runs a second)
+        if c.kind == "batchspec" and c.drafter == "none":
+            nones.setdefault((c.compile, c.verify), c)
     first_none = nones[variants(args)[0]]
     # Greedy and coupled sampling emit plain decoding's tokens, in every compile mode (greedy runs are all
     # "coupled" here): the first coupled none is the reference, never a rejection none, whose sampled
