@@ -102,6 +102,18 @@ def test_bench_interleaved_runs_the_batchspec_contenders_round_by_round(llama_pa
     assert printed.count("  interleaved: batchspec ") == 4
 
 
+@pytest.mark.parametrize("mine,theirs,ratio", [
+    ([10.0, 20.0, 30.0], [10.0, 20.0, 30.0], 1.0),  # the machine slowed and sped up: side by side, no change
+    ([9.0, 18.0, 33.0], [10.0, 20.0, 30.0], 0.9),  # ratios 0.9, 0.9, 1.1: their median (medians' ratio: 0.9 too)
+    ([12.0, 10.0, 30.0], [10.0, 20.0, 30.0], 1.0),  # ratios 1.2, 0.5, 1.0 (medians' ratio: 0.6)
+    ([12.0, 10.0], [10.0, 20.0, 30.0], 0.55),  # ran a different number of times: the medians' ratio
+])
+def test_side_by_side_is_the_median_of_paired_ratios(mine, theirs, ratio):
+    from batchspec.bench.report import side_by_side
+
+    assert side_by_side(mine, theirs) == pytest.approx(ratio)
+
+
 def test_a_pausing_step_yields_the_pause_then_the_rounds_results():
     from batchspec.bench.interleave import PAUSE, pausing
 

@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchspec.bench import main as bench  # noqa: E402
+from batchspec.bench.report import side_by_side  # noqa: E402
 
 
 def parse_pair(text: str) -> tuple[str, dict]:
@@ -66,7 +67,6 @@ def cell_args(pair: dict, args, rows: int, lengths: str, batch: int, temperature
 def cell_ratios(report: dict) -> dict[str, dict]:
     """Per drafter: adaptive / none, adaptive / the best fixed k, the best fixed k / none, outputs identical."""
     rows = [r for r in report["rows"] if r["kind"] == "batchspec"]
-    none = next(r for r in rows if r["drafter"] == "none")
     out = {}
     for drafter in sorted({r["drafter"] for r in rows} - {"none"}):
         mine = [r for r in rows if r["drafter"] == drafter]
@@ -74,12 +74,12 @@ def cell_ratios(report: dict) -> dict[str, dict]:
         fixed = [r for r in mine if not r["adaptive"]]
         if adaptive is None:
             continue
-        best = max(fixed, key=lambda r: r["tokens_per_s"]) if fixed else None
+        best = max(fixed, key=lambda r: r["vs_none"]) if fixed else None
         out[drafter] = {
-            "vs_none": adaptive["tokens_per_s"] / none["tokens_per_s"],
+            "vs_none": adaptive["vs_none"],
             "best_fixed": best["contender"] if best else None,
-            "best_fixed_vs_none": best["tokens_per_s"] / none["tokens_per_s"] if best else None,
-            "vs_best_fixed": adaptive["tokens_per_s"] / best["tokens_per_s"] if best else None,
+            "best_fixed_vs_none": best["vs_none"] if best else None,
+            "vs_best_fixed": side_by_side(adaptive["repeats_tokens_per_s"], best["repeats_tokens_per_s"]) if best else None,
             "identical": all(r["outputs_equal_to_none"] == r["num_prompts"] for r in mine),
             "tokens_per_forward": adaptive["tokens_per_forward"],
         }
@@ -88,8 +88,8 @@ def cell_ratios(report: dict) -> dict[str, dict]:
 
 def noise(report: dict) -> float | None:
     """--noise-check: drafter none's second contender over its first, a ratio that should be 1."""
-    nones = [r["tokens_per_s"] for r in report["rows"] if r["kind"] == "batchspec" and r["drafter"] == "none"]
-    return nones[1] / nones[0] if len(nones) > 1 else None
+    nones = [r for r in report["rows"] if r["kind"] == "batchspec" and r["drafter"] == "none"]
+    return nones[1]["vs_none"] if len(nones) > 1 else None
 
 
 def summary(cells: list[dict]) -> list[str]:

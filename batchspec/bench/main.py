@@ -11,9 +11,11 @@
 Every contender first runs once untimed (the warm-up: CUDA graph capture, torch.compile, HF's own
 compile with a static cache, allocator and kernel caches; its time is reported, not counted), then
 all run interleaved, `--repeats` times each (at least 3), in one process. A batchspec contender keeps
-its generator across repeats, as one long job would. The table reports the median tokens/s, the
-ratio to HF batched `generate`, acceptance, tokens per target forward, and the speedup over drafter
-none predicted from the measured acceptance and cost curve:
+its generator across repeats, as one long job would (with --interleave the batchspec contenders' jobs
+run round by round side by side instead: bench/interleave.py). The table reports the median tokens/s, the
+ratio to HF batched `generate`, the ratio to drafter none (the median of the ratios of runs made side
+by side), acceptance, tokens per target forward, and the speedup over drafter none predicted from the
+measured acceptance and cost curve:
 
     predicted = tokens_per_forward * t_verify(1) / (t_verify(k+1) + k * t_draft(1))
 
