@@ -4,20 +4,22 @@ Why: on this project's 2-core VMs the machine's speed moves by 10-36% over minut
 runs read 36.1, 44.0 and 49.1 tokens/s within one run, 2026-12-02), so contenders that run one after another,
 each a job of tens of seconds, compare the machine's moments as much as the contenders: three repeats cannot
 resolve the 3-5% that the adaptive floor is about. Here the batchspec contenders' jobs advance together, one
-round at a time, the next round always going to the contender furthest behind in its jobs (by the rows it has
-finished; among equals, the one whose clock is furthest behind): all of them run through the same minutes,
-their n-th jobs side by side, and a swing of the machine's speed slows each alike.
+round at a time, the next round always going to the contender furthest behind in the tokens it has emitted
+(every job emits the same tokens: greedy and coupled outputs are drafter none's), so that all of them run
+through the same minutes, their n-th jobs side by side, and a swing of the machine's speed slows each alike.
 
 How: a contender's `generator.step` is wrapped to yield a marker (`PAUSE`) after its round, which
 `generator.run` passes on (it reads step's results with `yield from`), so that iterating a contender's run
 advances it by one round. Single-threaded on purpose: threads would each get an OpenMP team of their own, whose
 spinning workers would fight the running one for the cores. A contender's clock counts its own rounds and
 admissions, and the start-up work of its run (as a sequential run's timer does); building its generator is not
-counted (run_batchspec's rule). Each contender runs `repeats` jobs one after another; a slower one gets more
-rounds, so that none waits for the slowest's last job (a fair share of time instead cost 10 contenders 12
-minutes of waiting for a draft model at 0.57x). Every job is one entry of its tokens_per_s, as a sequential
-repeat is. The fast contenders wait while a slow one finishes the rows they have finished: for that stretch
-(at most the time a row takes) it runs alone.
+counted (run_batchspec's rule). Each contender runs `repeats` jobs one after another, a slower one more rounds
+a minute, so that all end together. Every job is one entry of its tokens_per_s, as a sequential repeat is.
+Two schedules tried first (2026-12-03, SmolLM2-135M, 10 contenders): an equal share of time kept drafter none's
+two copies within 1.7% of each other per job but ran every contender until the slowest (a draft model at
+0.57x) had its jobs, 12 minutes more, and left the contenders with unequal numbers of jobs; progress by
+finished rows (which finish in waves of a batch) ran contenders alone for whole waves, and the two copies of
+drafter none read 14% apart in one job.
 
 What it costs: a switch of contender every round (their KV caches and the drafters' tables leave the CPU's
 caches). `--noise-check` adds drafter none a second time, so the table shows what the harness and the machine
@@ -56,6 +58,7 @@ class Lane:
     jobs_done: int = 0
     clock: float = 0.0  # seconds of this contender's work over the whole run (finished jobs and the running one)
     rounds: int = 0  # rounds of the running job
+    tokens: int = 0  # tokens its finished jobs emitted
     generator: object | None = None
     running: Iterator | None = None
     started: float = 0.0  # the clock when the running job started
@@ -68,7 +71,7 @@ def interleave(lanes_of: list[Contender], models, prompts: list[str], args) -> N
     lanes = [Lane(c) for c in lanes_of]
     device = models.target.device
     while any(lane.jobs_done < args.repeats for lane in lanes):
-        lane = min(lanes, key=lambda x: (x.jobs_done + len(x.results) / len(prompts), x.clock))
+        lane = min(lanes, key=lambda x: (x.jobs_done >= args.repeats, emitted(x), x.clock))
         if lane.running is None:
             start(lane, models, prompts, args)
         sync(device)
@@ -84,6 +87,16 @@ def interleave(lanes_of: list[Contender], models, prompts: list[str], args) -> N
             finish(lane, len(prompts))
     for lane in lanes:
         print(f"  interleaved: {lane.contender.name:32s} {lane.jobs_done} jobs, {lane.clock:7.1f} s", flush=True)
+
+
+def emitted(lane: Lane) -> int:
+    """Tokens the lane has emitted: its finished jobs', and its running job's finished rows' (counted as a
+    round releases them, before its pause) and running rows'."""
+    generator, running = lane.generator, 0
+    if generator is not None:
+        slots = generator.scheduler.slots
+        running = generator.stats.completion_tokens + sum(slots[s].num_output for s in slots.active())
+    return lane.tokens + running
 
 
 def start(lane: Lane, models, prompts: list[str], args) -> None:
@@ -102,5 +115,6 @@ def finish(lane: Lane, count: int) -> None:
         raise RuntimeError(f"interleave: {c.name} paused {lane.rounds} times in {generator.stats.rounds} rounds")
     c.tokens_per_s.append(rate)
     c.outputs = c.outputs or outputs
+    lane.tokens += generator.stats.completion_tokens
     lane.jobs_done, lane.running, lane.generator = lane.jobs_done + 1, None, None
     print(f"  job {lane.jobs_done}: {c.name:32s} {rate:8.1f} tok/s", flush=True)
