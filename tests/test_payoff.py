@@ -141,14 +141,15 @@ def test_admission_share_of_a_round(name, fills, forward, expected):
 
 
 @pytest.mark.parametrize("drafting_rate,first_verdict_at,winner", [
-    (0.6, 8 + 24 + 8, "plain"),  # warm-up, on, off: the first plain epoch is `clear` ahead, it decides
+    (0.6, 8 + 24 + 8 + 24, "plain"),  # unpriced rounds: the first plain epoch alone does not decide; the first
+    #   comparison, wide, does
     (0.95, 8 + 24 + 8 + 24 + 8, "plain"),  # within `clear`: two comparisons first
     (1.5, 8 + 24 + 8 + 24, "drafting"),  # unpriced rounds: the first comparison, wide, decides
 ])
 def test_a_short_warm_up_and_a_wide_first_comparison_decide_early(drafting_rate, first_verdict_at, winner):
-    """With the machine's costs measured at start the warm-up is 8 rounds; a first plain epoch 15% or more ahead
-    of the drafting epoch before it, or a first comparison 15% or more apart, gives the verdict (noise-free
-    rounds: the round at which the verdict first exists is exact)."""
+    """With the machine's costs measured at start the warm-up is 8 rounds; a first comparison 15% or more apart
+    gives the verdict (noise-free rounds, not priced by the books: the round at which the verdict first exists
+    is exact)."""
     check = PayoffCheck(warmup_rounds=8)
     for r in range(1, 200):
         check.observe(32, 32 / (drafting_rate if check.drafting else 1.0))
@@ -163,12 +164,14 @@ def test_a_short_warm_up_and_a_wide_first_comparison_decide_early(drafting_rate,
     (1.5, 1.4, 8 + 24 + 8 + 24, "drafting"),  # the books price them near drafting's rate: the clock decides
     (1.5, None, 8 + 24 + 8 + 24, "drafting"),  # rounds not priced: the clock decides
     (1.1, 1.0, 8 + 24 + 8 + 24 + 8, "drafting"),  # not clear: two comparisons
-    (0.6, 1.0, 8 + 24 + 8, "plain"),  # a loser: the first plain epoch
+    (0.6, 1.0, 8 + 24 + 8, "plain"),  # a loser the books see: the first plain epoch
+    (0.6, 0.58, 8 + 24 + 8 + 24, "plain"),  # the books price plain rounds below drafting's: the first comparison
 ])
 def test_a_clear_win_needs_no_plain_epoch_to_start(drafting_rate, books, first_verdict_at, winner):
     """A first drafting epoch `clear` (1.15x) ahead of the cost model's price of the same rounds without drafts
-    gives a provisional verdict at once, and the clock confirms it 2 drafting epochs later (noise-free rounds:
-    the rounds are exact)."""
+    gives a provisional verdict at once, and the clock confirms it 2 drafting epochs later; a first plain epoch
+    `clear` ahead of the drafting epoch before it gives the verdict plain where the books price that epoch's
+    rounds without drafts faster than they ran (noise-free rounds: the rounds are exact)."""
     check = PayoffCheck(warmup_rounds=8)
     for r in range(1, 300):
         check.observe(32, 32 / (drafting_rate if check.drafting else 1.0),
