@@ -13,7 +13,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import batchspec
 from batchspec.api import build_generator
 from batchspec.engine.adaptive import LOOKUP, AdaptiveK
 from batchspec.engine.costs import Line, PackedCosts
