@@ -6,7 +6,6 @@ decisions of item 13. Each test failed on the code before its fix."""
 
 from __future__ import annotations
 
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest

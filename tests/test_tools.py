@@ -85,7 +85,8 @@ def test_bench_checks_coupled_outputs_against_a_coupled_none(llama_pair, prompt_
 
 def test_bench_interleaved_runs_the_batchspec_contenders_round_by_round(llama_pair, prompt_file, tmp_path, capsys):
     """--interleave: the batchspec contenders' jobs advance one round at a time in one stretch of time (a job
-    with a round that did not pause raises), each runs --repeats jobs and its outputs equal drafter none's; HF generate still runs its repeats one after another. --noise-check: drafter none again."""
+    with a round that did not pause raises), each runs --repeats jobs and its outputs equal drafter none's; HF
+    generate still runs its repeats one after another. --noise-check: drafter none again."""
     out = tmp_path / "bench.json"
     bench.main(["--target", str(llama_pair.target), "--draft", "", "--prompts", prompt_file, "--num-prompts", "4",
                 "--max-new-tokens", "8", "--batch-size", "2", "--k", "2", "--repeats", "2", "--drafters", "ngram",

@@ -167,7 +167,7 @@ class PayoffCheck:
             self._last = (self._last + [(ended, tokens / max(seconds, 1e-12))])[-3:]
         if ended == ON:
             self._books_plain = books[0] / books[1] if books[1] > 0 else None
-        if self._winner is None and self._compared == 0 and self._clear_early(ended, books):
+        if self._winner is None and self._compared == 0 and self._clear_early(ended):
             return
         compared = self._warm and len(self._last) == 3 and self._last[0][0] == self._last[2][0] != self._last[1][0]
         if compared:
@@ -181,13 +181,13 @@ class PayoffCheck:
             return
         self._arm = self._next(ended, compared)
 
-    def _clear_early(self, ended: int, books: list[float]) -> bool:
+    def _clear_early(self, ended: int) -> bool:
         """The verdicts a short job cannot wait for (the module's docstring): the first drafting epoch `clear`
         times the books' plain price of its rounds, or the first plain epoch `clear` times the drafting epoch
         before it while the books' price of that epoch's rounds without drafts is faster than they ran too. Sets
         the verdict and the next arm; False when neither holds."""
-        if len(self._last) == 1 and ended == ON and books[1] > 0:
-            plain, drafting = books[0] / books[1], self._last[0][1]
+        if len(self._last) == 1 and ended == ON and self._books_plain is not None:
+            plain, drafting = self._books_plain, self._last[0][1]
             if drafting < self.clear * plain:
                 return False
             interval = 2  # provisional: a plain trial soon, whose comparison the clock makes
