@@ -195,7 +195,8 @@ def test_demo_pair_sampled_output_ignores_the_drafter():
                                              ("prompt_lookup", 3, 2, True)]:
         got = batchspec.generate(prompts, drafter=drafter, k=k, batch_size=batch_size, adaptive=adaptive, **common)
         assert [r.completion_token_ids for r in got] == [r.completion_token_ids for r in plain], (drafter, k)
-        if drafter == "model":  # the trained draft guesses the target's sampled tokens often
+        if drafter == "model" and adaptive is False:  # the trained draft guesses the target's sampled tokens often
+            # (at fixed k: adaptive's drafts depend on the machine's timing, and under load a job drafted 7 of them)
             assert sum(r.accepted_tokens for r in got) / sum(r.draft_tokens for r in got) > 0.4
 
 

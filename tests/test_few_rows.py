@@ -98,3 +98,38 @@ def test_the_choice_is_kept_for_the_next_process_and_bounded_in_time(monkeypatch
     assert len(timed) == 1 and second.left == first.left
     bounded = real(FewRowLinears(TwoLayers(), left={}).linears, 1, budget_s=0.0)
     assert set(bounded) == {(40, 16), (16, 40)} and sum(len(b) > 0 for b in bounded.values()) <= 1
+
+
+@pytest.mark.parametrize("top, sizes", [(1, (1,)), (2, (2,)), (4, (3, 4)), (8, (6, 8)), (16, (13, 16)), (32, (27, 32)),
+                                        (64, (55, 64))])
+def test_each_bucket_is_timed_at_its_top_and_at_a_size_inside(top, sizes):
+    from batchspec.engine.few_rows import timed_rows
+
+    assert timed_rows(top) == sizes
+
+
+@pytest.mark.parametrize("linear_ms, left_ms, chosen", [
+    # SmolLM2's LM head (2026-12-03): F.linear fast at 16 rows, 2.5x slower at 13; W @ x.T flat
+    ({13: 42.1, 16: 16.8}, {13: 16.6, 16: 17.4}, {16}),
+    ({13: 20.0, 16: 20.0}, {13: 17.5, 16: 19.0}, set()),  # 9% faster summed: not the 10% margin
+    ({13: 20.0, 16: 20.0}, {13: 16.0, 16: 19.0}, {16}),  # 12.5% faster summed
+    ({13: 16.0, 16: 42.0}, {13: 17.0, 16: 17.0}, {16}),  # the top decides when it is the slow one
+])
+def test_a_bucket_is_chosen_by_its_times_summed_over_its_sizes(linear_ms, left_ms, chosen, monkeypatch):
+    """The choice for bucket 16 of one shape, with a clock that advances by the given times (other buckets
+    cost the same either way)."""
+    from types import SimpleNamespace
+
+    import batchspec.engine.few_rows as few_rows
+
+    now = [0.0]
+
+    def costing(table):
+        def f(x, w, b=None):
+            now[0] += table.get(x.shape[0], 1.0) / 1000
+        return f
+    monkeypatch.setattr(few_rows, "F", SimpleNamespace(linear=costing(linear_ms)))
+    monkeypatch.setattr(few_rows, "weight_left", costing(left_ms))
+    monkeypatch.setattr(few_rows, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    layer = nn.Linear(16, 40)
+    assert FewRowLinears.time([layer], repeats=2, budget_s=1e9) == {(40, 16): frozenset(chosen)}

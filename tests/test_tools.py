@@ -100,6 +100,39 @@ def test_bench_interleaved_runs_the_batchspec_contenders_round_by_round(llama_pa
     assert rows[1]["vs_none"] == 1.0 and rows[2]["vs_none"] > 0  # the first none is the reference
     printed = capsys.readouterr().out
     assert printed.count("  interleaved: batchspec ") == 4
+    assert "  interleaved: torch's " in printed and " of the run for a CPU" in printed  # (Linux's /proc has it)
+
+
+def test_interleaved_lanes_run_without_the_thread_guard(llama_pair):
+    """One process, one thread count: a lane's guard would lower it for every lane, so interleaved lanes have none
+    (a sequential run keeps it)."""
+    from types import SimpleNamespace
+
+    from batchspec.bench.contenders import Contender, batchspec_job
+    from batchspec.engine.models import load_models
+
+    models = load_models(str(llama_pair.target), None)
+    settings = dict(batch_size=2, max_new_tokens=4, max_seq_len=None, temperature=0.0, top_p=1.0, top_k=0, seed=0,
+                    corpus_tokens=None, profile=False, fresh=True)
+    for interleaved, guarded in [(True, False), (False, True)]:
+        args = SimpleNamespace(**settings, interleave=interleaved)
+        generator = batchspec_job(Contender("batchspec none", "batchspec"), models, args)
+        assert (generator.threads is not None) == guarded
+
+
+@pytest.mark.parametrize("waited,seconds,threads,share", [
+    ((1.0, 1.5), 10.0, 2, 0.025),  # 0.5 s of waiting over 10 s of 2 threads
+    ((0.0, 6.0), 10.0, 2, 0.3),
+    ((2.0, 2.0), 5.0, 1, 0.0),
+])
+def test_machine_wait_is_the_threads_share_of_the_run(waited, seconds, threads, share, monkeypatch):
+    from batchspec.bench import interleave
+    from batchspec.engine.threads import CpuSample
+
+    monkeypatch.setattr(interleave.torch, "get_num_threads", lambda: threads)
+    before, after = CpuSample(waited[0], 0.0), CpuSample(waited[1], 0.0)
+    assert interleave.machine_wait(before, after, seconds) == pytest.approx(share)
+    assert interleave.machine_wait(None, after, seconds) is None
 
 
 @pytest.mark.parametrize("mine,theirs,ratio", [

@@ -21,6 +21,11 @@ two copies within 1.7% of each other per job but ran every contender until the s
 finished rows (which finish in waves of a batch) ran contenders alone for whole waves, and the two copies of
 drafter none read 14% apart in one job.
 
+Threads: torch's thread count is one for the process, so the lanes run without the thread guard
+(engine/threads.py), which would otherwise lower it for every lane when one lane's poll saw another process;
+instead the run says how long torch's threads waited for a CPU over it (`machine_wait`): above the guard's 15%,
+another process shared the cores, and a ratio is the machine's as much as the contenders'.
+
 What it costs: a switch of contender every round (their KV caches and the drafters' tables leave the CPU's
 caches). `--noise-check` adds drafter none a second time, so the table shows what the harness and the machine
 do to a ratio that should be 1.
@@ -32,6 +37,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
+import torch
+
+from ..engine.threads import read_sample
 from .calibrate import sync
 from .contenders import Contender, batchspec_job, finish_batchspec, requests
 
@@ -70,6 +78,7 @@ def interleave(lanes_of: list[Contender], models, prompts: list[str], args) -> N
     docstring); each job's tokens/s is appended to its contender's tokens_per_s."""
     lanes = [Lane(c) for c in lanes_of]
     device = models.target.device
+    before, started = read_sample(), time.perf_counter()
     while any(lane.jobs_done < args.repeats for lane in lanes):
         lane = min(lanes, key=lambda x: (x.jobs_done >= args.repeats, emitted(x), x.clock))
         if lane.running is None:
@@ -87,6 +96,19 @@ def interleave(lanes_of: list[Contender], models, prompts: list[str], args) -> N
             finish(lane, len(prompts))
     for lane in lanes:
         print(f"  interleaved: {lane.contender.name:32s} {lane.jobs_done} jobs, {lane.clock:7.1f} s", flush=True)
+    wait = machine_wait(before, read_sample(), time.perf_counter() - started)
+    if wait is not None:
+        print(f"  interleaved: torch's {torch.get_num_threads()} threads waited {wait:.0%} of the run for a CPU"
+              + (" (over 15%: another process shared the cores; read the ratios with care)" if wait > 0.15 else ""),
+              flush=True)
+
+
+def machine_wait(before, after, seconds: float) -> float | None:
+    """The share of `seconds` that torch's threads waited for a CPU between two threads.read_sample() readings
+    (None where /proc cannot tell)."""
+    if before is None or after is None or seconds <= 0:
+        return None
+    return (after.waited_s - before.waited_s) / (seconds * torch.get_num_threads())
 
 
 def emitted(lane: Lane) -> int:

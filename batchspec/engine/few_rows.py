@@ -14,7 +14,11 @@ loaded one, for the demo pair's many small shapes before this was bounded): per 
 of rows (1, 2, 4, 8, 16, 32, 64), a pass over that shape's weights (as many as make 64 MB, so that they
 come from memory as in a forward), best of three, interleaved, the largest shapes first and within
 BUDGET_S seconds (shapes left untimed keep `F.linear`). A bucket takes W @ x.T only where it was at least
-10% faster; more than 64 rows (prompt chunks, wide batches) keep `F.linear`. The choice is kept on the
+10% faster, summed over two sizes of rows in it (`timed_rows`): its largest, and one inside it. The sizes
+inside matter: MKL's product is not monotone in the rows, and SmolLM2's LM head took 16.8 ms at 16 rows
+with `F.linear` against 17.4 as W @ x.T, so bucket 16 kept `F.linear`, but 31-42 ms at 10 to 15 rows against
+15.5-16.6 (2026-12-03): every verify pass of 10 to 15 tokens, a batch of 8 with a few drafts, paid it. More
+than 64 rows (prompt chunks, wide batches) keep `F.linear`. The choice is kept on the
 model for its later runners and, when nothing else took the CPU while it was timed, in the user's cache
 (machine_cache.cache_dir) by the weights' shapes, dtype, CPU and threads: a resumed or repeated job reads
 it back, so every process of one machine sums in the same order. On SmolLM2 here the layers' weights chose it up to 2-4 rows and
@@ -61,6 +65,13 @@ def bucket(rows: int) -> int | None:
     return next((b for b in BUCKETS if b >= rows), None)
 
 
+def timed_rows(top: int) -> tuple[int, ...]:
+    """The sizes bucket `top` is timed at: one inside it, a quarter of its span below the top (not a multiple
+    of 8 from 16 up: 13, 27, 55), and the top."""
+    below = BUCKETS[BUCKETS.index(top) - 1] if top != BUCKETS[0] else 0
+    return tuple(dict.fromkeys((max(below + 1, top - (top - below) // 4 - 1), top)))
+
+
 class FewRowLinears:
     """For each nn.Linear of `model`: which row buckets run as W @ x.T (`left[shape]`). Enter around eager
     forwards. `left`: the choice per weight shape (N, K), or None to time it here."""
@@ -83,7 +94,7 @@ class FewRowLinears:
         """The choice the machine's cache holds for these weights, or timed (and kept if undisturbed)."""
         shapes = sorted({(tuple(m.weight.shape), str(m.weight.dtype)) for m in linears})
         key = {"shapes": [list(s) + [d] for s, d in shapes], **machine_cache.machine(torch.device("cpu")),
-               "torch": torch.__version__}
+               "torch": torch.__version__, "timed": "two sizes a bucket"}  # (one timed at the tops only: not read)
         stored = machine_cache.read("few_rows", key)
         if stored is not None:
             return {tuple(s): frozenset(b) for s, b in stored["left"]}
@@ -96,8 +107,9 @@ class FewRowLinears:
     @staticmethod
     @torch.inference_mode()
     def time(linears: list[nn.Linear], repeats: int, budget_s: float = BUDGET_S) -> dict[tuple[int, int], frozenset[int]]:
-        """Per weight shape, the buckets where W @ x.T took at most MARGIN of F.linear's time; the largest shapes
-        (by the bytes of their weights) first, and none past budget_s seconds (the rest choose nothing)."""
+        """Per weight shape, the buckets where W @ x.T took at most MARGIN of F.linear's time, summed over the
+        bucket's timed_rows; the largest shapes (by the bytes of their weights) first, and none past budget_s
+        seconds (the rest choose nothing)."""
         groups: dict[tuple[int, int], list[torch.Tensor]] = defaultdict(list)
         for m in linears:
             groups[tuple(m.weight.shape)].append(m.weight)
@@ -111,17 +123,20 @@ class FewRowLinears:
             size = weights[0].numel() * weights[0].element_size()
             weights = weights[: max(1, SAMPLE_BYTES // max(size, 1))]
             won = set()
-            for rows in BUCKETS:
-                x = torch.randn(rows, shape[1], generator=noise).to(weights[0])
-                best = {"linear": float("inf"), "left": float("inf")}
-                for _ in range(repeats):
-                    for name, f in (("linear", F.linear), ("left", weight_left)):
-                        start = time.perf_counter()
-                        for w in weights:
-                            f(x, w)
-                        best[name] = min(best[name], time.perf_counter() - start)
-                if best["left"] <= MARGIN * best["linear"]:
-                    won.add(rows)
+            for top in BUCKETS:
+                summed = {"linear": 0.0, "left": 0.0}
+                for rows in timed_rows(top):
+                    x = torch.randn(rows, shape[1], generator=noise).to(weights[0])
+                    best = {"linear": float("inf"), "left": float("inf")}
+                    for _ in range(repeats):
+                        for name, f in (("linear", F.linear), ("left", weight_left)):
+                            start = time.perf_counter()
+                            for w in weights:
+                                f(x, w)
+                            best[name] = min(best[name], time.perf_counter() - start)
+                    summed = {name: summed[name] + best[name] for name in summed}
+                if summed["left"] <= MARGIN * summed["linear"]:
+                    won.add(top)
             choice[shape] = frozenset(won)
         return choice
 
