@@ -125,14 +125,12 @@ def test_interleaved_lanes_run_without_the_thread_guard(llama_pair):
     ((0.0, 6.0), 10.0, 2, 0.3),
     ((2.0, 2.0), 5.0, 1, 0.0),
 ])
-def test_machine_wait_is_the_threads_share_of_the_run(waited, seconds, threads, share, monkeypatch):
-    from batchspec.bench import interleave
-    from batchspec.engine.threads import CpuSample
+def test_waited_share_is_the_threads_share_of_the_run(waited, seconds, threads, share):
+    from batchspec.engine.threads import CpuSample, waited_share
 
-    monkeypatch.setattr(interleave.torch, "get_num_threads", lambda: threads)
     before, after = CpuSample(waited[0], 0.0), CpuSample(waited[1], 0.0)
-    assert interleave.machine_wait(before, after, seconds) == pytest.approx(share)
-    assert interleave.machine_wait(None, after, seconds) is None
+    assert waited_share(before, after, seconds, threads) == pytest.approx(share)
+    assert waited_share(None, after, seconds, threads) is None
 
 
 @pytest.mark.parametrize("mine,theirs,ratio", [

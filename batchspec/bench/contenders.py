@@ -203,7 +203,7 @@ def generator_settings(contender: Contender, args) -> dict:
                 pack_static=contender.pack_static,
                 # Interleaved lanes share one process and so torch's one thread count: one lane's guard lowering it
                 # would slow every lane's rounds alike and mix the comparison; the run reports the CPU's wait instead.
-                guard_threads=not getattr(args, "interleave", False))
+                guard_threads=not args.interleave)
 
 
 def run_batchspec(contender: Contender, models, prompts, args):

@@ -23,7 +23,7 @@ drafter none read 14% apart in one job.
 
 Threads: torch's thread count is one for the process, so the lanes run without the thread guard
 (engine/threads.py), which would otherwise lower it for every lane when one lane's poll saw another process;
-instead the run says how long torch's threads waited for a CPU over it (`machine_wait`): above the guard's 15%,
+instead the run says how long torch's threads waited for a CPU over it (threads.waited_share): above 15%,
 another process shared the cores, and a ratio is the machine's as much as the contenders'.
 
 What it costs: a switch of contender every round (their KV caches and the drafters' tables leave the CPU's
@@ -39,7 +39,8 @@ from typing import Iterator
 
 import torch
 
-from ..engine.threads import read_sample
+from ..engine.machine_cache import MAX_WAIT
+from ..engine.threads import read_sample, waited_share
 from .calibrate import sync
 from .contenders import Contender, batchspec_job, finish_batchspec, requests
 
@@ -96,19 +97,12 @@ def interleave(lanes_of: list[Contender], models, prompts: list[str], args) -> N
             finish(lane, len(prompts))
     for lane in lanes:
         print(f"  interleaved: {lane.contender.name:32s} {lane.jobs_done} jobs, {lane.clock:7.1f} s", flush=True)
-    wait = machine_wait(before, read_sample(), time.perf_counter() - started)
+    threads = torch.get_num_threads()
+    wait = waited_share(before, read_sample(), time.perf_counter() - started, threads)
     if wait is not None:
-        print(f"  interleaved: torch's {torch.get_num_threads()} threads waited {wait:.0%} of the run for a CPU"
-              + (" (over 15%: another process shared the cores; read the ratios with care)" if wait > 0.15 else ""),
-              flush=True)
-
-
-def machine_wait(before, after, seconds: float) -> float | None:
-    """The share of `seconds` that torch's threads waited for a CPU between two threads.read_sample() readings
-    (None where /proc cannot tell)."""
-    if before is None or after is None or seconds <= 0:
-        return None
-    return (after.waited_s - before.waited_s) / (seconds * torch.get_num_threads())
+        print(f"  interleaved: torch's {threads} threads waited {wait:.0%} of the run for a CPU" + (
+            f" (over {MAX_WAIT:.0%}: another process shared the cores; read the ratios with care)"
+            if wait > MAX_WAIT else ""), flush=True)
 
 
 def emitted(lane: Lane) -> int:

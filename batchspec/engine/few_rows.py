@@ -72,6 +72,18 @@ def timed_rows(top: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys((max(below + 1, top - (top - below) // 4 - 1), top)))
 
 
+def _best_of(x: torch.Tensor, weights: list[torch.Tensor], repeats: int) -> tuple[float, float]:
+    """The best of `repeats` passes over `weights` with rows x, (F.linear's seconds, W @ x.T's), interleaved."""
+    best = {F.linear: float("inf"), weight_left: float("inf")}
+    for _ in range(repeats):
+        for f in best:
+            start = time.perf_counter()
+            for w in weights:
+                f(x, w)
+            best[f] = min(best[f], time.perf_counter() - start)
+    return best[F.linear], best[weight_left]
+
+
 class FewRowLinears:
     """For each nn.Linear of `model`: which row buckets run as W @ x.T (`left[shape]`). Enter around eager
     forwards. `left`: the choice per weight shape (N, K), or None to time it here."""
@@ -124,18 +136,9 @@ class FewRowLinears:
             weights = weights[: max(1, SAMPLE_BYTES // max(size, 1))]
             won = set()
             for top in BUCKETS:
-                summed = {"linear": 0.0, "left": 0.0}
-                for rows in timed_rows(top):
-                    x = torch.randn(rows, shape[1], generator=noise).to(weights[0])
-                    best = {"linear": float("inf"), "left": float("inf")}
-                    for _ in range(repeats):
-                        for name, f in (("linear", F.linear), ("left", weight_left)):
-                            start = time.perf_counter()
-                            for w in weights:
-                                f(x, w)
-                            best[name] = min(best[name], time.perf_counter() - start)
-                    summed = {name: summed[name] + best[name] for name in summed}
-                if summed["left"] <= MARGIN * summed["linear"]:
+                times = [_best_of(torch.randn(rows, shape[1], generator=noise).to(weights[0]), weights, repeats)
+                         for rows in timed_rows(top)]
+                if sum(left for _, left in times) <= MARGIN * sum(linear for linear, _ in times):
                     won.add(top)
             choice[shape] = frozenset(won)
         return choice

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from .threads import waited_share
+
 CACHE_ENV = "BATCHSPEC_CACHE"
 MAX_WAIT = 0.15  # the share of the time torch's threads may wait for a CPU for a measurement to be kept
 
@@ -75,6 +77,5 @@ def write(kind: str, key: dict, value: dict, folder: Path | None = None) -> None
 def undisturbed(before, after, seconds: float) -> bool:
     """Whether torch's threads waited for a CPU less than MAX_WAIT of `seconds` between two threads.read_sample()
     readings (True where /proc cannot tell)."""
-    if before is None or after is None or seconds <= 0:
-        return True
-    return (after.waited_s - before.waited_s) / (seconds * torch.get_num_threads()) <= MAX_WAIT
+    share = waited_share(before, after, seconds, torch.get_num_threads())
+    return share is None or share <= MAX_WAIT

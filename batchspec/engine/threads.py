@@ -55,6 +55,14 @@ def read_sample(proc: Path = Path("/proc")) -> CpuSample | None:
     return CpuSample(waited_ns / 1e9, idle_ticks / os.sysconf("SC_CLK_TCK"))
 
 
+def waited_share(before: CpuSample | None, after: CpuSample | None, seconds: float, threads: int) -> float | None:
+    """The share of `seconds` that `threads` threads waited for a CPU between two read_sample() readings (None
+    where /proc cannot tell)."""
+    if before is None or after is None or seconds <= 0:
+        return None
+    return (after.waited_s - before.waited_s) / (seconds * threads)
+
+
 def guard_for(device) -> "ThreadGuard | None":
     """A guard over torch's current thread count where `device` is the CPU; None elsewhere (a GPU's host
     threads mostly wait on the device)."""
@@ -99,7 +107,7 @@ class ThreadGuard:
         if sample is None:
             self.last = None
             return
-        waited = (sample.waited_s - self.last.waited_s) / (wall * self.current)
+        waited = waited_share(self.last, sample, wall, self.current)
         idle_cores = (sample.idle_s - self.last.idle_s) / wall
         self.last, self.last_at = sample, now
         if self.current > 1 and waited > self.max_wait:
