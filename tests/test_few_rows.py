@@ -133,3 +133,27 @@ def test_a_bucket_is_chosen_by_its_times_summed_over_its_sizes(linear_ms, left_m
     monkeypatch.setattr(few_rows, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     layer = nn.Linear(16, 40)
     assert FewRowLinears.time([layer], repeats=2, budget_s=1e9) == {(40, 16): frozenset(chosen)}
+
+
+@pytest.mark.parametrize("features, passes_each", [(16, 3), (4096, 1)])  # 2.6 KB: a best of 3; 672 KB past 0.5 MB: once
+def test_a_weight_past_the_sample_size_is_timed_once(features, passes_each, monkeypatch):
+    """Gemma-3-270M's 671 MB head spent the whole budget on a best of three (19 s on a loaded machine) for the
+    choice one pass makes: with SAMPLE_BYTES at 0.5 MB, a 40 x 4096 fp32 weight (672 KB) is timed once per
+    size and function, a 40 x 16 one `repeats` times."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    import batchspec.engine.few_rows as few_rows
+
+    calls = Counter()
+
+    def counting(name):
+        def f(x, w, b=None):
+            calls[name, x.shape[0]] += 1
+        return f
+    monkeypatch.setattr(few_rows, "SAMPLE_BYTES", 1 << 19)
+    monkeypatch.setattr(few_rows, "F", SimpleNamespace(linear=counting("linear")))
+    monkeypatch.setattr(few_rows, "weight_left", counting("left"))
+    FewRowLinears.time([nn.Linear(features, 40)], repeats=3, budget_s=1e9)
+    sizes = [rows for top in few_rows.BUCKETS for rows in few_rows.timed_rows(top)]
+    assert calls == Counter({(name, rows): passes_each for name in ("linear", "left") for rows in sizes})

@@ -9,20 +9,20 @@ product written as W @ x.T, with x contiguous and at least two rows, read W at a
 49,152-row LM head took 3.7 ms at M = 2 against 25.9, 4.7 ms at M = 1 (x doubled) against 11.3.
 
 Which is faster depends on the CPU and the BLAS, so `FewRowLinears` times both on the model's own weights
-when the first runner of a model is built (1.4 s for SmolLM2 on a quiet machine; 19 s, and 45-73 s on a
+when the first runner of a model is built (3.4 s for SmolLM2 on a quiet machine; 19 s, and 45-73 s on a
 loaded one, for the demo pair's many small shapes before this was bounded): per weight shape and bucket
 of rows (1, 2, 4, 8, 16, 32, 64), a pass over that shape's weights (as many as make 64 MB, so that they
 come from memory as in a forward), best of three, interleaved, the largest shapes first and within
-BUDGET_S seconds (shapes left untimed keep `F.linear`). A bucket takes W @ x.T only where it was at least
-10% faster, summed over two sizes of rows in it (`timed_rows`): its largest, and one inside it. The sizes
-inside matter: MKL's product is not monotone in the rows, and SmolLM2's LM head took 16.8 ms at 16 rows
-with `F.linear` against 17.4 as W @ x.T, so bucket 16 kept `F.linear`, but 31-42 ms at 10 to 15 rows against
-15.5-16.6 (2026-12-03): every verify pass of 10 to 15 tokens, a batch of 8 with a few drafts, paid it. More
-than 64 rows (prompt chunks, wide batches) keep `F.linear`. The choice is kept on the
-model for its later runners and, when nothing else took the CPU while it was timed, in the user's cache
-(machine_cache.cache_dir) by the weights' shapes, dtype, CPU and threads: a resumed or repeated job reads
-it back, so every process of one machine sums in the same order. On SmolLM2 here the layers' weights chose it up to 2-4 rows and
-the LM head up to 16-32. Used as a context around a runner's eager forwards: each `nn.Linear` of the
+BUDGET_S seconds (shapes left untimed keep `F.linear`; a weight past 64 MB is timed once, `passes`). A
+bucket takes W @ x.T only where it was at least 10% faster, summed over two sizes of rows in it
+(`timed_rows`): its largest, and one inside it. The sizes inside matter: MKL's product is not monotone in
+the rows, and SmolLM2's LM head took 16.8 ms at 16 rows with `F.linear` against 17.4 as W @ x.T, so bucket
+16 kept `F.linear`, but 31-42 ms at 10 to 15 rows against 15.5-16.6 (2026-12-03): every verify pass of 10
+to 15 tokens, a batch of 8 with a few drafts, paid it. More than 64 rows (prompt chunks, wide batches)
+keep `F.linear`. The choice is kept on the model for its later runners and, when nothing else took the CPU
+while it was timed, in the user's cache (machine_cache.cache_dir) by the weights' shapes, dtype, CPU and
+threads: a resumed or repeated job reads it back, so every process of one machine sums in the same order.
+On SmolLM2 here the layers' weights chose it up to 2-4 rows and the LM head at 8 and 16. Used as a context around a runner's eager forwards: each `nn.Linear` of the
 model gets its own forward for the block, and the model is as it was after it.
 
 Both orders compute the same sums in another order: logits differ in the last bits (SmolLM2: at most 6e-4
@@ -70,6 +70,15 @@ def timed_rows(top: int) -> tuple[int, ...]:
     of 8 from 16 up: 13, 27, 55), and the top."""
     below = BUCKETS[BUCKETS.index(top) - 1] if top != BUCKETS[0] else 0
     return tuple(dict.fromkeys((max(below + 1, top - (top - below) // 4 - 1), top)))
+
+
+def passes(size: int, repeats: int) -> int:
+    """Timing passes for one weight of `size` bytes: `repeats`, or one for a weight past SAMPLE_BYTES. A pass
+    over it is long enough to time (Gemma-3-270M's 671 MB LM head: 40-120 ms), and a best of three would
+    spend the whole budget on it: 19 s for that head on a loaded machine, 4.8 s timed once, the same choice
+    (buckets 8 and 16; SmolLM2's 113 MB head: the same choice too, 0.6 s against 2.3; 2026-12-03). A slice
+    of its rows is no stand-in: the product's speed depends on the rows (the slice chose other buckets)."""
+    return 1 if size > SAMPLE_BYTES else repeats
 
 
 def _best_of(x: torch.Tensor, weights: list[torch.Tensor], repeats: int) -> tuple[float, float]:
@@ -136,8 +145,8 @@ class FewRowLinears:
             weights = weights[: max(1, SAMPLE_BYTES // max(size, 1))]
             won = set()
             for top in BUCKETS:
-                times = [_best_of(torch.randn(rows, shape[1], generator=noise).to(weights[0]), weights, repeats)
-                         for rows in timed_rows(top)]
+                times = [_best_of(torch.randn(rows, shape[1], generator=noise).to(weights[0]), weights,
+                                  passes(size, repeats)) for rows in timed_rows(top)]
                 if sum(left for _, left in times) <= MARGIN * sum(linear for linear, _ in times):
                     won.add(top)
             choice[shape] = frozenset(won)
