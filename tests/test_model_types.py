@@ -5,7 +5,9 @@ none, ngram and model (the target drafting for itself, so drafts are accepted), 
 window, the static path too for windowed types, against `generate` on each prompt alone. A type this
 shrinking cannot build, or that transformers' own `generate` cannot run, is skipped with the reason.
 
-The outcome must also be the one docs/how_it_works.md's table gives (tools/model_types.py writes it)."""
+The outcome must also be the one docs/how_it_works.md's table gives (tools/model_types.py writes it), when the
+installed transformers is the release the table names: another release adds types and changes which ones build,
+so there the promise above is still checked for every type and the comparison with the table is skipped."""
 
 from __future__ import annotations
 
@@ -18,12 +20,22 @@ import pytest
 from model_zoo import EXACT, MISMATCH, NO_REFERENCE, NOT_BUILT, REFUSED, TRACEBACK, check_type, model_types
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from model_types import documented  # noqa: E402
+import transformers  # noqa: E402
+from model_types import documented, documented_version  # noqa: E402
 
 DOCUMENTED = documented()
+SAME_RELEASE = documented_version() == transformers.__version__
+OTHER_RELEASE = (f"the table was made with transformers {documented_version()}, "
+                 f"{transformers.__version__} is installed: run python tools/model_types.py")
+
+
+def test_the_table_names_its_release():
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", documented_version())
 
 
 def test_the_table_lists_every_type():
+    if not SAME_RELEASE:
+        pytest.skip(OTHER_RELEASE)
     assert sorted(DOCUMENTED) == model_types(), "run python tools/model_types.py"
 
 
@@ -34,7 +46,8 @@ def test_exact_or_refused_in_one_line(model_type, tokenizer, tmp_path):
     if outcome.status == REFUSED:
         # The loaded model's type: a composite's text part for some (qwen3_5 loads as qwen3_5_text)
         assert re.search(r"model type '[\w-]+' is not supported: ", outcome.detail) and "\n" not in outcome.detail
-    assert DOCUMENTED.get(model_type) == outcome.status, (
+    # Under another release the promise above still holds for every type; only the table is not compared
+    assert not SAME_RELEASE or DOCUMENTED.get(model_type) == outcome.status, (
         f"docs/how_it_works.md says {DOCUMENTED.get(model_type)!r}, the run gives {outcome.status!r} "
         f"({outcome.detail}): run python tools/model_types.py")
     if outcome.status in (NOT_BUILT, NO_REFERENCE):
