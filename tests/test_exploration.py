@@ -77,8 +77,8 @@ def test_exploration_ends_when_the_evidence_says_whether_drafting_pays(name, pol
     controller = AdaptiveK(k_max=1, policy=policy)
     model = controller.acceptance
     model.evidence, model.first_kept, model.evidence_rounds = verified, kept, rounds
-    assert controller.packed.evidence_says(prices, 8, 8, 1) == says
-    assert controller.packed.exploring(prices, 8, 8, 1) is exploring
+    assert controller.packed.evidence_says(prices, 8, 1) == says
+    assert controller.packed.exploring(prices, 8, 1) is exploring
 
 
 ROW_LENGTHS = [40, 90, 30, 300, 12, 80, 70, 60, 50, 20, 100, 110, 120, 130, 140, 150]
@@ -128,6 +128,21 @@ def test_three_rejected_first_drafts_end_a_draft_models_exploration():
         controller.learn(1 if sum(drafts) else 0, slots, drafts, drafts, [0] * 8)
     assert explored == [0, 18, 37]
     assert controller.acceptance.evidence == 3 and not controller.packed.learning
+
+
+def test_a_round_that_prefills_prompts_does_not_reopen_exploration():
+    """0 of 3 first drafts kept end a draft model's exploration (break-even 2/3 in a round of 8 decoding rows).
+    A round whose forward also prefills 800 prompt tokens would price a draft nearly free (one draft on 8 rows
+    there breaks even at 0.05): the verdict is the decoding round's, so the job stays done exploring and that
+    round drafts nothing."""
+    controller, costs = controller_past_its_start(MODEL_POLICY)
+    assert breakeven(costs.prices(), 8, 808, 1, True, expected_tokens) < 0.06
+    model = controller.acceptance
+    model.evidence, model.first_kept, model.evidence_rounds = 3, 0, 3
+    controller.packed.next_probe = 10 ** 6  # no probe in these rounds
+    for base in (8, 808, 8):
+        _, drafts = controller.choose_rows(list(range(8)), [2] * 8, [0] * 8, None, base, costs)
+        assert drafts == [0] * 8 and not controller.packed.learning, base
 
 
 def test_a_probe_does_not_widen_exploration():

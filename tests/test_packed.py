@@ -273,6 +273,37 @@ def test_line_fit():
     assert Line().fit() is None
 
 
+ANCHORED_CASES = [  # (name, samples (x, y) after the anchor's points, the slope expected, relative tolerance)
+    ("no samples: the anchor itself", [], 0.0005, 1e-9),
+    ("samples at one x, the level 1.5x: the anchor's slope scaled alike", [(8, 0.015)] * 40, 0.00075, 1e-9),
+    # SmolLM2's case: a round's N moves by a token, its time by 10%, the slope of that noise is large
+    # (unanchored, the proportional reading: 1.7 ms a token)
+    ("noisy samples one token apart: the anchor's slope at their level", [(8, 0.014), (9, 0.0155), (8, 0.0125),
+                                                                          (9, 0.0150), (8, 0.0135)] * 8, 0.00069, 0.05),
+    ("samples spread far on a steeper line: theirs wins", [(x, 0.006 + 0.002 * x) for x in (8, 72, 24, 136)] * 10,
+     0.002, 0.01),
+]
+
+
+@pytest.mark.parametrize("name,samples,slope,tolerance", ANCHORED_CASES, ids=[c[0] for c in ANCHORED_CASES])
+def test_a_line_anchored_on_the_start_up_points(name, samples, slope, tolerance):
+    """Line.measured: the start-up points (8, 16 and 40 tokens on a = 6 ms, b = 0.5 ms) anchor the slope, which
+    the rounds' samples move only as far as their own spread tells; the line passes through the samples' mean."""
+    line = Line.measured([(8, 0.010), (40, 0.026), (16, 0.014)])
+    assert line.known and line.anchor == (pytest.approx(0.006), pytest.approx(0.0005), pytest.approx(554.67, rel=1e-3))
+    for x, y in samples:
+        line.add(x, y)
+    a, b = line.fit()
+    assert b == pytest.approx(slope, rel=tolerance)
+    if samples:
+        assert a + b * line.sx / line.w == pytest.approx(line.sy / line.w)  # through the samples' mean
+
+
+def test_points_at_one_x_do_not_anchor_a_line():
+    line = Line.measured([(8, 0.004)])
+    assert line.anchor is None and line.n == 1 and line.fit() == (0.0, pytest.approx(0.0005))
+
+
 def test_which_models_pack(pair):
     """Packed rounds need transformers' attention dispatch and plain attention: Gemma 2's logit
     soft-capping is not applied by packed_attention, so such a model runs padded rounds."""

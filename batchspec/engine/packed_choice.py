@@ -95,19 +95,21 @@ class PackedChoice:
         """A new request took `slot`: it has had no draft verified."""
         self._seen.pop(slot, None)
 
-    def exploring(self, prices: Prices, rows: int, base_tokens: int, depth: int) -> bool:
+    def exploring(self, prices: Prices, rows: int, depth: int) -> bool:
         """Whether the job still learns its acceptance: fewer than `explore_evidence` first drafts verified,
         unless those verified already say whether drafting pays (`evidence_says`)."""
-        return self.acceptance.evidence < self.explore_evidence and self.evidence_says(prices, rows, base_tokens,
-                                                                                       depth) == 0
+        return self.acceptance.evidence < self.explore_evidence and self.evidence_says(prices, rows, depth) == 0
 
-    def evidence_says(self, prices: Prices, rows: int, base_tokens: int, depth: int) -> int:
+    def evidence_says(self, prices: Prices, rows: int, depth: int) -> int:
         """What the first drafts verified say, by rounds (`evidence`'s first verdict)."""
-        return self.evidence(prices, rows, base_tokens, depth)[0]
+        return self.evidence(prices, rows, depth)[0]
 
-    def evidence(self, prices: Prices, rows: int, base_tokens: int, depth: int) -> tuple[int, int]:
+    def evidence(self, prices: Prices, rows: int, depth: int) -> tuple[int, int]:
         """Two verdicts on the first drafts verified, each -1 when their acceptance interval lies wholly below the
-        acceptance at which drafting `depth` deep breaks even at these prices, +1 wholly above, 0 before
+        acceptance at which drafting `depth` deep over `rows` rows breaks even at these prices in a round that
+        decodes only (a round that also prefills prompt chunks makes a draft look nearly free: SmolLM2's
+        break-even read 0.02 at 844 tokens against 0.6 at 8, and each admission reopened exploration, a draft
+        model feeding a new row's prompt every time; 2026-12-03), +1 wholly above, 0 before
         MIN_EVIDENCE observations or between: with a round as an observation (the rate is the drafts'), which
         ends exploration early either way, and with a draft as one, which sets exploration's pace (while it lies
         above break-even every round explores). By rounds because the first drafts of one round are alike, rows
@@ -118,7 +120,7 @@ class PackedChoice:
         if model.evidence < MIN_EVIDENCE:  # evidence_rounds <= evidence: neither says anything yet
             return 0, 0
         run = model.run_lengths() if self.policy.bursty else None
-        alpha = breakeven(prices, rows, base_tokens, depth, bool(self.policy.draft_forwards),
+        alpha = breakeven(prices, rows, rows, depth, bool(self.policy.draft_forwards),
                           lambda a, k: model.expected(a, k, run))
 
         def says(n: int) -> int:
@@ -157,7 +159,7 @@ class PackedChoice:
                 or policy.priors):
             return [False] * len(slots)
         prices = costs.prices()
-        if self.exploring(prices, len(slots), base_tokens, self.k_max):
+        if self.exploring(prices, len(slots), self.k_max):
             return [False] * len(slots)
         if not pays_at_best(prices, len(slots), base_tokens, self.k_max, policy.draft_forwards):
             return [True] * len(slots)
@@ -187,7 +189,13 @@ class PackedChoice:
         num_shapes = self.k_max + 1 + len(self.trees)
         trees = list(range(self.k_max + 1, num_shapes)) if max(room, default=0) > 0 else []
         draws = self.policy.draft_forwards
-        prices = costs.prices() if costs.known and not (draws and costs.step.w == 0) else None
+        if draws:
+            # A draft model's rows are chosen, explored and priced as in a round that only decodes: in a round
+            # that also prefills prompt chunks a draft looks nearly free, but drafting there first feeds the
+            # chosen rows' whole sequences to the draft model (SmolLM2 with 6 of its layers as the draft: 848
+            # and 504 tokens fed in two such rounds, 364 and 268 ms on ~140 ms rounds; 2026-12-02).
+            base_tokens = len(slots)
+        prices = costs.prices() if costs.known and not (draws and not costs.step.known) else None
         if prices is not None:  # every round adds to exploration's and sampling's credit, whoever proposed
             self._accrue(prices, base_tokens, draws)
         if max(offers, default=0) == 0 and not trees:
@@ -202,7 +210,7 @@ class PackedChoice:
                  for a, n in zip(alphas, offers)]
         drafts, rate = choose_drafts(model.calibrated(gains), base_tokens, prices, steps=draws)
         # Past explore_evidence the job is done exploring, as when the evidence says whether drafting pays.
-        says, pays = (self.evidence(prices, len(slots), base_tokens, max(offers))
+        says, pays = (self.evidence(prices, len(slots), max(offers))
                       if model.evidence < self.explore_evidence else (-1, 0))
         self.learning = says == 0
         drafted_before = [model.drafted(s) for s in slots] if draws else None  # only a draft model's order uses it
