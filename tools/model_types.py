@@ -46,16 +46,20 @@ def table(outcomes) -> str:
     return "\n".join(lines)
 
 
+def table_text() -> str:
+    """The docs' table, between its markers."""
+    text = DOC.read_text()
+    return text[text.index(START): text.index(END)]
+
+
 def documented_version() -> str:
     """The transformers release the docs' table was made with (its first line names it)."""
-    text = DOC.read_text()
-    return re.search(r"types in transformers (\S+):", text[text.index(START): text.index(END)]).group(1)
+    return re.search(r"types in transformers (\S+):", table_text()).group(1)
 
 
 def documented() -> dict[str, str]:
     """model type -> its outcome in the docs' table (the status word before any parenthesis)."""
-    text = DOC.read_text()
-    body = text[text.index(START): text.index(END)]
+    body = table_text()
     rows = re.findall(r"^\| ([\w-]+) \| ([^|(]+?)(?: \([^|]*\))? \|", body, flags=re.M)
     return {t: s.strip() for t, s in rows if t != "model"}
 

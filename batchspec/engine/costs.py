@@ -150,18 +150,23 @@ class Line:
         first = cls(decay=1.0)
         for x, y in points:
             first.add(x, y)
-        spread = first.sxx - first.sx * first.sx / first.w if first.w > 0 else 0.0
-        if first.n < 2 or spread <= 1e-9:
+        if first.w <= 0 or first.centred()[2] <= 1e-9:
             line = cls(**kwargs)
             for x, y in points:
                 line.add(x, y)
             return line
-        b = max((first.sxy - first.sx * first.sy / first.w) / spread, 0.0)
-        return cls(anchor=(max(first.sy / first.w - b * first.sx / first.w, 0.0), b, spread), **kwargs)
+        mx, my, spread, sxy = first.centred()
+        b = max(sxy / spread, 0.0)
+        return cls(anchor=(max(my - b * mx, 0.0), b, spread), **kwargs)
 
     @property
     def known(self) -> bool:
         return self.anchor is not None or self.w > 0
+
+    def centred(self) -> tuple[float, float, float, float]:
+        """(mean x, mean y, centred sum of squares of x, centred sum of x y), over the weighted samples (w > 0)."""
+        mx, my = self.sx / self.w, self.sy / self.w
+        return mx, my, max(self.sxx - self.w * mx * mx, 0.0), self.sxy - self.w * mx * my
 
     def add(self, x: float, y: float, weight: float = 1.0) -> None:
         d, w = self.decay, weight
@@ -175,11 +180,10 @@ class Line:
             return self._anchored()
         if self.w <= 0:
             return None
-        mx, my = self.sx / self.w, self.sy / self.w
-        var = self.sxx / self.w - mx * mx
-        if self.n < 3 or var < (0.1 * mx) ** 2 + 1e-12:
+        mx, my, sxx, sxy = self.centred()
+        if self.n < 3 or sxx / self.w < (0.1 * mx) ** 2 + 1e-12:
             return (0.0, my / max(mx, 1e-9)) if self.proportional else (my, 0.0)
-        b = max((self.sxy / self.w - mx * my) / var, 0.0)
+        b = max(sxy / sxx, 0.0)
         return max(my - b * mx, 0.0), b
 
     def _anchored(self) -> tuple[float, float]:
@@ -188,9 +192,8 @@ class Line:
         a0, b0, spread = self.anchor
         if self.w <= 0:
             return a0, b0
-        mx, my = self.sx / self.w, self.sy / self.w
+        mx, my, sxx, sxy = self.centred()
         prior = b0 * my / max(a0 + b0 * mx, 1e-12)
-        sxx, sxy = max(self.sxx - self.w * mx * mx, 0.0), self.sxy - self.w * mx * my
         b = max((spread * prior + sxy) / (spread + sxx), 0.0)
         return max(my - b * mx, 0.0), b
 

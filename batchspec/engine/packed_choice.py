@@ -195,7 +195,7 @@ class PackedChoice:
             # chosen rows' whole sequences to the draft model (SmolLM2 with 6 of its layers as the draft: 848
             # and 504 tokens fed in two such rounds, 364 and 268 ms on ~140 ms rounds; 2026-12-02).
             base_tokens = len(slots)
-        prices = costs.prices() if costs.known and not (draws and not costs.step.known) else None
+        prices = costs.prices() if costs.known and (not draws or costs.step.known) else None
         if prices is not None:  # every round adds to exploration's and sampling's credit, whoever proposed
             self._accrue(prices, base_tokens, draws)
         if max(offers, default=0) == 0 and not trees:
