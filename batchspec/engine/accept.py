@@ -60,13 +60,25 @@ class Acceptor:
 
     # ---- noise ------------------------------------------------------------------------------------
 
-    def noise(self, round: Round, width: int) -> torch.Tensor:
+    def noise(self, round: Round, width: int, drafts: list[int] | None = None) -> torch.Tensor:
         """Coupled sampling's Gumbel noise for positions L .. L + width - 1 of each row: [b, width, V] (on the
-        static path the buffer's full width, computed once per round)."""
-        if not round.static:
+        static path the buffer's full width, computed once per round). drafts [b]: the most drafts each row
+        verifies, or None; with it, a row that drafts nothing gets noise at its first position only, the rest
+        of its [width, V] left unset (the verdict never reads past a row's drafts): a packed round at batch 8
+        where one row drafts had drawn 8 x 2 x V values for the 9 positions it decides, and coupled noise was
+        3.5-3.7% of a lookup's job against 2.7% of drafter none's (SmolLM2, T = 0.7; 2026-12-04)."""
+        if round.static:
+            out = self.buffers.gumbel
+            self.graphs.run(("noise",), self._noise_step, (out,))
+            return out
+        if drafts is None or width == 1 or min(drafts) > 0:
             return self._noise(round.rows_t, round.lengths_t, width)
-        out = self.buffers.gumbel
-        self.graphs.run(("noise",), self._noise_step, (out,))
+        out = torch.empty(len(drafts), width, self.runner.vocab_size, device=self.device)
+        out[:, :1] = self._noise(round.rows_t, round.lengths_t, 1)
+        drafting = [i for i, n in enumerate(drafts) if n > 0]
+        if drafting:
+            index = torch.tensor(drafting, device=self.device)
+            out[index, 1:] = self._noise(round.rows_t[index], round.lengths_t[index] + 1, width - 1)
         return out
 
     def _noise(self, rows: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:

@@ -46,8 +46,12 @@ class DraftStage:
                 draft = offered.cut(budgets, self.buffers) if scheduler.per_row else offered.truncate(shape.drafts)
         else:
             shape, budgets = scheduler.choose(round)
-        round = replace(round, shape=shape, budgets=budgets,
-                        gumbel=self._noise(round, shape.width) if self.coupled else None)
+        round = replace(round, shape=shape, budgets=budgets)
+        if self.coupled:
+            # A packed chain round's row i drafts at most budgets[i]: its noise is needed at positions
+            # 0 .. budgets[i] only (a grammar may force drafts past a budget: then every position).
+            drafts = budgets if scheduler.per_row and shape.tree is None and not self.grammars.rows else None
+            round = replace(round, gumbel=self._noise(round, shape.width, drafts))
         if draft is None:
             draft = drafter.propose_tree(round, shape.tree) if shape.tree else drafter.propose(round)
         if shape.tree is not None:
@@ -71,7 +75,8 @@ class DraftStage:
             shape = RoundShape(drafts=draft.tokens.shape[1])
         return replace(round, shape=shape, draft=draft, forced=forced, gumbel=gumbel)
 
-    def _noise(self, round: Round, width: int) -> torch.Tensor:
-        """The coupled noise of the round's rows at positions L .. L + width - 1 (accept.py)."""
+    def _noise(self, round: Round, width: int, drafts: list[int] | None = None) -> torch.Tensor:
+        """The coupled noise of the round's rows at positions L .. L + width - 1 (accept.py); with `drafts`, only
+        where a row's drafts can be decided."""
         with self.timers.timed(NOISE):
-            return self.acceptor.noise(round, width)
+            return self.acceptor.noise(round, width, drafts)

@@ -9,21 +9,24 @@ product written as W @ x.T, with x contiguous and at least two rows, read W at a
 49,152-row LM head took 3.7 ms at M = 2 against 25.9, 4.7 ms at M = 1 (x doubled) against 11.3.
 
 Which is faster depends on the CPU and the BLAS, so `FewRowLinears` times both on the model's own weights
-when the first runner of a model is built (3.4 s for SmolLM2 on a quiet machine; 19 s, and 45-73 s on a
-loaded one, for the demo pair's many small shapes before this was bounded): per weight shape and bucket
-of rows (1, 2, 4, 8, 16, 32, 64), a pass over that shape's weights (as many as make 64 MB, so that they
-come from memory as in a forward), best of three, interleaved, the largest shapes first and within
-BUDGET_S seconds (shapes left untimed keep `F.linear`; a weight past 64 MB is timed once, `passes`). A
-bucket takes W @ x.T only where it was at least 10% faster, summed over two sizes of rows in it
-(`timed_rows`): its largest, and one inside it. The sizes inside matter: MKL's product is not monotone in
-the rows, and SmolLM2's LM head took 16.8 ms at 16 rows with `F.linear` against 17.4 as W @ x.T, so bucket
-16 kept `F.linear`, but 31-42 ms at 10 to 15 rows against 15.5-16.6 (2026-12-03): every verify pass of 10
-to 15 tokens, a batch of 8 with a few drafts, paid it. More than 64 rows (prompt chunks, wide batches)
-keep `F.linear`. The choice is kept on the model for its later runners and, when nothing else took the CPU
-while it was timed, in the user's cache (machine_cache.cache_dir) by the weights' shapes, dtype, CPU and
-threads: a resumed or repeated job reads it back, so every process of one machine sums in the same order.
-On SmolLM2 here the layers' weights chose it up to 2-4 rows and the LM head at 8 and 16. Used as a context around a runner's eager forwards: each `nn.Linear` of the
-model gets its own forward for the block, and the model is as it was after it.
+when the first runner of a model is built (5.2 s for SmolLM2, 0.7 s for the demo target, Gemma-3-270M
+cut at the budget): per weight shape and bucket of rows, a pass over that shape's weights (as many as make 64 MB, so
+that they come from memory as in a forward), best of three, interleaved, within BUDGET_S seconds (a weight
+past 64 MB is timed once, `passes`). A bucket takes W @ x.T only where it was at least 10% faster at the
+bucket's top. Up to 16 rows every row count is a bucket of its own, since MKL's product is not monotone in
+the rows: SmolLM2's LM head took 23.6 ms at 7 rows with `F.linear` and 11.3 at 8, its MLP's up projection
+as W @ x.T 11.6 ms at 8 rows and 23.1 at 12, and with buckets of 9-16 rows chosen as one every verify pass
+of 9 tokens at batch 8 (one draft) cost 81.5 ms against 58.7 for 8 tokens, where timing each count put it
+at 63 (2026-12-04): a price no acceptance repays, which made a lookup's single drafts and adaptive's
+probes lose. Past 16 rows the buckets are 4 rows wide to 32 and 8 to 64. Timing goes by bucket, the fewest
+rows first (the largest shapes first within one), so that a budget cut leaves only wide rounds with
+`F.linear`. More than 64 rows (prompt chunks, wide batches) keep `F.linear`. The choice is kept on the
+model for its later runners and, when nothing else took the CPU while it was timed, in the user's cache
+(machine_cache.cache_dir) by the weights' shapes, dtype, CPU and threads: a resumed or repeated job reads it
+back, so every process of one machine sums in the same order. On SmolLM2 here (2026-12-04) the attention's and the
+MLP's weights chose it up to 4 or 8 rows and the LM head at most counts up to 32. Used as a context around a
+runner's eager forwards: each `nn.Linear` of the model gets its own forward for the block, and the model is
+as it was after it.
 
 Both orders compute the same sums in another order: logits differ in the last bits (SmolLM2: at most 6e-4
 of logits in the tens), as they already do between a 1-token step and a verify pass of k + 1 tokens.
@@ -41,8 +44,8 @@ from torch import nn
 from . import machine_cache
 from .threads import read_sample
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-BUDGET_S = 3.0  # the most seconds timing may take (a loaded machine took 45-73 s for the demo pair unbounded)
+BUCKETS = tuple(range(1, 17)) + (20, 24, 28, 32, 40, 48, 56, 64)
+BUDGET_S = 6.0  # the most seconds timing may take (a loaded machine took 45-73 s for the demo pair unbounded)
 MARGIN = 0.9  # W @ x.T must take at most this share of F.linear's time
 SAMPLE_BYTES = 64 << 20  # the weights one timing pass reads: past the caches (32 MB of L3 here)
 CHOICE = "_batchspec_few_rows"  # the model's attribute keeping the choice: timed once per model
@@ -63,13 +66,6 @@ def weight_left(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def bucket(rows: int) -> int | None:
     """The smallest bucket holding `rows`, None past the largest."""
     return next((b for b in BUCKETS if b >= rows), None)
-
-
-def timed_rows(top: int) -> tuple[int, ...]:
-    """The sizes bucket `top` is timed at: one inside it, a quarter of its span below the top (not a multiple
-    of 8 from 16 up: 13, 27, 55), and the top."""
-    below = BUCKETS[BUCKETS.index(top) - 1] if top != BUCKETS[0] else 0
-    return tuple(dict.fromkeys((max(below + 1, top - (top - below) // 4 - 1), top)))
 
 
 def passes(size: int, repeats: int) -> int:
@@ -115,7 +111,7 @@ class FewRowLinears:
         """The choice the machine's cache holds for these weights, or timed (and kept if undisturbed)."""
         shapes = sorted({(tuple(m.weight.shape), str(m.weight.dtype)) for m in linears})
         key = {"shapes": [list(s) + [d] for s, d in shapes], **machine_cache.machine(torch.device("cpu")),
-               "torch": torch.__version__, "timed": "two sizes a bucket"}  # (one timed at the tops only: not read)
+               "torch": torch.__version__, "timed": "every count to 16"}  # (earlier buckets' choices: not read)
         stored = machine_cache.read("few_rows", key)
         if stored is not None:
             return {tuple(s): frozenset(b) for s, b in stored["left"]}
@@ -128,29 +124,27 @@ class FewRowLinears:
     @staticmethod
     @torch.inference_mode()
     def time(linears: list[nn.Linear], repeats: int, budget_s: float = BUDGET_S) -> dict[tuple[int, int], frozenset[int]]:
-        """Per weight shape, the buckets where W @ x.T took at most MARGIN of F.linear's time, summed over the
-        bucket's timed_rows; the largest shapes (by the bytes of their weights) first, and none past budget_s
-        seconds (the rest choose nothing)."""
+        """Per weight shape, the buckets where W @ x.T took at most MARGIN of F.linear's time at the bucket's top;
+        bucket by bucket, the fewest rows first and within one the largest shapes (by the bytes of their
+        weights) first, and nothing past budget_s seconds (what is left untimed keeps F.linear)."""
         groups: dict[tuple[int, int], list[torch.Tensor]] = defaultdict(list)
         for m in linears:
             groups[tuple(m.weight.shape)].append(m.weight)
-        choice = {shape: frozenset() for shape in groups}
+        won: dict[tuple[int, int], set[int]] = {shape: set() for shape in groups}
         noise = torch.Generator().manual_seed(0)  # not the global generator: seeded jobs must not see the timing
         started = time.perf_counter()
         by_size = sorted(groups.items(), key=lambda item: -sum(w.numel() * w.element_size() for w in item[1]))
-        for shape, weights in by_size:
-            if time.perf_counter() - started > budget_s:
-                break
-            size = weights[0].numel() * weights[0].element_size()
-            weights = weights[: max(1, SAMPLE_BYTES // max(size, 1))]
-            won = set()
-            for top in BUCKETS:
-                times = [_best_of(torch.randn(rows, shape[1], generator=noise).to(weights[0]), weights,
-                                  passes(size, repeats)) for rows in timed_rows(top)]
-                if sum(left for _, left in times) <= MARGIN * sum(linear for linear, _ in times):
-                    won.add(top)
-            choice[shape] = frozenset(won)
-        return choice
+        sampled = [(shape, ws[: max(1, SAMPLE_BYTES // max(ws[0].numel() * ws[0].element_size(), 1))],
+                    passes(ws[0].numel() * ws[0].element_size(), repeats)) for shape, ws in by_size]
+        for top in BUCKETS:
+            for shape, weights, count in sampled:
+                if time.perf_counter() - started > budget_s:
+                    return {shape: frozenset(b) for shape, b in won.items()}
+                x = torch.randn(top, shape[1], generator=noise).to(weights[0])
+                linear, left = _best_of(x, weights, count)
+                if left <= MARGIN * linear:
+                    won[shape].add(top)
+        return {shape: frozenset(b) for shape, b in won.items()}
 
     def _forward(self, module: nn.Linear):
         left = self.left[tuple(module.weight.shape)]
