@@ -133,3 +133,22 @@ def test_the_timed_forward_computes_logits_at_every_token_as_a_verify_does(llama
     startup_costs.time_packed(runner, rows, width, repeats=1)
     vocab = runner.model.get_output_embeddings().weight.shape[0]
     assert shapes == [(rows * width, vocab)] * 2  # the untimed forward and the timed one
+
+
+def test_the_key_names_the_products_the_linears_run(llama_pair):
+    """Points timed under one choice of BLAS product (few_rows.py) price another forward under another: a change of
+    choice is a new key, for the target's linears and the draft model's."""
+    from batchspec.engine.few_rows import CHOICE
+
+    models = batchspec.load_models(str(llama_pair.target), str(llama_pair.draft))
+    generator = batchspec.build_generator(models, drafter="model", k=3, batch_size=4)
+    key = lambda: cache_key(models.target, generator.drafter, batch_size=4, k_max=3,  # noqa: E731
+                            device=models.target.device)
+    first = key()
+    assert first["linears"][0] is not None and first["linears"][1] is not None
+    for model, index in ((models.target, 0), (generator.drafter.runner.model, 1)):
+        before = getattr(model, CHOICE)
+        setattr(model, CHOICE, {shape: frozenset({1, 2, 3}) - buckets for shape, buckets in before.items()})
+        assert key()["linears"][index] != first["linears"][index] and key()["linears"][1 - index] == first["linears"][1 - index]
+        setattr(model, CHOICE, before)
+    assert key() == first
