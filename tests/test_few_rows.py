@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from batchspec.engine.few_rows import BUCKETS, CHOICE, FewRowLinears, bucket, weight_left
+from batchspec.engine.few_rows import BUCKETS, BUDGET_S, CHOICE, FewRowLinears, bucket, weight_left
 
 
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 8, 17, 64, 65])
@@ -84,7 +84,7 @@ def test_a_hooked_layer_is_left_alone():
 
 def test_the_choice_is_kept_for_the_next_process_and_bounded_in_time(monkeypatch, tmp_path):
     """A second model of the same shapes (as in a resumed job's process) reads the choice from the machine's
-    cache instead of timing; timing stops at its budget (the shapes left keep F.linear)."""
+    cache instead of timing; timing stops at its budget (the buckets left keep F.linear)."""
     from batchspec.engine import machine_cache
 
     monkeypatch.setenv(machine_cache.CACHE_ENV, str(tmp_path))  # nothing cached by the tests before
@@ -92,7 +92,7 @@ def test_the_choice_is_kept_for_the_next_process_and_bounded_in_time(monkeypatch
     timed = []
     real = FewRowLinears.time
 
-    def counting(linears, repeats, budget_s=3.0):
+    def counting(linears, repeats, budget_s=BUDGET_S):
         timed.append(len(linears))
         return real(linears, repeats, budget_s)
 

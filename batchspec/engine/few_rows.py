@@ -34,6 +34,7 @@ of logits in the tens), as they already do between a 1-token step and a verify p
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import defaultdict
 
@@ -133,17 +134,17 @@ class FewRowLinears:
         won: dict[tuple[int, int], set[int]] = {shape: set() for shape in groups}
         noise = torch.Generator().manual_seed(0)  # not the global generator: seeded jobs must not see the timing
         started = time.perf_counter()
-        by_size = sorted(groups.items(), key=lambda item: -sum(w.numel() * w.element_size() for w in item[1]))
-        sampled = [(shape, ws[: max(1, SAMPLE_BYTES // max(ws[0].numel() * ws[0].element_size(), 1))],
-                    passes(ws[0].numel() * ws[0].element_size(), repeats)) for shape, ws in by_size]
-        for top in BUCKETS:
-            for shape, weights, count in sampled:
-                if time.perf_counter() - started > budget_s:
-                    return {shape: frozenset(b) for shape, b in won.items()}
-                x = torch.randn(top, shape[1], generator=noise).to(weights[0])
-                linear, left = _best_of(x, weights, count)
-                if left <= MARGIN * linear:
-                    won[shape].add(top)
+        def size(weights: list[torch.Tensor]) -> int:  # bytes of one weight of the shape
+            return weights[0].numel() * weights[0].element_size()
+        by_size = sorted(groups.items(), key=lambda item: -size(item[1]) * len(item[1]))
+        sampled = [(shape, ws[: max(1, SAMPLE_BYTES // max(size(ws), 1))], passes(size(ws), repeats))
+                   for shape, ws in by_size]
+        for top, (shape, weights, count) in itertools.product(BUCKETS, sampled):  # bucket by bucket
+            if time.perf_counter() - started > budget_s:
+                break
+            linear, left = _best_of(torch.randn(top, shape[1], generator=noise).to(weights[0]), weights, count)
+            if left <= MARGIN * linear:
+                won[shape].add(top)
         return {shape: frozenset(b) for shape, b in won.items()}
 
     def _forward(self, module: nn.Linear):
