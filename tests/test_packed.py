@@ -175,6 +175,8 @@ def brute_force(gains, base, prices, steps):
     return max(rate_of(ks, gains, base, prices, steps) for ks in itertools.product(*[range(len(g) + 1) for g in gains]))
 
 
+SMOLLM2 = ((8, 0.045), (9, 0.052), (10, 0.057), (12, 0.0595), (13, 0.070), (15, 0.075), (16, 0.064), (20, 0.070),
+           (24, 0.076))
 GEOMETRIC = lambda a, n: [a ** j for j in range(1, n + 1)]  # noqa: E731  gains of E(k) = 1 + a + .. + a^k
 
 CHOICES = [
@@ -189,6 +191,12 @@ CHOICES = [
     ("expensive steps: none", [GEOMETRIC(0.5, 4)] * 2, 2, Prices(0.010, 0.0004, 0.02, 0.001), True),
     ("lookup proposals of different lengths", [[0.6, 0.5], [], [0.9, 0.8, 0.7, 0.6], [0.1]], 4,
      Prices(0.010, 0.0006), False),
+    # SmolLM2-135M's forward at batch 8 on 2 CPU cores (ms at N tokens): a first draft costs 7 ms, 8 cost 19
+    ("a measured curve: every row or none", [GEOMETRIC(0.6, 2)] * 8, 8, Prices(0.001, 0.002, curve=SMOLLM2), False),
+    ("a measured curve, rows unalike", [GEOMETRIC(a, 2) for a in (0.95, 0.9, 0.5, 0.4, 0.3, 0.3, 0.2, 0.1)], 8,
+     Prices(0.001, 0.002, curve=SMOLLM2), False),
+    ("a measured curve and drafting forwards", [GEOMETRIC(0.7, 2)] * 8, 8,
+     Prices(0.001, 0.002, 0.004, 0.0001, curve=SMOLLM2), True),
 ]
 
 
@@ -248,6 +256,42 @@ def test_the_controller_explores_until_it_has_evidence():
     assert controller.acceptance.evidence >= 16
     _, drafts = controller.choose_rows(slots, [4] * 32, [0] * 32, [0.95] * 32, 32, costs)
     assert sum(drafts) > 32
+
+
+@pytest.mark.parametrize("tokens,seconds", [
+    (8, 0.045), (9, 0.052), (11, 0.05825), (16, 0.064), (18, 0.067),  # at and between the points
+    (24, 0.076), (30, 0.076 + 6 * 0.002),  # past the last: per_token a token
+    (6, 0.045 - 2 * 0.002), (1, 0.045 - 7 * 0.002),  # below the first (a job's tail): per_token a token
+])
+def test_a_curve_prices_the_forward_by_interpolation(tokens, seconds):
+    prices = Prices(0.001, 0.002, curve=SMOLLM2)
+    assert prices.forward(tokens) == pytest.approx(seconds, abs=1e-12)
+    assert prices.seconds(tokens, 0, 0) == pytest.approx(0.001 + seconds, abs=1e-12)
+    assert Prices(0.001, 0.002).forward(tokens) == pytest.approx(0.002 * tokens)  # no curve: a line
+
+
+@pytest.mark.parametrize("prices,base,most,each", [
+    (Prices(0.01, 0.002, per_draft=0.0005), 8, 8, 0.0025),  # a line: every draft alike
+    (Prices(0.01, 0.002, per_draft=0.0005, curve=SMOLLM2), 8, 1, 0.0075),  # one draft alone: the jump
+    (Prices(0.01, 0.002, per_draft=0.0005, curve=SMOLLM2), 8, 8, 0.019 / 8 + 0.0005),  # filling to 16
+    (Prices(0.01, 0.002, per_draft=0.0005, curve=SMOLLM2), 15, 1, -0.011 + 0.0005),  # the 16th token: cheaper
+])
+def test_the_cheapest_draft(prices, base, most, each):
+    assert prices.cheapest_draft(base, most) == pytest.approx(each, abs=1e-12)
+
+
+def test_a_curve_drafts_rows_together_where_a_line_drafts_one():
+    """Rows alike at 0.6: the curve makes a draft alone cost 7 ms and eight 19 ms; a line through the same
+    points' ends prices each draft 2 ms and, with equal gains, takes them all as well; with one good row only
+    the line drafts it, the curve does not (7 ms for 0.6 of a token loses to plain rounds at 5.6 ms a token, and
+    filling the forward with the others' drafts at 0.02 does not pay either)."""
+    line = Prices(0.045 - 8 * 0.0019, 0.0019)
+    curve = Prices(0.0, 0.002, curve=SMOLLM2)
+    alike = [GEOMETRIC(0.6, 1)] * 8
+    assert choose_drafts(alike, 8, curve, False)[0] == [1] * 8 == choose_drafts(alike, 8, line, False)[0]
+    one = [GEOMETRIC(0.6, 1)] + [GEOMETRIC(0.02, 1)] * 7
+    assert choose_drafts(one, 8, line, False)[0] == [1] + [0] * 7
+    assert choose_drafts(one, 8, curve, False)[0] == [0] * 8
 
 
 def test_a_row_whose_drafts_do_not_pay_drafts_nothing():

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 import batchspec
-from batchspec.engine.costs import PackedCosts
+from batchspec.engine.costs import PackedCosts, RoundCost
 from batchspec.engine.row_drafts import Prices, pays_at_best
 from batchspec.engine.startup_costs import StartupCosts, cache_key, load_or_measure, token_counts
 from conftest import MAX_NEW
@@ -33,8 +33,11 @@ def test_pays_at_best(prices, rows, depth, steps, pays):
     assert pays_at_best(prices, rows, base_tokens=rows, depth=depth, steps=steps) is pays
 
 
-def test_token_counts_time_plain_full_and_one_draft():
-    assert token_counts(8, 4) == [8, 40, 16]
+def test_token_counts_time_plain_full_one_draft_then_the_curve():
+    assert token_counts(8, 2) == [8, 24, 16] + [n for n in range(9, 24) if n != 16]  # every N to 16 drafts
+    assert token_counts(8, 4) == [8, 40, 16] + [n for n in range(9, 25) if n != 16] + [28, 32, 36]
+    assert token_counts(32, 4) == ([32, 160, 64] + list(range(33, 49)) + [52, 56, 60] + list(range(68, 97, 4))
+                                   + [112, 128, 144])
     assert token_counts(1, 1) == [1, 2]  # one draft is the full width
 
 
@@ -80,6 +83,24 @@ def test_the_cost_model_starts_from_the_points():
     assert prices.per_token == pytest.approx(0.0005, rel=1e-6) and prices.fixed == pytest.approx(0.006, rel=1e-6)
 
 
+def test_the_cost_model_prices_the_forward_by_its_measured_curve_at_the_rounds_level():
+    """Four or more sizes measured: the forward is priced by their curve (the line's slope only past its ends),
+    scaled by the rounds' forwards against it; three or fewer: a line, as before."""
+    points = ((8, 0.045), (24, 0.076), (16, 0.064), (9, 0.052), (12, 0.0595))
+    costs = PackedCosts()
+    costs.start_from(StartupCosts(points, ()))
+    assert costs.curve == tuple(sorted(points))
+    prices = costs.prices()
+    assert prices.forward(9) == pytest.approx(0.052) and prices.forward(10) == pytest.approx(0.052 + 0.0075 / 3)
+    for _ in range(200):  # the job's forwards run 1.5x the start's (longer rows, a slower machine)
+        costs.observe(RoundCost(shape=1, rows=8, seconds=0.1, drafts=1, tokens=9, verify_s=1.5 * 0.052))
+    assert costs.prices().forward(9) == pytest.approx(1.5 * 0.052, rel=1e-3)
+    assert costs.prices().forward(16) == pytest.approx(1.5 * 0.064, rel=1e-3)
+    few = PackedCosts()
+    few.start_from(StartupCosts(points[:3], ()))
+    assert few.curve == () and few.prices().curve == ()
+
+
 def test_a_generator_measures_once_and_a_second_reads_the_cache(llama_pair, caplog, monkeypatch, tmp_path):
     """The first run() of an adaptive generator on packed rounds measures (in the tests' own cache folder); a
     generator built again for the same model, batch size, k and drafter reads the points back; the output is
@@ -99,7 +120,7 @@ def test_a_generator_measures_once_and_a_second_reads_the_cache(llama_pair, capl
             generator = batchspec.build_generator(models, drafter="model", k=3, batch_size=4, max_new_tokens=MAX_NEW,
                                                   adaptive=True)
             outputs.append({r.id: r.completion_token_ids for r in generator.run(requests())})
-            assert generator.startup is not None and [n for n, _ in generator.startup.verify] == [4, 16, 8]
+            assert generator.startup is not None and [n for n, _ in generator.startup.verify] == token_counts(4, 3)
             assert [n for n, _ in generator.startup.step] == [4, 1]
     assert outputs[0] == outputs[1] == {str(i): ref for i, ref in enumerate(llama_pair.reference[:6])}
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("costs:")]
@@ -117,9 +138,9 @@ def test_the_key_names_the_drafter_and_its_model(llama_pair):
     assert keys[1] == keys[2] == keys[3]  # no forwards of their own: the lookups measure the target once
 
 
-@pytest.mark.parametrize("rows,width", [(4, 1), (4, 4), (2, 5)])
-def test_the_timed_forward_computes_logits_at_every_token_as_a_verify_does(llama_pair, monkeypatch, rows, width):
-    """A verify needs the target's logits at every draft's position, so the timed forward of rows x width tokens
+@pytest.mark.parametrize("rows,tokens", [(4, 4), (4, 16), (2, 10), (4, 9), (4, 7)])
+def test_the_timed_forward_computes_logits_at_every_token_as_a_verify_does(llama_pair, monkeypatch, rows, tokens):
+    """A verify needs the target's logits at every draft's position, so the timed forward of `tokens` tokens
     computes them at every token: with one row's logits a model whose LM head is a large share of a token's work
     (Gemma-3-270M's 262,144-token head) had its drafts priced several times too cheap."""
     from batchspec.engine import startup_costs
@@ -130,9 +151,9 @@ def test_the_timed_forward_computes_logits_at_every_token_as_a_verify_does(llama
     forward = runner.forward_packed
     monkeypatch.setattr(runner, "forward_packed", lambda ids, batch, *a: shapes.append(
         tuple(forward(ids, batch, *a).shape)) or None)
-    startup_costs.time_packed(runner, rows, width, repeats=1)
+    startup_costs.time_packed(runner, rows, tokens, repeats=1)
     vocab = runner.model.get_output_embeddings().weight.shape[0]
-    assert shapes == [(rows * width, vocab)] * 2  # the untimed forward and the timed one
+    assert shapes == [(tokens, vocab)] * 2  # the untimed forward and the timed one
 
 
 def test_the_key_names_the_products_the_linears_run(llama_pair):

@@ -44,6 +44,7 @@ class CostModel(Protocol):
     def at_length(self, kv_len: int) -> None: ...  # rows now attend over about kv_len entries
 
 
+CURVE_POINTS = 4  # forwards measured at start at this many N or more price N by their curve (row_drafts.Prices)
 FEW_DRAFTS = 4  # a round with fewer drafts than a quarter of its rows does not price a draft's host work
 
 
@@ -225,6 +226,10 @@ class PackedCosts:
     step: Line = field(default_factory=Line)
     rest: Line = field(default_factory=lambda: Line(proportional=False))
     span: tuple[int, int] | None = None  # (verify tokens, drafting forward tokens) the lines learn from
+    curve: tuple[tuple[int, float], ...] = ()  # the forward's (N, seconds) measured at start, N ascending
+    level: list[float] = field(default_factory=lambda: [1.0, 1.0])  # decayed sums of the rounds' forward
+    #   seconds and of the curve's price of them: their ratio scales the curve (the job's attended lengths and
+    #   the machine's speed move it; its shape in N is the start's)
 
     def observe(self, round: RoundCost) -> None:
         """A packed round: its forward's tokens and seconds, each drafting forward's, and the rest of its wall
@@ -242,6 +247,10 @@ class PackedCosts:
         if round.prompt_tokens or (verify_span is not None and round.tokens > verify_span):
             return
         self.verify.add(round.tokens, round.verify_s)
+        if self.curve:
+            priced = Prices(0.0, 0.0, curve=self.curve).forward(round.tokens)
+            self.level = [self.verify.decay * self.level[0] + round.verify_s,
+                          self.verify.decay * self.level[1] + priced]
         # Nor does a round whose drafts are few against its rows: its drafting rows' host work that is not per
         # draft (a lookup's rows first learning the tokens they queued while they drafted nothing: ~0.3 ms a
         # row on a held-out pair at batch 32, 2026-12-02) would be read as the price of each of its drafts.
@@ -255,6 +264,10 @@ class PackedCosts:
         self.rest.add(0, 0.0, weight=0.1)
         if costs.verify:
             self.span = (2 * max(n for n, _ in costs.verify), 2 * max((n for n, _ in costs.step), default=0) or None)
+        if len({n for n, _ in costs.verify}) >= CURVE_POINTS:
+            self.curve = tuple(sorted(costs.verify))
+            first = self.curve[0][1]
+            self.level = [first, first]  # one round's weight at the measured level
 
     @property
     def known(self) -> bool:
@@ -265,6 +278,9 @@ class PackedCosts:
         a, b = self.verify.fit()
         step, draft = self.step.fit() or (0.0, 0.0)
         rest, checking = self.rest.fit()
+        if self.curve:  # the measured shape at the rounds' level; the line's slope only past its ends
+            scale = self.level[0] / max(self.level[1], 1e-12)
+            return Prices(rest, b, step, draft + checking, tuple((n, scale * t) for n, t in self.curve))
         return Prices(rest + a, b, step, draft + checking)
 
 

@@ -164,11 +164,12 @@ class PackedChoice:
         if not pays_at_best(prices, len(slots), base_tokens, self.k_max, policy.draft_forwards):
             return [True] * len(slots)
         rate = len(slots) / max(prices.seconds(base_tokens, 0, 0), 1e-12)
-        threshold = rate * (prices.per_token + prices.per_draft) / max(model.calibration_at(0).ratio, 1e-12)
+        each = prices.cheapest_draft(base_tokens, len(slots))  # a draft at its cheapest: filling a cheap forward
+        threshold = rate * each / max(model.calibration_at(0).ratio, 1e-12)
         run = model.run_lengths() if policy.bursty else None
         hopeless = [model.expected(model.alpha(s), 1, run) - 1.0 <= threshold for s in slots]
         # The rows sampling would take propose all the same (the same order and credit as _sample's).
-        for i in self._sampled([i for i, h in enumerate(hopeless) if h], slots, prices)[0]:
+        for i in self._sampled([i for i, h in enumerate(hopeless) if h], slots, prices, base_tokens)[0]:
             hopeless[i] = False
         return hopeless
 
@@ -236,7 +237,7 @@ class PackedChoice:
                 drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
                 shape = max(drafts, default=0)
         elif shape <= self.k_max and not self.learning and not draws:
-            drafts = self._sample(slots, drafts, offers, prices)
+            drafts = self._sample(slots, drafts, offers, prices, base_tokens + sum(drafts))
             shape = max(drafts, default=0)
         if shape <= self.k_max:
             model.gains = {s: g[:k] for s, g, k in zip(slots, gains, drafts) if k > 0}
@@ -251,18 +252,20 @@ class PackedChoice:
         one = prices.seconds(base_tokens + 1, int(steps), 1) - plain
         self._credit = min(self._credit + EXPLORE_BUDGET * plain, EXPLORE_SHARE * plain + one)
 
-    def _sampled(self, idle: list[int], slots: list[int], prices: Prices) -> tuple[list[int], float]:
+    def _sampled(self, idle: list[int], slots: list[int], prices: Prices, base_tokens: int) -> tuple[list[int], float]:
         """Of the rows `idle` (indices into slots), the ones sampling takes: least recently verified first, as
-        many as the credit covers at a lookup's price of a draft (a verify token and its host work) -> (rows,
-        their cost)."""
-        each = prices.per_token + prices.per_draft
+        many as the credit covers at a lookup's price of their drafts in a round of base_tokens (verify tokens
+        and their host work) -> (rows, their cost)."""
         if self._credit <= 0 or not idle:
             return [], 0.0
-        count = len(idle) if each <= 0 else min(len(idle), int(self._credit / each))
+        count = len(idle)
+        while count and prices.added(base_tokens, count) > self._credit:
+            count -= 1
         taken = sorted(idle, key=lambda i: self._seen.get(slots[i], -1))[:count]
-        return taken, count * each
+        return taken, max(prices.added(base_tokens, count), 0.0) if count else 0.0
 
-    def _sample(self, slots: list[int], drafts: list[int], offers: list[int], prices: Prices) -> list[int]:
+    def _sample(self, slots: list[int], drafts: list[int], offers: list[int], prices: Prices,
+                base_tokens: int) -> list[int]:
         """After exploration, a lookup's rows the choice leaves without drafts are sampled: one draft each, as
         many as exploration's budget (EXPLORE_BUDGET of every round's price) covers, the rows least recently
         verified first. A lookup's acceptance moves as a row's own output grows: on a held-out pair at batch 32
@@ -270,7 +273,7 @@ class PackedChoice:
         choice then drafted nothing, and a probe 52 rounds later found 30 of 31 kept (fixed k=1 ran 1.15x
         plain decoding, adaptive 0.93x). Sampling keeps the books' acceptance current at that price."""
         idle = [i for i, (n, k) in enumerate(zip(offers, drafts)) if n > 0 and k == 0]
-        taken, cost = self._sampled(idle, slots, prices)
+        taken, cost = self._sampled(idle, slots, prices, base_tokens)
         if not taken:
             return drafts
         self._credit -= cost

@@ -40,8 +40,10 @@ def start_from_machine(costs: CostModel, payoff: PayoffCheck | None, runner: Mod
     costs.start_from(measured)
     if payoff is not None and measured.verify:
         payoff.warmup_rounds = WARMUP_WITH_COSTS
-    log.info("costs: %s (%s)", ", ".join(f"{n} tokens {1e3 * t:.1f} ms" for n, t in measured.verify),
-             "from the cache" if measured.cached else f"measured in {measured.seconds:.2f} s")
+    points = sorted(measured.verify)
+    log.info("costs: the forward at %s (%s)", ", ".join(f"{n} tokens {1e3 * t:.1f} ms" for n, t in points[:4])
+             + (f", ... {points[-1][0]} tokens {1e3 * points[-1][1]:.1f} ms" if len(points) > 4 else ""),
+             "from the cache" if measured.cached else f"{len(points)} sizes measured in {measured.seconds:.2f} s")
     return measured
 
 

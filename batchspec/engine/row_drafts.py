@@ -3,37 +3,69 @@
 A packed round (packed.py) costs by what it computes, so each row's drafts can be priced apart. Row i
 with k_i drafts emits E_i(k_i) tokens in expectation (adaptive.py's acceptance model), and the round takes
 
-    T(k) = fixed + per_token * N + per_step * S + per_draft * D
+    T(k) = fixed + forward(N) + per_step * S + per_draft * D
 
-seconds (`Prices`, from costs.PackedCosts): N = base + D tokens in the target forward (base: one pending
+seconds (`Prices`, from costs.PackedCosts; forward(N) = per_token * N, or the forward's times measured at
+start, interpolated): N = base + D tokens in the target forward (base: one pending
 token per deciding row, plus the prompt chunks it prefills), D = sum of k_i drafted tokens, S = the
 drafting forwards (max k_i, for a drafter with forwards of its own; lookups draft on the host). The
 choice maximises sum_i E_i(k_i) / T(k).
 
-For a fixed S every further draft costs the same, per_token + per_draft, and row i's j-th draft gains
-g_ij = E_i(j) - E_i(j - 1), which falls with j. A ratio grows by an item exactly when the item's gain per
-cost beats the ratio, so the best choice for that S takes the drafts with the largest gains, as many as
-raise the rate: sort the gains, evaluate each prefix, keep the best. Trying each S = 0 .. k_max finds
-the best overall. A row whose drafts do not pay drafts nothing and costs its one pending token.
+For a fixed S and a fixed number m of drafts the round's time is fixed (whatever the forward costs at N, a
+line or a measured curve: `Prices`), so the best m drafts are the m largest gains g_ij = E_i(j) - E_i(j - 1),
+which fall with j, so that they are a prefix of each row's drafts: sort the gains, evaluate each prefix, keep
+the best. Trying each S = 0 .. k_max finds the best overall. A row whose drafts do not pay drafts nothing and
+costs its one pending token.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 
 @dataclass(frozen=True, slots=True)
 class Prices:
-    """Seconds of a round: fixed, and per target token, per drafting forward, per drafted token."""
+    """Seconds of a round: fixed, and per target token, per drafting forward, per drafted token. `curve`: the
+    target forward's seconds measured at a few N ((N, seconds), N ascending): where given, the forward costs
+    their piecewise-linear interpolation (per_token past either end) instead of per_token * N. A CPU's forward is
+    not a line in N: SmolLM2-135M at batch 8 took 45 ms at 8 tokens, 52 at 9, 75 at 15 and 64 at 16 (2 cores,
+    2026-12-04), so that a line through 8, 16 and 24 priced a first draft 2 ms where it cost 7."""
 
     fixed: float
     per_token: float
     per_step: float = 0.0
     per_draft: float = 0.0
+    curve: tuple[tuple[int, float], ...] = ()
 
     def seconds(self, tokens: int, steps: int, drafts: int) -> float:
-        return self.fixed + self.per_token * tokens + self.per_step * steps + self.per_draft * drafts
+        return self.fixed + self.forward(tokens) + self.per_step * steps + self.per_draft * drafts
+
+    def forward(self, tokens: int) -> float:
+        """The target forward's seconds at `tokens` tokens."""
+        curve = self.curve
+        if not curve:
+            return self.per_token * tokens
+        if tokens <= curve[0][0]:
+            return max(curve[0][1] - self.per_token * (curve[0][0] - tokens), 0.0)
+        if tokens >= curve[-1][0]:
+            return curve[-1][1] + self.per_token * (tokens - curve[-1][0])
+        i = bisect.bisect_right(curve, (tokens, math.inf))
+        (n0, t0), (n1, t1) = curve[i - 1], curve[i]
+        return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
+
+    def added(self, base_tokens: int, drafts: int) -> float:
+        """What `drafts` drafted tokens (no drafting forwards) add to a round of base_tokens."""
+        return self.forward(base_tokens + drafts) - self.forward(base_tokens) + self.per_draft * drafts
+
+    def cheapest_draft(self, base_tokens: int, most: int) -> float:
+        """The least a draft costs on average, over rounds of 1 .. most drafts (no drafting forwards): with a
+        line, per_token + per_draft; with a curve, a draft that fills a cheap forward costs less than one alone."""
+        if not self.curve:
+            return self.per_token + self.per_draft
+        return min(self.added(base_tokens, n) / n for n in range(1, max(most, 1) + 1))
 
 
 def choose_drafts(gains: list[list[float]], base_tokens: int, prices: Prices,

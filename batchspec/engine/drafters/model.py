@@ -263,5 +263,5 @@ class ModelDrafter:
     def step_seconds(self, rows: int, repeats: int) -> float:
         """One drafting forward over `rows` rows of one token, as rounds run it (startup_costs.py)."""
         if self.runner.packs:
-            return time_packed(self.runner, rows, 1, repeats=repeats)
+            return time_packed(self.runner, rows, rows, repeats=repeats)
         return time_rows(self.runner, rows, repeats=repeats)
