@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM
 
 from batchspec.api import build_generator
 from batchspec.engine.adaptive import LOOKUP, AdaptiveK
-from batchspec.engine.costs import Line, PackedCosts
+from batchspec.engine.costs import PackedCosts
+from batchspec.engine.line import Line
 from batchspec.engine.packed_choice import explore
 from batchspec.engine.graphs import StepGraphs
 from batchspec.engine.packed import RowTokens, layout_round, pack, supports_packing

@@ -4,9 +4,10 @@ Adaptive speculation prices each row's drafts by what a packed round computes (c
 forward's seconds by its tokens N, a drafting forward's by its rows, the rest of the round by its drafts).
 Learnt from the rounds alone, those lines are unknown for the job's first rounds and noisy for its first
 hundred, which is all a short job has. So at the start of a run the generator times the target's packed
-forward at a few N (the batch's pending tokens, up to every row drafting k_max) and the drafter's forward over
-the batch's rows, within a time budget, and the cost model starts from those points and goes on learning
-from the rounds. The points are kept in the user's cache under what they depend on (the model's shapes, its
+forward at the N a round may have (the batch's pending tokens, every row drafting k_max, then every N up to 16
+drafts past the pending tokens: a CPU's forward is no line in N, row_drafts.Prices) and the drafter's forward
+over the batch's rows, within a time budget, and the cost model starts from those points (their curve) and
+goes on learning from the rounds. The points are kept in the user's cache under what they depend on (the model's shapes, its
 dtype, the device, torch's threads, the batch size, k_max and the drafter), so that a resumed or repeated job
 reads them instead of measuring again.
 """

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .costs import Line
+from .line import Line
 from .drafters import Drafter
 from .host_device import HostBuffer, wall
 from .packed import layout_round
