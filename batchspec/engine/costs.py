@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from .line import Line
-from .row_drafts import Prices
+from .row_drafts import Prices, interpolate
 from .startup_costs import StartupCosts
 
 
@@ -170,8 +170,10 @@ class PackedCosts:
         if round.prompt_tokens or (verify_span is not None and round.tokens > verify_span):
             return
         self.verify.add(round.tokens, round.verify_s)
-        if self.curve:
-            priced = Prices(0.0, 0.0, curve=self.curve).forward(round.tokens)
+        # The level from forwards inside the curve only: past its ends (a job's tail of fewer rows) the price is
+        # the line's extrapolation, not a measurement.
+        if self.curve and self.curve[0][0] <= round.tokens <= self.curve[-1][0]:
+            priced = interpolate(self.curve, round.tokens)
             self.level = [self.verify.decay * self.level[0] + round.verify_s,
                           self.verify.decay * self.level[1] + priced]
         # Nor does a round whose drafts are few against its rows: its drafting rows' host work that is not per

@@ -52,9 +52,7 @@ class Prices:
             return max(curve[0][1] - self.per_token * (curve[0][0] - tokens), 0.0)
         if tokens >= curve[-1][0]:
             return curve[-1][1] + self.per_token * (tokens - curve[-1][0])
-        i = bisect.bisect_right(curve, (tokens, math.inf))
-        (n0, t0), (n1, t1) = curve[i - 1], curve[i]
-        return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
+        return interpolate(curve, tokens)
 
     def added(self, base_tokens: int, drafts: int) -> float:
         """What `drafts` drafted tokens (no drafting forwards) add to a round of base_tokens."""
@@ -66,6 +64,13 @@ class Prices:
         if not self.curve:
             return self.per_token + self.per_draft
         return min(self.added(base_tokens, n) / n for n in range(1, max(most, 1) + 1))
+
+
+def interpolate(curve: tuple[tuple[int, float], ...], tokens: int) -> float:
+    """The piecewise-linear value of `curve` ((N, seconds), N ascending) at curve[0][0] <= tokens <= curve[-1][0]."""
+    i = min(bisect.bisect_right(curve, (tokens, math.inf)), len(curve) - 1)
+    (n0, t0), (n1, t1) = curve[i - 1], curve[i]
+    return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
 
 
 def choose_drafts(gains: list[list[float]], base_tokens: int, prices: Prices,

@@ -15,6 +15,7 @@ reads them instead of measuring again.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,7 +155,9 @@ def measure(target_runner, step: Callable[[int, int], float] | None, *, batch_si
     for i, n in enumerate(token_counts(batch_size, k_max)):
         if verify and spent() > budget_s:
             break
-        repeats = REPEATS if spent() < budget_s / 2 or i >= 3 else 1  # past the first three: the curve's points
+        # A slow forward spends the budget on the first three sizes: they drop to one repeat past half of it. The
+        # curve's sizes after them keep every repeat (a one-off time would bend the curve), as many as fit.
+        repeats = REPEATS if spent() < budget_s / 2 or i >= 3 else 1
         verify.append((n, time_packed(target_runner, batch_size, n, repeats=repeats)))
     if step is not None:
         for rows in dict.fromkeys((batch_size, max(1, batch_size // 4))):
@@ -165,7 +168,8 @@ def measure(target_runner, step: Callable[[int, int], float] | None, *, batch_si
     # Kept only if no other process took the cores (the thread guard's test) and more tokens cost more: not
     # always a token more (SmolLM2 at batch 8: 75 ms at 15 tokens, 64 at 16), but no point far under one before it.
     ordered = [t for _, t in sorted(verify)]
-    monotone = all(b >= 0.7 * max(ordered[: i + 1]) for i, b in enumerate(ordered[1:])) and ordered[-1] >= ordered[0]
+    peaks = itertools.accumulate(ordered, max)  # the dearest size at or below each
+    monotone = all(t >= 0.7 * peak for t, peak in zip(ordered[1:], peaks)) and ordered[-1] >= ordered[0]
     quiet = machine_cache.undisturbed(before, read_sample(), seconds) and monotone
     return StartupCosts(tuple(verify), tuple(drafting), seconds=seconds, quiet=quiet)
 
