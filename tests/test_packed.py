@@ -295,6 +295,34 @@ def test_a_curve_drafts_rows_together_where_a_line_drafts_one():
     assert choose_drafts(one, 8, curve, False)[0] == [0] * 8
 
 
+# A forward linear in N as at batch 64 on 2 CPU cores (SmolLM2-135M: 160 ms at 64 tokens, 477 at 192), or
+# SmolLM2's measured curve at batch 8: (name, gains per row, rows, prompt-chunk tokens, prices)
+DECODING_CASES = [
+    ("batch 64, a linear forward, acceptance 0.34", [GEOMETRIC(0.34, 2)] * 64, 64, 256, Prices(0.005, 0.0025)),
+    ("batch 64, rows unalike", [GEOMETRIC(a / 64, 2) for a in range(64)], 64, 700, Prices(0.005, 0.0025)),
+    ("batch 8, a line, a draft worth taking", [GEOMETRIC(0.8, 2)] * 8, 8, 200, Prices(0.01, 0.0004)),
+    ("batch 8, the measured curve", [GEOMETRIC(a, 2) for a in (0.95, 0.9, 0.5, 0.4, 0.3, 0.3, 0.2, 0.1)], 8, 16,
+     Prices(0.001, 0.002, curve=SMOLLM2)),
+]
+
+
+@pytest.mark.parametrize("name,gains,rows,chunks,prices", DECODING_CASES, ids=[c[0] for c in DECODING_CASES])
+def test_a_round_that_prefills_chooses_drafts_as_one_that_only_decodes(name, gains, rows, chunks, prices):
+    """Drafts save decoding rounds, never prefill work: a round that also prefills `chunks` prompt tokens,
+    valued as one that only decodes (Prices.decoding), takes the drafts a decode-only round takes wherever the
+    forward's price of a draft is the same at both N (a line; past the curve's last point). Priced with its
+    chunks, the same round takes drafts at batch 64 that do not pay there (each draft costs a whole token)."""
+    valued = prices.decoding(rows + chunks, rows)
+    assert valued.seconds(rows + chunks, 0, 0) == pytest.approx(prices.seconds(rows, 0, 0), rel=1e-12)
+    assert valued.added(rows + chunks, 5) == pytest.approx(prices.added(rows + chunks, 5), rel=1e-12)
+    if not prices.curve:  # with a curve a draft is priced where the round's forward really is
+        assert choose_drafts(gains, rows + chunks, valued, False)[0] == choose_drafts(gains, rows, prices, False)[0]
+    if rows == 64 and name.endswith("0.34"):
+        assert choose_drafts(gains, rows, prices, False)[0] == [0] * rows
+        assert sum(choose_drafts(gains, rows + chunks, prices, False)[0]) > 0  # the bias the valuation removes
+    assert prices.decoding(rows, rows) is prices
+
+
 def test_a_row_whose_drafts_do_not_pay_drafts_nothing():
     drafts, _ = choose_drafts([GEOMETRIC(0.9, 4), GEOMETRIC(0.01, 4), GEOMETRIC(0.85, 4)], 3, Prices(0.01, 0.0005), False)
     assert drafts[1] == 0 and drafts[0] > 0 and drafts[2] > 0
@@ -367,12 +395,13 @@ HOPELESS_CASES = [  # (name, each row's (accepted, rejected) counts, prices of t
 ]
 
 
+@pytest.mark.parametrize("chunks", [0, 200], ids=["decoding", "prefilling 200 prompt tokens"])
 @pytest.mark.parametrize("ratios", [None, (0.6, 1.4, 0.3, 1.0)], ids=["uncalibrated", "calibrated by position"])
 @pytest.mark.parametrize("name,counts,line", HOPELESS_CASES, ids=[c[0] for c in HOPELESS_CASES])
-def test_rows_not_asked_to_propose_are_those_that_would_draft_nothing(name, counts, line, ratios):
+def test_rows_not_asked_to_propose_are_those_that_would_draft_nothing(name, counts, line, ratios, chunks):
     """A lookup is not asked to propose for the rows AdaptiveK.hopeless names; the drafts chosen are the
     same as when every row proposes, for every combination of proposal lengths 0..4 (also with each draft
-    position calibrated apart)."""
+    position calibrated apart, and in a round that prefills prompt chunks too)."""
     import copy
 
     from batchspec.engine.acceptance_model import RowAcceptance
@@ -391,7 +420,9 @@ def test_rows_not_asked_to_propose_are_those_that_would_draft_nothing(name, coun
     slots = list(range(len(counts)))
     for slot, (accepted, rejected) in zip(slots, counts):
         controller.acceptance.rows[slot] = RowAcceptance(accepted, rejected)
-    base = len(slots)
+    base = len(slots) + chunks
+    if chunks:  # sampling's credit spent: 2% of a round with 200 prompt tokens in it buys every weak row a draft
+        controller.packed._credit = -1.0
     assert controller.hopeless(slots, base, costs) == [False] * len(slots)  # exploring: explore may draft any row
     controller.acceptance.evidence = controller.explore_evidence  # past exploration: the choice's own drafts
     hopeless = controller.hopeless(slots, base, costs)

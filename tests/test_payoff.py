@@ -168,16 +168,20 @@ def test_a_short_warm_up_and_a_wide_first_comparison_decide_early(drafting_rate,
     (1.1, 1.0, 8 + 24 + 8 + 24 + 8, "drafting"),  # not clear: two comparisons
     (0.6, 1.0, 8 + 24 + 8, "plain"),  # a loser the books see: the first plain epoch
     (0.6, 0.58, 8 + 24 + 8 + 24, "plain"),  # the books price plain rounds below drafting's: the first comparison
+    (1.5, 1.0, 8 + 24 + 8 + 24, "drafting admitting"),  # every round admits: the clock decides
 ])
 def test_a_clear_win_needs_no_plain_epoch_to_start(drafting_rate, books, first_verdict_at, winner):
     """A first drafting epoch `clear` (1.15x) ahead of the cost model's price of the same rounds without drafts
     gives a provisional verdict at once, and the clock confirms it 2 drafting epochs later; a first plain epoch
     `clear` ahead of the drafting epoch before it gives the verdict plain where the books price that epoch's
-    rounds without drafts faster than they ran (noise-free rounds: the rounds are exact)."""
+    rounds without drafts faster than they ran (noise-free rounds: the rounds are exact). Not where the epoch's
+    rounds admit (its clock loses admission's share by tokens, not by what the books price)."""
+    admitting = winner.endswith(" admitting")
+    winner = winner.split()[0]
     check = PayoffCheck(warmup_rounds=8)
     for r in range(1, 300):
         check.observe(32, 32 / (drafting_rate if check.drafting else 1.0),
-                      plain=None if books is None else (32, 32 / books))
+                      plain=None if books is None else (32, 32 / books), admitting=admitting)
         if check.winner is not None:
             break
     assert (r, check.winner) == (first_verdict_at, winner)

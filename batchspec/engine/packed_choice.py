@@ -44,7 +44,7 @@ from .row_drafts import Prices, breakeven, choose_drafts, pays_at_best
 
 
 EXPLORE_SHARE = 0.1  # what a round that explores acceptance may cost over one without drafts
-EXPLORE_BUDGET = 0.02  # what exploring may cost in all, a share of the price of the rounds while it goes on
+EXPLORE_BUDGET = 0.02  # what exploring may cost in all, a share of the price of the rounds' decoding meanwhile
 MIN_EVIDENCE = 3  # rounds that verified first drafts before their interval may end exploration early
 
 
@@ -158,7 +158,8 @@ class PackedChoice:
         if (self.rounds + 1 >= self.next_probe or not costs.known or self.trees or policy.draft_forwards
                 or policy.priors):
             return [False] * len(slots)
-        prices = costs.prices()
+        prices = costs.prices().decoding(base_tokens, len(slots))  # as choose_rows values the round
+        credit = self._accrued(prices, base_tokens, False)  # what sampling will have once choose_rows accrues
         if self.exploring(prices, len(slots), self.k_max):
             return [False] * len(slots)
         if not pays_at_best(prices, len(slots), base_tokens, self.k_max, policy.draft_forwards):
@@ -169,7 +170,7 @@ class PackedChoice:
         run = model.run_lengths() if policy.bursty else None
         hopeless = [model.expected(model.alpha(s), 1, run) - 1.0 <= threshold for s in slots]
         # The rows sampling would take propose all the same (the same order and credit as _sample's).
-        for i in self._sampled([i for i, h in enumerate(hopeless) if h], slots, prices, base_tokens)[0]:
+        for i in self._sampled([i for i, h in enumerate(hopeless) if h], slots, prices, base_tokens, credit)[0]:
             hopeless[i] = False
         return hopeless
 
@@ -197,8 +198,10 @@ class PackedChoice:
             # and 504 tokens fed in two such rounds, 364 and 268 ms on ~140 ms rounds; 2026-12-02).
             base_tokens = len(slots)
         prices = costs.prices() if costs.known and (not draws or costs.step.known) else None
-        if prices is not None:  # every round adds to exploration's and sampling's credit, whoever proposed
-            self._accrue(prices, base_tokens, draws)
+        if prices is not None:  # drafts save decoding, not prefill (row_drafts.Prices.decoding)
+            prices = prices.decoding(base_tokens, len(slots))
+            # Every round adds to exploration's and sampling's credit, whoever proposed: a share of its decoding.
+            self._credit = self._accrued(prices, base_tokens, draws)
         if max(offers, default=0) == 0 and not trees:
             return 0, [0] * len(slots)
         if prices is None:  # start of the job: time both extremes
@@ -244,22 +247,23 @@ class PackedChoice:
             self._seen.update((s, self.rounds) for s, k in zip(slots, drafts) if k > 0)
         return shape, drafts
 
-    def _accrue(self, prices: Prices, base_tokens: int, steps: bool) -> None:
-        """EXPLORE_BUDGET of this round's price into exploration's and sampling's credit, which holds at most
+    def _accrued(self, prices: Prices, base_tokens: int, steps: bool) -> float:
+        """Exploration's and sampling's credit with EXPLORE_BUDGET of this round's price added: at most
         EXPLORE_SHARE of a round's price more than one sampled draft costs (a credit saved over a long run of
         rounds that needed none must not buy a round of many)."""
         plain = prices.seconds(base_tokens, 0, 0)
         one = prices.seconds(base_tokens + 1, int(steps), 1) - plain
-        self._credit = min(self._credit + EXPLORE_BUDGET * plain, EXPLORE_SHARE * plain + one)
+        return min(self._credit + EXPLORE_BUDGET * plain, EXPLORE_SHARE * plain + one)
 
-    def _sampled(self, idle: list[int], slots: list[int], prices: Prices, base_tokens: int) -> tuple[list[int], float]:
+    def _sampled(self, idle: list[int], slots: list[int], prices: Prices, base_tokens: int,
+                 credit: float) -> tuple[list[int], float]:
         """Of the rows `idle` (indices into slots), the ones sampling takes: least recently verified first, as
-        many as the credit covers at a lookup's price of their drafts in a round of base_tokens (verify tokens
+        many as `credit` covers at a lookup's price of their drafts in a round of base_tokens (verify tokens
         and their host work) -> (rows, their cost)."""
-        if self._credit <= 0 or not idle:
+        if credit <= 0 or not idle:
             return [], 0.0
         count = len(idle)
-        while count and prices.added(base_tokens, count) > self._credit:
+        while count and prices.added(base_tokens, count) > credit:
             count -= 1
         taken = sorted(idle, key=lambda i: self._seen.get(slots[i], -1))[:count]
         return taken, max(prices.added(base_tokens, count), 0.0) if count else 0.0
@@ -273,7 +277,7 @@ class PackedChoice:
         choice then drafted nothing, and a probe 52 rounds later found 30 of 31 kept (fixed k=1 ran 1.15x
         plain decoding, adaptive 0.93x). Sampling keeps the books' acceptance current at that price."""
         idle = [i for i, (n, k) in enumerate(zip(offers, drafts)) if n > 0 and k == 0]
-        taken, cost = self._sampled(idle, slots, prices, base_tokens)
+        taken, cost = self._sampled(idle, slots, prices, base_tokens, self._credit)
         if not taken:
             return drafts
         self._credit -= cost

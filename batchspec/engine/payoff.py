@@ -170,8 +170,8 @@ class PayoffCheck:
         self._round, self._epoch = 0, [_Sums(), _Sums()]
         if self._warm:
             self._last = (self._last + [(ended, tokens / max(seconds, 1e-12))])[-3:]
-        if ended == ON:
-            self._books_plain = books[0] / books[1] if books[1] > 0 else None
+        if ended == ON:  # the books against the clock only on rounds that admitted nothing (see _clear_early)
+            self._books_plain = books[0] / books[1] if books[1] > 0 and sums is clean else None
         if self._winner is None and self._compared == 0 and self._clear_early(ended):
             return
         compared = self._warm and len(self._last) == 3 and self._last[0][0] == self._last[2][0] != self._last[1][0]
@@ -190,7 +190,13 @@ class PayoffCheck:
         """The verdicts a short job cannot wait for (the module's docstring): the first drafting epoch `clear`
         times the books' plain price of its rounds, or the first plain epoch `clear` times the drafting epoch
         before it while the books' price of that epoch's rounds without drafts is faster than they ran too. Sets
-        the verdict and the next arm; False when neither holds."""
+        the verdict and the next arm; False when neither holds. The books are read only where the epoch counted
+        the rounds that admitted nothing: an admitting round's clock loses admission's share in proportion to
+        its tokens, which takes out too much where a verified token costs more than a prompt token, so that
+        there the clock reads fast against the books (SmolLM2-135M with ngram at batch 64, chat prompts of ~220
+        tokens, staggered rows, 2 CPU cores, 2026-12-04: the first drafting epoch read 1.29x the books' plain
+        price of its own rounds, a provisional verdict of drafting, in a job whose drafts added 5% to the
+        tokens of a forward and which ran 0.99x drafter none)."""
         if len(self._last) == 1 and ended == ON and self._books_plain is not None:
             plain, drafting = self._books_plain, self._last[0][1]
             if drafting < self.clear * plain:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 
@@ -57,6 +57,18 @@ class Prices:
     def added(self, base_tokens: int, drafts: int) -> float:
         """What `drafts` drafted tokens (no drafting forwards) add to a round of base_tokens."""
         return self.forward(base_tokens + drafts) - self.forward(base_tokens) + self.per_draft * drafts
+
+    def decoding(self, base_tokens: int, decode_tokens: int) -> Prices:
+        """These prices with a round of base_tokens valued as one of decode_tokens: a round that also
+        prefills prompt chunks costs what a round that only decodes its rows costs, plus what drafts add
+        at the margin of its real forward. Drafts save decoding rounds, never prefill work (a prompt is
+        computed whatever its row's drafts), so a round's chunks must not lower what a draft has to gain:
+        with them priced in, a draft at batch 64 looked worth taking at a quarter of the acceptance it
+        needs (SmolLM2-135M, chat prompts of ~220 tokens, staggered rows: admission 64% of the forward's
+        time, the forward linear in N, ngram drafted 95% of rounds at acceptance 0.34 and ran 0.95x drafter
+        none; 2 CPU cores, 2026-12-04)."""
+        shift = self.forward(decode_tokens) - self.forward(base_tokens)
+        return self if shift == 0 else replace(self, fixed=self.fixed + shift)
 
     def cheapest_draft(self, base_tokens: int, most: int) -> float:
         """The least a draft costs on average, over rounds of 1 .. most drafts (no drafting forwards): with a
