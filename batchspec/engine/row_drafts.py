@@ -9,7 +9,8 @@ seconds (`Prices`, from costs.PackedCosts; forward(N) = per_token * N, or the fo
 start, interpolated): N = base + D tokens in the target forward (base: one pending
 token per deciding row, plus the prompt chunks it prefills), D = sum of k_i drafted tokens, S = the
 drafting forwards (max k_i, for a drafter with forwards of its own; lookups draft on the host). The
-choice maximises sum_i E_i(k_i) / T(k).
+choice maximises sum_i E_i(k_i) / T(k), with a round that prefills valued as one that only decodes
+(`Prices.decoding`: drafts save decoding rounds, never prefill work).
 
 For a fixed S and a fixed number m of drafts the round's time is fixed (whatever the forward costs at N, a
 line or a measured curve: `Prices`), so the best m drafts are the m largest gains g_ij = E_i(j) - E_i(j - 1),
@@ -63,8 +64,8 @@ class Prices:
         prefills prompt chunks costs what a round that only decodes its rows costs, plus what drafts add
         at the margin of its real forward. Drafts save decoding rounds, never prefill work (a prompt is
         computed whatever its row's drafts), so a round's chunks must not lower what a draft has to gain:
-        with them priced in, a draft at batch 64 looked worth taking at a quarter of the acceptance it
-        needs (SmolLM2-135M, chat prompts of ~220 tokens, staggered rows: admission 64% of the forward's
+        with them priced in, drafts at batch 64 looked worth taking far below the acceptance they need
+        there (SmolLM2-135M, chat prompts of ~220 tokens, staggered rows: admission 64% of the forward's
         time, the forward linear in N, ngram drafted 95% of rounds at acceptance 0.34 and ran 0.95x drafter
         none; 2 CPU cores, 2026-12-04)."""
         shift = self.forward(decode_tokens) - self.forward(base_tokens)
