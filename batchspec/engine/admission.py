@@ -54,11 +54,11 @@ class Admitter:
                 return []
         seated = self.seat(seats)
         for slot, blocks, k in seated.prompt_logprobs:
-            scheduler.set_prompt_logprobs(slot, blocks, k)
+            scheduler.outcomes.set_prompt_logprobs(slot, blocks, k)
         if seated.tokens is None:
             return []
         slots = [s.slot for s in seats]
-        finished = scheduler.first_tokens(slots, seated.tokens, seated.logprobs)
+        finished = scheduler.outcomes.first_tokens(slots, seated.tokens, seated.logprobs)
         done = {slot for slot, _ in finished}
         going = [(slot, token) for slot, token in zip(slots, seated.tokens) if slot not in done]
         if going:
@@ -72,7 +72,7 @@ class Admitter:
         self.drafter.admit(slots, prompts)
 
     def seat(self, seats) -> Seated:
-        """seats: scheduler.Seat records (slot, admission) of the new rows."""
+        """seats: intake.Seat records (slot, admission) of the new rows."""
         slots, prompts = [s.slot for s in seats], [s.prompt_ids for s in seats]
         self.state.seat(slots, prompts, [s.admission.key for s in seats], [s.admission.sampling for s in seats])
         primary: dict[int, int] = {}  # group -> the slot that prefills for it

@@ -252,7 +252,7 @@ class SpecBatchGenerator:
         """The verdict into outputs, stops and Results (postprocess.py); the drafter, the finished rows' slots
         and adaptive speculation (what the round cost, what it accepted) follow it."""
         with self.timers.phase("bookkeeping"):
-            finished, emitted = self.scheduler.postprocess(round, outcome)
+            finished, emitted = self.scheduler.outcomes.postprocess(round, outcome)
             self.drafter.extend(emitted.slots, emitted.tokens, emitted.num_accepted, emitted.path)
             results = self._release(finished)
         adaptive = self.scheduler.adaptive

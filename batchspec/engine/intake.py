@@ -51,6 +51,18 @@ class Admission:
     constraint: Constraint | None = None  # what its output must match (structured output)
 
 
+@dataclass(slots=True)
+class Seat:
+    """A row taking a slot: the slot and what intake admitted (its request, prompt ids and settings)."""
+
+    slot: int
+    admission: Admission
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.admission.prompt_ids
+
+
 def prompt_ids(request: Request, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
                max_seq_len: int) -> list[int] | str:
     """Token ids for a request, or an error message. Text far longer than max_seq_len tokens could be is

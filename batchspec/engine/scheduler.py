@@ -2,14 +2,13 @@
 
 `Scheduler` never touches a tensor. It pulls requests lazily and tokenizes them (`intake`), decides
 each round's rows, budgets and shape (`schedule`, `choose`; adaptive speculation decides the shape when
-it is on), and turns a round's verdict into outputs, stops, statistics and Results (`postprocess`, and
-new rows' `first_tokens`: postprocess.py).
+it is on); its `outcomes` (postprocess.RowOutcomes, which callers reach directly) turn a round's verdict
+into outputs, stops, statistics and Results (`postprocess`, and new rows' `first_tokens`).
 The device side (runners, drafters, the Acceptor) is driven by the generator between these calls.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable
 
 from transformers import PreTrainedTokenizerBase
@@ -18,26 +17,13 @@ from .types import FINISH_LENGTH, Request, Result, TreeSpec
 from .adaptive import AdaptiveK
 from .costs import PackedCosts, RoundCost
 from .grammar import Grammars
-from .intake import Admission, Defaults, Intake
+from .intake import Defaults, Intake, Seat
 from .payoff import PayoffCheck
 from .postprocess import Emitted, RowOutcomes
 from .round import Round, RoundShape
 from .slots import SlotTable
 from .stats import Statistics
 from .stops import StopRules
-from .verdict import RoundOutcome
-
-
-@dataclass(slots=True)
-class Seat:
-    """A row taking a slot: the slot and what intake admitted (its request, prompt ids and settings)."""
-
-    slot: int
-    admission: Admission
-
-    @property
-    def prompt_ids(self) -> list[int]:
-        return self.admission.prompt_ids
 
 
 class Scheduler:
@@ -69,17 +55,6 @@ class Scheduler:
         # What rows' new tokens do (outputs, grammars, stops, statistics, Results): postprocess.py.
         self.outcomes = RowOutcomes(self.slots, stops, grammars, self.stats, tokenizer)
         self.admitting = True
-
-    # A round's outcome and new rows' first tokens, on the host (postprocess.py).
-    def postprocess(self, round: Round, outcome: RoundOutcome) -> tuple[list[tuple[int, Result]], Emitted]:
-        return self.outcomes.postprocess(round, outcome)
-
-    def first_tokens(self, slots: list[int], tokens: list[int],
-                     logprobs: list[list[float]] | None = None) -> list[tuple[int, Result]]:
-        return self.outcomes.first_tokens(slots, tokens, logprobs)
-
-    def set_prompt_logprobs(self, slot: int, blocks: list[list[float]], k: int) -> None:
-        self.outcomes.set_prompt_logprobs(slot, blocks, k)
 
     def cut_short(self) -> list[tuple[int, Result]]:
         """Every running row finished as it stands (finish_reason "length": a deadline is a limit), and no
