@@ -34,11 +34,51 @@ def test_pays_at_best(prices, rows, depth, steps, pays):
 
 
 def test_token_counts_time_plain_full_one_draft_then_the_curve():
-    assert token_counts(8, 2) == [8, 24, 16] + [n for n in range(9, 24) if n != 16]  # every N to 16 drafts
-    assert token_counts(8, 4) == [8, 40, 16] + [n for n in range(9, 25) if n != 16] + [28, 32, 36]
-    assert token_counts(32, 4) == ([32, 160, 64] + list(range(33, 49)) + [52, 56, 60] + list(range(68, 97, 4))
-                                   + [112, 128, 144])
-    assert token_counts(1, 1) == [1, 2]  # one draft is the full width
+    below = list(range(1, 8))  # every round of fewer rows than the batch, to 8 rows
+    assert token_counts(8, 2) == [8, 24, 16] + [n for n in range(9, 24) if n != 16] + below  # every N to 16 drafts
+    assert token_counts(8, 4) == [8, 40, 16] + [n for n in range(9, 25) if n != 16] + below + [28, 32, 36]
+    assert token_counts(32, 4) == ([32, 160, 64] + list(range(33, 49)) + list(range(1, 9)) + [16, 24]
+                                   + [52, 56, 60] + list(range(68, 97, 4)) + [112, 128, 144])
+    assert token_counts(1, 1) == [1, 2]  # one draft is the full width; no round has fewer rows
+
+
+# The forward of a 512-wide 8-layer Llama at batch 8 on 2 CPU cores (2026-12-05), seconds by N in token_counts'
+# order (plain first): below plain the medians of a job's rounds (ngram at T = 0.7, 32 rows), at and above it the
+# points measured at start scaled to the job's level (x1.21). Below plain it is no line: 2 tokens 5.8 ms, 3 tokens
+# 7.8, 4 tokens 7.2, 8 tokens 12.2.
+ABOVE = tuple((n, 1.21 * t) for n, t in ((8, 0.01008), (40, 0.02059), (16, 0.01366), (9, 0.01043), (10, 0.01143),
+                                         (12, 0.0130), (20, 0.01774), (24, 0.01844), (32, 0.02083), (36, 0.02274)))
+P512 = ABOVE + ((2, 0.00584), (3, 0.00779), (4, 0.00720), (5, 0.00926), (6, 0.01175), (7, 0.01269))
+
+
+def _prices(points):
+    costs = PackedCosts()
+    costs.start_from(StartupCosts(points, ()))
+    return costs
+
+
+@pytest.mark.parametrize("name,points,alpha,rows,drafts", [
+    # a 2-row round (a job's tail): the line above plain priced its first draft 0.4 ms, the curve 2 ms
+    ("tail, measured below plain: 0.2 does not pay", P512, 0.2, 2, [0, 0]),
+    ("tail, the line's extrapolation: 0.2 looked paying", ABOVE, 0.2, 2, [1, 1]),
+    ("tail, measured below plain: 0.9 pays", P512, 0.9, 2, [1, 1]),
+    ("a full batch: the same choice either way", P512, 0.2, 8, None),
+    ("a full batch at 0.9", P512, 0.9, 8, None),
+])
+def test_rounds_of_fewer_rows_than_the_batch_price_drafts_by_their_own_forwards(name, points, alpha, rows, drafts):
+    """The start-up points below the batch's plain N price a part-empty round's drafts (ngram at T = 0.7 on a
+    held-out pair drafted in the job's tail at acceptance 0.2 where a 2-row forward's next token cost 1.1 ms,
+    2026-12-05); the verify line is fitted on plain and the larger N only, and a full round's choice is as it was."""
+    from batchspec.engine.row_drafts import choose_drafts
+
+    gains = [[alpha]] * rows
+    chosen = choose_drafts(gains, rows, _prices(points).prices(), steps=False)[0]
+    if drafts is None:
+        assert chosen == choose_drafts(gains, rows, _prices(ABOVE).prices(), steps=False)[0]
+    else:
+        assert chosen == drafts
+    assert _prices(P512).verify.anchor == _prices(ABOVE).verify.anchor
+    assert _prices(P512).level == _prices(ABOVE).level == [ABOVE[0][1]] * 2
 
 
 def test_costs_are_cached_by_what_they_depend_on(tmp_path):

@@ -347,3 +347,31 @@ def test_heldout_prompts_are_the_same_every_time(tmp_path, kind, opening, closin
     assert len(prompts) >= 20
     assert all(p.startswith(opening) and p.endswith(closing) for p in prompts)
     assert max(len(p) for p in prompts) <= 700 + 250  # the docstring's 700 characters and the template
+
+
+def test_code_prompts_keep_the_pairs_own_and_add_prefixes_of_other_files(llama_pair, tmp_path):
+    """tools/code_prompts.py: a pair's own prompts first kept, then def/class prefixes of the --source files (cut as
+    build_demo cuts them), ids naming where each came from; the same every time."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import code_prompts
+
+    pair, source = tmp_path / "pair", tmp_path / "src"
+    pair.mkdir()
+    source.mkdir()
+    (pair / "target").symlink_to(llama_pair.target)
+    pq.write_table(pa.table({"id": ["heldout-0000", "heldout-0001"], "prompt": ["def f(x):", "class A:"],
+                             "source_file": ["a.py", "b.py"]}), pair / "prompts.parquet")
+    body = "\n".join(f"    value_{j} = compute_{j}(argument, other_{j})" for j in range(6))
+    (source / "mod.py").write_text("".join(f"def function_{i}(argument):\n{body}\n    return value_0\n\n\n"
+                                           for i in range(5)))
+    outs = [tmp_path / "a.parquet", tmp_path / "b.parquet"]
+    for out in outs:
+        code_prompts.main(["--pair", str(pair), "--rows", "5", "--out", str(out), "--source", str(source), "--glob", "*.py"])
+    rows = pq.read_table(outs[0]).to_pylist()
+    assert rows == pq.read_table(outs[1]).to_pylist() and len(rows) == 5
+    assert sorted(r["id"] for r in rows) == ["heldout-0000", "heldout-0001", "tf-0000", "tf-0001", "tf-0002"]
+    added = [r for r in rows if r["id"].startswith("tf-")]
+    assert all(r["source_file"].endswith("/src/mod.py") and r["prompt"].startswith("def function_") for r in added)
