@@ -36,9 +36,9 @@ def test_pays_at_best(prices, rows, depth, steps, pays):
 def test_token_counts_time_plain_full_one_draft_then_the_curve():
     below = list(range(1, 8))  # every round of fewer rows than the batch, to 8 rows
     assert token_counts(8, 2) == [8, 24, 16] + [n for n in range(9, 24) if n != 16] + below  # every N to 16 drafts
-    assert token_counts(8, 4) == [8, 40, 16] + [n for n in range(9, 25) if n != 16] + below + [28, 32, 36]
-    assert token_counts(32, 4) == ([32, 160, 64] + list(range(33, 49)) + list(range(1, 9)) + [16, 24]
-                                   + [52, 56, 60] + list(range(68, 97, 4)) + [112, 128, 144])
+    assert token_counts(8, 4) == [8, 40, 16] + [n for n in range(9, 25) if n != 16] + [28, 32, 36] + below
+    assert token_counts(32, 4) == ([32, 160, 64] + list(range(33, 49)) + [52, 56, 60] + list(range(68, 97, 4))
+                                   + [112, 128, 144] + list(range(1, 9)) + [16, 24])  # below plain last
     assert token_counts(1, 1) == [1, 2]  # one draft is the full width; no round has fewer rows
 
 
