@@ -187,15 +187,15 @@ class PackedCosts:
         (Line.measured), and the rest of a round starts from a weak zero that the first rounds replace. The
         first verify point is the batch's plain round (token_counts): the line is fitted on it and the larger N
         (what it prices is drafts over a batch, and forwards past the curve's top), the curve takes every point."""
-        plain = costs.verify[0] if costs.verify else None
-        self.verify = Line.measured([p for p in costs.verify if p[0] >= plain[0]] if plain else ())
+        plain_n, plain_s = costs.verify[0] if costs.verify else (0, 0.0)
+        self.verify = Line.measured([p for p in costs.verify if p[0] >= plain_n])
         self.step = Line.measured(costs.step)
         self.rest.add(0, 0.0, weight=0.1)
         if costs.verify:
             self.span = (2 * max(n for n, _ in costs.verify), 2 * max((n for n, _ in costs.step), default=0) or None)
         if len({n for n, _ in costs.verify}) >= CURVE_POINTS:
             self.curve = tuple(sorted(costs.verify))
-            self.level = [plain[1], plain[1]]  # one plain round's weight at the measured level
+            self.level = [plain_s, plain_s]  # one plain round's weight at the measured level
 
     @property
     def known(self) -> bool:

@@ -94,11 +94,11 @@ def token_counts(batch_size: int, k_max: int) -> list[int]:
     """The forwards' sizes to time, most telling first: every row plain, every row drafting k_max, one draft a
     row; then, for the curve's shape (row_drafts.Prices), every N up to 16 drafts past plain, every 4th to 64
     and every 16th beyond, and last (where the budget leaves time: at batch 8 it does) the rounds of fewer rows
-    than the batch, every N from 1 to 8 below plain, then every 8th. Below plain because a round of fewer rows (a job's tail, a batch not yet
-    full) is no line in N either, and its drafts were priced by the slope above plain: on a held-out pair at
-    batch 8 (2 CPU cores, 2026-12-05) a forward of 2 tokens took 5.9 ms, of 3 7.6 ms and of 8 12.2 ms, where
-    the line through 8 and more priced the draft of a 2-row round 0.6 ms, and ngram at T = 0.7 drafted in the
-    job's tail at acceptance 0.2."""
+    than the batch, every N from 1 to 8 below plain, then every 8th. Below plain because a round of fewer rows
+    (a job's tail, a batch not yet full) is no line in N either, and its drafts were priced by the line through
+    the sizes above plain: on a held-out pair at batch 8 (2 CPU cores, 2026-12-05) a forward of 2 tokens took
+    5.8 ms, of 3 7.8 ms and of 8 12.2 ms, where that line priced the draft of a 2-row round about 0.4 ms, and
+    ngram at T = 0.7 drafted in the job's tail at acceptance 0.2."""
     plain, full = batch_size, batch_size * (1 + k_max)
     near = [plain + j for j in range(1, min(16, plain * k_max) + 1)]
     below = [n for n in range(1, plain) if n <= 8 or n % 8 == 0]
