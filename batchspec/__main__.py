@@ -1,6 +1,6 @@
 """`batchspec VERB ...` and `python -m batchspec ...`: a job (`job=NAME [key=value ...]`, the default; `job`
 may also be spelt out as the verb) or one of the commands in VERBS, each of which also runs as
-`python -m batchspec.NAME` (the thin entry modules beside this one)."""
+`python -m batchspec.NAME` (the thin entry modules of entry/)."""
 
 import importlib
 import re

@@ -79,6 +79,8 @@ def test_a_wheel_install_finds_its_config_and_shipped_jobs(tmp_path):
     composed = subprocess.run([python, "-m", "batchspec", "job=demo_chat", "--cfg", "job", "--resolve"],
                               cwd=work, env=env, **run)
     assert composed.returncode == 0, composed.stderr
+    status = subprocess.run([python, "-m", "batchspec.status", "--help"], cwd=work, env=env, **run)
+    assert status.returncode == 0 and "usage:" in status.stdout, status.stderr  # entry/ on the package's path
     assert yaml.safe_load(composed.stdout)["source"]["path"] == str(site / "batchspec" / "assets" / "demo" / "chat.jsonl")
     job = subprocess.run([venv / "bin" / "batchspec", "job=demo", *TINY], cwd=work, env=env, **run)
     assert job.returncode == 0, job.stderr

@@ -446,7 +446,7 @@ def test_feature_loss_adds_the_weighted_regression_onto_the_targets_lm_head_inpu
 def test_feature_noise_is_uniform_within_its_share_of_each_layers_rms(share):
     """noisy adds, per element, uniform noise in +- share x the RMS of that element's layer at that position
     (three layers of very different size here: the bound follows each), and draws it from the generator alone."""
-    from batchspec.training.loop import noisy
+    from batchspec.training.features import noisy
 
     torch.manual_seed(0)
     scale = torch.tensor([1.0] * 8 + [10.0] * 8 + [100.0] * 8)

@@ -85,6 +85,19 @@ def test_every_verb_runs(verb, monkeypatch, capsys):
     assert "usage:" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("name, verb", [("status", "status"), ("run_batch", "run-batch"), ("calibrate", "calibrate"),
+                                        ("bench_io", "bench-io"), ("train_draft", "train-draft")])
+def test_every_documented_module_spelling_is_a_thin_entry_module_of_its_verb(name, verb):
+    """`python -m batchspec.NAME` finds entry/NAME.py (the folder is on the package's path) and runs the same
+    main as `batchspec VERB`."""
+    import importlib
+    import importlib.util
+
+    spec = importlib.util.find_spec(f"batchspec.{name}")
+    assert spec is not None and Path(spec.origin) == PACKAGE / "entry" / f"{name}.py"
+    assert importlib.import_module(f"batchspec.{name}").main is importlib.import_module(VERBS[verb]).main
+
+
 @pytest.mark.parametrize("argv, code, line", [
     (["stauts", "out"], 2, "batchspec: error: unknown verb 'stauts'; verbs: job, run-batch, status, report, bench, "
                            "bench-io, calibrate, train-draft (or job=NAME to run a job)"),

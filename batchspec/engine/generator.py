@@ -39,10 +39,9 @@ from .grammar import Grammars
 from .graphs import StepGraphs
 from .host_device import HostBuffer
 from .intake import Defaults
-from .payoff import PayoffCheck
 from .phases import NOISE, Timers
 from .round import Round, RoundBuffers, RoundShape, Verified
-from .round_prices import cost_model, measured_round, start_from_machine
+from .round_prices import controllers, measured_round, start_from_machine
 from .round_steps import declare_round_steps
 from .runner import ModelRunner
 from .scheduler import Scheduler
@@ -119,20 +118,16 @@ class SpecBatchGenerator:
         self.grammars = Grammars(tokenizer, vocab_size=vocab, eos_ids=sorted(stops.eos_ids), timers=self.timers)
         self.acceptor = Acceptor(self.runner, self.state, self.buffers, sampling=sampling, stops=stops, graphs=graphs,
                                  counter=graphs.counter, logprobs=defaults.max_logprobs, grammars=self.grammars)
-        controller = None
         # The static path's packed chains give each row its own number of drafts too (without trees, whose
         # verify is not packed there).
         self.static_per_row = bool(self.static and self.runner.packed_width and not self.trees)
-        if adaptive and (k_max > 0 or self.trees):
-            costs = cost_model(self.runner, drafter, self.shapes, static=self.static, static_per_row=self.static_per_row)
-            controller = AdaptiveK(k_max, policy=drafter.policy, costs=costs, trees=self.trees)
+        controller, payoff = (controllers(self.runner, drafter, self.shapes, k_max=k_max, trees=self.trees,
+                                          static_per_row=self.static_per_row) if adaptive else (None, None))
         self.packed = self.runner.packs
         self.scheduler = Scheduler(tokenizer, stops, num_slots=batch_size, vocab_size=vocab, max_seq_len=max_seq_len,
                                    defaults=defaults, k_max=k_max, trees=self.trees, adaptive=controller,
                                    static=self.static, fill_budget=fill_tokens if self.packed else 0,
-                                   grammars=self.grammars, per_row=self.static_per_row,
-                                   payoff=PayoffCheck() if controller is not None and (self.packed or self.static_per_row)
-                                   else None)
+                                   grammars=self.grammars, per_row=self.static_per_row, payoff=payoff)
         self.startup: StartupCosts | None = None  # the costs adaptive speculation started from (the first run())
         self.admitter = Admitter(self.runner, self.state, self.acceptor, drafter)
         self._released = HostBuffer((batch_size,), self.device)

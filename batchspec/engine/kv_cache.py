@@ -100,6 +100,17 @@ class SlotKVCache(Cache):
     def for_model(cls, model: PreTrainedModel, num_slots: int, max_len: int) -> "SlotKVCache":
         return cls(model.config.get_text_config().num_hidden_layers, num_slots, max_len)
 
+    def compact(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Move entries of every layer: slot rows[i]'s index src[i, j] to dst[i, j] (all read before any is
+        written), for a tree's accepted path. rows [b], src/dst [b, A]."""
+        for layer in self.layers:
+            if not layer.is_initialized:
+                return
+            index = rows[:, None]
+            keys, values = layer.keys[index, :, src], layer.values[index, :, src]  # [b, A, H, D]
+            layer.keys[index, :, dst] = keys
+            layer.values[index, :, dst] = values
+
 
 @dataclass(frozen=True, slots=True)
 class SlidingWindow:

@@ -7,28 +7,20 @@ target forward's time against its tokens, each drafting forward's against its to
 round against its drafts). The gains are scaled by their calibration, per draft position the decayed
 ratio of drafts accepted there to the gains predicted for the drafts chosen there, so that a systematic
 error of the acceptance model (choosing the rows whose estimates are highest picks estimates that err
-high) cannot keep a job drafting at a loss. By position, because the error grows with depth: on SmolLM2's
-head at batch 8 (2 CPU cores, 2026-11-28) the geometric model, scaled by one job-wide ratio (0.82), met
-the first three positions' acceptance (0.47-0.49 against 0.45-0.48) but called the fourth 0.46 where
-0.28 was accepted, and the rows it drafted four deep made every row of the round wait three more head
-steps. A lookup is not asked to propose for rows that would draft nothing whatever they
-proposed (`hopeless`). Every `revisit_every` rounds each row verifies one draft more than chosen (the
-wait doubling, up to 8x, while nobody drafts), so that rows drafting nothing keep measuring their
-acceptance.
+high) cannot keep a job drafting at a loss. By position, because the error grows with depth (on SmolLM2's
+head at batch 8 one job-wide ratio met the first three positions' acceptance but called the fourth 0.46
+where 0.28 was accepted, and rows drafted four deep made every row wait three more head steps). A lookup
+is not asked to propose for rows that would draft nothing whatever they proposed (`hopeless`). Probe rounds (`_probe`) keep rows that draft nothing measuring their acceptance.
 
 Until the job has verified `explore_evidence` first drafts, its acceptance is a prior (0.5, or the
-drafter's own guess), and a choice made on it can cost a short job more than drafting ever gains: on
-SmolLM2 with an untrained 6-layer draft at batch 32 (acceptance 0.00; 2 CPU cores, 2026-11-28) the
-first drafting round gave 25 rows 2 drafts each (the draft fed their prompts, the verify pass widened
-to 82 tokens), and a 48-round job ran 0.93x drafter none with no other round drafting. So while the
-evidence is short, drafting is exploration at a bounded price: one draft on as many rows as keep the round
-within EXPLORE_SHARE of a round without drafts at the measured prices (at least one), the rows whose first
-draft gains most, until the evidence is in (whatever the choice would draft). A drafter that runs forwards
-explores at most an eighth of the rows: the prices leave out a draft model's first feeding of a row's
-prompt (18 rows' worth in that round). A lookup's drafts cost only their verify tokens, so it explores as
-many rows as the price allows: at batch 8 the eighth was one row a round, and a held-out pair whose drafts
-were 0.94 right spent 16 of a 32-row job's ~100 rounds learning that (2026-11-29). Exploration ends
-before `explore_evidence` once the first drafts verified, a round counted as one observation, put the job's
+drafter's own guess), and a choice made on it can cost a short job more than drafting ever gains (an
+untrained draft at batch 32 once widened a 48-round job's first drafting round to 82 tokens and ran it
+0.93x drafter none). So while the evidence is short, drafting is exploration at a bounded price: one draft
+on as many rows as keep the round within EXPLORE_SHARE of a round without drafts at the measured prices (at
+least one), the rows whose first draft gains most. A drafter that runs forwards explores at most an eighth
+of the rows (the prices leave out a draft model's first feeding of a row's prompt); a lookup's drafts cost
+only their verify tokens, so it explores as many rows as the price allows. Exploration ends before
+`explore_evidence` once the first drafts verified, a round counted as one observation, put the job's
 acceptance clearly below or above the break-even point of the prices (`exploring`), a draft model explores
 the rows it already fed, and exploration spends at most EXPLORE_BUDGET of the rounds' price (`_explore`).
 After it, the same budget samples a lookup's rows that the choice leaves without drafts (`_sample`).
@@ -222,23 +214,11 @@ class PackedChoice:
             drafts, trees = self._explore(explore(gains, prices, base_tokens, bool(draws), drafted_before, lengths),
                                           prices, base_tokens, bool(draws), pays > 0), []
         shape = max(drafts, default=0)
-        for j in (t - self.k_max - 1 for t in trees):  # a tree round: every row its tree
-            spec, n = self.trees[j], len(slots)
-            per_row = model.tree_tokens(j, alphas, run)
-            tokens = sum(min(per_row, r + 1) for r in room)
-            seconds = prices.seconds(base_tokens + n * spec.nodes, spec.depth if draws else 0, n * spec.depth)
-            if tokens / max(seconds, 1e-12) > rate:
-                shape, rate, drafts = self.k_max + 1 + j, tokens / max(seconds, 1e-12), list(room)
+        if trees:
+            shape, drafts = self._tree_round(trees, (shape, drafts), rate, alphas, run, room, prices, base_tokens, draws)
         if self.rounds >= self.next_probe and not self.learning:  # exploring is measuring already
-            idle = sum(drafts) == 0
-            self._interval = min(2 * self._interval, 8 * self.revisit_every) if idle and self._idle else self.revisit_every
-            self.next_probe, self._idle = self.rounds + self._interval, idle
-            if shape <= self.k_max and draws and idle:  # a draft model feeds each probed row what it missed
-                drafts = explore(gains, prices, base_tokens, True, drafted_before, lengths)
-                shape = max(drafts, default=0)
-            elif shape <= self.k_max:
-                drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
-                shape = max(drafts, default=0)
+            shape, drafts = self._probe(shape, drafts, offers, gains, prices, base_tokens, draws, drafted_before,
+                                        lengths)
         elif shape <= self.k_max and not self.learning and not draws:
             drafts = self._sample(slots, drafts, offers, prices, base_tokens + sum(drafts))
             shape = max(drafts, default=0)
@@ -246,6 +226,38 @@ class PackedChoice:
             model.gains = {s: g[:k] for s, g, k in zip(slots, gains, drafts) if k > 0}
             self._seen.update((s, self.rounds) for s, k in zip(slots, drafts) if k > 0)
         return shape, drafts
+
+    def _tree_round(self, trees: list[int], chain: tuple[int, list[int]], rate: float, alphas: list[float], run,
+                    room: list[int], prices: Prices, base_tokens: int, draws: bool) -> tuple[int, list[int]]:
+        """(shape, drafts): a tree round (every row its tree) where one delivers more tokens a second than the
+        chain's choice (chain: its shape and drafts; rate: its tokens a second)."""
+        shape, drafts = chain
+        n = len(room)
+        for j in (t - self.k_max - 1 for t in trees):
+            spec = self.trees[j]
+            per_row = self.acceptance.tree_tokens(j, alphas, run)
+            tokens = sum(min(per_row, r + 1) for r in room)
+            seconds = prices.seconds(base_tokens + n * spec.nodes, spec.depth if draws else 0, n * spec.depth)
+            if tokens / max(seconds, 1e-12) > rate:
+                shape, rate, drafts = self.k_max + 1 + j, tokens / max(seconds, 1e-12), list(room)
+        return shape, drafts
+
+    def _probe(self, shape: int, drafts: list[int], offers: list[int], gains: list[list[float]], prices: Prices,
+               base_tokens: int, draws: bool, drafted_before: list[bool] | None,
+               lengths: list[int] | None) -> tuple[int, list[int]]:
+        """A probe round (every `revisit_every` rounds, the interval doubling up to 8x while nobody drafts):
+        each row verifies one draft more than chosen; with a draft model and nobody drafting, the rows
+        exploration would pick (each fed what it missed)."""
+        idle = sum(drafts) == 0
+        self._interval = min(2 * self._interval, 8 * self.revisit_every) if idle and self._idle else self.revisit_every
+        self.next_probe, self._idle = self.rounds + self._interval, idle
+        if shape > self.k_max:  # a tree round probes nothing more
+            return shape, drafts
+        if draws and idle:
+            drafts = explore(gains, prices, base_tokens, True, drafted_before, lengths)
+        else:
+            drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
+        return max(drafts, default=0), drafts
 
     def _accrued(self, prices: Prices, base_tokens: int, steps: bool) -> float:
         """Exploration's and sampling's credit with EXPLORE_BUDGET of this round's price added: at most

@@ -7,10 +7,12 @@ import logging
 from functools import partial
 
 from . import startup_costs
+from .adaptive import AdaptiveK
 from .costs import CostModel, PackedCosts, RoundTimes, StaticPackedCosts, StepTable
 from .drafters import Drafter
 from .payoff import PayoffCheck
 from .round import Round, RoundShape, Verified
+from .types import TreeSpec
 from .round_steps import shape_seconds
 from .runner import ModelRunner
 from .startup_costs import StartupCosts
@@ -30,6 +32,18 @@ def cost_model(runner: ModelRunner, drafter: Drafter, shapes: list[RoundShape], 
     if static:
         return StepTable(partial(shape_seconds, shapes, runner, drafter), runner.bucket)
     return PackedCosts() if runner.packs else RoundTimes()
+
+
+def controllers(runner: ModelRunner, drafter: Drafter, shapes: list[RoundShape], *, k_max: int,
+                trees: tuple[TreeSpec, ...], static_per_row: bool) -> tuple[AdaptiveK | None, PayoffCheck | None]:
+    """Adaptive speculation's controller over the round's shapes, and the payoff check that holds it to drafter
+    none's rate where the rounds' costs are measured per row (packed rounds, the static path's packed chains);
+    (None, None) when there is nothing to choose (k_max 0, no trees)."""
+    if k_max == 0 and not trees:
+        return None, None
+    costs = cost_model(runner, drafter, shapes, static=runner.static, static_per_row=static_per_row)
+    payoff = PayoffCheck() if runner.packs or static_per_row else None
+    return AdaptiveK(k_max, policy=drafter.policy, costs=costs, trees=trees), payoff
 
 
 def start_from_machine(costs: CostModel, payoff: PayoffCheck | None, runner: ModelRunner, drafter: Drafter, *,

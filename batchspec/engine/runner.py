@@ -292,12 +292,5 @@ class ModelRunner:
 
     @torch.inference_mode()
     def compact(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Move cache entries of every layer: slot rows[i]'s index src[i, j] to dst[i, j] (all read before
-        any is written), for a tree's accepted path. rows [b], src/dst [b, A]."""
-        for layer in self.cache.layers:
-            if not layer.is_initialized:
-                return
-            index = rows[:, None]
-            keys, values = layer.keys[index, :, src], layer.values[index, :, src]  # [b, A, H, D]
-            layer.keys[index, :, dst] = keys
-            layer.values[index, :, dst] = values
+        """A tree's accepted path to the positions it stands for (SlotKVCache.compact; rows [b], src/dst [b, A])."""
+        self.cache.compact(rows, src, dst)

@@ -122,3 +122,15 @@ def recorded_states(target, samples, recorded: list[torch.Tensor], *, greedy_dat
             if progress is not None:
                 progress(len(part))
     return out
+
+
+def noisy(features: torch.Tensor, share: float, layers: int, generator: torch.Generator) -> torch.Tensor:
+    """features [b, N, layers*Ht] plus uniform noise in +- share x each layer's RMS at the position (EAGLE-1
+    adds uniform noise to the target's features: at inference the head reads states a little off the ones it
+    trained on, and a head that learns its data by heart is pushed to use what generalises). Relative to the
+    RMS because residual streams are tens in size on one target and ones on another."""
+    b, n, width = features.shape
+    per_layer = features.float().view(b, n, layers, width // layers)
+    rms = per_layer.pow(2).mean(-1, keepdim=True).sqrt()
+    noise = torch.rand(per_layer.shape, generator=generator).to(features.device) * 2 - 1
+    return (per_layer + share * rms * noise).view(b, n, width).to(features.dtype)

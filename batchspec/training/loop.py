@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from ..engine.threads import guard_for
 from .evaluate import acceptance, head_matches
-from .features import pad_batch
+from .features import noisy, pad_batch
 from ..util.files import atomic_write
 from ..eagle.head import EagleHead
 from .precision import training_autocast
@@ -107,18 +107,6 @@ def steps_at(progress: float, options: LoopOptions) -> int:
     if options.ttt_ramp <= 0 or options.ttt_steps <= 1:
         return options.ttt_steps
     return min(options.ttt_steps, 1 + int((options.ttt_steps - 1) * progress / options.ttt_ramp))
-
-
-def noisy(features: torch.Tensor, share: float, layers: int, generator: torch.Generator) -> torch.Tensor:
-    """features [b, N, layers*Ht] plus uniform noise in +- share x each layer's RMS at the position (EAGLE-1
-    adds uniform noise to the target's features: at inference the head reads states a little off the ones it
-    trained on, and a head that learns its data by heart is pushed to use what generalises). Relative to the
-    RMS because residual streams are tens in size on one target and ones on another."""
-    b, n, width = features.shape
-    per_layer = features.float().view(b, n, layers, width // layers)
-    rms = per_layer.pow(2).mean(-1, keepdim=True).sqrt()
-    noise = torch.rand(per_layer.shape, generator=generator).to(features.device) * 2 - 1
-    return (per_layer + share * rms * noise).view(b, n, width).to(features.dtype)
 
 
 def pick_batch(order: list[int], step: int, options: LoopOptions) -> list[int]:
@@ -238,18 +226,23 @@ def record_step(state: LoopState, recent: list, loss: float, agree: list[float],
     return recent
 
 
+def start_optimizer(head: EagleHead, options: LoopOptions, resume: dict | None):
+    """(the trainable parameters, AdamW at the peak rate, that rate, the loop's state), from `resume` if given."""
+    params = [p for p in head.parameters() if p.requires_grad]
+    peak_lr = options.lr if options.lr is not None else default_lr(head.config.hidden_size)
+    opt = torch.optim.AdamW(params, lr=peak_lr, betas=(0.9, 0.95), weight_decay=options.weight_decay)
+    if resume is None:
+        return params, opt, peak_lr, LoopState()
+    head.load_state_dict(resume["head"])
+    opt.load_state_dict(resume["optimizer"])
+    return params, opt, peak_lr, LoopState(**resume["state"])
+
+
 def train_loop(head: EagleHead, target, samples, states, heldout, heldout_states, options: LoopOptions,
                checkpoint_path, resume: dict | None = None, device="cpu") -> LoopState:
     """Train `head` in place until the step or time budget is spent; checkpoint to `checkpoint_path`."""
     head.to(device).train()
-    params = [p for p in head.parameters() if p.requires_grad]
-    peak_lr = options.lr if options.lr is not None else default_lr(head.config.hidden_size)
-    opt = torch.optim.AdamW(params, lr=peak_lr, betas=(0.9, 0.95), weight_decay=options.weight_decay)
-    state = LoopState()
-    if resume is not None:
-        head.load_state_dict(resume["head"])
-        opt.load_state_dict(resume["optimizer"])
-        state = LoopState(**resume["state"])
+    params, opt, peak_lr, state = start_optimizer(head, options, resume)
     target_head = TargetHead(target, head.t2d, device)
     order = sorted(range(len(samples)), key=lambda i: len(samples[i].ids))
     autocast = training_autocast(device, options.autocast)

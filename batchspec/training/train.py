@@ -110,15 +110,20 @@ def start_run_folder(state_dir: Path, record: dict) -> None:
     atomic_write(state_dir / "run.json", lambda tmp: Path(tmp).write_text(json.dumps(record, indent=2)))
 
 
-def run(options: TrainDraftOptions, log=print) -> Summary:
-    """Generate, train, evaluate and save; returns the summary (also written to OUT/train_summary.*)."""
-    t_start = time.time()
+def check_options(options: TrainDraftOptions) -> None:
+    """A TrainDraftError naming the flag of a choice the trainer does not know."""
     if options.lm_head not in ("train", "frozen"):
         raise TrainDraftError(f"--lm-head {options.lm_head}: choose train or frozen")
     if options.prompt_order not in PROMPT_ORDERS:
         raise TrainDraftError(f"--prompt-order {options.prompt_order}: choose shuffled or file")
     if not 0 <= options.feature_loss < float("inf"):  # NaN included
         raise TrainDraftError(f"--feature-loss {options.feature_loss}: need a weight >= 0")
+
+
+def run(options: TrainDraftOptions, log=print) -> Summary:
+    """Generate, train, evaluate and save; returns the summary (also written to OUT/train_summary.*)."""
+    t_start = time.time()
+    check_options(options)
     state_dir = Path(options.out) / ".train"
     if Path(options.out).exists() and not Path(options.out).is_dir():
         raise TrainDraftError(f"--out {options.out} is a file; give a folder for the head (it is created)")

@@ -204,23 +204,7 @@ class EagleDrafter:
             self._lagging = {round.rows[i] for i in ready}
             return
         self._lagging = set()
-        logits = torch.zeros(b, self.runner.vocab_size, dtype=self.stash.dtype, device=self.device)
-        out = torch.zeros(b, 1, self.out.shape[-1], dtype=self.stash.dtype, device=self.device)
-        if ready:
-            starts, counts = [starts[i] for i in ready], [counts[i] for i in ready]
-            at = torch.tensor(ready, device=self.device)
-            sub = rows[at]
-            width = max(counts)
-            start_t = torch.tensor(starts, device=self.device)
-            positions = (start_t[:, None] + 1 + torch.arange(width, device=self.device)).clamp(max=state.tokens.shape[1] - 1)
-            ids = state.tokens[sub[:, None], positions]
-            runner.set_lengths(sub, start_t)
-            last = torch.tensor(counts, device=self.device)[:, None] - 1
-            started = wall(self.device)
-            logits[at] = runner.forward(ids, kv_len=kv_len, rows=sub, extra={"hidden": self.stash[sub, :width]},
-                                        keep=last)[:, 0]
-            self._steps.append((len(ready) * width, wall(self.device) - started))
-            out[at] = runner.features.gather(1, last[:, :, None].expand(-1, -1, runner.features.shape[-1]))
+        logits, out = self._first_step(round, ready, starts, counts, kv_len)
         if not draft:
             return
         # Rows drafting further come first, so that those still drafting at step i are a prefix (a tree
@@ -255,6 +239,32 @@ class EagleDrafter:
         round.buffers.drafts[perm] = drafts
         if q is not None:
             probs[perm] = q
+
+    def _first_step(self, round: Round, ready: list[int], starts: list[int], counts: list[int],
+                    kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's first forward over the `ready` rows (indices into round.rows): each row's entries from
+        starts[i] + 1, counts[i] of them -> (logits after each row's last entry [b, V], its features
+        [b, 1, H]; zero for rows not ready)."""
+        runner, b, state = self.runner, len(round.rows), round.state
+        logits = torch.zeros(b, runner.vocab_size, dtype=self.stash.dtype, device=self.device)
+        out = torch.zeros(b, 1, self.out.shape[-1], dtype=self.stash.dtype, device=self.device)
+        if not ready:
+            return logits, out
+        starts, counts = [starts[i] for i in ready], [counts[i] for i in ready]
+        at = torch.tensor(ready, device=self.device)
+        sub = round.rows_t[at]
+        width = max(counts)
+        start_t = torch.tensor(starts, device=self.device)
+        positions = (start_t[:, None] + 1 + torch.arange(width, device=self.device)).clamp(max=state.tokens.shape[1] - 1)
+        ids = state.tokens[sub[:, None], positions]
+        runner.set_lengths(sub, start_t)
+        last = torch.tensor(counts, device=self.device)[:, None] - 1
+        started = wall(self.device)
+        logits[at] = runner.forward(ids, kv_len=kv_len, rows=sub, extra={"hidden": self.stash[sub, :width]},
+                                    keep=last)[:, 0]
+        self._steps.append((len(ready) * width, wall(self.device) - started))
+        out[at] = runner.features.gather(1, last[:, :, None].expand(-1, -1, runner.features.shape[-1]))
+        return logits, out
 
     def draft_seconds(self, k: int, kv_len: int) -> float:
         """Static: k drafted tokens cost about k head steps (the first computes a few entries more); the

@@ -2,7 +2,7 @@
 
 import sys
 
-from .bench.calibrate import main
+from batchspec.bench.calibrate import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,7 +2,7 @@
 
 import sys
 
-from .jobs.openai.run_batch import main
+from batchspec.jobs.openai.run_batch import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,7 +2,7 @@
 
 import sys
 
-from .training.train_draft import main
+from batchspec.training.train_draft import main
 
 if __name__ == "__main__":
     sys.exit(main())

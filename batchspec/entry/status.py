@@ -2,7 +2,7 @@
 
 import sys
 
-from .jobs.status import main
+from batchspec.jobs.status import main
 
 if __name__ == "__main__":
     sys.exit(main())

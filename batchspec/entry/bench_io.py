@@ -2,7 +2,7 @@
 
 import sys
 
-from .bench.parquet_io import main
+from batchspec.bench.parquet_io import main
 
 if __name__ == "__main__":
     sys.exit(main())
