@@ -19,7 +19,7 @@ def __getattr__(name: str):
     # The API imports torch and transformers (seconds): only when it is used, so that the commands
     # (python -m batchspec ..., batchspec.status) start at once and a Ctrl-C while they start is theirs.
     if name in _API:
-        from . import api
+        from . import api  # deferred: torch and transformers load on first use (above)
 
         return getattr(api, name)
     raise AttributeError(f"module 'batchspec' has no attribute {name!r}")

@@ -32,7 +32,7 @@ def main() -> None:
             print(f"batchspec: error: unknown verb {verb!r}; {USAGE.splitlines()[1]} (or job=NAME to run a job)",
                   file=sys.stderr)
             sys.exit(2)
-        from .jobs.cli import main as run_job
+        from .jobs.cli import main as run_job  # deferred: a verb need not load Hydra
     except KeyboardInterrupt:  # Ctrl-C while the command is still importing: nothing has started
         raise SystemExit(130)
     run_job()

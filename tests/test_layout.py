@@ -75,6 +75,30 @@ def test_no_private_name_is_imported_from_another_module():
     assert not taken, taken
 
 
+def test_every_deferred_import_says_why():
+    """An import inside a function is there to save start-up time or to keep a dependency optional, and says so:
+    "deferred" on its line, in the comments and imports right above it, or in a comment of the module's own
+    (one reason for all of a module's deferred imports). TYPE_CHECKING blocks are not functions: not read."""
+    unexplained = []
+    for path in PACKAGE.rglob("*.py"):
+        lines = path.read_text().splitlines()
+        if any(line.startswith("#") and "deferred" in line.lower() for line in lines):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for inner in ast.walk(node):
+                if not isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    continue
+                at = inner.lineno - 1
+                above = at - 1
+                while above >= 0 and (not lines[above].strip() or lines[above].lstrip().startswith(("#", "from ", "import "))):
+                    above -= 1
+                if not any("deferred" in line.lower() for line in lines[above + 1: at + 1]):
+                    unexplained.append(f"{path.relative_to(PACKAGE.parent)}:{inner.lineno}")
+    assert not unexplained, sorted(set(unexplained))
+
+
 @pytest.mark.parametrize("verb", sorted(VERBS))
 def test_every_verb_runs(verb, monkeypatch, capsys):
     """`batchspec VERB --help` exits 0 with the verb's own usage (the module VERBS names runs it)."""

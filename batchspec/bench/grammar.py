@@ -49,7 +49,7 @@ def schema_validity(texts: list[str], constraints: list[Constraint | None]) -> t
     """(outputs that parse as JSON and match their schema, constrained JSON outputs checked). Needs jsonschema
     for the schema check (the test extras); without it, parsing as a JSON object is what is counted."""
     try:
-        import jsonschema
+        import jsonschema  # deferred: optional (the test extras)
     except ImportError:
         jsonschema = None
     valid = checked = 0

@@ -80,7 +80,7 @@ def build_model(path: Path, seed: int = 0) -> Path:
 
 def write_input(path: Path, rows: int, chunk: int = 100_000) -> Path:
     """`rows` rows: id "q0000000".., text of 3-10 words (deterministic), written in row groups of `chunk`."""
-    import pyarrow as pa
+    import pyarrow as pa  # deferred, as in build_model
     import pyarrow.parquet as pq
 
     schema = pa.schema([("id", pa.string()), ("text", pa.string())])
@@ -95,7 +95,7 @@ def write_input(path: Path, rows: int, chunk: int = 100_000) -> Path:
 
 
 def write_job(workdir: Path, model: Path, data: Path, args) -> None:
-    import yaml
+    import yaml  # deferred, as in build_model
 
     job = {
         "model": {"target": str(model), "dtype": "float32", "device": "cpu"},

@@ -118,7 +118,7 @@ class Grammars:
         if constraint in self._compiled:
             self._compiled.move_to_end(constraint)
             return self._compiled[constraint]
-        import llguidance
+        import llguidance  # deferred, as in _environment
 
         started = time.perf_counter()
         endless = no_finite_instance(constraint.value) if constraint.kind == "json_schema" else None
@@ -253,7 +253,7 @@ class Grammars:
         stay all-allowed: they are never decided. Computed in this thread, draft by draft (consumed
         on a copy of the row's matcher): llguidance's parallel executor keeps threads of its own, which fight
         torch's for the cores of a small CPU machine."""
-        import llguidance.torch
+        import llguidance.torch  # deferred, as in _environment
 
         started = time.perf_counter()
         bitmask = torch.full((len(slots) * width, self.words), -1, dtype=torch.int32)

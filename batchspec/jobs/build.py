@@ -50,7 +50,7 @@ def build_job_generator(job: JobConfig, models, row_params: RowParamColumns | No
     def build(drafter: str, head, corpus: list[list[int]] | None = None):
         """corpus: completions that seed drafter=suffix, after drafter.corpus's."""
         if drafter == "suffix" and d.corpus and corpus is not None:
-            from ..sources.corpus import load_corpus
+            from ..sources.corpus import load_corpus  # deferred: only a suffix job with a corpus reads one
 
             corpus = load_corpus(d.corpus, models.tokenizer, max_tokens=d.corpus_max_tokens) + corpus
         generator = build_generator(
@@ -68,7 +68,7 @@ def build_job_generator(job: JobConfig, models, row_params: RowParamColumns | No
 
     try:
         if self_training(job):
-            from ..training.selftrain import SelfTrainingGenerator
+            from ..training.selftrain import SelfTrainingGenerator  # deferred: the trainer, for self-training only
 
             return SelfTrainingGenerator(models, build, out_dir=out_dir, rows=d.train_rows, minutes=d.train_minutes,
                                          fallback=d.fallback.value, corpus_max_tokens=d.corpus_max_tokens, seed=s.seed,

@@ -19,6 +19,9 @@ import difflib
 import typing
 from pathlib import Path
 
+from hydra._internal.utils import get_args_parser
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
 from .config import CONF_DIR, JobConfig
 
 GROUPS = ("job",)  # config groups that are not folders of conf/ (job files are registered at start)
@@ -26,8 +29,6 @@ GROUPS = ("job",)  # config groups that are not folders of conf/ (job files are 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """(Hydra's flags with their values, the overrides), each in its order: Hydra parses flags + overrides."""
-    from hydra._internal.utils import get_args_parser
-
     actions = get_args_parser()._option_string_actions
     flags: list[str] = []
     overrides: list[str] = []
@@ -59,8 +60,6 @@ def config_groups() -> set[str]:
 def unknown_key(overrides: list[str]) -> str | None:
     """The message for the first override whose key is not in the schema, or None (also when an
     override does not parse: Hydra then reports it in its own words)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception:  # a syntax error: Hydra's own message is the better one

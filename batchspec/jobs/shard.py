@@ -147,11 +147,11 @@ def run_rows(job: JobConfig, shard: ShardInput, out_dir: Path, composed: dict[st
     """Load the models and run the shard's rows into its part files: (outcome, generator, io, load_s)."""
     progress_mode = resolve_progress_mode(job.progress.mode.value, sys.stderr)
     if progress_mode != "bar":
-        from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging  # deferred: torch only once there is work (build.py)
 
         hf_logging.disable_progress_bar()  # no "Loading weights" bars in cron / SLURM logs
     if job.threads is not None:
-        import torch
+        import torch  # deferred, as transformers above
 
         torch.set_num_threads(job.threads)
     models = load_job_models(job)

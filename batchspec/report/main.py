@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..util.files import atomic_write_text
+from . import __doc__ as doc  # the package's docstring is the command's description
 from .data import NotAnOutput, Output, cost_files, find_outputs, load_output, predict, read_cost_curves
 from .labels import label_outputs
 from .page import render
@@ -46,8 +47,6 @@ def build_report(paths: list[Path], html_path: Path | None = None, *, cost: list
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import __doc__ as doc  # the package's docstring is the command's description
-
     parser = argparse.ArgumentParser(prog="python -m batchspec.report", description=doc.splitlines()[0],
                                      epilog="\n".join(doc.splitlines()[2:5]),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -27,7 +27,7 @@ LABEL_WIDTH = 30  # characters per line of a configuration label in the plots
 
 def figures(outs: list[Output]) -> list[Plot]:
     """The plots of `outs`, in the page's order; a plot with nothing to show is left out."""
-    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+    from matplotlib.figure import Figure  # deferred: only a page draws; no pyplot: no global state, no GUI backend
 
     canvas = Canvas(outs, Figure)
     if len(outs) > 1:

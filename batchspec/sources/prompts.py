@@ -30,7 +30,7 @@ def _sandbox():
 
 def template_columns(template: str) -> list[str]:
     """The row fields a template reads (raises SourceError on a syntax error)."""
-    from jinja2 import TemplateSyntaxError, meta
+    from jinja2 import TemplateSyntaxError, meta  # deferred, as above
 
     try:
         return sorted(meta.find_undeclared_variables(_sandbox().parse(template)))
@@ -139,7 +139,7 @@ class PromptBuilder:
         raise PromptError(f"{name} holds a {type(value).__name__}, not a string")
 
     def _render(self, values: dict[str, Any]) -> str:
-        from jinja2 import TemplateError, UndefinedError
+        from jinja2 import TemplateError, UndefinedError  # deferred, as above
 
         # Null and absent fields count as missing (StrictUndefined makes them this row's error).
         context = {k: v for k, v in values.items() if v is not None and v is not ABSENT}

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-# The trainer's modules (torch, transformers) are imported inside the functions that need them: --help and
+# Deferred imports: the trainer's modules (torch, transformers) are imported inside the functions that need them: --help and
 # a bad argument answer before they load.
 SAVE_DTYPES = ("float32", "bfloat16", "float16")
 
