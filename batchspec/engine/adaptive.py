@@ -1,8 +1,8 @@
 """Adaptive speculation: choose each round's number of drafts from acceptance and the measured cost curve.
 
 Speculation pays only when a verify pass over k+1 tokens costs little more than a 1-token step and
-enough drafts are accepted; on a CPU or at a large batch the verify pass is far from free (seed 000's
-"alpha-k cliff"). Every round the controller picks the k in 0..k_max (0 = plain decoding) that
+enough drafts are accepted; on a CPU or at a large batch the verify pass is far from free, and a fixed k
+past the acceptance that pays falls off a cliff. Every round the controller picks the k in 0..k_max (0 = plain decoding) that
 maximises predicted tokens per second,
 
     sum over rows of E_i(min(k, budget_i))  /  T(k, b)

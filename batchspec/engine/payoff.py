@@ -2,8 +2,8 @@
 
 Adaptive speculation chooses drafts from its books: an acceptance model and a cost model fitted to the
 rounds it ran (adaptive.py, packed_choice.py). Costs the books do not see can make a drafter that they
-call profitable slower than plain decoding: on 2 CPU cores, ngram at batch 32 ran 0.85-0.93x drafter
-none while its calibration said its drafts paid (docs/benchmarks.md, 2026-11-26). So
+call profitable slower than plain decoding (on 2 CPU cores ngram at batch 32 ran 0.85-0.93x drafter none
+while its calibration said its drafts paid: docs/benchmarks.md). So
 per-row rounds (packed, or the captured path's) run in epochs, each with drafting allowed (the
 controller chooses as before; `drafting_rounds` rounds) or not (every row drafts nothing;
 `plain_rounds`, fewer, since in a job of a few hundred rounds that drafts well its first plain epochs

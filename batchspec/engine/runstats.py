@@ -111,7 +111,7 @@ class RunStats:
 
     @property
     def alpha(self) -> float | None:
-        """Per-draft acceptance probability under the geometric model (seed 000): each draft is kept
+        """Per-draft acceptance probability under the geometric model: each draft is kept
         with probability alpha until the first rejection. Estimated as accepted / (accepted + rejections)."""
         accepted = self.accepted_tokens - self.forced_accepted  # forced rounds count no rejections either
         trials = accepted + self.rejected_rounds

@@ -1,7 +1,8 @@
 """Drafters: propose up to k tokens (or a tree) per row, then learn from what the target accepted.
 
 registry.py names them (what each needs, how it is built); base.py holds the protocol every drafter
-speaks (admit / propose / extend / release), DrafterPolicy and the drafter that drafts nothing;
+speaks (admit / propose / propose_tree / extend / release / learn_pending / packed_forward, and the prices it
+reports), DrafterPolicy and the drafter that drafts nothing;
 lookup.py the model-free drafters (ngram, prompt_lookup); suffix.py suffix decoding over the request and
 the job's finished rows (its index: suffix_index.py, the job-wide part suffix_corpus.py); model.py the draft
 model and eagle.py an EAGLE-3 head (head_model.py: the head as the model a runner drives), with their captured

@@ -6,8 +6,9 @@ Every drafter speaks the same verbs (cf. transformers' CandidateGenerator, made 
                                         `feature_layers`, when admission prefilled it; None otherwise)
   propose(round) -> Draft               up to round.budgets[i] tokens for row i; rows may propose 0
   propose_tree(round, spec) -> Draft    (drafters whose policy says `trees`) a tree per row
-  extend(slots, emitted, num_accepted)  the tokens each running row emitted this round (a new row's first
-                                        token in front), and how many drafts it had accepted
+  extend(slots, emitted, num_accepted, path)  the tokens each running row emitted this round (a new row's
+                                        first token in front), how many drafts it had accepted, and in a
+                                        tree round each row's deepest accepted node (None in chains)
   release(slots)                        these requests are done
   learn_pending()                       host work it may put off (a lookup's learning): the generator calls it
                                         while the device computes a captured verify, when the host is idle
