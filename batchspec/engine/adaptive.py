@@ -2,7 +2,8 @@
 
 Speculation pays only when a verify pass over k+1 tokens costs little more than a 1-token step and
 enough drafts are accepted; on a CPU or at a large batch the verify pass is far from free, and a fixed k
-past the acceptance that pays falls off a cliff. Every round the controller picks the k in 0..k_max (0 = plain decoding) that
+past the acceptance that pays falls off a cliff. Every round the controller picks the k in 0..k_max (0 = plain
+decoding) that
 maximises predicted tokens per second,
 
     sum over rows of E_i(min(k, budget_i))  /  T(k, b)

@@ -7,23 +7,22 @@ target forward's time against its tokens, each drafting forward's against its to
 round against its drafts). The gains are scaled by their calibration, per draft position the decayed
 ratio of drafts accepted there to the gains predicted for the drafts chosen there, so that a systematic
 error of the acceptance model (choosing the rows whose estimates are highest picks estimates that err
-high) cannot keep a job drafting at a loss. By position, because the error grows with depth (on SmolLM2's
-head at batch 8 one job-wide ratio met the first three positions' acceptance but called the fourth 0.46
-where 0.28 was accepted, and rows drafted four deep made every row wait three more head steps). A lookup
-is not asked to propose for rows that would draft nothing whatever they proposed (`hopeless`). Probe rounds (`_probe`) keep rows that draft nothing measuring their acceptance.
+high) cannot keep a job drafting at a loss. By position, because the error grows with depth (one job-wide
+ratio called a head's fourth draft 0.46 where 0.28 was accepted, on SmolLM2 at batch 8). A lookup is not
+asked to propose for rows that would draft nothing whatever it proposed (`hopeless`); probe rounds (`_probe`)
+keep rows that draft nothing measuring their acceptance.
 
 Until the job has verified `explore_evidence` first drafts, its acceptance is a prior (0.5, or the
 drafter's own guess), and a choice made on it can cost a short job more than drafting ever gains (an
 untrained draft at batch 32 once widened a 48-round job's first drafting round to 82 tokens and ran it
 0.93x drafter none). So while the evidence is short, drafting is exploration at a bounded price: one draft
 on as many rows as keep the round within EXPLORE_SHARE of a round without drafts at the measured prices (at
-least one), the rows whose first draft gains most. A drafter that runs forwards explores at most an eighth
-of the rows (the prices leave out a draft model's first feeding of a row's prompt); a lookup's drafts cost
-only their verify tokens, so it explores as many rows as the price allows. Exploration ends before
-`explore_evidence` once the first drafts verified, a round counted as one observation, put the job's
-acceptance clearly below or above the break-even point of the prices (`exploring`), a draft model explores
-the rows it already fed, and exploration spends at most EXPLORE_BUDGET of the rounds' price (`_explore`).
-After it, the same budget samples a lookup's rows that the choice leaves without drafts (`_sample`).
+least one), the rows whose first draft gains most; at most an eighth of the rows for a drafter that runs
+forwards (the prices leave out a draft model's first feeding of a row's prompt). Exploration ends before
+`explore_evidence` once the first drafts verified (a round counted as one observation) put the job's
+acceptance clearly below or above the prices' break-even point (`exploring`), a draft model explores the
+rows it already fed, and exploration spends at most EXPLORE_BUDGET of the rounds' price (`_explore`). After
+it, the same budget samples a lookup's rows that the choice leaves without drafts (`_sample`).
 """
 
 from __future__ import annotations
@@ -215,7 +214,8 @@ class PackedChoice:
                                           prices, base_tokens, bool(draws), pays > 0), []
         shape = max(drafts, default=0)
         if trees:
-            shape, drafts = self._tree_round(trees, (shape, drafts), rate, alphas, run, room, prices, base_tokens, draws)
+            shape, drafts = self._tree_round(trees, (shape, drafts), rate, alphas, run, room, prices, base_tokens,
+                                             draws)
         if self.rounds >= self.next_probe and not self.learning:  # exploring is measuring already
             shape, drafts = self._probe(shape, drafts, offers, gains, prices, base_tokens, draws, drafted_before,
                                         lengths)

@@ -16,8 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-# Deferred imports: the trainer's modules (torch, transformers) are imported inside the functions that need them: --help and
-# a bad argument answer before they load.
+# Deferred imports: the trainer's modules (torch, transformers) are imported inside the functions that need
+# them, so that --help and a bad argument answer before they load.
 SAVE_DTYPES = ("float32", "bfloat16", "float16")
 
 

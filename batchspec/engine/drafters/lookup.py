@@ -6,8 +6,8 @@ reach the device in one copy, and the verify width is trimmed to the longest pro
 Learning is lazy (`LazyLookup`): `admit` and `extend` only queue a row's tokens, and a row's table takes
 them in when it next proposes, or in `learn_pending`, which the generator calls while the device computes
 a captured verify (the host is idle then). A row whose drafts do not pay proposes nothing and so costs no
-learning until it drafts again, and a row that ends first never learns its last tokens. Learned eagerly, it is host time in which the device
-waits (about 7% of a lookup's round time on an H100 at batch 64).
+learning until it drafts again, and a row that ends first never learns its last tokens. Learned eagerly, it
+is host time in which the device waits (about 7% of a lookup's round time on an H100 at batch 64).
 A row's table is a function of its own tokens only, so the proposals are those of learning eagerly.
 """
 

@@ -16,8 +16,8 @@ from typing import Callable
 
 NOTHING, DRAFT_MODEL, HEAD = "nothing", "a draft model", "an EAGLE-3 head"
 
-# Deferred imports: each builder imports its drafter's module when it is called: the registry is read by the job's checks
-# before torch is loaded, and a job loads only the drafter it names.
+# Deferred imports: each builder imports its drafter's module when it is called (the registry is read by the
+# job's checks before torch is loaded, and a job loads only the drafter it names).
 
 
 def _none(**_):
