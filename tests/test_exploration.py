@@ -84,19 +84,37 @@ def test_exploration_ends_when_the_evidence_says_whether_drafting_pays(name, pol
 ROW_LENGTHS = [40, 90, 30, 300, 12, 80, 70, 60, 50, 20, 100, 110, 120, 130, 140, 150]
 
 
-@pytest.mark.parametrize("steps,fed,explored", [
-    # a draft model: the two rows it fed (whatever their length), not rows 14-15
-    (True, (3, 9), [0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),
-    (True, (3,), [0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),  # the one it fed, then the shortest (12 tokens)
-    (True, (), [0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),  # none fed: the two shortest
-    (False, (3, 9), [0] * 12 + [1] * 4),  # a lookup has no cache to feed: the best gains, 4 rows within 10%
+FED = (1, 3, 5, 6, 7, 8, 9)  # seven rows a draft model fed, of 16
+
+
+@pytest.mark.parametrize("steps,fed,curve,explored", [
+    # a draft model: the rows it fed (whatever their length) and the two shortest new ones (an eighth of 16),
+    # not rows 14-15, whose first drafts gain most: one drafting forward prices them all
+    (True, (3, 9), (), [0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),
+    (True, (3,), (), [0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),  # the one it fed, then the shortest two
+    (True, (), (), [0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),  # none fed: the two shortest
+    (True, FED, (), [0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0]),  # all seven fed, two new
+    # a forward that costs 10x more past 18 tokens: two rows buy the most first drafts a second (the fed ones
+    # whose first drafts gain most)
+    (True, FED, ((16, 0.3), (18, 0.3002), (19, 0.31), (26, 0.317)), [0] * 8 + [1, 1] + [0] * 6),
+    (False, (3, 9), (), [0] * 12 + [1] * 4),  # a lookup has no cache to feed: the best gains, 4 rows within 10%
 ])
-def test_a_draft_model_explores_the_rows_it_fed_then_the_shortest(steps, fed, explored):
+def test_a_draft_model_explores_the_rows_it_fed_then_the_shortest(steps, fed, curve, explored):
     """16 rows of ROW_LENGTHS; the gains rise with the row, so the last rows gain most."""
     gains = [[0.5 + i / 100] for i in range(16)]
     before = [i in fed for i in range(16)]
-    prices = Prices(0.3, 0.0001, 0.0001) if steps else Prices(0.03, 0.001)  # a draft model: an eighth, 2 rows
+    prices = Prices(0.0, 0.0001, 0.0001, curve=curve or ((16, 0.3),)) if steps else Prices(0.03, 0.001)
     assert explore(gains, prices, 16, steps, before, ROW_LENGTHS) == explored
+
+
+def test_a_probe_explores_an_eighth_of_a_draft_models_rows():
+    """Not wide (a probe, long after the rows drafted): of the seven fed rows, the two (an eighth of 16) whose
+    first drafts gain most; with none fed, the two shortest."""
+    gains = [[0.5 + i / 100] for i in range(16)]
+    prices = Prices(0.0, 0.0001, 0.0001, curve=((16, 0.3),))
+    fed = [i in FED for i in range(16)]
+    assert explore(gains, prices, 16, True, fed, ROW_LENGTHS, wide=False) == [0] * 8 + [1, 1] + [0] * 6
+    assert explore(gains, prices, 16, True, [False] * 16, ROW_LENGTHS, wide=False) == [0] * 4 + [1] + [0] * 4 + [1] + [0] * 6
 
 
 def controller_past_its_start(policy) -> tuple[AdaptiveK, PackedCosts]:
@@ -113,21 +131,22 @@ def controller_past_its_start(policy) -> tuple[AdaptiveK, PackedCosts]:
 
 
 def test_three_rejected_first_drafts_end_a_draft_models_exploration():
-    """A draft model that breaks even at 2/3: exploring rounds draft one row (an eighth of 8), the row it fed,
-    each costing 0.0045 s over a 0.012 s plain round, which the budget (2% of each round's price, 0.00024 s)
-    earns back in 18.75 rounds: rounds 0, 18 and 37 explore and the rest draft nothing. After 3 first drafts
-    refused the job is done exploring (16 rounds of one draft each, at 37% over plain, before this)."""
+    """A draft model that breaks even at 2/3: an exploring round drafts one row on the rows it fed and one new
+    one (an eighth of 8), each round costing 0.004 s for the drafting forward and 0.0005 s a draft over a
+    0.012 s plain round, which the budget (2% of each round's price, 0.00024 s) earns back in ~19-21 rounds:
+    rounds 0 (one row), 18 (two) and 39 (three) explore and the rest draft nothing. After 3 rounds of first
+    drafts refused the job is done exploring."""
     controller, costs = controller_past_its_start(MODEL_POLICY)
     slots, explored = list(range(8)), []
-    for r in range(40):
+    for r in range(42):
         _, drafts = controller.choose_rows(slots, [2] * 8, [0] * 8, None, 8, costs)
-        assert controller.packed.learning == (r <= 37), r
+        assert controller.packed.learning == (r <= 39), r
         if sum(drafts):
-            assert drafts == [1] + [0] * 7 and controller.packed.explored, r
+            assert drafts == [1] * len(explored) + [1] + [0] * (7 - len(explored)) and controller.packed.explored, r
             explored.append(r)
         controller.learn(1 if sum(drafts) else 0, slots, drafts, drafts, [0] * 8)
-    assert explored == [0, 18, 37]
-    assert controller.acceptance.evidence == 3 and not controller.packed.learning
+    assert explored == [0, 18, 39]
+    assert controller.acceptance.evidence == 6 and not controller.packed.learning
 
 
 def test_a_round_that_prefills_prompts_does_not_reopen_exploration():

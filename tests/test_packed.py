@@ -222,8 +222,8 @@ EXPLORATIONS = [
      Prices(0.3, 0.0001), True, [0] * 28 + [1] * 4),
     ("the price bound first: 2 rows fit 10%", [4] * 32, [[0.5]] * 32, 32, Prices(0.1, 0.001, 0.0, 0.005), False,
      [1, 1] + [0] * 30),
-    ("a draft step over 10%: one row", [3] * 16, [[0.5]] * 16, 16, Prices(0.1, 0.001, 0.05, 0.0), True,
-     [1] + [0] * 15),
+    ("a draft step over 10%: the two rows an eighth allows (one step prices both)", [3] * 16, [[0.5]] * 16, 16,
+     Prices(0.1, 0.001, 0.05, 0.0), True, [1, 1] + [0] * 14),
     ("batch 1", [4], [[0.9]], 1, Prices(0.05, 0.001), False, [1]),
     ("only rows with something to draft", [0] * 16, [[], [], [0.9]] + [[]] * 12 + [[0.8]], 16,
      Prices(0.1, 0.0001), False, [0, 0, 1] + [0] * 12 + [1]),
@@ -236,8 +236,8 @@ EXPLORATIONS = [
 @pytest.mark.parametrize("name,drafts,gains,base,prices,steps,explored", EXPLORATIONS, ids=[e[0] for e in EXPLORATIONS])
 def test_exploration_drafts_one_token_on_few_rows(name, drafts, gains, base, prices, steps, explored):
     """While a job's acceptance is a prior (packed_choice.explore): one draft on the rows whose first draft gains
-    most, as many as keep the round within 10% of a plain round's price (at least one), and with a drafter that
-    runs forwards at most an eighth of the rows."""
+    most: a lookup's as many as keep the round within 10% of a plain round's price (at least one), and with a
+    drafter that runs forwards (none of whose rows drafted before here) at most an eighth of the rows."""
     assert explore(gains, prices, base, steps) == explored
 
 

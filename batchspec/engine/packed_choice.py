@@ -16,13 +16,11 @@ Until the job has verified `explore_evidence` first drafts, its acceptance is a 
 drafter's own guess), and a choice made on it can cost a short job more than drafting ever gains (an
 untrained draft at batch 32 once widened a 48-round job's first drafting round to 82 tokens and ran it
 0.93x drafter none). So while the evidence is short, drafting is exploration at a bounded price: one draft
-on as many rows as keep the round within EXPLORE_SHARE of a round without drafts at the measured prices (at
-least one), the rows whose first draft gains most; at most an eighth of the rows for a drafter that runs
-forwards (the prices leave out a draft model's first feeding of a row's prompt). Exploration ends before
-`explore_evidence` once the first drafts verified (a round counted as one observation) put the job's
-acceptance clearly below or above the prices' break-even point (`exploring`), a draft model explores the
-rows it already fed, and exploration spends at most EXPLORE_BUDGET of the rounds' price (`_explore`). After
-it, the same budget samples a lookup's rows that the choice leaves without drafts (`_sample`).
+on a few rows (`explore`: a lookup's within EXPLORE_SHARE of a round without drafts, a draft model's the rows
+it fed and a few new ones). Exploration ends before `explore_evidence` once the first drafts verified (a
+round counted as one observation) put the job's acceptance clearly below or above the prices' break-even
+point (`exploring`), and spends at most EXPLORE_BUDGET of the rounds' price (`_explore`). After it, the same
+budget samples a lookup's rows that the choice leaves without drafts (`_sample`).
 """
 
 from __future__ import annotations
@@ -40,26 +38,31 @@ MIN_EVIDENCE = 3  # rounds that verified first drafts before their interval may 
 
 
 def explore(gains: list[list[float]], prices: Prices, base_tokens: int, steps: bool,
-            drafted_before: list[bool] | None = None, lengths: list[int] | None = None) -> list[int]:
+            drafted_before: list[bool] | None = None, lengths: list[int] | None = None, wide: bool = True) -> list[int]:
     """A round's drafts while the job's acceptance is a prior: one draft on the rows that can draft (gains[i]
     not empty) whose first draft gains most, whether or not the choice drafted them (a few unlucky first
-    verdicts must not end the learning: the demo pair's sampled drafts stopped at 1 of 3 accepted): as many
-    as keep the round's predicted time within EXPLORE_SHARE of the round without drafts (at least one), and
-    with drafting forwards (`steps`: a draft model feeds each new row's prompt) at most an eighth of the rows,
-    the rows that drafted before first (drafted_before[i]): their draft cache lacks only the tokens since,
-    where a new row's first draft feeds its whole sequence, so of those the shortest first (lengths[i])
-    (2026-12-01, SmolLM2 with its first 12 layers at batch 8: a 36-token catch-up doubled a 130 ms round,
-    301 tokens for a probe's 5 rows took 264 ms)."""
+    verdicts must not end the learning: the demo pair's sampled drafts stopped at 1 of 3 accepted). A lookup:
+    as many as keep the round within EXPLORE_SHARE of the round without drafts (at least one). With drafting
+    forwards (`steps`): the rows that drafted before (drafted_before[i]: their draft cache lacks only the tokens
+    since), at most an eighth of the rows new (the shortest first, lengths[i]: a new row's first draft feeds its
+    whole sequence), and of those as many as buy the most first drafts a second (ties: more): a drafting forward
+    costs nearly as much for one row as for all, and one row a round took 130 rounds to learn (p512, batch 8,
+    T = 0.7: 0.97-1.02x drafter none where fixed k=2 ran 1.11x). Not `wide` (a probe, long after the rows last
+    drafted: each lacks a token a round since), an eighth of the rows in all."""
     fed = drafted_before if steps and drafted_before is not None else [False] * len(gains)
     size = lengths if steps and lengths is not None else [0] * len(gains)
     chosen = sorted((i for i, g in enumerate(gains) if g), key=lambda i: (not fed[i], 0 if fed[i] else size[i],
                                                                          -gains[i][0]))
+    plain = prices.seconds(base_tokens, 0, 0)
     if steps:
-        chosen = chosen[: max(1, len(gains) // 8)]
-    limit = (1 + EXPLORE_SHARE) * prices.seconds(base_tokens, 0, 0)
-    rows = 1
-    while rows < len(chosen) and prices.seconds(base_tokens + rows + 1, int(steps), rows + 1) <= limit:
-        rows += 1
+        n = max(1, len(gains) // 8)  # an eighth
+        chosen = ([i for i in chosen if fed[i]] + [i for i in chosen if not fed[i]][:n])[: None if wide else n]
+        rows = max(range(1, len(chosen) + 1), default=1,
+                   key=lambda r: (r / max(prices.seconds(base_tokens + r, 1, r) - plain, 1e-12), r))
+    else:
+        rows, limit = 1, (1 + EXPLORE_SHARE) * plain
+        while rows < len(chosen) and prices.seconds(base_tokens + rows + 1, 0, rows + 1) <= limit:
+            rows += 1
     keep = set(chosen[:rows])
     return [1 if i in keep else 0 for i in range(len(gains))]
 
@@ -254,7 +257,7 @@ class PackedChoice:
         if shape > self.k_max:  # a tree round probes nothing more
             return shape, drafts
         if draws and idle:
-            drafts = explore(gains, prices, base_tokens, True, drafted_before, lengths)
+            drafts = explore(gains, prices, base_tokens, True, drafted_before, lengths, wide=False)
         else:
             drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
         return max(drafts, default=0), drafts
@@ -294,7 +297,4 @@ class PackedChoice:
             return drafts
         self._credit -= cost
         self.explored = True  # a draft or two: the round's host work is not their price (costs.PackedCosts)
-        out = list(drafts)
-        for i in taken:
-            out[i] = 1
-        return out
+        return [1 if i in taken else k for i, k in enumerate(drafts)]
