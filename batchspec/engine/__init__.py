@@ -8,4 +8,6 @@ functions of sampling.py and verdict.py (tree.py for tree drafts), and postproce
 outputs and stops (the commit). Stages that call the Scheduler rather than only read its round: the draft stage
 (`skip_hopeless`, `choose`: the round's shape), the Verifier (`samples_of`: which samples of a request share a
 prompt; `filled`: the prompt chunks the round cached), and the Admitter (`fill_in_rounds`, and the first tokens
-and prompt logprobs of the rows it seated, through the Scheduler's outcomes)."""
+and prompt logprobs of the rows it seated, through the Scheduler's outcomes). A slot's seat on the host and its
+release are in one place (slot_life.py), which tells every part that keeps state per slot; the seat's device
+side is the prefill (admission.py)."""

@@ -46,7 +46,8 @@ from .round_steps import declare_round_steps
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .shapes import kv_capacity
-from .slots import SlotState
+from .slot_life import SlotLife
+from .slots import SlotState, SlotTable
 from .startup_costs import StartupCosts
 from .stops import StopRules
 from .threads import ThreadGuard
@@ -124,13 +125,14 @@ class SpecBatchGenerator:
         controller, payoff = (controllers(self.runner, drafter, self.shapes, k_max=k_max, trees=self.trees,
                                           static_per_row=self.static_per_row) if adaptive else (None, None))
         self.packed = self.runner.packs
-        self.scheduler = Scheduler(tokenizer, stops, num_slots=batch_size, vocab_size=vocab, max_seq_len=max_seq_len,
+        self.life = SlotLife(SlotTable(batch_size), grammars=self.grammars, adaptive=controller, runner=self.runner,
+                             state=self.state, drafter=drafter)
+        self.scheduler = Scheduler(tokenizer, stops, life=self.life, vocab_size=vocab, max_seq_len=max_seq_len,
                                    defaults=defaults, k_max=k_max, trees=self.trees, adaptive=controller,
                                    static=self.static, fill_budget=fill_tokens if self.packed else 0,
                                    grammars=self.grammars, per_row=self.static_per_row, payoff=payoff)
         self.startup: StartupCosts | None = None  # the costs adaptive speculation started from (the first run())
         self.admitter = Admitter(self.runner, self.state, self.acceptor, drafter)
-        self._released = HostBuffer((batch_size,), self.device)
         self._rows = HostBuffer((batch_size,), self.device)  # an eager round's rows
         self._lengths = HostBuffer((batch_size,), self.device)  # their lengths L (packed rounds)
         self.verifier = Verifier(self.runner, self.state, drafter, self.scheduler)
@@ -274,15 +276,8 @@ class SpecBatchGenerator:
             return errors + (self._release(self.admitter.admit(seats, self.scheduler)) if seats else [])
 
     def _release(self, finished: list[tuple[int, Result]]) -> list[Result]:
-        """Free the finished rows' slots: idle slots ride along from position 0."""
-        if finished:
-            slots = [slot for slot, _ in finished]
-            index = self._released.put(slots)
-            self.runner.reset_lengths(index)
-            self.state.busy.index_fill_(0, index, False)
-            self.drafter.release(slots)
-            for slot in slots:
-                self.grammars.release(slot)
+        """The finished rows' slots released (slot_life.py); their Results."""
+        self.life.release([slot for slot, _ in finished])
         return [result for _, result in finished]
 
     # ---- a round ---------------------------------------------------------------------------------

@@ -151,11 +151,11 @@ class RowOutcomes:
                                   [[]] + [[int(x) for x in b[1 + width : 1 + width + k]] for b in blocks])
 
     def finish(self, slot: int, reason: str, error: str | None = None) -> Result:
-        """The row's Result, its slot released; an error (its grammar failed) keeps the output made before it."""
+        """The row's Result (its caller releases the slot: slot_life.py); an error (its grammar failed) keeps
+        the output made before it."""
+        record = self.slots[slot]
         if self.grammars is not None:
-            self.slots[slot].structured_complete = self._whole_match(slot, self.slots[slot], reason, error)
-            self.grammars.release(slot)
-        record = self.slots.release(slot)
+            record.structured_complete = self._whole_match(slot, record, reason, error)
         request = record.request
         prompt = request.prompt if isinstance(request.prompt, str) else self.tokenizer.decode(record.prompt_ids)
         result = record.to_result(reason, self.stops.completion(record, reason), prompt)

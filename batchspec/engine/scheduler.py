@@ -21,19 +21,20 @@ from .intake import Defaults, Intake, Seat
 from .payoff import PayoffCheck
 from .postprocess import Emitted, RowOutcomes
 from .round import Round, RoundShape
-from .slots import SlotTable
+from .slot_life import SlotLife
 from .stats import Statistics
 from .stops import StopRules
 
 
 class Scheduler:
-    """Host bookkeeping for `num_slots` slots. k_max: the most drafts a chain round may have per row;
+    """Host bookkeeping for the slots of `life`. k_max: the most drafts a chain round may have per row;
     trees: the tree shapes rounds may draft; adaptive: the controller choosing each round's shape (None:
     every round drafts the first tree, or a chain of k_max); grammars: the constrained rows' matchers
     (grammar.py: structured output), which advance by the tokens rows emit; payoff: the wall clock's check
-    that drafting pays (payoff.py), which may keep a per-row round's rows from drafting."""
+    that drafting pays (payoff.py), which may keep a per-row round's rows from drafting; life: what seats
+    and releases the slots (slot_life.py), whose table is the scheduler's `slots`."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: StopRules, *, num_slots: int, vocab_size: int,
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: StopRules, *, life: SlotLife, vocab_size: int,
                  max_seq_len: int, defaults: Defaults, k_max: int, trees: tuple[TreeSpec, ...] = (),
                  adaptive: AdaptiveK | None = None, static: bool = False, fill_budget: int = 0,
                  grammars: Grammars | None = None, per_row: bool = False, payoff: PayoffCheck | None = None):
@@ -50,7 +51,7 @@ class Scheduler:
                           "with tree drafts: drop drafter.tree") if trees else None
         self.intake_ = Intake(tokenizer, vocab_size=vocab_size, max_seq_len=max_seq_len, defaults=defaults,
                               grammars=grammars, no_constraints=no_constraints)
-        self.slots = SlotTable(num_slots)
+        self.life, self.slots = life, life.table
         self.stats = Statistics(max([k_max, *(t.depth for t in trees)]), k_max)
         # What rows' new tokens do (outputs, grammars, stops, statistics, Results): postprocess.py.
         self.outcomes = RowOutcomes(self.slots, stops, grammars, self.stats, tokenizer)
@@ -82,12 +83,7 @@ class Scheduler:
             self.stats.error()
         seats = []
         for slot, row in zip(free, admitted):
-            self.slots.occupy(slot, row.request, row.prompt_ids, max_new_tokens=row.max_new_tokens, stop=row.stop,
-                              logprobs=row.logprobs)
-            if self.grammars is not None:
-                self.grammars.seat(slot, row.constraint)
-            if self.adaptive:
-                self.adaptive.admit(slot)
+            self.life.seat(slot, row)
             seats.append(Seat(slot, row))
         return seats, errors
 
