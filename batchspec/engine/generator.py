@@ -128,9 +128,9 @@ class SpecBatchGenerator:
         self.life = SlotLife(SlotTable(batch_size), grammars=self.grammars, adaptive=controller, runner=self.runner,
                              state=self.state, drafter=drafter)
         self.scheduler = Scheduler(tokenizer, stops, life=self.life, vocab_size=vocab, max_seq_len=max_seq_len,
-                                   defaults=defaults, k_max=k_max, trees=self.trees, adaptive=controller,
-                                   static=self.static, fill_budget=fill_tokens if self.packed else 0,
-                                   grammars=self.grammars, per_row=self.static_per_row, payoff=payoff)
+                                   defaults=defaults, k_max=k_max, trees=self.trees, static=self.static,
+                                   fill_budget=fill_tokens if self.packed else 0, per_row=self.static_per_row,
+                                   payoff=payoff)
         self.startup: StartupCosts | None = None  # the costs adaptive speculation started from (the first run())
         self.admitter = Admitter(self.runner, self.state, self.acceptor, drafter)
         self._rows = HostBuffer((batch_size,), self.device)  # an eager round's rows

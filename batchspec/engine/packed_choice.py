@@ -296,5 +296,5 @@ class PackedChoice:
         if not taken:
             return drafts
         self._credit -= cost
-        self.explored = True  # a draft or two: the round's host work is not their price (costs.PackedCosts)
+        self.explored, taken = True, set(taken)  # a draft or two: their price leaves the round's host work out
         return [1 if i in taken else k for i, k in enumerate(drafts)]

@@ -14,9 +14,7 @@ from typing import Iterable
 from transformers import PreTrainedTokenizerBase
 
 from .types import FINISH_LENGTH, Request, Result, TreeSpec
-from .adaptive import AdaptiveK
 from .costs import PackedCosts, RoundCost
-from .grammar import Grammars
 from .intake import Defaults, Intake, Seat
 from .payoff import PayoffCheck
 from .postprocess import Emitted, RowOutcomes
@@ -27,22 +25,21 @@ from .stops import StopRules
 
 
 class Scheduler:
-    """Host bookkeeping for the slots of `life`. k_max: the most drafts a chain round may have per row;
-    trees: the tree shapes rounds may draft; adaptive: the controller choosing each round's shape (None:
-    every round drafts the first tree, or a chain of k_max); grammars: the constrained rows' matchers
-    (grammar.py: structured output), which advance by the tokens rows emit; payoff: the wall clock's check
-    that drafting pays (payoff.py), which may keep a per-row round's rows from drafting; life: what seats
-    and releases the slots (slot_life.py), whose table is the scheduler's `slots`."""
+    """Host bookkeeping for the slots of `life` (slot_life.py: what seats and releases them; its table is the
+    scheduler's `slots`, its controller `adaptive` and its grammars `grammars`). k_max: the most drafts a chain
+    round may have per row; trees: the tree shapes rounds may draft; the controller chooses each round's shape
+    (None: every round drafts the first tree, or a chain of k_max); the grammars are the constrained rows'
+    matchers (grammar.py: structured output), which advance by the tokens rows emit; payoff: the wall clock's
+    check that drafting pays (payoff.py), which may keep a per-row round's rows from drafting."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: StopRules, *, life: SlotLife, vocab_size: int,
                  max_seq_len: int, defaults: Defaults, k_max: int, trees: tuple[TreeSpec, ...] = (),
-                 adaptive: AdaptiveK | None = None, static: bool = False, fill_budget: int = 0,
-                 grammars: Grammars | None = None, per_row: bool = False, payoff: PayoffCheck | None = None):
-        self.tokenizer, self.stops, self.adaptive = tokenizer, stops, adaptive
+                 static: bool = False, fill_budget: int = 0, per_row: bool = False,
+                 payoff: PayoffCheck | None = None):
+        self.tokenizer, self.stops, self.adaptive, self.grammars = tokenizer, stops, life.adaptive, life.grammars
         self.payoff = payoff  # per-row rounds: epochs with and without drafting, compared (payoff.py)
         self.max_seq_len = max_seq_len
         self.k_max, self.trees, self.static = k_max, trees, static
-        self.grammars = grammars
         self.fill_budget = fill_budget  # prompt tokens a packed round prefills (0: not packed)
         # Packed verifies (eager, or the static path's chains): adaptive gives each row its own number of drafts.
         self.per_row = per_row or bool(fill_budget)
@@ -50,11 +47,11 @@ class Scheduler:
         no_constraints = ("structured output (json_schema, regex, choice, grammar, json_object) does not run "
                           "with tree drafts: drop drafter.tree") if trees else None
         self.intake_ = Intake(tokenizer, vocab_size=vocab_size, max_seq_len=max_seq_len, defaults=defaults,
-                              grammars=grammars, no_constraints=no_constraints)
+                              grammars=self.grammars, no_constraints=no_constraints)
         self.life, self.slots = life, life.table
         self.stats = Statistics(max([k_max, *(t.depth for t in trees)]), k_max)
         # What rows' new tokens do (outputs, grammars, stops, statistics, Results): postprocess.py.
-        self.outcomes = RowOutcomes(self.slots, stops, grammars, self.stats, tokenizer)
+        self.outcomes = RowOutcomes(self.slots, stops, self.grammars, self.stats, tokenizer)
         self.admitting = True
 
     def cut_short(self) -> list[tuple[int, Result]]:
