@@ -12,7 +12,7 @@ import pytest
 import batchspec
 from batchspec.engine.costs import PackedCosts, RoundCost
 from batchspec.engine.row_drafts import Prices, pays_at_best
-from batchspec.engine.startup_costs import StartupCosts, cache_key, load_or_measure, token_counts
+from batchspec.engine.startup_costs import StartupCosts, budget, cache_key, load_or_measure, token_counts
 from conftest import MAX_NEW
 from tiny import PROMPTS
 
@@ -33,13 +33,72 @@ def test_pays_at_best(prices, rows, depth, steps, pays):
     assert pays_at_best(prices, rows, base_tokens=rows, depth=depth, steps=steps) is pays
 
 
-def test_token_counts_time_plain_full_one_draft_then_the_curve():
-    below = list(range(1, 8))  # every round of fewer rows than the batch, to 8 rows
-    assert token_counts(8, 2) == [8, 24, 16] + [n for n in range(9, 24) if n != 16] + below  # every N to 16 drafts
-    assert token_counts(8, 4) == [8, 40, 16] + [n for n in range(9, 25) if n != 16] + [28, 32, 36] + below
-    assert token_counts(32, 4) == ([32, 160, 64] + list(range(33, 49)) + [52, 56, 60] + list(range(68, 97, 4))
-                                   + [112, 128, 144] + list(range(1, 9)) + [16, 24])  # below plain last
-    assert token_counts(1, 1) == [1, 2]  # one draft is the full width; no round has fewer rows
+@pytest.mark.parametrize("batch_size,k_max,sizes", [
+    # plain, every row at k_max, one draft a row, one draft in all; then past plain and below it in turn, each
+    # coarse to fine in log N (past plain: 12 halves 9..16, 20 is the widest gap left in 16..24, then 14 ...;
+    # below: 1, then 3 between 1 and 8, then 5 ...)
+    (8, 2, [8, 24, 16, 9, 12, 1, 20, 3, 14, 5, 10, 2, 18, 4, 11, 6, 22, 7, 13, 15, 17, 19, 21, 23]),
+    (4, 3, [4, 16, 8, 5, 11, 1, 6, 2, 13, 3, 7, 9, 10, 12, 14, 15]),
+    (1, 1, [1, 2]),  # one draft is the full width; no round has fewer rows
+])
+def test_token_counts_time_plain_full_one_draft_then_the_curve_coarse_to_fine(batch_size, k_max, sizes):
+    assert token_counts(batch_size, k_max) == sizes
+
+
+def test_token_counts_cover_the_curve_with_a_budget_cut_short():
+    """At batch 64 (55 sizes) the first 16 span 64 .. 320 with no gap over 1.3x, and below plain 1 .. 40 (a
+    budget of a few forwards prices a full batch's drafts and a job's tail)."""
+    sizes = token_counts(64, 4)
+    above = list(range(66, 81)) + list(range(84, 129, 4)) + list(range(144, 321, 16))
+    assert sorted(sizes) == list(range(1, 9)) + [16, 24, 32, 40, 48, 56, 64, 65] + sorted(set(above) | {128})
+    past = sorted(n for n in sizes[:16] if n >= 64)
+    assert past[0] == 64 and past[-1] == 320 and max(b / a for a, b in zip(past, past[1:])) <= 1.3
+    assert sorted(n for n in sizes[:16] if n < 64) == [1, 3, 5, 8, 24, 40]
+
+
+@pytest.mark.parametrize("plain_seconds,batch_size,seconds", [
+    (0.032, 64, 0.64),  # p512 at batch 64: 1,000 rounds of 32 ms, 2% of them
+    (0.010, 8, 1.6),  # p512 at batch 8: 8,000 rounds of 10 ms
+    (0.005, 1, 5.0),  # capped: 64,000 rounds of 5 ms would allow 6.4 s
+    (0.0005, 64, 0.5),  # at least half a second (a small model's whole curve)
+])
+def test_the_budget_is_a_share_of_a_thousand_row_job(plain_seconds, batch_size, seconds):
+    assert budget(plain_seconds, batch_size) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("budget_s,passes", [
+    (1e9, [3] * 16),  # room for every pass: each size timed PASSES times
+    (0.0, [1] * 4),  # none: the first four sizes, once each
+    (0.033, [1] * 16),  # 2 ms a forward: the untimed one and plain (4 ms), 15 more to 34 ms, a pass
+    (0.041, [2] * 4 + [1] * 12),  # a second pass cut short after 4 sizes (42 ms): a prefix of the sizes twice
+])
+def test_the_target_is_timed_in_passes_within_the_budget(monkeypatch, budget_s, passes):
+    """measure() times each size once a pass (one untimed forward first) and takes the median of its passes; the
+    drafting forward's two points come before the passes (REPEATS each), whatever the budget. A fake clock: a
+    forward of n tokens takes 2 ms and reads n ms times 1.0, 1.1, 1.2 on its first, second and third pass."""
+    from batchspec.engine import startup_costs
+
+    clock, calls, steps = [0.0], [], []
+
+    def forward(runner, rows, tokens, *, repeats, warm=True):
+        assert (rows, repeats, warm) == (4, 1, False)
+        clock[0] += 0.002
+        calls.append(tokens)
+        return tokens * 1e-3 * (1 + 0.1 * (calls.count(tokens) - 1 - (tokens == 16)))  # 16: the untimed too
+
+    def step(rows, repeats):
+        steps.append((rows, repeats))
+        return rows * 1e-4
+
+    monkeypatch.setattr(startup_costs, "time_packed", forward)
+    monkeypatch.setattr(startup_costs, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    costs = startup_costs.measure(None, step, batch_size=4, k_max=3, budget_s=budget_s)
+    sizes = token_counts(4, 3)
+    assert calls[0] == 16 and [calls[1:].count(n) for n in sizes[:len(passes)]] == passes
+    assert [n for n, _ in costs.verify] == sizes[:len(passes)]
+    medians = {1: 1.0, 2: 1.05, 3: 1.1}  # of the times 1.0, 1.1, 1.2 of its passes
+    assert [t for _, t in costs.verify] == pytest.approx([n * 1e-3 * medians[p] for n, p in zip(sizes, passes)])
+    assert steps == [(4, startup_costs.REPEATS), (1, startup_costs.REPEATS)] and costs.step == ((4, 4e-4), (1, 1e-4))
 
 
 # The forward of a 512-wide 8-layer Llama at batch 8 on 2 CPU cores (2026-12-05), seconds by N in token_counts'

@@ -4,18 +4,21 @@ Adaptive speculation prices each row's drafts by what a packed round computes (c
 forward's seconds by its tokens N, a drafting forward's by its rows, the rest of the round by its drafts).
 Learnt from the rounds alone, those lines are unknown for the job's first rounds and noisy for its first
 hundred, which is all a short job has. So at the start of a run the generator times the target's packed
-forward at the N a round may have (the batch's pending tokens, every row drafting k_max, then every N up to 16
-drafts past the pending tokens: a CPU's forward is no line in N, row_drafts.Prices) and the drafter's forward
-over the batch's rows, within a time budget, and the cost model starts from those points (their curve) and
-goes on learning from the rounds. The points are kept in the user's cache under what they depend on (the model's shapes, its
-dtype, the device, torch's threads, the batch size, k_max and the drafter), so that a resumed or repeated job
-reads them instead of measuring again.
+forward at the N a round may have (the batch's pending tokens, every row drafting k_max, one draft a row, one
+draft in all, then the sizes between and below them coarse to fine: a CPU's forward is no line in N,
+row_drafts.Prices) and the drafter's forward over the batch's rows, within a time budget (2% of a 1,000-row
+job of 64 tokens a row at the plain forward's time, 0.5 to 5 s), and the cost model starts from those points
+(their curve) and goes on learning from the rounds. The points are kept in the user's cache under what they
+depend on (the model's shapes, its dtype, the device, torch's threads, the batch size, k_max and the drafter),
+so that a resumed or repeated job reads them instead of measuring again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import math
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +33,10 @@ from .packed import RowTokens
 from .threads import read_sample
 
 BUDGET_S = 5.0  # the most seconds the start-up measurement takes
-REPEATS = 3  # timed forwards a point (after one untimed), fewer when the budget runs short
+MIN_BUDGET_S = 0.5  # the least: a small model's whole curve (a 1,000-row job of it takes seconds)
+SHARE, JOB_ROWS, JOB_TOKENS = 0.02, 1000, 64  # the budget: this share of such a job's plain rounds
+PASSES = 3  # timed forwards a size of the target's (one a pass: the budget cuts whole passes short, not sizes)
+REPEATS = 3  # timed forwards of a drafting forward's point (after one untimed)
 CONTEXT = 64  # cache entries the timed rows attend over: a short prompt's (attention is a small share on CPU)
 
 
@@ -76,7 +82,7 @@ def cache_key(target, drafter, *, batch_size: int, k_max: int, device: torch.dev
             "linears": [linear_choice(target), linear_choice(runner.model) if runner is not None else None],
             "k_max": k_max, **machine_cache.machine(device), "torch": torch.__version__, "batchspec": __version__,
             "logits": "every token",  # what the points priced: a verify's logits at every draft, not one row's
-            "points": "a curve, below plain last"}  # token_counts: rounds of fewer rows too, where time allows
+            "points": "coarse to fine, one forward a pass"}  # token_counts and measure's passes
 
 
 def load_or_measure(key: dict, measure: Callable[[], StartupCosts], folder: Path | None = None) -> StartupCosts:
@@ -92,26 +98,53 @@ def load_or_measure(key: dict, measure: Callable[[], StartupCosts], folder: Path
 
 def token_counts(batch_size: int, k_max: int) -> list[int]:
     """The forwards' sizes to time, most telling first: every row plain, every row drafting k_max, one draft a
-    row; then, for the curve's shape (row_drafts.Prices), every N up to 16 drafts past plain, every 4th to 64
-    and every 16th beyond, and last (where the budget leaves time: at batch 8 it does) the rounds of fewer rows
-    than the batch, every N from 1 to 8 below plain, then every 8th. Below plain because a round of fewer rows
-    (a job's tail, a batch not yet full) is no line in N either, and its drafts were priced by the line through
-    the sizes above plain: on a held-out pair at batch 8 (2 CPU cores, 2026-12-05) a forward of 2 tokens took
-    5.8 ms, of 3 7.8 ms and of 8 12.2 ms, where that line priced the draft of a 2-row round about 0.4 ms, and
-    ngram at T = 0.7 drafted in the job's tail at acceptance 0.2."""
+    row, one draft in all; then, for the curve's shape (row_drafts.Prices), the sizes past plain (every N up to
+    16 drafts past it, every 4th to 64 and every 16th beyond) and below it (rounds of fewer rows than the batch:
+    every N to 8, then every 8th), each group coarse to fine (`coarse_to_fine`) and the two taken in turn, so
+    that a budget cut short leaves both spans at a coarser step rather than part of one at the finest. Below
+    plain because a round of fewer rows (a job's tail, a batch not yet full) is no line in N either: on a
+    held-out pair at batch 8 (2 CPU cores, 2026-12-05) a forward of 2 tokens took 5.8 ms, of 3 7.8 ms and of 8
+    12.2 ms, where the line through the sizes above plain priced the draft of a 2-row round about 0.4 ms. In
+    turn because either alone loses: every size below plain first took the time of the sizes past it at batch
+    32 (fixed p512: suffix 1.02x against 1.09x), and past it first (with a budget of a second) left none below
+    (96 staggered rows at batch 32: ngram 1.18x against 1.24x)."""
     plain, full = batch_size, batch_size * (1 + k_max)
-    near = [plain + j for j in range(1, min(16, plain * k_max) + 1)]
+    first = list(dict.fromkeys(n for n in (plain, full, 2 * plain, plain + 1) if 0 < n <= full))
+    above = [plain + j for j in range(2, plain * k_max)
+             if j <= 16 or (j <= 64 and j % 4 == 0) or j % 16 == 0]
     below = [n for n in range(1, plain) if n <= 8 or n % 8 == 0]
-    far = [plain + j for j in range(17, plain * k_max + 1) if (j <= 64 and j % 4 == 0) or j % 16 == 0]
-    return list(dict.fromkeys(n for n in [plain, full, 2 * plain] + near + far + below if 0 < n <= full))
+    above = coarse_to_fine([n for n in above if n not in first], first)
+    below = coarse_to_fine(below, first)
+    return first + [n for pair in itertools.zip_longest(above, below) for n in pair if n is not None]
+
+
+def coarse_to_fine(sizes: list[int], taken: list[int]) -> list[int]:
+    """`sizes` ordered so that each next one is the farthest (in log N: a draft's share of the forward) from
+    every size already taken; ties to the smaller."""
+    order, taken, left = [], list(taken), sorted(sizes)
+    while left:
+        n = max(left, key=lambda c: (min((abs(math.log(c / t)) for t in taken), default=0.0), -c))
+        order.append(n)
+        taken.append(n)
+        left.remove(n)
+    return order
+
+
+def budget(plain_seconds: float, batch_size: int) -> float:
+    """The start-up measurement's seconds: SHARE of a JOB_ROWS-row job's decoding rounds (JOB_TOKENS tokens a row
+    at the plain forward's `plain_seconds`; its prefill left out, so less than SHARE of such a job), within
+    MIN_BUDGET_S .. BUDGET_S. On p512 at batch 64 (32 ms a plain forward) 0.64 s, where a 1,000-row job of
+    staggered rows took 60 s."""
+    job = JOB_ROWS * JOB_TOKENS / batch_size * plain_seconds
+    return min(BUDGET_S, max(MIN_BUDGET_S, SHARE * job))
 
 
 @torch.inference_mode()
-def time_packed(runner, rows: int, tokens: int, *, repeats: int) -> float:
+def time_packed(runner, rows: int, tokens: int, *, repeats: int, warm: bool = True) -> float:
     """Median seconds of one packed forward of `tokens` tokens over slots 0 .. rows - 1 (as even as they go: a
     round's drafts spread over its rows), written at CONTEXT.. of each, logits at every token (call before any
     row is admitted: it writes garbage past every valid entry, which the rows' own tokens overwrite before
-    anything reads it). Lengths are not changed."""
+    anything reads it). Lengths are not changed. warm: one untimed forward first (measure's passes warm once)."""
     widths = [tokens // rows + (i < tokens % rows) for i in range(rows)]
     start = max(0, min(CONTEXT, runner.capacity - widths[0]))
     # Logits at every token, as a verify needs them at every draft's position: a model whose LM head is a large
@@ -121,13 +154,13 @@ def time_packed(runner, rows: int, tokens: int, *, repeats: int) -> float:
     batch = runner.pack([RowTokens(slot, start, width) for slot, width in enumerate(widths) if width])
     ids = torch.zeros(tokens, dtype=torch.long, device=runner.device)
     times = []
-    for _ in range(repeats + 1):
+    for _ in range(repeats + warm):
         _sync(runner.device)
         started = time.perf_counter()
         runner.forward_packed(ids, batch)
         _sync(runner.device)
         times.append(time.perf_counter() - started)
-    times = sorted(times[1:])
+    times = sorted(times[warm:])
     return times[len(times) // 2]
 
 
@@ -152,25 +185,32 @@ def time_rows(runner, rows: int, *, repeats: int, extra: dict | None = None) -> 
 
 
 def measure(target_runner, step: Callable[[int, int], float] | None, *, batch_size: int, k_max: int,
-            budget_s: float = BUDGET_S) -> StartupCosts:
+            budget_s: float | None = None) -> StartupCosts:
     """Time the target's packed forward at token_counts (rows of 1 + j tokens) and, given step(rows, repeats)
     (a drafter's forward over that many rows, one token each), the drafting forward at the batch's rows and
-    at a quarter of them; points are dropped, and repeats cut, once `budget_s` is spent."""
+    at a quarter of them (REPEATS each). The target's sizes are timed in passes of one forward each (after one
+    untimed forward at the largest), a point the median of its passes: one forward a size measured p512's curve
+    at batch 64 as closely as four (3-4% from the median of two such curves, 2 CPU cores, 2026-12-05) in a
+    quarter of the time, so a short budget buys the curve's span. The first four sizes are always timed; after
+    them nothing starts past `budget_s` (default: `budget` at the plain forward's time)."""
     started, before = time.perf_counter(), read_sample()
     spent = lambda: time.perf_counter() - started  # noqa: E731
-    verify, drafting = [], []
-    for i, n in enumerate(token_counts(batch_size, k_max)):
-        if verify and spent() > budget_s:
-            break
-        # A slow forward spends the budget on the first three sizes: they drop to one repeat past half of it. The
-        # curve's sizes after them keep every repeat (a one-off time would bend the curve), as many as fit.
-        repeats = REPEATS if spent() < budget_s / 2 or i >= 3 else 1
-        verify.append((n, time_packed(target_runner, batch_size, n, repeats=repeats)))
-    if step is not None:
-        for rows in dict.fromkeys((batch_size, max(1, batch_size // 4))):
-            if drafting and spent() > budget_s:
+    sizes = token_counts(batch_size, k_max)
+    once = lambda n: time_packed(target_runner, batch_size, n, repeats=1, warm=False)  # noqa: E731
+    once(max(sizes))  # untimed: the first forward allocates what the later ones reuse
+    times = {sizes[0]: [once(sizes[0])]}
+    budget_s = budget(times[sizes[0]][0], batch_size) if budget_s is None else budget_s
+    # The drafting forward before the curve's passes, which spend the rest of the budget: its two points are
+    # what prices a draft model's steps at all (a few ms at most).
+    drafting = [] if step is None else [(rows, step(rows, REPEATS))
+                                        for rows in dict.fromkeys((batch_size, max(1, batch_size // 4)))]
+    for sweep in range(PASSES):
+        for i, n in enumerate(sizes):
+            if (sweep or i >= 4) and spent() > budget_s:
                 break
-            drafting.append((rows, step(rows, REPEATS if spent() < budget_s else 1)))
+            if len(times.setdefault(n, [])) <= sweep:
+                times[n].append(once(n))
+    verify = [(n, statistics.median(times[n])) for n in sizes if times.get(n)]
     seconds = spent()
     # Kept only if no other process took the cores (the thread guard's test) and more tokens cost more: not
     # always a token more (SmolLM2 at batch 8: 75 ms at 15 tokens, 64 at 16), but no point far under one before it.
