@@ -117,6 +117,46 @@ def test_a_probe_explores_an_eighth_of_a_draft_models_rows():
     assert explore(gains, prices, 16, True, [False] * 16, ROW_LENGTHS, wide=False) == [0] * 4 + [1] + [0] * 4 + [1] + [0] * 6
 
 
+@pytest.mark.parametrize("per_fed,explored", [
+    (0.0, [1] * 8),  # the catch-up unpriced: one drafting forward prices all eight
+    # 0.4 ms a fed token: the four least behind (0, 0, 2 and 2 tokens; 4 rows 4 / 4.4 ms, 3 rows 3 / 3.4 ms)
+    (0.0004, [1, 1, 1, 1, 0, 0, 0, 0]),
+])
+def test_a_draft_models_exploration_prices_what_its_rows_lack(per_fed, explored):
+    """Eight rows a draft model fed, which lack 0, 0, 2, 2 and 20 tokens (rounds since they drafted): each
+    row's lag is priced at the drafting forward's price of a token (per_fed), so the rows 20 tokens behind
+    are not worth their first drafts here (a 2 ms forward, 0.2 ms a draft)."""
+    gains = [[0.5]] * 8
+    prices = Prices(0.0, 0.0001, per_step=0.002, per_draft=0.0001, curve=((8, 0.01),), per_fed=per_fed)
+    assert explore(gains, prices, 8, True, [True] * 8, [0, 0, 2, 2, 20, 20, 20, 20]) == explored
+
+
+def test_a_draft_models_catch_up_is_paid_from_explorations_budget():
+    """A draft model breaking even at 2/3 (as below), its drafting forward 0.002 s + 0.00025 s a token it feeds,
+    rows that lack their 40-token prompt until they first draft and a token for each round since: with the
+    lags priced (`lags` given), the first exploring round costs 10 ms more than its drafts, which exploration's
+    budget (2% of each round's price) earns back by round 53; unpriced, rounds 0, 11 and 26 explore (then 3
+    rounds refused end it) and round 46 is a probe."""
+    explored = {}
+    for given in (False, True):
+        costs = PackedCosts()
+        for tokens in (8, 16, 24):
+            costs.verify.add(tokens, 0.008 + 0.0005 * tokens)
+            costs.step.add(tokens, 0.002 + 0.00025 * tokens)
+        costs.rest.add(0, 0.0, weight=0.1)
+        controller = AdaptiveK(k_max=2, policy=MODEL_POLICY, costs=costs)
+        controller.packed.rounds = 1
+        slots, last, explored[given] = list(range(8)), [None] * 8, []
+        for r in range(60):
+            lags = [40 if t is None else r - t for t in last]
+            _, drafts = controller.choose_rows(slots, [2] * 8, [0] * 8, None, 8, costs, lags if given else None)
+            if sum(drafts):
+                explored[given].append(r)
+                last = [r if k else t for t, k in zip(last, drafts)]
+            controller.learn(1 if sum(drafts) else 0, slots, drafts, drafts, [0] * 8)
+    assert explored[False] == [0, 11, 26, 46] and explored[True] == [0, 53]
+
+
 def controller_past_its_start(policy) -> tuple[AdaptiveK, PackedCosts]:
     """A controller whose costs are MODEL_PRICES' (a draft model can pay only above 2/3 acceptance)."""
     costs = PackedCosts()

@@ -125,8 +125,8 @@ class AdaptiveK:
         return self.packed.learning
 
     def choose_rows(self, slots: list[int], offers: list[int], room: list[int], priors: list[float | None] | None,
-                    base_tokens: int, costs: PackedCosts, lengths: list[int] | None = None) -> tuple[int, list[int]]:
-        return self.packed.choose_rows(slots, offers, room, priors, base_tokens, costs, lengths)
+                    base_tokens: int, costs: PackedCosts, lags: list[int] | None = None) -> tuple[int, list[int]]:
+        return self.packed.choose_rows(slots, offers, room, priors, base_tokens, costs, lags)
 
     def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int]) -> None:
         self.acceptance.learn(k, slots, budgets, drafted, accepted)

@@ -208,8 +208,8 @@ class PackedCosts:
         rest, checking = self.rest.fit()
         if self.curve:  # the measured shape at the rounds' level; the line's slope only past its ends
             scale = self.level[0] / max(self.level[1], 1e-12)
-            return Prices(rest, b, step, draft + checking, tuple((n, scale * t) for n, t in self.curve))
-        return Prices(rest + a, b, step, draft + checking)
+            return Prices(rest, b, step, draft + checking, tuple((n, scale * t) for n, t in self.curve), draft)
+        return Prices(rest + a, b, step, draft + checking, per_fed=draft)
 
 
 @dataclass

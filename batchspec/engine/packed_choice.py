@@ -25,6 +25,8 @@ budget samples a lookup's rows that the choice leaves without drafts (`_sample`)
 
 from __future__ import annotations
 
+import itertools
+
 from .types import TreeSpec
 from .acceptance_model import AcceptanceModel, acceptance_interval
 from .costs import PackedCosts
@@ -38,27 +40,30 @@ MIN_EVIDENCE = 3  # rounds that verified first drafts before their interval may 
 
 
 def explore(gains: list[list[float]], prices: Prices, base_tokens: int, steps: bool,
-            drafted_before: list[bool] | None = None, lengths: list[int] | None = None, wide: bool = True) -> list[int]:
+            drafted_before: list[bool] | None = None, lags: list[int] | None = None, wide: bool = True) -> list[int]:
     """A round's drafts while the job's acceptance is a prior: one draft on the rows that can draft (gains[i]
     not empty) whose first draft gains most, whether or not the choice drafted them (a few unlucky first
     verdicts must not end the learning: the demo pair's sampled drafts stopped at 1 of 3 accepted). A lookup:
     as many as keep the round within EXPLORE_SHARE of the round without drafts (at least one). With drafting
-    forwards (`steps`): the rows that drafted before (drafted_before[i]: their draft cache lacks only the tokens
-    since), at most an eighth of the rows new (the shortest first, lengths[i]: a new row's first draft feeds its
-    whole sequence), and of those as many as buy the most first drafts a second (ties: more): a drafting forward
-    costs nearly as much for one row as for all, and one row a round took 130 rounds to learn (p512, batch 8,
-    T = 0.7: 0.97-1.02x drafter none where fixed k=2 ran 1.11x). Not `wide` (a probe, long after the rows last
-    drafted: each lacks a token a round since), an eighth of the rows in all."""
+    forwards (`steps`): the rows that drafted before (drafted_before[i]), at most an eighth of the rows new, each
+    group the least behind first (lags[i]: the tokens row i's draft cache lacks, which its first draft feeds: a
+    new row's whole sequence, a fed row's tokens since it last drafted), and of those as many as buy the most
+    first drafts a second (ties: more), each row's lag priced at the drafting forward's price of a token
+    (`Prices.per_fed`): a drafting forward costs nearly as much for one row as for all, and one row a round took
+    130 rounds to learn (p512, batch 8, T = 0.7: 0.97-1.02x drafter none where fixed k=2 ran 1.11x), but rows
+    that last drafted 20 rounds before feed 20 tokens each (SmolLM2-135M with 6 of its layers: exploring with
+    them unpriced spent 4% of the rounds' price against 2%, 0.98x drafter none). Not `wide` (a probe), an
+    eighth of the rows in all."""
     fed = drafted_before if steps and drafted_before is not None else [False] * len(gains)
-    size = lengths if steps and lengths is not None else [0] * len(gains)
-    chosen = sorted((i for i, g in enumerate(gains) if g), key=lambda i: (not fed[i], 0 if fed[i] else size[i],
-                                                                         -gains[i][0]))
+    lag = lags if steps and lags is not None else [0] * len(gains)
+    chosen = sorted((i for i, g in enumerate(gains) if g), key=lambda i: (not fed[i], lag[i], -gains[i][0]))
     plain = prices.seconds(base_tokens, 0, 0)
     if steps:
         n = max(1, len(gains) // 8)  # an eighth
         chosen = ([i for i in chosen if fed[i]] + [i for i in chosen if not fed[i]][:n])[: None if wide else n]
-        rows = max(range(1, len(chosen) + 1), default=1,
-                   key=lambda r: (r / max(prices.seconds(base_tokens + r, 1, r) - plain, 1e-12), r))
+        feeds = [0, *itertools.accumulate(lag[i] for i in chosen)]
+        rows = max(range(1, len(chosen) + 1), default=1, key=lambda r: (
+            r / max(prices.seconds(base_tokens + r, 1, r) + prices.per_fed * feeds[r] - plain, 1e-12), r))
     else:
         rows, limit = 1, (1 + EXPLORE_SHARE) * plain
         while rows < len(chosen) and prices.seconds(base_tokens + rows + 1, 0, rows + 1) <= limit:
@@ -125,17 +130,19 @@ class PackedChoice:
 
         return says(model.evidence_rounds), says(model.evidence)
 
-    def _explore(self, drafts: list[int], prices: Prices, base_tokens: int, steps: bool, pays: bool) -> list[int]:
+    def _explore(self, drafts: list[int], prices: Prices, base_tokens: int, steps: bool, pays: bool,
+                 lags: list[int] | None) -> list[int]:
         """Exploration's drafts while its budget is not overspent, else none: each exploring round's cost
         over a plain one comes out of EXPLORE_BUDGET of every round's price, so that a drafter whose evidence
         comes slowly does not explore at EXPLORE_SHARE over a whole job (suffix decoding on Gemma-3-270M at
         batch 8 explored one row a round for 54 rounds and ran 0.87-0.91x drafter none; 2026-12-01). While
-        the drafts so far say drafting pays (`pays`), every round explores: it buys what the job will gain."""
+        the drafts so far say drafting pays (`pays`), every round explores: it buys what the job will gain. A
+        round's price counts what its drafting rows' caches lacked (lags: explore's)."""
         plain = prices.seconds(base_tokens, 0, 0)
         if self._credit < 0 and not pays:
             return [0] * len(drafts)
-        n = sum(drafts)
-        self._credit -= prices.seconds(base_tokens + n, int(steps and n > 0), n) - plain
+        n, fed = sum(drafts), sum(m for m, k in zip(lags or [], drafts) if k) if steps else 0
+        self._credit -= prices.seconds(base_tokens + n, int(steps and n > 0), n) + prices.per_fed * fed - plain
         self.explored = n > 0
         return drafts
 
@@ -169,11 +176,11 @@ class PackedChoice:
         return hopeless
 
     def choose_rows(self, slots: list[int], offers: list[int], room: list[int], priors: list[float | None] | None,
-                    base_tokens: int, costs: PackedCosts, lengths: list[int] | None = None) -> tuple[int, list[int]]:
+                    base_tokens: int, costs: PackedCosts, lags: list[int] | None = None) -> tuple[int, list[int]]:
         """A packed round (row_drafts.py): (shape index, drafts per row). offers: the most drafts each row may
         verify (a lookup's proposal, or its budget); room: how deep its tree may go; base_tokens: the
-        forward's tokens without drafts; lengths: the rows' sequence lengths (what exploration with a draft
-        model weighs: a row's first draft feeds its whole sequence). Until the costs are known, rounds
+        forward's tokens without drafts; lags: the tokens each row's draft cache lacks (a drafter with forwards:
+        what exploration weighs, explore). Until the costs are known, rounds
         alternate between every row drafting nothing and every row drafting its offer; every `revisit_every`
         rounds (doubling, up to 8x, while nobody drafts) each row verifies one draft more than chosen, so that
         rows drafting nothing keep learning their acceptance."""
@@ -213,15 +220,15 @@ class PackedChoice:
         self.learning = says == 0
         drafted_before = [model.drafted(s) for s in slots] if draws else None  # only a draft model's order uses it
         if self.learning:
-            drafts, trees = self._explore(explore(gains, prices, base_tokens, bool(draws), drafted_before, lengths),
-                                          prices, base_tokens, bool(draws), pays > 0), []
+            drafts, trees = self._explore(explore(gains, prices, base_tokens, bool(draws), drafted_before, lags),
+                                          prices, base_tokens, bool(draws), pays > 0, lags), []
         shape = max(drafts, default=0)
         if trees:
             shape, drafts = self._tree_round(trees, (shape, drafts), rate, alphas, run, room, prices, base_tokens,
                                              draws)
         if self.rounds >= self.next_probe and not self.learning:  # exploring is measuring already
             shape, drafts = self._probe(shape, drafts, offers, gains, prices, base_tokens, draws, drafted_before,
-                                        lengths)
+                                        lags)
         elif shape <= self.k_max and not self.learning and not draws:
             drafts = self._sample(slots, drafts, offers, prices, base_tokens + sum(drafts))
             shape = max(drafts, default=0)
@@ -247,7 +254,7 @@ class PackedChoice:
 
     def _probe(self, shape: int, drafts: list[int], offers: list[int], gains: list[list[float]], prices: Prices,
                base_tokens: int, draws: bool, drafted_before: list[bool] | None,
-               lengths: list[int] | None) -> tuple[int, list[int]]:
+               lags: list[int] | None) -> tuple[int, list[int]]:
         """A probe round (every `revisit_every` rounds, the interval doubling up to 8x while nobody drafts):
         each row verifies one draft more than chosen; with a draft model and nobody drafting, the rows
         exploration would pick (each fed what it missed)."""
@@ -257,7 +264,7 @@ class PackedChoice:
         if shape > self.k_max:  # a tree round probes nothing more
             return shape, drafts
         if draws and idle:
-            drafts = explore(gains, prices, base_tokens, True, drafted_before, lengths, wide=False)
+            drafts = explore(gains, prices, base_tokens, True, drafted_before, lags, wide=False)
         else:
             drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
         return max(drafts, default=0), drafts

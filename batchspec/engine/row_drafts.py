@@ -33,13 +33,15 @@ class Prices:
     target forward's seconds measured at a few N ((N, seconds), N ascending): where given, the forward costs
     their piecewise-linear interpolation (per_token past either end) instead of per_token * N. A CPU's forward is
     not a line in N: SmolLM2-135M at batch 8 took 45 ms at 8 tokens, 52 at 9, 75 at 15 and 64 at 16 (2 cores,
-    2026-12-04), so that a line through 8, 16 and 24 priced a first draft 2 ms where it cost 7."""
+    2026-12-04), so that a line through 8, 16 and 24 priced a first draft 2 ms where it cost 7. `per_fed`: a
+    drafting forward's price of a token it feeds (its line's slope), for the tokens a row's draft cache lacks."""
 
     fixed: float
     per_token: float
     per_step: float = 0.0
     per_draft: float = 0.0
     curve: tuple[tuple[int, float], ...] = ()
+    per_fed: float = 0.0
 
     def seconds(self, tokens: int, steps: int, drafts: int) -> float:
         return self.fixed + self.forward(tokens) + self.per_step * steps + self.per_draft * drafts

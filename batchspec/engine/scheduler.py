@@ -227,9 +227,11 @@ class Scheduler:
             return adaptive.shapes[0], budgets
         at = round.running
         pick = lambda values: [values[i] for i in at]  # noqa: E731
-        index, drafts = adaptive.choose_rows(pick(round.rows), pick(offer), pick(round.room),
+        rows = pick(round.rows)
+        lags = self.life.drafter.lags(rows, pick(round.lengths)) if adaptive.policy.draft_forwards else None
+        index, drafts = adaptive.choose_rows(rows, pick(offer), pick(round.room),
                                              pick(priors) if priors is not None else None,
-                                             len(at) + round.chunk_tokens, adaptive.costs, pick(round.lengths))
+                                             len(at) + round.chunk_tokens, adaptive.costs, lags)
         for i, k in zip(at, drafts):
             budgets[i] = k
         return adaptive.shapes[index], budgets

@@ -14,8 +14,8 @@ Every drafter speaks the same verbs (cf. transformers' CandidateGenerator, made 
                                         while the device computes a captured verify, when the host is idle
   packed_forward(chunks, verify_index)  a packed verify forward just ran (drafters that read the target's
                                         hidden states: where its prompt chunks and verify positions are)
-and, for the engine's set-up and the controller's prices, bind, draft_seconds, step_times and
-step_seconds (the Drafter protocol below says what each takes). It declares a DrafterPolicy: what the
+and, for the engine's set-up and the controller's prices, bind, draft_seconds, step_times, step_seconds
+and lags (the Drafter protocol below says what each takes). It declares a DrafterPolicy: what the
 adaptive controller needs to know about it, so that the controller never looks inside a drafter. A row
 that proposes nothing costs only its 1-token decode in the verify pass. Drafts are written into the round's buffers (round.py): on the static path every slot,
 at fixed addresses, which is what captured steps need.
@@ -79,6 +79,8 @@ class Drafter(Protocol):
     #    each, eager (what a packed round's cost model prices drafts by); read once
     def step_seconds(self, rows: int, repeats: int) -> float | None: ...  # one eager drafting forward over
     #    `rows` rows of one token, timed before any row is admitted (startup_costs.py); None: no forwards
+    def lags(self, slots: list[int], lengths: list[int]) -> list[int]: ...  # per row (its sequence's length),
+    #    the tokens its draft cache lacks, which its next drafting forward feeds before its first draft
     def bind(self, shapes: list[RoundShape], target, state, buffers, acceptor) -> None: ...  # the generator's device
     #    state, given once at start (a drafter with static steps declares them then)
     def packed_forward(self, chunks: list[tuple[int, int, int, int]], verify_index: torch.Tensor | None) -> None: ...
@@ -162,6 +164,9 @@ class HostDrafter:
 
     def step_seconds(self, rows, repeats):
         return None  # no drafting forwards
+
+    def lags(self, slots, lengths):
+        return [0] * len(slots)  # no cache to feed
 
     def bind(self, *args):
         pass  # no device state

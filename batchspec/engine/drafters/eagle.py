@@ -161,6 +161,10 @@ class EagleDrafter:
     def release(self, slots):
         pass
 
+    def lags(self, slots, lengths):
+        """Per row the head's entries its first step computes before its first draft (valid .. L - 2)."""
+        return [max(n - 1 - self.valid[s], 0) for s, n in zip(slots, lengths)]
+
     # ---- proposing --------------------------------------------------------------------------------
 
     @torch.inference_mode()

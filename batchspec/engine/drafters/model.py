@@ -120,6 +120,11 @@ class ModelDrafter:
     def release(self, slots):
         pass
 
+    def lags(self, slots, lengths):
+        """Per row the tokens its draft cache lacks before the pending one (a drafting forward feeds from
+        min(valid, L - 1) to the pending token at L - 1)."""
+        return [max(n - 1 - self.valid[s], 0) for s, n in zip(slots, lengths)]
+
     def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers,
              acceptor=None) -> None:
         """The generator's device state (its sequences); on the static path the captured steps are declared."""
