@@ -46,7 +46,7 @@ class Contender:
     timings: dict | None = None  # seconds per round phase, summed over repeats
     rounds_by_k: list[int] | None = None  # rounds by drafts verified, summed over repeats
     rounds_by_tree: dict | None = None  # tree rounds by tree shape, summed over repeats
-    tokens: dict | None = None  # what its target forwards computed, summed over repeats (generator.TokenCounts)
+    tokens: dict | None = None  # what its target forwards computed, summed over repeats (engine/stats.py TokenCounts)
     grammar_s: float = 0.0  # batchspec under constraints: host seconds in grammar work, summed over repeats
 
 

@@ -40,7 +40,7 @@ def shares(contender: Contender) -> tuple[float | None, float | None, float | No
     """(padding, admission, admission at the margin) of a batchspec contender: the share of the tokens its
     target forwards computed that were padding, and admission's share of round time: its own phase, plus
     in packed rounds the prompt tokens' share of each forward's time (or, at the margin, what the prompt
-    tokens add to forwards that run anyway: generator.TokenCounts)."""
+    tokens add to forwards that run anyway: engine/stats.py TokenCounts)."""
     if not contender.timings or not contender.tokens:
         return None, None, None
     total = round_time(contender.timings)

@@ -157,7 +157,7 @@ class Acceptor:
             runner.compact(rows, src, dst)
         pending = state.tokens[rows, lengths - 1]
         index = torch.arange(verdict.tokens.shape[1], device=self.device)[None, :]
-        state.tokens[rows[:, None], lengths[:, None] + index] = verdict.tokens  # past num_emit: stale
+        state.write(rows, lengths, verdict.tokens)  # past num_emit: stale
         # The pending token and the accepted drafts stay cached; idle slots ride along from 0 again.
         runner.set_lengths(rows, torch.where(state.busy[rows], lengths - 1 + verdict.num_emit, 0))
         if presence is not None:
@@ -214,7 +214,7 @@ class Acceptor:
         else:  # the same noise a verify pass would use to decide position len(prompt)
             u = uniforms(state.noise_keys[rows], lengths[:, None], STREAM_RESAMPLE)[:, 0]
             first = sample(probs_of(s, rows_sampling), u)
-        state.tokens[rows, lengths] = first
+        state.write(rows, lengths, first[:, None])
         if presence is not None:
             state.presence[rows, first] = True
         lp = logprobs_at(s[:, None], first[:, None], self.k)[:, 0] if self.k is not None else None
@@ -227,7 +227,7 @@ class Acceptor:
         presence = self.state.presence.clone() if self.state.presence is not None else None
         first, lp = self._first(rows, lengths, logits[: self.num_slots])
         # Only the new rows keep what was drawn: the others get back what they held.
-        self.state.tokens[rows, lengths] = torch.where(new, first, before)
+        self.state.write(rows, lengths, torch.where(new, first, before)[:, None])
         if presence is not None:
             self.state.presence.copy_(torch.where(new[:, None], self.state.presence, presence))
         if lp is not None:

@@ -49,9 +49,10 @@ from .shapes import kv_capacity
 from .slot_life import SlotLife
 from .slots import SlotState, SlotTable
 from .startup_costs import StartupCosts
+from .stats import Statistics, TokenCounts
 from .stops import StopRules
 from .threads import ThreadGuard
-from .verify_pass import TokenCounts, Verifier
+from .verify_pass import Verifier
 
 FILL_TOKENS = 1024  # prompt tokens a packed round prefills at most (see SpecBatchGenerator)
 FORCED_DRAFTS = 4  # drafts a grammar may force per row and round with drafter none (eager path)
@@ -116,6 +117,7 @@ class SpecBatchGenerator:
         stops = StopRules(tokenizer, eos_token_ids=eos_token_ids, max_seq_len=max_seq_len, device=self.device,
                           keep_stop=keep_stop)
         self.timers = Timers(self.device, sync=profile, counter=graphs.counter)  # phases.py: every stage's seconds
+        self.statistics = Statistics(max([k_max, *(t.depth for t in self.trees)]), k_max, self.timers)
         self.grammars = Grammars(tokenizer, vocab_size=vocab, eos_ids=sorted(stops.eos_ids), timers=self.timers)
         self.acceptor = Acceptor(self.runner, self.state, self.buffers, sampling=sampling, stops=stops, graphs=graphs,
                                  counter=graphs.counter, logprobs=defaults.max_logprobs, grammars=self.grammars)
@@ -130,12 +132,12 @@ class SpecBatchGenerator:
         self.scheduler = Scheduler(tokenizer, stops, life=self.life, vocab_size=vocab, max_seq_len=max_seq_len,
                                    defaults=defaults, k_max=k_max, trees=self.trees, static=self.static,
                                    fill_budget=fill_tokens if self.packed else 0, per_row=self.static_per_row,
-                                   payoff=payoff)
+                                   payoff=payoff, stats=self.statistics)
         self.startup: StartupCosts | None = None  # the costs adaptive speculation started from (the first run())
         self.admitter = Admitter(self.runner, self.state, self.acceptor, drafter)
         self._rows = HostBuffer((batch_size,), self.device)  # an eager round's rows
         self._lengths = HostBuffer((batch_size,), self.device)  # their lengths L (packed rounds)
-        self.verifier = Verifier(self.runner, self.state, drafter, self.scheduler)
+        self.verifier = Verifier(self.runner, self.state, drafter, self.scheduler, self.statistics)
         self.drafting = DraftStage(drafter, self.scheduler, self.acceptor, self.grammars, self.buffers,
                                    forced_max=self.forced_max, coupled=sampling.coupled, timers=self.timers)
         if self.static:
@@ -147,7 +149,7 @@ class SpecBatchGenerator:
 
     @property
     def stats(self):
-        return self.scheduler.stats.run
+        return self.statistics.run
 
     @property
     def adaptive(self) -> AdaptiveK | None:
@@ -155,8 +157,8 @@ class SpecBatchGenerator:
 
     @property
     def tokens(self) -> TokenCounts:
-        """What target forwards computed so far (verify_pass.TokenCounts)."""
-        return self.verifier.tokens
+        """What target forwards computed so far (stats.TokenCounts)."""
+        return self.statistics.forwards
 
     @property
     def timings(self) -> dict[str, float]:
@@ -175,16 +177,12 @@ class SpecBatchGenerator:
 
     def reset_stats(self) -> None:
         """Start the run statistics and phase times afresh (a benchmark's next repeat)."""
-        self.scheduler.stats.reset()
-        self.timers.reset()
-        self.verifier.tokens = TokenCounts()
+        self.statistics.reset()
 
     def continue_stats(self, stats: RunStats) -> None:
         """Count into `stats` from now on (an earlier generator's, widened to this one's drafts): one run's
         statistics across generators that follow each other (a self-training job's phases)."""
-        fresh = self.scheduler.stats.run
-        stats.widen(len(fresh.proposed_by_position), len(fresh.rounds_by_k) - 1)  # e.g. after drafter=none's k=0
-        self.scheduler.stats.run = stats
+        self.statistics.continue_into(stats)
 
     def stop_admitting(self) -> None:
         """Finish the requests in flight, take no new ones; run() then returns."""

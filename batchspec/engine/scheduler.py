@@ -35,7 +35,7 @@ class Scheduler:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: StopRules, *, life: SlotLife, vocab_size: int,
                  max_seq_len: int, defaults: Defaults, k_max: int, trees: tuple[TreeSpec, ...] = (),
                  static: bool = False, fill_budget: int = 0, per_row: bool = False,
-                 payoff: PayoffCheck | None = None):
+                 payoff: PayoffCheck | None = None, stats: Statistics):
         self.tokenizer, self.stops, self.adaptive, self.grammars = tokenizer, stops, life.adaptive, life.grammars
         self.payoff = payoff  # per-row rounds: epochs with and without drafting, compared (payoff.py)
         self.max_seq_len = max_seq_len
@@ -49,7 +49,7 @@ class Scheduler:
         self.intake_ = Intake(tokenizer, vocab_size=vocab_size, max_seq_len=max_seq_len, defaults=defaults,
                               grammars=self.grammars, no_constraints=no_constraints)
         self.life, self.slots = life, life.table
-        self.stats = Statistics(max([k_max, *(t.depth for t in trees)]), k_max)
+        self.stats = stats
         # What rows' new tokens do (outputs, grammars, stops, statistics, Results): postprocess.py.
         self.outcomes = RowOutcomes(self.slots, stops, self.grammars, self.stats, tokenizer)
         self.admitting = True

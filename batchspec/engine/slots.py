@@ -152,7 +152,7 @@ class SlotState:
         ids = self._prompts.put([p + [0] * (width - len(p)) for p in prompts])  # [n, W]
         seats = self._seats.put([slots, [len(p) for p in prompts], keys])
         rows = seats[0]
-        self.tokens[rows, :width] = ids
+        self.write(rows, torch.zeros_like(rows), ids)
         self.noise_keys[rows] = seats[2]
         self.busy[rows] = True
         values = self._rows.put([list(column) for column in zip(*sampling)])  # [fields, n]
@@ -164,3 +164,10 @@ class SlotState:
             seen = torch.zeros(len(slots), self.presence.shape[1], dtype=torch.int32, device=self.device)
             seen.scatter_add_(1, ids, inside.to(torch.int32))
             self.presence[rows] = seen > 0
+
+    def write(self, rows: torch.Tensor, starts: torch.Tensor, tokens: torch.Tensor) -> None:
+        """tokens [n, W] into the sequences of rows [n] at positions starts [n] .. starts + W - 1: a new
+        row's prompt, a round's drafts (where its verify pass reads them), the tokens a verdict emitted (stale
+        past each row's count) or a new row's first token. The one place a sequence is written."""
+        index = starts[:, None] + torch.arange(tokens.shape[1], device=self.device)
+        self.tokens[rows[:, None], index] = tokens

@@ -1,13 +1,12 @@
 """The verify pass: a round's one target forward over every deciding row's pending token and drafts (static:
 captured steps, a chain's packed over the running rows' own tokens (packed_static.py), a tree's over every
 slot; eager: the round's rows; packed: their own widths and new prompts' chunks in one forward,
-packed.py), and the tally of what target forwards computed (TokenCounts)."""
+packed.py); what each forward computed goes to the run's statistics (stats.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from .line import Line
 from .drafters import Drafter
 from .host_device import HostBuffer, wall
 from .packed import layout_round
@@ -15,19 +14,20 @@ from .round import Round, Verified
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .slots import SlotState
+from .stats import Statistics
 
 
 class Verifier:
-    """Runs the generator's verify passes on the target's runner; `tokens` counts what they computed. A packed
+    """Runs the generator's verify passes on the target's runner; `stats` counts what they computed. A packed
     pass's prompt chunks stay cached (their slots' lengths move on, samples copy a finished prompt), and a
     drafter that reads the target's hidden states (EAGLE) takes the chunks' in before that."""
 
-    def __init__(self, runner: ModelRunner, state: SlotState, drafter: Drafter, scheduler: Scheduler):
-        self.runner, self.state, self.drafter, self.scheduler = runner, state, drafter, scheduler
+    def __init__(self, runner: ModelRunner, state: SlotState, drafter: Drafter, scheduler: Scheduler,
+                 stats: Statistics):
+        self.runner, self.state, self.drafter, self.scheduler, self.stats = runner, state, drafter, scheduler, stats
         self.device, self.static, self.packed = runner.device, runner.static, runner.packs
         self.feature_layers = runner.feature_layers
         self._fills = HostBuffer((2, runner.num_slots), runner.device)  # the slots a round prefilled, their new lengths
-        self.tokens = TokenCounts()
 
     def run(self, round: Round) -> Verified:
         """One target forward over [pending token, drafts] of every row -> logits [b, W, V]."""
@@ -40,7 +40,7 @@ class Verifier:
     def _padded(self, round: Round) -> torch.Tensor:
         """Every row W tokens (the static path's trees, and eager rounds that are not packed)."""
         draft, width = round.draft, round.shape.width
-        self.tokens.add(len(round.rows) * width, sum(width - 1 - n for n in draft.host_num or [width - 1] * len(round.rows))
+        self.stats.forward(len(round.rows) * width, sum(width - 1 - n for n in draft.host_num or [width - 1] * len(round.rows))
                         + (len(round.rows) - len(round.running)) * width, 0)
         kv_len = max(round.lengths[i] for i in round.running) + width - 1
         if self.static:
@@ -60,7 +60,7 @@ class Verifier:
         kv_len = max(round.lengths[i] for i in round.running) + width - 1
         logits = self.runner.static_steps.verify_packed(widths, width, kv_len, self.state.tokens, round.buffers.drafts)
         n = self.runner.static_steps.token_bucket(sum(widths))
-        self.tokens.add(n, n - sum(widths), 0)
+        self.stats.forward(n, n - sum(widths), 0)
         return Verified(logits, (n, 0.0))  # its tokens; its time is not measured (a sync): the replay tables price it
 
     def _packed(self, round: Round) -> Verified:
@@ -73,14 +73,13 @@ class Verifier:
         layout = layout_round(round.rows, round.lengths, [1 + min(n, width - 1) for n in num], width, round.fills,
                               tree is not None)
         if width > 1:  # the drafts go where they will be verified: the forward reads its tokens from there
-            index = round.lengths_t[:, None] + torch.arange(width - 1, device=self.device)
-            self.state.tokens[round.rows_t[:, None], index] = draft.tokens
+            self.state.write(round.rows_t, round.lengths_t, draft.tokens)
         batch = self.runner.pack(layout.rows, keep=layout.keep, tree=tree)
         started = wall(self.device)
         logits = self.runner.forward_packed(self.state.tokens[batch.slots, batch.index], batch)
         forward = (batch.num_tokens, wall(self.device) - started)
         filled = round.chunk_tokens
-        self.tokens.add(batch.num_tokens, 0, filled, forward[1] * filled / batch.num_tokens, forward[1])
+        self.stats.forward(batch.num_tokens, 0, filled, forward[1] * filled / batch.num_tokens, forward[1])
         if self.feature_layers:  # before the commit hands the other samples their copies
             self.drafter.packed_forward([(other, start, count, layout.chunk_at[slot, start])
                                          for slot, start, count in round.fills
@@ -104,34 +103,3 @@ class Verifier:
         for src, dst, length in self.scheduler.filled(fills):
             self.runner.copy_prefix([src], [dst], length)
             self.runner.set_lengths(dst, length)
-
-
-class TokenCounts:
-    """What target forwards computed, over a run: tokens in all (padding included), padding tokens (the
-    rows' width beyond their own drafts, idle rows riding along), prompt tokens prefilled inside packed
-    rounds, and admission's share of those forwards' time two ways: in proportion to their prompt tokens
-    (`prefill_s`), and at the marginal cost of a token (`prefill_marginal_s`: the slope of forward time
-    against tokens, fitted over the run, times the prompt tokens; what the prompts add to forwards that
-    run anyway)."""
-
-    def __init__(self):
-        self.computed, self.padding, self.prefilled, self.prefill_s = 0, 0, 0, 0.0
-        self._cost = Line(decay=1.0)
-
-    def add(self, computed: int, padding: int, prefilled: int, prefill_s: float = 0.0,
-            seconds: float | None = None) -> None:
-        self.computed += computed
-        self.padding += padding
-        self.prefilled += prefilled
-        self.prefill_s += prefill_s
-        if seconds is not None:
-            self._cost.add(computed, seconds)
-
-    @property
-    def prefill_marginal_s(self) -> float:
-        fit = self._cost.fit()
-        return fit[1] * self.prefilled if fit else 0.0
-
-    def summary(self) -> dict:
-        return {"computed": self.computed, "padding": self.padding, "prefilled": self.prefilled,
-                "prefill_s": self.prefill_s, "prefill_marginal_s": self.prefill_marginal_s}
