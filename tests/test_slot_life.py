@@ -1,7 +1,8 @@
 """A slot's life in one place (engine/slot_life.py): whenever a slot is free, the parts that keep state per slot
 have forgotten its last row, and whenever it runs a row, that row's state is there.
 
-The parts checked: the host record (SlotTable), the slot's device state (`busy`), the target's cache length, a
+The parts checked: the host record (SlotTable), the slot's device state (`busy`), the target's cache length (a
+running row's: its host length L less the pending token), a
 lookup drafter's queue, and a constrained row's grammar matcher. (Adaptive speculation's per-row acceptance is
 reset when the next row takes the slot.) Checked at every Result of jobs whose slots are reused several times
 (11 rows, 3 slots), on the eager (packed) path and the static one, with rows of several lengths, constrained
@@ -38,6 +39,8 @@ def check(generator, constrained_seen: list[int]) -> tuple[int, int]:
             assert slot not in drafter.pending, slot
         else:
             assert busy[slot] and slot in drafter.pending, slot
+            if not record.awaiting_first:  # the host's L (prompt + output) and the target's cache, L - 1, agree
+                assert lengths[slot] == record.length - 1 == len(record.prompt_ids) + len(record.output) - 1, slot
             constrained = record.request.params is not None and record.request.params.regex is not None
             assert (slot in generator.grammars.rows) == constrained, slot
             constrained_seen.append(constrained)

@@ -123,7 +123,6 @@ class RowOutcomes:
                     continue
             before = len(record.output)
             record.output.extend(new)
-            record.length += len(new)
             _add_logprobs(record, outcome.logprobs[i] if outcome.logprobs else [])
             problem, hit_eos, hit_stop = self._take(slot, record, len(new), outcome.hit_eos[i])
             if problem:

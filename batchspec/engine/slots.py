@@ -1,7 +1,7 @@
 """Which request sits in which slot: host records (`SlotTable`) and the per-slot device state (`SlotState`).
 
-The host record (`Slot`) holds what stops, statistics and results need: the output so far and the
-sequence length L (prompt + output). The device state holds what a round reads without a host sync:
+The host record (`Slot`) holds what stops, statistics and results need: the output so far, and from it
+the sequence length L (prompt + output). The device state holds what a round reads without a host sync:
 every slot's sequence, its noise key and (for the repetition penalty) which tokens its context contains.
 The target's cached length, L - 1, lives in its ModelRunner; the host's L is updated from each round's
 one host read.
@@ -25,7 +25,6 @@ class Slot:
 
     request: Request
     prompt_ids: list[int]
-    length: int  # tokens in seq (prompt + output), the first token included while it is awaited
     started: float
     max_new_tokens: int
     stop: tuple[str, ...] = ()
@@ -52,6 +51,12 @@ class Slot:
     @property
     def num_output(self) -> int:
         return len(self.output) + self.awaiting_first
+
+    @property
+    def length(self) -> int:
+        """Tokens in seq (prompt + output), the first token included while it is awaited: the L of a round
+        (the target's cache holds L - 1; derived, never stored, so that a cut output cannot leave it behind)."""
+        return len(self.prompt_ids) + self.num_output
 
     def room(self, max_seq_len: int) -> int:
         """Drafts this row could propose before its max_new_tokens or max_seq_len (the overflow guard); 0
@@ -115,8 +120,8 @@ class SlotTable:
     def occupy(self, slot: int, request: Request, prompt_ids: list[int], *, max_new_tokens: int,
                stop: tuple[str, ...], logprobs: int | None) -> Slot:
         # The prefill is the request's first target forward; it drafts nothing, so it accepts 0. Its first
-        # token is counted in `length` now and appended to the output when it reaches the host.
-        record = Slot(request=request, prompt_ids=prompt_ids, length=len(prompt_ids) + 1, started=time.perf_counter(),
+        # token counts in `length` (awaiting_first) until it reaches the host and joins the output.
+        record = Slot(request=request, prompt_ids=prompt_ids, started=time.perf_counter(),
                       max_new_tokens=max_new_tokens, stop=stop, logprobs=logprobs,
                       accepted_per_round=[0], drafts_per_round=[0], tree_per_round=[""])
         self.records[slot] = record

@@ -53,7 +53,7 @@ class StopRules:
 
     def cut_at_stop(self, slot: Slot, num_new: int) -> bool:
         """Whether the output contains one of the slot's stop strings once its last `num_new` tokens are
-        added; if so the output (and the slot's length) is cut to the tokens that produced it, and the
+        added; if so the output is cut to the tokens that produced it, and the
         slot's stop_reason is the stop string."""
         return bool(slot.stop) and self._cut_at_stop(slot, num_new)
 
@@ -75,7 +75,6 @@ class StopRules:
             found = [s for s in slot.stop if s in text]
             if found:
                 slot.stop_reason = min(found, key=text.find)
-                slot.length -= len(output) - n
                 del output[n:]
                 return True
         slot.stop_reason = next(s for s in slot.stop if s in tail)  # bytes joined only in the tail's decode
