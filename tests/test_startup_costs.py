@@ -11,7 +11,7 @@ import pytest
 
 import batchspec
 from batchspec.engine.costs import PackedCosts, RoundCost
-from batchspec.engine.row_drafts import Prices, pays_at_best
+from batchspec.engine.row_drafts import Prices, choose_drafts, pays_at_best
 from batchspec.engine.startup_costs import StartupCosts, budget, cache_key, load_or_measure, token_counts
 from conftest import MAX_NEW
 from tiny import PROMPTS
@@ -198,6 +198,66 @@ def test_the_cost_model_prices_the_forward_by_its_measured_curve_at_the_rounds_l
     few = PackedCosts()
     few.start_from(StartupCosts(points[:3], ()))
     assert few.curve == () and few.prices().curve == ()
+
+
+PLAIN_CURVE = ((8, 0.0120), (9, 0.0120), (16, 0.0160), (24, 0.0200))  # 8 -> 9 free at start, as measured
+
+
+def rounds_over_their_price(costs: PackedCosts, drafts: int, over: float, count: int, exploring: bool = False):
+    """`count` rounds of 8 rows (lookups: no drafting forwards), each `over` seconds more than the prices say."""
+    for _ in range(count):
+        verify_s = costs.prices(per_round=False).forward(8 + drafts)
+        price = costs.prices(per_round=False).seconds(8 + drafts, 0, drafts)
+        costs.observe(RoundCost(shape=min(drafts, 1), rows=8, seconds=price + over, drafts=drafts, tokens=8 + drafts,
+                                verify_s=verify_s, exploring=exploring))
+
+
+@pytest.mark.parametrize("case,few_rounds,few_over,exploring,per_round", [
+    ("before any round with a few drafts", 0, 0.0005, False, 0.0),
+    ("two such rounds: not yet", 2, 0.0005, False, 0.0),
+    ("three: the excess over plain rounds'", 3, 0.0005, False, 0.0005),
+    ("rounds as cheap as priced", 12, 0.0, False, 0.0),
+    ("cheaper than priced: never below 0", 12, -0.0003, False, 0.0),
+    ("exploring rounds teach nothing", 12, 0.0005, True, 0.0),
+])
+def test_a_round_with_drafts_pays_what_its_few_draft_rounds_cost_over_their_price(case, few_rounds, few_over,
+                                                                                 exploring, per_round):
+    """Rounds with fewer drafts than a quarter of their rows (one lookup draft on 8 rows) teach what a round pays
+    for drafting at all: their seconds over their price, less plain rounds' (here 0.1 ms over theirs, the prices'
+    common error), once 3 are seen."""
+    costs = PackedCosts()
+    costs.start_from(StartupCosts(PLAIN_CURVE, ()))
+    rounds_over_their_price(costs, 0, 0.0001, 20)
+    rounds_over_their_price(costs, 1, 0.0001 + few_over, few_rounds, exploring)
+    assert costs.per_round == pytest.approx(per_round, abs=1e-9), case
+    prices = costs.prices()
+    assert prices.per_round == pytest.approx(per_round, abs=1e-9)
+    assert prices.seconds(9, 0, 1) - prices.seconds(8, 0, 0) == pytest.approx(
+        costs.prices(per_round=False).seconds(9, 0, 1) - prices.seconds(8, 0, 0) + per_round, abs=1e-9)
+
+
+def test_rounds_with_many_drafts_teach_the_rest_net_of_the_per_round_price():
+    """Once a round's drafting price is known, rounds with many drafts (8 on 8 rows) teach the rest of a round its
+    price per draft without it: 0.5 ms a round and 0.1 ms a draft are read apart, not 0.16 ms a draft."""
+    costs = PackedCosts()
+    costs.start_from(StartupCosts(PLAIN_CURVE, ()))
+    rounds_over_their_price(costs, 0, 0.0, 20)
+    rounds_over_their_price(costs, 1, 0.0005, 6)
+    assert costs.per_round == pytest.approx(0.0005, abs=1e-9)
+    rest_s = costs.rest.fit()[0]
+    for _ in range(40):
+        costs.observe(RoundCost(shape=1, rows=8, seconds=0.0160 + rest_s + 0.0005 + 8 * 0.0001, drafts=8, tokens=16,
+                                verify_s=0.0160))
+    assert costs.rest.fit()[1] == pytest.approx(0.0001, rel=1e-3)
+    assert costs.per_round == pytest.approx(0.0005, abs=1e-9)
+
+
+@pytest.mark.parametrize("per_round,drafts", [(0.0, [1] + [0] * 7), (0.0005, [0] * 8)])
+def test_a_lone_draft_pays_for_the_round_it_drafts_in(per_round, drafts):
+    """One row at acceptance 0.3 on 8 (its draft adds 0.3 of a token to 8): free at 8 -> 9 tokens it is taken;
+    at 0.5 ms for drafting at all (4% of a 12 ms round, more than the 0.3 / 8 it gains) it is not."""
+    prices = Prices(0.0, 0.0005, curve=PLAIN_CURVE, per_round=per_round)
+    assert choose_drafts([[0.3]] + [[0.0]] * 7, 8, prices, False)[0] == drafts
 
 
 def test_a_generator_measures_once_and_a_second_reads_the_cache(llama_pair, caplog, monkeypatch, tmp_path):

@@ -47,6 +47,7 @@ class CostModel(Protocol):
 
 CURVE_POINTS = 4  # forwards measured at start at this many N or more price N by their curve (row_drafts.Prices)
 FEW_DRAFTS = 4  # a round with fewer drafts than a quarter of its rows does not price a draft's host work
+EXCESS_ROUNDS = 3  # few-draft rounds seen before their excess over the prices is charged to a drafting round
 
 
 def rest_of(round: RoundCost) -> float:
@@ -153,11 +154,16 @@ class PackedCosts:
     level: list[float] = field(default_factory=lambda: [1.0, 1.0])  # decayed sums of the rounds' forward
     #   seconds and of the curve's price of them: their ratio scales the curve (the job's attended lengths and
     #   the machine's speed move it; its shape in N is the start's)
+    excess: Line = field(default_factory=lambda: Line(proportional=False))  # few-draft rounds' seconds over
+    #   their price (their mean: x is always 0)
+    plain_excess: Line = field(default_factory=lambda: Line(proportional=False))  # plain rounds' alike
 
     def observe(self, round: RoundCost) -> None:
         """A packed round: its forward's tokens and seconds, each drafting forward's, and the rest of its wall
         time by the drafts it verified (not a round that prefilled prompt chunks, nor forwards past `span`)."""
         verify_span, step_span = self.span or (None, None)
+        price = (self.prices(per_round=False).seconds(round.tokens, len(round.steps), round.drafts)
+                 if self.known and not round.prompt_tokens else None)  # before this round teaches the lines
         # A drafting forward that fed prompts or caught rows up, or an exploring round (one draft on a row or
         # two: a drafting round's own host work, ~1 ms here, would be read as the price of each draft), does
         # not teach the rest of a round its price per draft.
@@ -179,8 +185,23 @@ class PackedCosts:
         # Nor does a round whose drafts are few against its rows: its drafting rows' host work that is not per
         # draft (a lookup's rows first learning the tokens they queued while they drafted nothing: ~0.3 ms a
         # row on a held-out pair at batch 32, 2026-12-02) would be read as the price of each of its drafts.
-        if not fed and (round.drafts == 0 or FEW_DRAFTS * round.drafts >= round.rows):
-            self.rest.add(round.drafts, rest_of(round))
+        # It teaches what a round pays for drafting at all (`per_round`): its seconds over their price, against
+        # plain rounds' (the prices' common error); the other rounds' rest is learnt net of it.
+        if fed:
+            return
+        few = 0 < round.drafts and FEW_DRAFTS * round.drafts < round.rows
+        if not few:
+            self.rest.add(round.drafts, rest_of(round) - (self.per_round if round.drafts else 0.0))
+        if price is not None and (few or not round.drafts):
+            (self.excess if few else self.plain_excess).add(0, round.seconds - price)
+
+    @property
+    def per_round(self) -> float:
+        """What a round with drafts pays beyond its drafts' prices (Prices.per_round): few-draft rounds' seconds
+        over their price less plain rounds', once EXCESS_ROUNDS few-draft rounds are seen (0 before)."""
+        if self.excess.n < EXCESS_ROUNDS or not self.plain_excess.known:
+            return 0.0
+        return max(self.excess.fit()[0] - self.plain_excess.fit()[0], 0.0)
 
     def start_from(self, costs: StartupCosts) -> None:
         """The points measured at start (startup_costs.py): the verify and step lines are anchored on them
@@ -201,15 +222,17 @@ class PackedCosts:
     def known(self) -> bool:
         return (self.verify.anchor is not None or self.verify.w >= 2) and self.rest.w > 0
 
-    def prices(self) -> Prices:
-        """The round's cost model as row_drafts.Prices (call when `known`)."""
+    def prices(self, per_round: bool = True) -> Prices:
+        """The round's cost model as row_drafts.Prices (call when `known`); per_round: with what a round pays for
+        drafting at all."""
         a, b = self.verify.fit()
         step, draft = self.step.fit() or (0.0, 0.0)
         rest, checking = self.rest.fit()
+        extra = self.per_round if per_round else 0.0
         if self.curve:  # the measured shape at the rounds' level; the line's slope only past its ends
             scale = self.level[0] / max(self.level[1], 1e-12)
-            return Prices(rest, b, step, draft + checking, tuple((n, scale * t) for n, t in self.curve), draft)
-        return Prices(rest + a, b, step, draft + checking, per_fed=draft)
+            return Prices(rest, b, step, draft + checking, tuple((n, scale * t) for n, t in self.curve), draft, extra)
+        return Prices(rest + a, b, step, draft + checking, per_fed=draft, per_round=extra)
 
 
 @dataclass

@@ -3,7 +3,7 @@
 A packed round (packed.py) costs by what it computes, so each row's drafts can be priced apart. Row i
 with k_i drafts emits E_i(k_i) tokens in expectation (adaptive.py's acceptance model), and the round takes
 
-    T(k) = fixed + forward(N) + per_step * S + per_draft * D
+    T(k) = fixed + forward(N) + per_step * S + per_draft * D  (+ per_round when D > 0)
 
 seconds (`Prices`, from costs.PackedCosts; forward(N) = per_token * N, or the forward's times measured at
 start, interpolated): N = base + D tokens in the target forward (base: one pending
@@ -34,7 +34,10 @@ class Prices:
     their piecewise-linear interpolation (per_token past either end) instead of per_token * N. A CPU's forward is
     not a line in N: SmolLM2-135M at batch 8 took 45 ms at 8 tokens, 52 at 9, 75 at 15 and 64 at 16 (2 cores,
     2026-12-04), so that a line through 8, 16 and 24 priced a first draft 2 ms where it cost 7. `per_fed`: a
-    drafting forward's price of a token it feeds (its line's slope), for the tokens a row's draft cache lacks."""
+    drafting forward's price of a token it feeds (its line's slope), for the tokens a row's draft cache lacks.
+    `per_round`: what a round pays for drafting at all, whatever its drafts (host work of a round with drafts,
+    and what the forward's measured curve misses just past the batch's plain N): on a held-out pair at batch 8,
+    T = 0.7, a round with one lookup draft took 0.5 ms (4%) more than a plain one where the prices said 0.1."""
 
     fixed: float
     per_token: float
@@ -42,9 +45,11 @@ class Prices:
     per_draft: float = 0.0
     curve: tuple[tuple[int, float], ...] = ()
     per_fed: float = 0.0
+    per_round: float = 0.0
 
     def seconds(self, tokens: int, steps: int, drafts: int) -> float:
-        return self.fixed + self.forward(tokens) + self.per_step * steps + self.per_draft * drafts
+        return (self.fixed + self.forward(tokens) + self.per_step * steps + self.per_draft * drafts
+                + (self.per_round if drafts > 0 else 0.0))
 
     def forward(self, tokens: int) -> float:
         """The target forward's seconds at `tokens` tokens."""
@@ -59,7 +64,8 @@ class Prices:
 
     def added(self, base_tokens: int, drafts: int) -> float:
         """What `drafts` drafted tokens (no drafting forwards) add to a round of base_tokens."""
-        return self.forward(base_tokens + drafts) - self.forward(base_tokens) + self.per_draft * drafts
+        return (self.forward(base_tokens + drafts) - self.forward(base_tokens) + self.per_draft * drafts
+                + (self.per_round if drafts > 0 else 0.0))
 
     def decoding(self, base_tokens: int, decode_tokens: int) -> Prices:
         """These prices with a round of base_tokens valued as one of decode_tokens: a round that also
