@@ -252,6 +252,20 @@ def test_rounds_with_many_drafts_teach_the_rest_net_of_the_per_round_price():
     assert costs.per_round == pytest.approx(0.0005, abs=1e-9)
 
 
+def test_rounds_with_drafting_forwards_teach_no_per_round_price():
+    """A draft model's few-draft rounds (one draft on 8 rows) whose drafting forward fed 12 tokens the row's draft
+    cache lacked, 5 ms where the step line prices 1 ms: that is the row's catch-up, which exploration prices apart
+    (Prices.per_fed), not what a round pays for drafting at all; such rounds leave per_round at 0."""
+    costs = PackedCosts()
+    costs.start_from(StartupCosts(PLAIN_CURVE, ((1, 0.0010), (8, 0.0017))))
+    rounds_over_their_price(costs, 0, 0.0, 20)
+    for _ in range(6):
+        verify_s = costs.prices(per_round=False).forward(9)
+        costs.observe(RoundCost(shape=1, rows=8, seconds=verify_s + 0.005 + 0.001, drafts=1, tokens=9,
+                                verify_s=verify_s, steps=((12, 0.005),)))
+    assert costs.excess.n == 0 and costs.per_round == 0.0 and costs.prices().per_round == 0.0
+
+
 @pytest.mark.parametrize("per_round,drafts", [(0.0, [1] + [0] * 7), (0.0005, [0] * 8)])
 def test_a_lone_draft_pays_for_the_round_it_drafts_in(per_round, drafts):
     """One row at acceptance 0.3 on 8 (its draft adds 0.3 of a token to 8): free at 8 -> 9 tokens it is taken;
