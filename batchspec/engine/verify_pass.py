@@ -40,8 +40,9 @@ class Verifier:
     def _padded(self, round: Round) -> torch.Tensor:
         """Every row W tokens (the static path's trees, and eager rounds that are not packed)."""
         draft, width = round.draft, round.shape.width
-        self.stats.forward(len(round.rows) * width, sum(width - 1 - n for n in draft.host_num or [width - 1] * len(round.rows))
-                        + (len(round.rows) - len(round.running)) * width, 0)
+        num = draft.host_num or [width - 1] * len(round.rows)
+        padding = sum(width - 1 - n for n in num) + (len(round.rows) - len(round.running)) * width
+        self.stats.forward(len(round.rows) * width, padding, 0)
         kv_len = max(round.lengths[i] for i in round.running) + width - 1
         if self.static:
             return self.runner.forward(draft.tokens, kv_len=kv_len, tree=round.tree, seqs=self.state.tokens,
