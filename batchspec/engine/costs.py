@@ -166,10 +166,10 @@ class PackedCosts:
         # model's row that drafts after plain rounds first feeds what its cache lacks, which its exploration
         # prices apart (Prices.per_fed); charged to every round, it took a draft model on a held-out pair at
         # batch 32 from 1.08x drafter none to 1.02x (2 CPU cores, side by side).
-        few = 0 < round.drafts and FEW_DRAFTS * round.drafts < round.rows and not round.steps
+        sparse = 0 < round.drafts and FEW_DRAFTS * round.drafts < round.rows  # fewer drafts than a quarter of rows
         price = (self.prices(per_round=False).seconds(round.tokens, 0, round.drafts)
                  if self.known and not (round.prompt_tokens or round.exploring or round.steps)
-                 and (few or not round.drafts) else None)  # before this round teaches the lines
+                 and (sparse or not round.drafts) else None)  # before this round teaches the lines
         # A drafting forward that fed prompts or caught rows up, or an exploring round (one draft on a row or
         # two: a drafting round's own host work, ~1 ms here, would be read as the price of each draft), does
         # not teach the rest of a round its price per draft.
@@ -195,10 +195,10 @@ class PackedCosts:
         # plain rounds' (the prices' common error); the other rounds' rest is learnt net of it.
         if fed:
             return
-        if not (0 < round.drafts and FEW_DRAFTS * round.drafts < round.rows):
+        if not sparse:
             self.rest.add(round.drafts, rest_of(round) - (self.per_round if round.drafts else 0.0))
         if price is not None:
-            (self.excess if few else self.plain_excess).add(0, round.seconds - price)
+            (self.excess if round.drafts else self.plain_excess).add(0, round.seconds - price)
 
     @property
     def per_round(self) -> float:

@@ -64,8 +64,7 @@ class Prices:
 
     def added(self, base_tokens: int, drafts: int) -> float:
         """What `drafts` drafted tokens (no drafting forwards) add to a round of base_tokens."""
-        return (self.forward(base_tokens + drafts) - self.forward(base_tokens) + self.per_draft * drafts
-                + (self.per_round if drafts > 0 else 0.0))
+        return self.seconds(base_tokens + drafts, 0, drafts) - self.seconds(base_tokens, 0, 0)
 
     def decoding(self, base_tokens: int, decode_tokens: int) -> Prices:
         """These prices with a round of base_tokens valued as one of decode_tokens: a round that also
