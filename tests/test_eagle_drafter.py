@@ -87,7 +87,7 @@ def test_rounds_that_draft_nothing_skip_the_head_and_lose_nothing(monkeypatch, p
 
     def draft_some(self, round, spec):
         if pattern(len(forwards)):
-            round = dataclasses.replace(round, budgets=[0] * len(round.budgets))
+            round = dataclasses.replace(round, chosen=[0] * len(round.budgets))
         forwards.append(None)
         return propose(self, round, spec)
 

@@ -5,9 +5,9 @@ Scheduler schedules (scheduler.py), the draft stage (drafting.py) asks a Drafter
 shape the Scheduler's controller (adaptive.py) chooses, the Verifier (verify_pass.py) runs a ModelRunner's
 forward (runner.py, over the slot KV cache in kv_cache.py), the Acceptor (accept.py) decides with the pure
 functions of sampling.py and verdict.py (tree.py for tree drafts), and postprocess.py turns the verdict into
-outputs and stops (the commit). Stages that call the Scheduler rather than only read its round: the draft stage
-(`skip_hopeless`, `choose`: the round's shape), the Verifier (`samples_of`: which samples of a request share a
-prompt; `filled`: the prompt chunks the round cached), and the Admitter (`fill_in_rounds`, and the first tokens
-and prompt logprobs of the rows it seated, through the Scheduler's outcomes). A slot's seat on the host and its
+outputs and stops (the commit). The one stage that calls the Scheduler rather than only read its round is
+the draft stage (`choose`: the round's shape and each row's drafts, made once the drafts or the limits are on
+the table); the verify pass reads the prompt chunks and the cache copies the plan booked, and admission's device
+side returns a value (`Seated`) that the generator hands to the Scheduler (`seated`). A slot's seat on the host and its
 release are in one place (slot_life.py), which tells every part that keeps state per slot; the seat's device
 side is the prefill (admission.py)."""

@@ -1,6 +1,7 @@
 """Admission: new rows' prompts into their slots, the target's prefill (once per prompt: the samples of one
-request admitted together copy its cache), the drafter's admission, the first tokens; then the host's
-part, handed to the scheduler (prompt logprobs, the first tokens) and the drafter (their extend).
+request admitted together copy its cache), the drafter's admission, the first tokens. The device side
+returns a value (`Seated`) that the host's part reads (Scheduler.seated: the rows packed rounds fill in,
+prompt logprobs, the first tokens); then the drafter extends the rows that go on by their first tokens.
 
 The prefill is eager and ragged on the eager path, captured chunks on the static path; eagerly also on
 the static path (a documented exception) for rows that want their prompt's logprobs (every position's
@@ -19,16 +20,18 @@ from .accept import Acceptor
 from .drafters import Drafter
 from .runner import ModelRunner
 from .sampling import logprobs_at
-from .scheduler import Scheduler
 from .slots import SlotState
 
 
 @dataclass(slots=True)
 class Seated:
-    """What admission hands the host: eagerly the first tokens and their logprobs blocks (None on the static
-    path, where the next round's verdict carries them), and (slot, blocks, k) of rows that asked for their
-    prompt's logprobs."""
+    """What admission hands the host: the seats whose prompts packed rounds fill in (`later`), the seats
+    prefilled here (`now`), eagerly their first tokens and logprobs blocks (None on the static path, where
+    the next round's verdict carries them), and (slot, blocks, k) of rows that asked for their prompt's
+    logprobs."""
 
+    later: list = field(default_factory=list)
+    now: list = field(default_factory=list)
     tokens: list[int] | None = None
     logprobs: list[list[float]] | None = None
     prompt_logprobs: list[tuple[int, list, int]] = field(default_factory=list)
@@ -39,31 +42,27 @@ class Admitter:
         self.runner, self.state, self.acceptor, self.drafter = runner, state, acceptor, drafter
         self.device, self.static, self.packed = runner.device, runner.static, runner.packs
 
-    def admit(self, seats, scheduler: Scheduler) -> list[tuple[int, Result]]:
-        """New rows' device side (seat), then the host's (the scheduler's): prompt logprobs, and eagerly the
-        first tokens at once (on the static path the next round's verdict carries them). Packed rounds
-        prefill the other rows' prompts themselves: only their sequences and the drafter's admission happen
-        here. Returns the rows their first token finished (slot, Result): the caller releases them."""
-        if self.packed:
-            later = [s for s in seats if s.admission.prompt_logprobs is None]
-            if later:
-                self.seat_later(later)
-                scheduler.fill_in_rounds(later)
-            seats = [s for s in seats if s not in later]
-            if not seats:
-                return []
-        seated = self.seat(seats)
-        for slot, blocks, k in seated.prompt_logprobs:
-            scheduler.outcomes.set_prompt_logprobs(slot, blocks, k)
+    def admit(self, seats) -> Seated:
+        """New rows' device side: prompt logprobs, and eagerly the first tokens at once (on the static path
+        the next round's verdict carries them). Packed rounds prefill the other rows' prompts themselves: only
+        their sequences and the drafter's admission happen here (Seated.later)."""
+        later = [s for s in seats if s.admission.prompt_logprobs is None] if self.packed else []
+        if later:
+            self.seat_later(later)
+        now = [s for s in seats if s not in later]
+        seated = self.seat(now) if now else Seated()
+        seated.later, seated.now = later, now
+        return seated
+
+    def extend(self, seated: Seated, finished: list[tuple[int, Result]]) -> None:
+        """The drafter takes the first tokens of the rows admission decided that go on (finished: the rows
+        whose first token ended them)."""
         if seated.tokens is None:
-            return []
-        slots = [s.slot for s in seats]
-        finished = scheduler.outcomes.first_tokens(slots, seated.tokens, seated.logprobs)
+            return
         done = {slot for slot, _ in finished}
-        going = [(slot, token) for slot, token in zip(slots, seated.tokens) if slot not in done]
+        going = [(seat.slot, token) for seat, token in zip(seated.now, seated.tokens) if seat.slot not in done]
         if going:
             self.drafter.extend([s for s, _ in going], [[t] for _, t in going], [0] * len(going))
-        return finished
 
     def seat_later(self, seats) -> None:
         """Rows whose prompts packed rounds prefill: their sequences and settings, and the drafter's admission."""

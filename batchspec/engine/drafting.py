@@ -40,13 +40,13 @@ class DraftStage:
     def run(self, round: Round) -> Round:
         drafter, scheduler, draft = self.drafter, self.scheduler, None
         if drafter.policy.propose_first and scheduler.adaptive is not None:
-            offered = drafter.propose(replace(round, budgets=scheduler.skip_hopeless(round)))
+            offered = drafter.propose(round)  # up to the plan's limits
             shape, budgets = scheduler.choose(round, offered.host_num, offered.priors)
             if shape.tree is None:
                 draft = offered.cut(budgets, self.buffers) if scheduler.per_row else offered.truncate(shape.drafts)
         else:
             shape, budgets = scheduler.choose(round)
-        round = replace(round, shape=shape, budgets=budgets)
+        round = replace(round, shape=shape, chosen=budgets)
         if self.coupled:
             # A packed chain round's row i drafts at most budgets[i]: its noise is needed at positions
             # 0 .. budgets[i] only (a grammar may force drafts past a budget: then every position).

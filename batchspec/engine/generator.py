@@ -137,7 +137,7 @@ class SpecBatchGenerator:
         self.admitter = Admitter(self.runner, self.state, self.acceptor, drafter)
         self._rows = HostBuffer((batch_size,), self.device)  # an eager round's rows
         self._lengths = HostBuffer((batch_size,), self.device)  # their lengths L (packed rounds)
-        self.verifier = Verifier(self.runner, self.state, drafter, self.scheduler, self.statistics)
+        self.verifier = Verifier(self.runner, self.state, drafter, self.statistics)
         self.drafting = DraftStage(drafter, self.scheduler, self.acceptor, self.grammars, self.buffers,
                                    forced_max=self.forced_max, coupled=sampling.coupled, timers=self.timers)
         if self.static:
@@ -271,7 +271,12 @@ class SpecBatchGenerator:
     def _admit(self) -> list[Result]:
         with self.timers.phase("admit"):
             seats, errors = self.scheduler.intake()
-            return errors + (self._release(self.admitter.admit(seats, self.scheduler)) if seats else [])
+            if not seats:
+                return errors
+            seated = self.admitter.admit(seats)  # the device side, a value the host's part reads
+            finished = self.scheduler.seated(seated)
+            self.admitter.extend(seated, finished)
+            return errors + self._release(finished)
 
     def _release(self, finished: list[tuple[int, Result]]) -> list[Result]:
         """The finished rows' slots released (slot_life.py); their Results."""

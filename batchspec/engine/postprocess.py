@@ -21,22 +21,20 @@ from .verdict import RoundOutcome
 class Emitted:
     """A round's outcome per running row that goes on: the tokens it emitted (a new row's first token in
     front), the drafts it had accepted and a tree round's deepest accepted node (what the drafter learns),
-    its budget and cut counts (what adaptive speculation learns)."""
+    and its cut counts (what adaptive speculation learns, with the round's `chosen`: a row that emitted by
+    a grammar's forced drafts counts no draft)."""
 
     slots: list[int]
     tokens: list[list[int]]
     num_accepted: list[int]
     path: list[int] | None
-    budgets: list[int]
     counts: list[RowCounts]
 
-    def add(self, slot: int, tokens: list[int], num_accepted: int, budget: int, counts: RowCounts,
-            node: int = 0) -> None:
+    def add(self, slot: int, tokens: list[int], num_accepted: int, counts: RowCounts, node: int = 0) -> None:
         """A row that goes on (node: a tree round's deepest accepted node)."""
         self.slots.append(slot)
         self.tokens.append(tokens)
         self.num_accepted.append(num_accepted)
-        self.budgets.append(budget)
         self.counts.append(counts)
         if self.path is not None:
             self.path.append(node)
@@ -103,7 +101,7 @@ class RowOutcomes:
         shape = round.shape
         self.stats.round(shape)
         finished: list[tuple[int, Result]] = []
-        emitted = Emitted([], [], [], [] if shape.tree is not None else None, [], [])
+        emitted = Emitted([], [], [], [] if shape.tree is not None else None, [])
         for i in round.running:
             slot, record, new = round.rows[i], self.slots[round.rows[i]], outcome.emitted[i]
             head = []
@@ -112,7 +110,7 @@ class RowOutcomes:
                 if result is not None:
                     finished.append((slot, result))
                     continue
-                emitted.add(slot, new, 0, 0, cut_counts(0, 0, 0, 1))
+                emitted.add(slot, new, 0, cut_counts(0, 0, 0, 1))
                 continue
             if record.awaiting_first:  # its first token arrives with this round (the static path)
                 head = [outcome.pending[i]]
@@ -133,8 +131,7 @@ class RowOutcomes:
             row = cut_counts(outcome.num_drafts[i], positions, outcome.num_accepted[i], len(record.output) - before)
             self.stats.row(record, shape, row, forced=bool(forced))
             # A grammar's forced drafts say nothing about the drafter: adaptive speculation does not learn from them.
-            emitted.add(slot, head + new, outcome.num_accepted[i], 0 if forced else round.budgets[i],
-                        cut_counts(0, 0, 0, 1) if forced else row,
+            emitted.add(slot, head + new, outcome.num_accepted[i], cut_counts(0, 0, 0, 1) if forced else row,
                         outcome.last_node[i] if emitted.path is not None else 0)
             reason = self._finish_reason(slot, record, hit_eos, hit_stop)
             if reason is not None:

@@ -6,9 +6,11 @@ the running requests on the eager path. Host lists have b entries, tensors b row
 one row per slot and a round uses their first b rows.
 
 Records are values, built by the stage that owns them and only read after (generator.step):
-  schedule  -> Round with its rows, lengths, room, prompt chunks and the most drafts each row may propose
-  draft     -> the same Round with its shape, each row's number of drafts (`budgets`), the drafts, the
-               coupled noise, a tree's geometry and the drafts a grammar forced (dataclasses.replace)
+  schedule  -> Round with its rows, lengths, room, prompt chunks and the plan's most drafts each row may
+               propose (`limits`: 0 for rows whose drafts cannot pay, so that a lookup does not propose them)
+  draft     -> the same Round with its shape, each row's chosen number of drafts (`chosen`, the one list
+               drafters read as `budgets`), the drafts, the coupled noise, a tree's geometry and the drafts a
+               grammar forced (dataclasses.replace)
   verify    -> Verified: the target's logits and what the forward cost
   accept    -> Outcome (accept.py)      postprocess -> Emitted (postprocess.py)
 """
@@ -139,16 +141,34 @@ class Round:
     lengths_t: torch.Tensor  # [b] the same on the device
     running: list[int]  # indices into rows of the running requests
     room: list[int]  # [b] drafts each row has room for before its limits (0 for idle slots)
-    budgets: list[int]  # [b] drafts each row may propose this round (<= room)
+    limits: list[int]  # [b] the plan's most drafts each row may propose (<= room; 0: it drafts nothing)
     static: bool  # every slot, static shapes (the captured path)
     state: SlotState | None = None  # the slots' sequences, noise keys and repetition context (device)
     buffers: RoundBuffers | None = None
     shape: RoundShape | None = None  # set before drafting, or after it for drafters that propose first
+    chosen: list[int] | None = None  # [b] the choice's drafts per row (<= limits; a tree: its depth), set once
     gumbel: torch.Tensor | None = None  # [b, >= width, V] coupled noise for positions L .. L + width - 1
     draft: Draft | None = None
     tree: TreeShape | None = None  # a tree round's geometry (rows [b])
     fills: list[tuple[int, int, int]] = field(default_factory=list)  # packed: prompt chunks (slot, start, count)
+    fill_slots: list[list[int]] = field(default_factory=list)  # per chunk, the slots that take it: its own and the
+    #   other samples of its request that copy its prompt cache (a drafter that reads hidden states takes them in)
+    copies: list[tuple[int, int, int]] = field(default_factory=list)  # packed: prompt caches copied once the
+    #   round's chunks are in (source slot, destination slot, entries): the other samples of a request
     forced: list[int] | None = None  # [b] drafts the grammar forced in each row (structured output)
+
+    @property
+    def budgets(self) -> list[int]:
+        """[b] the most drafts each row proposes: the choice's once made, before it (a drafter that proposes
+        first, whose proposals the choice reads) the plan's limits."""
+        return self.chosen if self.chosen is not None else self.limits
+
+    def chosen_for(self, slots: list[int]) -> list[int]:
+        """The drafts the choice gave these of the round's rows (what acceptance is learnt against), 0 for a row
+        whose drafts a grammar forced: they say nothing about the drafter."""
+        at = {slot: i for i, slot in enumerate(self.rows)}
+        forced = self.forced or [0] * len(self.rows)
+        return [0 if forced[at[slot]] else self.budgets[at[slot]] for slot in slots]
 
     @property
     def chunk_tokens(self) -> int:

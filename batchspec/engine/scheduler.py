@@ -1,7 +1,7 @@
 """The host side of the engine: requests, slots, budgets, the round's shape, stops, statistics, results.
 
 `Scheduler` never touches a tensor. It pulls requests lazily and tokenizes them (`intake`), decides
-each round's rows, budgets and shape (`schedule`, `choose`; adaptive speculation decides the shape when
+each round's rows, the most drafts each may propose, and the shape and drafts it chooses (`schedule`, `choose`; adaptive speculation decides the shape when
 it is on); its `outcomes` (postprocess.RowOutcomes, which callers reach directly) turn a round's verdict
 into outputs, stops, statistics and Results (`postprocess`, and new rows' `first_tokens`).
 The device side (runners, drafters, the Acceptor) is driven by the generator between these calls.
@@ -9,7 +9,7 @@ The device side (runners, drafters, the Acceptor) is driven by the generator bet
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from transformers import PreTrainedTokenizerBase
 
@@ -20,8 +20,12 @@ from .payoff import PayoffCheck
 from .postprocess import Emitted, RowOutcomes
 from .round import Round, RoundShape
 from .slot_life import SlotLife
+from .slots import PromptFills
 from .stats import Statistics
 from .stops import StopRules
+
+if TYPE_CHECKING:
+    from .admission import Seated
 
 
 class Scheduler:
@@ -43,12 +47,12 @@ class Scheduler:
         self.fill_budget = fill_budget  # prompt tokens a packed round prefills (0: not packed)
         # Packed verifies (eager, or the static path's chains): adaptive gives each row its own number of drafts.
         self.per_row = per_row or bool(fill_budget)
-        self.filling: list[int] = []  # slots whose prompts are prefilled in packed rounds, in admission order
         no_constraints = ("structured output (json_schema, regex, choice, grammar, json_object) does not run "
                           "with tree drafts: drop drafter.tree") if trees else None
         self.intake_ = Intake(tokenizer, vocab_size=vocab_size, max_seq_len=max_seq_len, defaults=defaults,
                               grammars=self.grammars, no_constraints=no_constraints)
         self.life, self.slots = life, life.table
+        self.fills = PromptFills(self.slots)  # rows whose prompts packed rounds prefill
         self.stats = stats
         # What rows' new tokens do (outputs, grammars, stops, statistics, Results): postprocess.py.
         self.outcomes = RowOutcomes(self.slots, stops, self.grammars, self.stats, tokenizer)
@@ -57,7 +61,7 @@ class Scheduler:
     def cut_short(self) -> list[tuple[int, Result]]:
         """Every running row finished as it stands (finish_reason "length": a deadline is a limit), and no
         prompt left to bring in; a row still waiting for its first token ends with an empty completion."""
-        self.filling = []
+        self.fills.slots = []
         return [(slot, self.outcomes.finish(slot, FINISH_LENGTH)) for slot in self.slots.active()]
 
     # ---- requests in --------------------------------------------------------------------------------
@@ -84,44 +88,15 @@ class Scheduler:
             seats.append(Seat(slot, row))
         return seats, errors
 
-    def fill_in_rounds(self, seats: list[Seat]) -> None:
-        """These rows' prompts are prefilled inside the next packed rounds (their first P - 1 tokens; the
-        last is the pending token of their first decision): the first seat of each request fills, its other
-        samples copy its cache once that is done."""
-        primary: dict[int, int] = {}
-        for seat in seats:
-            record = self.slots[seat.slot]
-            if len(seat.prompt_ids) == 1:  # a one-token prompt is its pending token: nothing to fill or copy
-                continue
-            first = primary.setdefault(seat.admission.group, seat.slot)
-            if first == seat.slot:
-                record.unfilled = len(seat.prompt_ids) - 1
-            else:
-                record.copies = first
-            self.filling.append(seat.slot)
-
-    def samples_of(self, slot: int) -> list[int]:
-        """The slot and those of the other samples of its request that copy its prompt cache."""
-        return [slot] + [s for s in self.filling if self.slots[s] is not None and self.slots[s].copies == slot]
-
-    def filled(self, fills: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-        """A packed round wrote these prompt chunks (slot, start, count). Returns the copies now due (source
-        slot, destination slot, entries): the other samples of a request whose prompt is in."""
-        done = set()
-        for slot, _, count in fills:
-            record = self.slots[slot]
-            record.unfilled -= count
-            if record.unfilled == 0:
-                done.add(slot)
-        copies = []
-        for slot in self.filling:
-            record = self.slots[slot]
-            if record is not None and record.copies in done:
-                copies.append((record.copies, slot, len(record.prompt_ids) - 1))
-                record.copies = None
-        self.filling = [s for s in self.filling if self.slots[s] is not None
-                        and (self.slots[s].unfilled > 0 or self.slots[s].copies is not None)]
-        return copies
+    def seated(self, seated: Seated) -> list[tuple[int, Result]]:
+        """Admission's device side is done (admission.py): the rows packed rounds fill in, the prompt logprobs
+        and the first tokens admission decided. Returns the rows their first token finished (slot, Result)."""
+        self.fills.add(seated.later)  # prefilled inside the next packed rounds
+        for slot, blocks, k in seated.prompt_logprobs:
+            self.outcomes.set_prompt_logprobs(slot, blocks, k)
+        if seated.tokens is None:
+            return []
+        return self.outcomes.first_tokens([s.slot for s in seated.now], seated.tokens, seated.logprobs)
 
     # ---- a round ------------------------------------------------------------------------------------
 
@@ -136,31 +111,28 @@ class Scheduler:
         room = [r.room(self.max_seq_len) if r is not None else 0 for r in records]
         running = [i for i, r in enumerate(records) if r is not None]
         span = slice(rows[0], rows[-1] + 1) if rows and rows[-1] - rows[0] == len(rows) - 1 else None
-        budgets = [min(self.k_max, n) for n in room]
-        return Round(rows, None, span, lengths, None, running, room, budgets, self.static)
+        return Round(rows, None, span, lengths, None, running, room, self._limits(rows, running, room, lengths, 0),
+                     self.static)
 
     def _schedule_packed(self) -> Round:
         """A packed round: the chunks of new prompts it prefills, first come first served within the fill
         budget, and the rows that decide a token: every running row whose prompt is in the cache once this
         round's chunks are (a new row's first decision rides in the forward of its last chunk)."""
-        fills, budget = [], self.fill_budget
-        left: dict[int, int] = {}
-        for slot in self.filling:
-            record = self.slots[slot]
-            if record.copies is not None or record.unfilled == 0 or budget == 0:
-                continue
-            count = min(record.unfilled, budget)
-            fills.append((slot, len(record.prompt_ids) - 1 - record.unfilled, count))
-            left[slot] = record.unfilled - count
-            budget -= count
+        fills, left = self.fills.plan(self.fill_budget)
         rows = [slot for slot in self.slots.active()
                 if self.slots[slot].copies is None and left.get(slot, self.slots[slot].unfilled) == 0]
         records = [self.slots[r] for r in rows]
         lengths = [r.length - r.awaiting_first for r in records]  # a first decision: L = P
         room = [r.room(self.max_seq_len) for r in records]
         span = slice(rows[0], rows[-1] + 1) if rows and rows[-1] - rows[0] == len(rows) - 1 else None
-        budgets = [min(self.k_max, n) for n in room]
-        return Round(rows, None, span, lengths, None, list(range(len(rows))), room, budgets, False, fills=fills)
+        running = list(range(len(rows)))
+        chunks = sum(count for _, _, count in fills)
+        limits = self._limits(rows, running, room, lengths, chunks)
+        # The plan books its chunks as written (the rows and limits above read the records before): the verify
+        # pass only carries them out.
+        fill_slots = [self.fills.samples_of(slot) for slot, _, _ in fills]
+        return Round(rows, None, span, lengths, None, running, room, limits, False, fills=fills,
+                     fill_slots=fill_slots, copies=self.fills.book(fills))
 
     def _eager_rows(self) -> list[int]:
         """The running slots, with the idle ones between them riding along (as on the static path) when they
@@ -175,32 +147,33 @@ class Scheduler:
             return list(range(active[0], active[-1] + 1))
         return active
 
-    def skip_hopeless(self, round: Round) -> list[int]:
-        """A packed round of a lookup, before it proposes: the most drafts each row may propose, 0 for the rows
-        whose drafts cannot pay, so that it does not propose for them (AdaptiveK.hopeless; the choice is the
-        same as if they had proposed)."""
-        budgets = list(round.budgets)
-        if self.adaptive is None or not self.per_row:
-            return budgets
+    def _limits(self, rows: list[int], running: list[int], room: list[int], lengths: list[int],
+                chunk_tokens: int) -> list[int]:
+        """The plan's most drafts each row may propose: its room, up to k_max; under per-row adaptive speculation
+        with a drafter that proposes first (a lookup), 0 for the rows whose drafts cannot pay, so that it does
+        not propose for them (AdaptiveK.hopeless: the choice is the same as if they had proposed)."""
+        limits = [min(self.k_max, n) for n in room]
+        if not rows or self.adaptive is None or not self.per_row or not self.life.drafter.policy.propose_first:
+            return limits
         if self.static:
-            self.adaptive.costs.at_length(max(round.lengths) + self._widest)
-        at = round.running  # a static round's idle slots draft nothing
+            self.adaptive.costs.at_length(max(lengths) + self._widest)
         if self._plain_epoch:  # nobody proposes
-            hopeless = [True] * len(at)
+            hopeless = [True] * len(running)
         else:
-            hopeless = self.adaptive.hopeless([round.rows[i] for i in at], len(at) + round.chunk_tokens,
+            hopeless = self.adaptive.hopeless([rows[i] for i in running], len(running) + chunk_tokens,
                                               self.adaptive.costs)
-        for i, skip in zip(at, hopeless):
+        for i, skip in zip(running, hopeless):
             if skip:
-                budgets[i] = 0
-        return budgets
+                limits[i] = 0
+        return limits
 
     def choose(self, round: Round, proposed: list[int] | None = None,
                priors: list[float | None] | None = None) -> tuple[RoundShape, list[int]]:
-        """The round's shape and each row's number of drafts. proposed: what each row already proposed (a
-        drafter that proposes first), whose longest proposal bounds a chain's width; priors: the drafter's
-        own chance that each row's first draft is right (its rows' acceptance prior)."""
-        offer = proposed if proposed is not None else round.budgets
+        """The round's shape and each row's number of drafts (the round's `chosen`). proposed: what each row
+        already proposed (a drafter that proposes first), whose longest proposal bounds a chain's width; else
+        the plan's limits; priors: the drafter's own chance that each row's first draft is right (its rows'
+        acceptance prior)."""
+        offer = proposed if proposed is not None else round.limits
         if self.adaptive is not None and self.per_row:  # packed: each row's own number of drafts
             return self._choose_rows(round, offer, priors)
         if self.adaptive is None:
@@ -278,5 +251,4 @@ class Scheduler:
         measured = (RoundCost(shape, len(emitted.slots), seconds) if cost is None else
                     RoundCost(shape, len(emitted.slots), seconds, sum(drafted), cost[0], cost[1], tuple(cost[2]),
                               prompt_tokens=round.chunk_tokens, exploring=exploring))
-        self.adaptive.observe(measured, emitted.slots, emitted.budgets, drafted, accepted)
-
+        self.adaptive.observe(measured, emitted.slots, round.chosen_for(emitted.slots), drafted, accepted)

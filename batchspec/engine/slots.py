@@ -1,4 +1,5 @@
-"""Which request sits in which slot: host records (`SlotTable`) and the per-slot device state (`SlotState`).
+"""Which request sits in which slot: host records (`SlotTable`), the rows whose prompts packed rounds bring in
+(`PromptFills`) and the per-slot device state (`SlotState`).
 
 The host record (`Slot`) holds what stops, statistics and results need: the output so far, and from it
 the sequence length L (prompt + output). The device state holds what a round reads without a host sync:
@@ -130,6 +131,67 @@ class SlotTable:
     def release(self, slot: int) -> Slot:
         record, self.records[slot] = self.records[slot], None
         return record
+
+
+class PromptFills:
+    """The rows of `table` whose prompts packed rounds prefill (their first P - 1 tokens, in chunks; the last
+    is the pending token of their first decision), in admission order: the first sample of a request fills,
+    its other samples copy its cache once that is in (Slot.unfilled, Slot.copies)."""
+
+    def __init__(self, table: SlotTable):
+        self.table = table
+        self.slots: list[int] = []
+
+    def add(self, seats) -> None:
+        """Seats (intake.Seat) whose prompts the next packed rounds fill in."""
+        primary: dict[int, int] = {}
+        for seat in seats:
+            record = self.table[seat.slot]
+            if len(seat.prompt_ids) == 1:  # a one-token prompt is its pending token: nothing to fill or copy
+                continue
+            first = primary.setdefault(seat.admission.group, seat.slot)
+            if first == seat.slot:
+                record.unfilled = len(seat.prompt_ids) - 1
+            else:
+                record.copies = first
+            self.slots.append(seat.slot)
+
+    def plan(self, budget: int) -> tuple[list[tuple[int, int, int]], dict[int, int]]:
+        """A round's prompt chunks (slot, start, count), first come first served within `budget` tokens, and
+        each chunked slot's tokens left unfilled after them."""
+        fills, left = [], {}
+        for slot in self.slots:
+            record = self.table[slot]
+            if record.copies is not None or record.unfilled == 0 or budget == 0:
+                continue
+            count = min(record.unfilled, budget)
+            fills.append((slot, len(record.prompt_ids) - 1 - record.unfilled, count))
+            left[slot] = record.unfilled - count
+            budget -= count
+        return fills, left
+
+    def samples_of(self, slot: int) -> list[int]:
+        """The slot and those of the other samples of its request that copy its prompt cache."""
+        return [slot] + [s for s in self.slots if self.table[s] is not None and self.table[s].copies == slot]
+
+    def book(self, fills: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """A round will write these chunks: the rows' unfilled counts move on. Returns the copies then due
+        (source slot, destination slot, entries): the other samples of a request whose prompt is in."""
+        done = set()
+        for slot, _, count in fills:
+            record = self.table[slot]
+            record.unfilled -= count
+            if record.unfilled == 0:
+                done.add(slot)
+        copies = []
+        for slot in self.slots:
+            record = self.table[slot]
+            if record is not None and record.copies in done:
+                copies.append((record.copies, slot, len(record.prompt_ids) - 1))
+                record.copies = None
+        self.slots = [s for s in self.slots if self.table[s] is not None
+                      and (self.table[s].unfilled > 0 or self.table[s].copies is not None)]
+        return copies
 
 
 class SlotState:

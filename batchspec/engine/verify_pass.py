@@ -12,7 +12,6 @@ from .host_device import HostBuffer, wall
 from .packed import layout_round
 from .round import Round, Verified
 from .runner import ModelRunner
-from .scheduler import Scheduler
 from .slots import SlotState
 from .stats import Statistics
 
@@ -22,9 +21,8 @@ class Verifier:
     pass's prompt chunks stay cached (their slots' lengths move on, samples copy a finished prompt), and a
     drafter that reads the target's hidden states (EAGLE) takes the chunks' in before that."""
 
-    def __init__(self, runner: ModelRunner, state: SlotState, drafter: Drafter, scheduler: Scheduler,
-                 stats: Statistics):
-        self.runner, self.state, self.drafter, self.scheduler, self.stats = runner, state, drafter, scheduler, stats
+    def __init__(self, runner: ModelRunner, state: SlotState, drafter: Drafter, stats: Statistics):
+        self.runner, self.state, self.drafter, self.stats = runner, state, drafter, stats
         self.device, self.static, self.packed = runner.device, runner.static, runner.packs
         self.feature_layers = runner.feature_layers
         self._fills = HostBuffer((2, runner.num_slots), runner.device)  # the slots a round prefilled, their new lengths
@@ -83,24 +81,25 @@ class Verifier:
         self.stats.forward(batch.num_tokens, 0, filled, forward[1] * filled / batch.num_tokens, forward[1])
         if self.feature_layers:  # before the commit hands the other samples their copies
             self.drafter.packed_forward([(other, start, count, layout.chunk_at[slot, start])
-                                         for slot, start, count in round.fills
-                                         for other in self.scheduler.samples_of(slot)],
+                                         for (slot, start, count), slots in zip(round.fills, round.fill_slots)
+                                         for other in slots],
                                         torch.tensor(layout.verify, device=self.device) if b else None)
-        self._commit_fills(round.fills)
+        self._commit_fills(round)
         if not b:
             return Verified(None, forward)
         if layout.full:
             return Verified(logits.view(b, width, -1), forward)
         return Verified(logits[torch.tensor(layout.gather, device=self.device)], forward)
 
-    def _commit_fills(self, fills: list[tuple[int, int, int]]) -> None:
+    def _commit_fills(self, round: Round) -> None:
         """The prompt chunks a packed forward wrote stay cached: their slots' lengths move to the chunks'
-        ends; samples of a request whose prompt is now in copy its cache."""
+        ends; samples of a request whose prompt is now in copy its cache (the round's plan names them)."""
+        fills = round.fills
         if not fills:
             return
         table = self._fills.put([[slot for slot, _, _ in fills], [start + count for _, start, count in fills]],
                                 (2, len(fills)))
         self.runner.copy_lengths(table[0], table[1])
-        for src, dst, length in self.scheduler.filled(fills):
+        for src, dst, length in round.copies:
             self.runner.copy_prefix([src], [dst], length)
             self.runner.set_lengths(dst, length)

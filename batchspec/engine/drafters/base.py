@@ -4,7 +4,9 @@ Every drafter speaks the same verbs (cf. transformers' CandidateGenerator, made 
   admit(slots, prompts, features=None)  new requests now occupy these slots (features: per seat the target's
                                         hidden states of its prompt, [P, F], for a drafter that names
                                         `feature_layers`, when admission prefilled it; None otherwise)
-  propose(round) -> Draft               up to round.budgets[i] tokens for row i; rows may propose 0
+  propose(round) -> Draft               up to round.budgets[i] tokens for row i; rows may propose 0 (the
+                                        choice's counts, or before it, for a drafter that proposes first,
+                                        the plan's limits: round.py)
   propose_tree(round, spec) -> Draft    (drafters whose policy says `trees`) a tree per row
   extend(slots, emitted, num_accepted, path)  the tokens each running row emitted this round (a new row's
                                         first token in front), how many drafts it had accepted, and in a
