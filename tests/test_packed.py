@@ -19,7 +19,8 @@ from batchspec.engine.costs import PackedCosts
 from batchspec.engine.line import Line
 from batchspec.engine.packed_choice import explore
 from batchspec.engine.graphs import StepGraphs
-from batchspec.engine.packed import RowTokens, layout_round, pack, supports_packing
+from batchspec.engine.kv_cache import causal_mask
+from batchspec.engine.packed import RowTokens, layout_round, pack, plain_attention, supports_packing
 from batchspec.engine.row_drafts import Prices, choose_drafts
 from batchspec.engine.runner import ModelRunner
 from batchspec.engine.tree import tree_shape
@@ -378,14 +379,51 @@ def test_points_at_one_x_do_not_anchor_a_line():
 
 
 def test_which_models_pack(pair):
-    """Packed rounds need transformers' attention dispatch and plain attention: Gemma 2's logit
-    soft-capping is not applied by packed_attention, so such a model runs padded rounds."""
+    """Eager forwards pack wherever transformers dispatches the attention; Gemma 2's logit soft-capping and
+    gpt-oss's sinks are applied by packed_attention itself, so only the static path's packed verify (sdpa over
+    a captured layout) needs plain attention."""
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    assert supports_packing(AutoModelForCausalLM.from_pretrained(pair.target))
+    llama = AutoModelForCausalLM.from_pretrained(pair.target)
+    assert supports_packing(llama) and plain_attention(llama)
     gemma = Gemma2ForCausalLM(Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                            num_attention_heads=2, num_key_value_heads=1, head_dim=16))
-    assert not supports_packing(gemma)
+    assert supports_packing(gemma) and not plain_attention(gemma)
+
+
+ATTENTION_CASES = [  # (name, query heads, key heads, query tokens, soft cap, sinks)
+    ("soft cap", 4, 2, 3, 5.0, False),
+    ("soft cap, one head per key", 2, 2, 1, 2.0, False),
+    ("sinks", 4, 2, 3, None, True),
+    ("sinks, grouped 4 to 1", 4, 1, 2, None, True),
+    ("plain (sdpa)", 4, 2, 3, None, False),
+]
+
+
+@pytest.mark.parametrize("name,heads,kv_heads,t,softcap,sinks", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
+def test_packed_attention_applies_soft_caps_and_sinks_as_the_models_do(name, heads, kv_heads, t, softcap, sinks):
+    """attend (grouped-query, keys not repeated) against the models' own eager attention (transformers'
+    Gemma 2 and gpt-oss), on random scores large enough that the cap bites, with a causal mask over a
+    cache of 7 entries: equal to fp32 rounding (1e-5)."""
+    from types import SimpleNamespace
+
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2_eager
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager
+
+    from batchspec.engine.kv_cache import attend
+
+    torch.manual_seed(0)
+    b, d, kv = 2, 8, 7
+    query, key, value = 3 * torch.randn(b, t, heads, d), 3 * torch.randn(b, kv_heads, kv, d), torch.randn(b, kv_heads, kv, d)
+    positions = torch.tensor([[kv - t + i for i in range(t)], [2 + i for i in range(t)]])
+    mask = causal_mask(positions, kv, torch.float32)
+    module = SimpleNamespace(num_key_value_groups=heads // kv_heads, training=False,
+                             sinks=torch.randn(heads) if sinks else None)
+    ours = attend(query, key, value, mask, 0.5, softcap=softcap, sinks=module.sinks)
+    reference = gpt_oss_eager if sinks else gemma2_eager
+    theirs, _ = reference(module, query.transpose(1, 2), key, value, mask, scaling=0.5,
+                          **({"softcap": softcap} if not sinks else {}))
+    assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
 
 
 HOPELESS_CASES = [  # (name, each row's (accepted, rejected) counts, prices of the verify forward)

@@ -17,19 +17,17 @@ of the per-row layout at b rows; `tools/packed_attention.py` measures both.
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .kv_cache import causal_mask
+from .kv_cache import attend, causal_mask
 from .tree import tree_mask
 
 ATTENTION = "batchspec_packed"
-GPU_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 SHORT = 8  # rows of at most this many tokens (decoding rows) share one group; longer ones group by length
 
 
@@ -213,10 +211,12 @@ def packed_attention(module, query, key, value, attention_mask, *, packed: Packe
                      scaling: float | None = None, dropout: float = 0.0, **kwargs):
     """transformers' attention signature: query [1, H, N, D]; key/value the whole layer cache
     [slots, H_kv, capacity, D] (SlotLayer.update in a packed forward) -> ([1, N, H, D], None). A static
-    packed forward (packed_static.py) brings its own layout, which attends itself."""
+    packed forward (packed_static.py) brings its own layout, which attends itself. Gemma 2's `softcap` and
+    gpt-oss's sinks (`s_aux`) are applied as the models' eager attention applies them."""
     if packed is None:  # the layer called the attention without passing on the model's keywords (Nemotron)
         raise PackingUnsupported("the model's attention layers do not pass the forward's keywords on")
     windowed = bool(kwargs.get("sliding_window"))  # this layer keeps to the model's sliding window
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
     if not isinstance(packed, PackedBatch):
         return packed.attention(query, key, value, scaling, windowed)
     q = query[0].transpose(0, 1)  # [N, H, D]
@@ -226,42 +226,26 @@ def packed_attention(module, query, key, value, attention_mask, *, packed: Packe
         qg = q[group.query]  # [b, T, H, D]
         kg, vg = key[group.rows, :, : group.kv_len], value[group.rows, :, : group.kv_len]
         mask = group.windowed if windowed and group.windowed is not None else group.mask
-        og = attend(qg, kg, vg, mask, scaling)  # [b, T, H, D]
+        og = attend(qg, kg, vg, mask, scaling, softcap=softcap, sinks=sinks)  # [b, T, H, D]
         out[group.put] = og.reshape(-1, heads, dim)[group.take]
     return out[None], None
 
 
-def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-           scaling: float | None) -> torch.Tensor:
-    """query [b, T, H, D], key/value [b, H_kv, kv, D], mask [b, 1, T, kv] additive -> [b, T, H, D].
-
-    Grouped-query attention without copying keys: the H / H_kv query heads that share a key head are
-    stacked along the query axis ([b, H_kv, g * T, D]), as transformers does for one query token
-    (`pack_gqa`); for more tokens it repeats every key and value instead, which took half of a verify
-    forward's time at batch 64 on CPU (measured)."""
-    b, t, heads, dim = query.shape
-    kv_heads = key.shape[1]
-    g = heads // kv_heads
-    q = query.permute(0, 2, 1, 3).reshape(b, kv_heads, g * t, dim)  # head h = kv head h // g, member h % g
-    m = mask.expand(b, g, t, mask.shape[-1]).reshape(b, 1, g * t, mask.shape[-1]) if g > 1 else mask
-    # On a GPU not cuDNN's attention: it builds a plan per new shape (~30 ms each), and packed shapes vary.
-    with sdpa_kernel(list(GPU_BACKENDS)) if q.is_cuda else nullcontext():
-        out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=m, scale=scaling)
-    return out.reshape(b, heads, t, dim).transpose(1, 2)  # a GPU's SDPA may return it non-contiguous
-
-
-class PackingUnsupported(RuntimeError):
-    """A model that declares transformers' attention interface but cannot run packed forwards."""
+class PackingUnsupported(RuntimeError):  # a model that declares the attention interface but cannot pack
+    pass
 
 
 def supports_packing(model) -> bool:
-    """Models whose attention goes through transformers' AttentionInterface (what continuous batching
-    needs too) and is plain scaled dot-product attention: no logit soft-capping (Gemma 2) and no
-    attention sinks (gpt-oss), which packed_attention does not apply. Others run padded forwards."""
+    """Attention through transformers' AttentionInterface: eager forwards pack. Others run padded forwards."""
+    return bool(getattr(model, "_supports_attention_backend", False))
+
+
+def plain_attention(model) -> bool:
+    """No logit soft-capping (Gemma 2) nor attention sinks (gpt-oss), which only eager packed forwards apply:
+    what the static path's packed verify (sdpa, packed_static.py) needs."""
     config = model.config.get_text_config()
-    plain = getattr(config, "attn_logit_softcapping", None) is None and \
+    return getattr(config, "attn_logit_softcapping", None) is None and \
         not any(name.endswith("sinks") for name, _ in model.named_parameters())
-    return bool(getattr(model, "_supports_attention_backend", False)) and plain
 
 
 @contextmanager

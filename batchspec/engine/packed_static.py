@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .packed import attend
+from .kv_cache import attend
 
 
 @dataclass(frozen=True, slots=True)
