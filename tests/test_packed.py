@@ -20,7 +20,7 @@ from batchspec.engine.line import Line
 from batchspec.engine.packed_choice import explore
 from batchspec.engine.graphs import StepGraphs
 from batchspec.engine.kv_cache import causal_mask
-from batchspec.engine.packed import RowTokens, layout_round, pack, plain_attention, supports_packing
+from batchspec.engine.packed import RowTokens, layout_round, pack, supports_packing
 from batchspec.engine.row_drafts import Prices, choose_drafts
 from batchspec.engine.runner import ModelRunner
 from batchspec.engine.tree import tree_shape
@@ -379,16 +379,14 @@ def test_points_at_one_x_do_not_anchor_a_line():
 
 
 def test_which_models_pack(pair):
-    """Eager forwards pack wherever transformers dispatches the attention; Gemma 2's logit soft-capping and
-    gpt-oss's sinks are applied by packed_attention itself, so only the static path's packed verify (sdpa over
-    a captured layout) needs plain attention."""
+    """Forwards pack wherever transformers dispatches the attention: Gemma 2's logit soft-capping and gpt-oss's
+    sinks are applied by packed_attention itself (test below)."""
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    llama = AutoModelForCausalLM.from_pretrained(pair.target)
-    assert supports_packing(llama) and plain_attention(llama)
+    assert supports_packing(AutoModelForCausalLM.from_pretrained(pair.target))
     gemma = Gemma2ForCausalLM(Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                            num_attention_heads=2, num_key_value_heads=1, head_dim=16))
-    assert supports_packing(gemma) and not plain_attention(gemma)
+    assert supports_packing(gemma)
 
 
 ATTENTION_CASES = [  # (name, query heads, key heads, query tokens, soft cap, sinks)

@@ -1,8 +1,8 @@
 """Sliding-window attention at any length (engine/kv_cache.py's SlidingWindow): greedy output equals Hugging Face
 `generate` on prompts several times the window, for models whose every layer keeps to it (Mistral), whose layers
-mix windowed and full attention (Qwen2, Gemma 3; packed forwards), and whose attention cannot be packed (Gemma 2's
-logit soft-capping and gpt-oss's attention sinks, which also have no sdpa attention: loaded with their eager
-one); with every kind of drafter, chain and tree, eager and on the static path. Tiny random models (window 8,
+mix windowed and full attention (Qwen2, Gemma 3), and whose attention is not sdpa's (Gemma 2's logit soft-capping
+and gpt-oss's attention sinks: loaded with their eager attention, written out in the packed attention); packed
+forwards, with every kind of drafter, chain and tree, eager and on the static path. Tiny random models (window 8,
 prompts of 25-85 tokens), fp32."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from functools import partial
 import torch
 
 from .graphs import CAPTURED, CaptureError
-from .packed import plain_attention, supports_packing
+from .packed import supports_packing
 from .shapes import kv_buckets, token_buckets
 
 log = logging.getLogger("batchspec")
@@ -163,7 +163,7 @@ def capture_buckets(models, mode: str | None, capacity: int, *, batch_size: int,
         return buckets
     target = models.target
     widths = sorted({*range(1, k + 2), *(t.nodes + 1 for t in trees)})
-    packed_chain = k + 1 if pack_static and supports_packing(target) and plain_attention(target) else 0
+    packed_chain = k + 1 if pack_static and supports_packing(target) else 0
     dtype_bytes = target.dtype.itemsize
     draft = Shape.of(models.draft.config) if drafter == "model" and models.draft is not None else None
     if budget is None:

@@ -212,13 +212,13 @@ def packed_attention(module, query, key, value, attention_mask, *, packed: Packe
     """transformers' attention signature: query [1, H, N, D]; key/value the whole layer cache
     [slots, H_kv, capacity, D] (SlotLayer.update in a packed forward) -> ([1, N, H, D], None). A static
     packed forward (packed_static.py) brings its own layout, which attends itself. Gemma 2's `softcap` and
-    gpt-oss's sinks (`s_aux`) are applied as the models' eager attention applies them."""
+    gpt-oss's sinks (`s_aux`) are applied as the models' eager attention applies them, on both."""
     if packed is None:  # the layer called the attention without passing on the model's keywords (Nemotron)
         raise PackingUnsupported("the model's attention layers do not pass the forward's keywords on")
     windowed = bool(kwargs.get("sliding_window"))  # this layer keeps to the model's sliding window
     softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
     if not isinstance(packed, PackedBatch):
-        return packed.attention(query, key, value, scaling, windowed)
+        return packed.attention(query, key, value, scaling, windowed, softcap=softcap, sinks=sinks)
     q = query[0].transpose(0, 1)  # [N, H, D]
     out = q.new_empty(q.shape)
     heads, dim = q.shape[1], q.shape[2]
@@ -238,14 +238,6 @@ class PackingUnsupported(RuntimeError):  # a model that declares the attention i
 def supports_packing(model) -> bool:
     """Attention through transformers' AttentionInterface: eager forwards pack. Others run padded forwards."""
     return bool(getattr(model, "_supports_attention_backend", False))
-
-
-def plain_attention(model) -> bool:
-    """No logit soft-capping (Gemma 2) nor attention sinks (gpt-oss), which only eager packed forwards apply:
-    what the static path's packed verify (sdpa, packed_static.py) needs."""
-    config = model.config.get_text_config()
-    return getattr(config, "attn_logit_softcapping", None) is None and \
-        not any(name.endswith("sinks") for name, _ in model.named_parameters())
 
 
 @contextmanager

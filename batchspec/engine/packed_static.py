@@ -42,17 +42,18 @@ class StaticLayout:
     kv_len: int
     windowed_mask: torch.Tensor | None = None  # a sliding-window layer's (None: the model has none)
 
-    def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  scaling: float | None, windowed: bool = False) -> tuple[torch.Tensor, None]:
+    def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None,
+                  windowed: bool = False, softcap: float | None = None,
+                  sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
         """query [1, H, n, D]; key/value the whole layer cache [S + 1, H_kv, capacity, D] -> ([1, n, H, D], None).
-        windowed: the layer keeps to the model's sliding window."""
+        windowed: the layer keeps to the model's sliding window; softcap, sinks: as kv_cache.attend."""
         q = query[0].transpose(0, 1)  # [n, H, D]
         num_slots, _, width, _ = self.mask.shape
         grid = q.new_zeros(num_slots + 1, width, q.shape[1], q.shape[2])
         grid[self.slots, self.t] = q  # padding tokens all land in the extra row (any of them wins: unused)
         mask = self.windowed_mask if windowed and self.windowed_mask is not None else self.mask
         out = attend(grid[:num_slots], key[:num_slots, :, : self.kv_len], value[:num_slots, :, : self.kv_len],
-                     mask, scaling)  # [S, W, H, D]
+                     mask, scaling, softcap=softcap, sinks=sinks)  # [S, W, H, D]
         return out[self.slots.clamp(max=num_slots - 1), self.t][None], None
 
 

@@ -32,7 +32,7 @@ from .graphs import StepGraphs
 from .kv_cache import SlidingWindow, SlotKVCache, causal_mask
 from .model_calls import RowPositions, cache_argument
 from .packed import (PackedBatch, PackingUnsupported, RowTokens, pack, packed_attention_on, register,
-                     plain_attention, supports_packing)
+                     supports_packing)
 from .prefill import StaticPrefill
 from .shapes import PREFILL_CHUNK, kv_buckets
 from .static_steps import StaticSteps
@@ -75,7 +75,7 @@ class ModelRunner:
         # chain verify forwards too when asked (packed_static.py).
         packable = supports_packing(model) and self._packs_through()
         self.packs = not graphs.static and packable
-        self.packed_width = packed_width if graphs.static and packable and plain_attention(model) else 0
+        self.packed_width = packed_width if graphs.static and packable else 0
         if self.packs or self.packed_width:
             register()
         # The captured path's parts: every slot's forwards and packed verify, and the prompts' chunks.
