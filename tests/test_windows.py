@@ -1,7 +1,8 @@
 """Sliding-window attention at any length (engine/kv_cache.py's SlidingWindow): greedy output equals Hugging Face
 `generate` on prompts several times the window, for models whose every layer keeps to it (Mistral), whose layers
-mix windowed and full attention (Qwen2, Gemma 3), and whose attention is not sdpa's (Gemma 2's logit soft-capping
-and gpt-oss's attention sinks: loaded with their eager attention, written out in the packed attention); packed
+mix windowed and full attention (Qwen2, Gemma 3), and whose attention is not sdpa's (Gemma 2's logit soft-capping,
+gpt-oss's and MiMo-V2-Flash's attention sinks, the latter's values of another head size: loaded with their eager
+attention, written out in the packed attention); packed
 forwards, with every kind of drafter, chain and tree, eager and on the static path. Tiny random models (window 8,
 prompts of 25-85 tokens), fp32."""
 
@@ -25,6 +26,9 @@ FAMILIES = {  # model type -> its window settings
     "gemma2": dict(sliding_window=WINDOW, head_dim=16),
     "gpt_oss": dict(sliding_window=WINDOW, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
                     layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+    # Sinks, and values of another head size than the queries' and keys'.
+    "mimo_v2_flash": dict(sliding_window=WINDOW, head_dim=16, v_head_dim=8, mlp_layer_types=["dense"] * 3,
+                          layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
 }
 CASES = [  # (drafter, extra generate arguments): the draft model is the target itself, so that drafts are accepted
     ("none", {}), ("ngram", {}), ("model", dict(adaptive=False)), ("ngram", dict(tree="2x2", adaptive=False)),

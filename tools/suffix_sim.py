@@ -296,7 +296,7 @@ def check_baselines(rows: list[Row], k: int, count: int) -> None:
             sim.start(r, list(seq))
             for token in row.completion[1:]:
                 round = Round(rows=[0], rows_t=torch.tensor([0]), span=slice(0, 1), lengths=[len(seq)],
-                              lengths_t=torch.tensor([len(seq)]), running=[0], room=[k], budgets=[k],
+                              lengths_t=torch.tensor([len(seq)]), running=[0], room=[k], limits=[k],
                               static=False, buffers=buffers)
                 draft = real.propose(round)
                 want = draft.tokens[0, : int(draft.num_tokens[0])].tolist()

@@ -167,8 +167,9 @@ GPU_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPB
 
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
            scaling: float | None, *, softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """query [b, T, H, D], key/value [b, H_kv, kv, D], mask [b, 1, T, kv] additive -> [b, T, H, D]; softcap (Gemma
-    2) and sinks [H] (gpt-oss, a logit per head) written out as their models' eager attention (sdpa has neither).
+    """query [b, T, H, D], key [b, H_kv, kv, D], value [b, H_kv, kv, Dv], mask [b, 1, T, kv] additive -> [b, T, H,
+    Dv]; softcap (Gemma 2) and sinks [H] (gpt-oss, a logit per head) written out as their models' eager attention
+    (sdpa has neither).
 
     Grouped-query attention without copying keys: the H / H_kv query heads that share a key head are
     stacked along the query axis ([b, H_kv, g * T, D]), as transformers does for one query token
@@ -185,7 +186,8 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
         # On a GPU not cuDNN's attention: it builds a plan per new shape (~30 ms each), and packed shapes vary.
         with sdpa_kernel(list(GPU_BACKENDS)) if q.is_cuda else nullcontext():
             out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=m, scale=scaling)
-    return out.reshape(b, heads, t, dim).transpose(1, 2)  # a GPU's SDPA may return it non-contiguous
+    # Dv may differ from D (MiMo-V2-Flash); a GPU's SDPA may return the output non-contiguous.
+    return out.reshape(b, heads, t, value.shape[-1]).transpose(1, 2)
 
 
 def _eager(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scaling: float,

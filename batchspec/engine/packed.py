@@ -220,8 +220,8 @@ def packed_attention(module, query, key, value, attention_mask, *, packed: Packe
     if not isinstance(packed, PackedBatch):
         return packed.attention(query, key, value, scaling, windowed, softcap=softcap, sinks=sinks)
     q = query[0].transpose(0, 1)  # [N, H, D]
-    out = q.new_empty(q.shape)
-    heads, dim = q.shape[1], q.shape[2]
+    heads, dim = q.shape[1], value.shape[-1]  # the values' head size may differ from the queries' (MiMo-V2-Flash)
+    out = q.new_empty(q.shape[0], heads, dim)
     for group in packed.groups:
         qg = q[group.query]  # [b, T, H, D]
         kg, vg = key[group.rows, :, : group.kv_len], value[group.rows, :, : group.kv_len]
