@@ -122,3 +122,18 @@ def test_the_plan_books_prompt_chunks_and_the_copies_they_make_due(llama_pair, m
             copies += 1
     assert copies > 0  # samples admitted together with the one that prefills (others prefill their own)
     assert sum(len(r.fills) > 0 and not r.rows for r in rounds) > 0  # rounds that only prefilled chunks
+
+
+@pytest.mark.parametrize("module,name", [
+    ("round", "Round"), ("round", "RoundShape"), ("round", "Draft"), ("round", "Verified"),
+    ("verdict", "Verdict"), ("verdict", "RoundOutcome"), ("tree", "TreeVerdict"), ("postprocess", "Emitted"),
+    ("admission", "Seated"), ("costs", "RoundCost"), ("intake", "Seat"), ("intake", "Admission"),
+])
+def test_the_records_a_round_hands_on_are_frozen(module, name):
+    """Each stage builds its record once; the next only reads it (a list inside may grow while its builder
+    builds it: Emitted.add)."""
+    import dataclasses
+    import importlib
+
+    record = getattr(importlib.import_module(f"batchspec.engine.{module}"), name)
+    assert dataclasses.is_dataclass(record) and record.__dataclass_params__.frozen

@@ -11,7 +11,7 @@ prefilled over them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -23,7 +23,7 @@ from .sampling import logprobs_at
 from .slots import SlotState
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Seated:
     """What admission hands the host: the seats whose prompts packed rounds fill in (`later`), the seats
     prefilled here (`now`), eagerly their first tokens and logprobs blocks (None on the static path, where
@@ -50,9 +50,7 @@ class Admitter:
         if later:
             self.seat_later(later)
         now = [s for s in seats if s not in later]
-        seated = self.seat(now) if now else Seated()
-        seated.later, seated.now = later, now
-        return seated
+        return replace(self.seat(now) if now else Seated(), later=later, now=now)
 
     def extend(self, seated: Seated, finished: list[tuple[int, Result]]) -> None:
         """The drafter takes the first tokens of the rows admission decided that go on (finished: the rows
@@ -79,8 +77,8 @@ class Admitter:
             primary.setdefault(seat.admission.group, seat.slot)
         sources = [primary[s.admission.group] for s in seats]
         first = [s for s in seats if primary[s.admission.group] == s.slot]
-        seated = Seated()
-        last, features = self._prefill(first, seated)
+        blocks: list[tuple[int, list, int]] = []  # the prompt logprobs of the rows that asked for them
+        last, features = self._prefill(first, blocks)
         copies = [(src, s.slot) for src, s in zip(sources, seats) if src != s.slot]
         if copies:
             self.runner.copy_prefix([a for a, _ in copies], [b for _, b in copies], max(map(len, prompts)))
@@ -90,13 +88,13 @@ class Admitter:
             self.drafter.admit(slots, prompts, features=[features[src] for src in sources])
         if self.static:
             self.acceptor.first_tokens(slots, last, static=True)
-            return seated
+            return Seated(prompt_logprobs=blocks)
         index = {seat.slot: i for i, seat in enumerate(first)}
         logits = last[torch.tensor([index[src] for src in sources], device=self.device)]
-        seated.tokens, seated.logprobs = self.acceptor.first_tokens(slots, logits, static=False)
-        return seated
+        tokens, logprobs = self.acceptor.first_tokens(slots, logits, static=False)
+        return Seated(tokens=tokens, logprobs=logprobs, prompt_logprobs=blocks)
 
-    def _prefill(self, seats, seated: Seated) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
+    def _prefill(self, seats, blocks: list) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
         """The target's prefill of the seats' prompts -> the logits after each prompt ([n, V] eagerly, [B + 1, V]
         by slot on the static path) and, for a drafter that reads them, the prompts' features by slot."""
         needs_features = bool(self.runner.feature_layers)
@@ -116,14 +114,14 @@ class Admitter:
         if needs_features:
             features = {s.slot: self.runner.features[i, : len(s.prompt_ids)] for i, s in enumerate(eager)}
         if scored:
-            self._prompt_logprobs(eager, logits, seated)
+            self._prompt_logprobs(eager, logits, blocks)
         if self.static:
             last = self.runner.static_prefill.last_logits()
             last[torch.tensor([s.slot for s in eager], device=self.device)] = at_end.to(last.dtype)
             return last, features
         return at_end, features
 
-    def _prompt_logprobs(self, seats, logits: torch.Tensor, seated: Seated) -> None:
+    def _prompt_logprobs(self, seats, logits: torch.Tensor, out: list) -> None:
         """The raw model's log-probabilities of each prompt token after the ones before it (the first has none)."""
         k = max(s.admission.prompt_logprobs or 0 for s in seats)
         width = logits.shape[1]
@@ -131,7 +129,7 @@ class Admitter:
         blocks = logprobs_at(logits[:, :-1].float(), ids, k).tolist() if width > 1 else [[] for _ in seats]
         for seat, row in zip(seats, blocks):
             if seat.admission.prompt_logprobs is not None:
-                seated.prompt_logprobs.append((seat.slot, row[: len(seat.prompt_ids) - 1], seat.admission.prompt_logprobs))
+                out.append((seat.slot, row[: len(seat.prompt_ids) - 1], seat.admission.prompt_logprobs))
 
     def _eager_prefill(self, seats, all_logits: bool = False) -> torch.Tensor:
         width = max(len(s.prompt_ids) for s in seats)

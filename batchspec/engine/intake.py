@@ -35,7 +35,7 @@ class Defaults:
                              "set a temperature > 0, or n=1")
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Admission:
     """One row ready to take a slot: a request (one of its samples), its prompt ids and settings."""
 
@@ -51,7 +51,7 @@ class Admission:
     constraint: Constraint | None = None  # what its output must match (structured output)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Seat:
     """A row taking a slot: the slot and what intake admitted (its request, prompt ids and settings)."""
 

@@ -17,7 +17,7 @@ from .stops import StopRules
 from .verdict import RoundOutcome
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Emitted:
     """A round's outcome per running row that goes on: the tokens it emitted (a new row's first token in
     front), the drafts it had accepted and a tree round's deepest accepted node (what the drafter learns),

@@ -103,7 +103,7 @@ def node_noise(gumbel: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
     return gumbel.gather(1, depth[:, :, None].expand(-1, -1, gumbel.shape[2]).clamp(max=gumbel.shape[1] - 1))
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class TreeVerdict:
     """The accepted path of every row: chain_t [b, D + 1] (D = the shape's max_depth) the verify positions
     from the root down the path (entries past num_accepted repeat the last), num_accepted [b] (its depth),

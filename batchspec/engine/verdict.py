@@ -21,7 +21,7 @@ from .tree import TreeShape, follow, follow_rejection, node_noise
 STREAM_TREE_ACCEPT = 5  # the uniforms that decide a tree's nodes under rejection sampling
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class RoundOutcome:
     """A round's verdict on the host, one entry per row of the round."""
 
@@ -60,7 +60,7 @@ class RoundOutcome:
 PACKED_FIELDS = 7  # num_emit, num_accepted, hit_eos, num_drafts, last_node, depth, pending
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Verdict:
     """A round's verdict on the device, [b] per row unless noted."""
 
