@@ -412,7 +412,8 @@ def test_packed_attention_applies_soft_caps_and_sinks_as_the_models_do(name, hea
 
     torch.manual_seed(0)
     b, d, kv = 2, 8, 7
-    query, key, value = 3 * torch.randn(b, t, heads, d), 3 * torch.randn(b, kv_heads, kv, d), torch.randn(b, kv_heads, kv, d)
+    query, key = 3 * torch.randn(b, t, heads, d), 3 * torch.randn(b, kv_heads, kv, d)
+    value = torch.randn(b, kv_heads, kv, d)
     positions = torch.tensor([[kv - t + i for i in range(t)], [2 + i for i in range(t)]])
     mask = causal_mask(positions, kv, torch.float32)
     module = SimpleNamespace(num_key_value_groups=heads // kv_heads, training=False,
