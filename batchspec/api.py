@@ -17,17 +17,17 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .engine.drafters import Drafter, load_paths, make_drafter, needs_draft
 from .engine.generator import FILL_TOKENS, FORCED_DRAFTS, SpecBatchGenerator
-from .engine.graphs import StepGraphs, resolve_capture
-from .engine.host_device import LaunchCounter
+from .engine.model.graphs import StepGraphs, resolve_capture
+from .engine.model.host_device import LaunchCounter
 from .engine.intake import Defaults
-from .engine.memory import capture_buckets, kv_problem
-from .engine.model_check import check_model
-from .engine.shapes import kv_capacity
-from .engine.threads import guard_for
+from .engine.model.memory import capture_buckets, kv_problem
+from .engine.model.model_check import check_model
+from .engine.model.shapes import kv_capacity
+from .engine.model.threads import guard_for
 from .engine.sampling import SamplingParams
 from .engine.types import TreeSpec
 from .sources.corpus import load_corpus
-from .engine.models import ModelLoadError, Models, load_models, model_max_positions
+from .engine.model.models import ModelLoadError, Models, load_models, model_max_positions
 from .util.textcheck import text_problem
 from .engine.types import Constraint, Request, Result, RowParams
 
@@ -107,13 +107,13 @@ def build_generator(
 
     launches: a LaunchCounter (graphs.py) to count the ops rounds dispatch outside captured steps.
     graph_memory: bytes the captured steps may take on a GPU (None: what is free after the KV caches, less
-    1 GiB); fewer length buckets are captured to fit (engine/memory.py).
+    1 GiB); fewer length buckets are captured to fit (engine/model/memory.py).
     guard_threads: on CPU, lower torch's thread count while another process competes for the cores and
-    raise it again when they are free (engine/threads.py). fill_tokens: the most prompt tokens one packed
+    raise it again when they are free (engine/model/threads.py). fill_tokens: the most prompt tokens one packed
     round prefills (the rest of a long prompt rides in the next rounds). constraint: the structured output
     every request must match unless it sets its own (types.Constraint; RowParams' json_schema etc.).
     pack_static: on the static path (a GPU) chain verifies are packed, every running row computing only its
-    own tokens (engine/packed_static.py); False gives every slot the round's width (for comparisons)."""
+    own tokens (engine/model/packed_static.py); False gives every slot the round's width (for comparisons)."""
     for role, model in (("target", models.target), ("draft", models.draft)):
         problem = check_model(model) if model is not None else None
         if problem:

@@ -124,7 +124,7 @@ def check_type(model_type: str, tokenizer, folder: Path) -> Outcome:
     output (batch 3; drafters none, ngram and model; the static path too where it has a window) with
     `generate` on each prompt alone."""
     import batchspec
-    from batchspec.engine.models import ModelLoadError, load_model
+    from batchspec.engine.model.models import ModelLoadError, load_model
 
     built, why = build(model_type, len(tokenizer) + 12)
     if built is None:

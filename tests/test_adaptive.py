@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from batchspec.engine.acceptance_model import expected_tokens
-from batchspec.engine.adaptive import LOOKUP, AdaptiveK
+from batchspec.engine.control.acceptance_model import expected_tokens
+from batchspec.engine.control.adaptive import LOOKUP, AdaptiveK
 from batchspec.engine.types import TreeSpec
 
 # Round time relative to a 1-token step for k = 0..4: the CPU cost curve measured on the demo pair.

@@ -13,8 +13,7 @@ import batchspec
 from batchspec.eagle.config import HeadError
 from batchspec.eagle.formats import save_head
 from batchspec.training.init import head_for_target
-from batchspec.engine import round_prices, startup_costs
-from batchspec.engine.host_device import LaunchCounter
+from batchspec.engine.model.host_device import LaunchCounter
 from conftest import MAX_NEW
 from tiny import PROMPTS
 
@@ -45,13 +44,9 @@ CASES = [(1, 3, None, "off", False, False), (3, 4, None, "static", False, True),
 @pytest.mark.parametrize("batch_size,k,tree,compile,adaptive,reduced", CASES,
                          ids=[f"b{b}-k{k}-{t or 'chain'}-{c}-{'adaptive' if a else 'fixed'}{'-reduced' if r else ''}"
                               for b, k, t, c, a, r in CASES])
-def test_greedy_parity(pair, heads, monkeypatch, batch_size, k, tree, compile, adaptive, reduced):
-    if adaptive:
-        # Adaptive drafts only what the machine's measured costs say may pay: timed under the suite's load, a
-        # tiny head's step could read dear enough to draft nothing, which would leave the parity unexercised.
-        # Start-up costs pinned cheap, so the first rounds draft on any machine (what follows is learnt).
-        pinned = startup_costs.StartupCosts(verify=((1, 0.01), (64, 0.011)), step=((batch_size, 1e-5), (1, 1e-5)))
-        monkeypatch.setattr(round_prices.startup_costs, "for_runner", lambda *args, **kwargs: pinned)
+def test_greedy_parity(pair, heads, request, batch_size, k, tree, compile, adaptive, reduced):
+    if adaptive:  # a head's step timed under load could read too dear to draft at all (conftest)
+        request.getfixturevalue("drafting_priced_cheap")
     results = batchspec.generate(PROMPTS, target=str(pair.target), draft=str(heads[int(reduced)]), drafter="eagle",
                                  k=k, batch_size=batch_size, max_new_tokens=MAX_NEW, tree=tree, compile=compile,
                                  adaptive=adaptive)

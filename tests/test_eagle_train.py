@@ -334,7 +334,7 @@ def test_states_recorded_while_generating_equal_a_forward_over_each_sequence(tin
     finished sequence gives, and so must the greedy labels derived from them."""
     from batchspec.training.data import continue_prompts
     from batchspec.training.features import recorded_states, sequence_states
-    from batchspec.engine.models import load_models
+    from batchspec.engine.model.models import load_models
 
     models = load_models(str(tiny[0]), device="cpu")
     prompts = [(i, models.tokenizer(p)["input_ids"]) for i, p in enumerate(PROMPTS)]
@@ -360,7 +360,7 @@ def test_rows_in_flight_at_the_data_deadline_are_kept_with_their_states(tiny):
     states a forward over it gives."""
     from batchspec.training.data import continue_prompts
     from batchspec.training.features import recorded_states, sequence_states
-    from batchspec.engine.models import load_models
+    from batchspec.engine.model.models import load_models
 
     models = load_models(str(tiny[0]), device="cpu")
     prompts = [(i, models.tokenizer(p)["input_ids"]) for i, p in enumerate(PROMPTS)]

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from batchspec.engine.acceptance_model import acceptance_interval, expected_tokens
-from batchspec.engine.adaptive import LOOKUP, AdaptiveK
-from batchspec.engine.costs import PackedCosts
+from batchspec.engine.control.acceptance_model import acceptance_interval, expected_tokens
+from batchspec.engine.control.adaptive import LOOKUP, AdaptiveK
+from batchspec.engine.control.costs import PackedCosts
 from batchspec.engine.drafters.base import MODEL_POLICY
-from batchspec.engine.packed_choice import explore
-from batchspec.engine.row_drafts import Prices, breakeven
+from batchspec.engine.control.packed_choice import explore
+from batchspec.engine.control.row_drafts import Prices, breakeven
 
 LOOKUP_PRICES = Prices(fixed=0.010, per_token=0.001)  # one draft on 8 rows: 0.026 s against 0.018 s plain
 MODEL_PRICES = Prices(fixed=0.008, per_token=0.0005, per_step=0.004)  # a draft step half a plain round

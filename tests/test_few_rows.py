@@ -1,11 +1,11 @@
-"""engine/few_rows.py: linears over few rows computed as W @ x.T where that was timed faster."""
+"""engine/model/few_rows.py: linears over few rows computed as W @ x.T where that was timed faster."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from batchspec.engine.few_rows import BUCKETS, BUDGET_S, CHOICE, FewRowLinears, bucket, weight_left
+from batchspec.engine.model.few_rows import BUCKETS, BUDGET_S, CHOICE, FewRowLinears, bucket, weight_left
 
 
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 8, 17, 64, 65])
@@ -41,7 +41,7 @@ class TwoLayers(nn.Module):
 def test_only_the_chosen_buckets_and_shapes_run_weight_left_and_the_model_is_restored(monkeypatch):
     model = TwoLayers()
     calls = []
-    import batchspec.engine.few_rows as few_rows
+    import batchspec.engine.model.few_rows as few_rows
     real = few_rows.weight_left
 
     def counted(x, w, b=None):
@@ -85,7 +85,7 @@ def test_a_hooked_layer_is_left_alone():
 def test_the_choice_is_kept_for_the_next_process_and_bounded_in_time(monkeypatch, tmp_path):
     """A second model of the same shapes (as in a resumed job's process) reads the choice from the machine's
     cache instead of timing; timing stops at its budget (the buckets left keep F.linear)."""
-    from batchspec.engine import machine_cache
+    from batchspec.engine.model import machine_cache
 
     monkeypatch.setenv(machine_cache.CACHE_ENV, str(tmp_path))  # nothing cached by the tests before
     monkeypatch.setattr(machine_cache, "undisturbed", lambda *a: True)  # the other test worker shares the cores
@@ -116,7 +116,7 @@ def test_a_bucket_is_chosen_by_its_own_time(linear_ms, left_ms, chosen, monkeypa
     same either way)."""
     from types import SimpleNamespace
 
-    import batchspec.engine.few_rows as few_rows
+    import batchspec.engine.model.few_rows as few_rows
 
     now = [0.0]
 
@@ -136,7 +136,7 @@ def test_a_budget_cut_leaves_only_the_widest_buckets_untimed(monkeypatch):
     shape chosen for the narrow buckets and nothing past them (W @ x.T wins everywhere here)."""
     from types import SimpleNamespace
 
-    import batchspec.engine.few_rows as few_rows
+    import batchspec.engine.model.few_rows as few_rows
 
     now = [0.0]
 
@@ -162,7 +162,7 @@ def test_a_weight_past_the_sample_size_is_timed_once(features, passes_each, monk
     from collections import Counter
     from types import SimpleNamespace
 
-    import batchspec.engine.few_rows as few_rows
+    import batchspec.engine.model.few_rows as few_rows
 
     calls = Counter()
 

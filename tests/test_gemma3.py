@@ -70,7 +70,7 @@ CELLS = [(d, 8) for d in ("ngram", "prompt_lookup", "suffix")] + [(d, 1) for d i
 
 @pytest.mark.slow
 @pytest.mark.parametrize("drafter,batch_size", CELLS)
-def test_greedy_parity_past_the_sliding_window(gemma, references, drafter, batch_size):
+def test_greedy_parity_past_the_sliding_window(gemma, references, drafter, batch_size, drafting_priced_cheap):
     prompts, expected = references
     rows = range(len(prompts)) if batch_size > 1 else ALONE
     results = batchspec.generate([prompts[i] for i in rows], target=gemma[2], tokenizer=gemma[1], drafter=drafter,

@@ -1,4 +1,4 @@
-"""A row's grammar state through rounds of speculation (engine/grammar.py): whatever a round looks ahead at (the
+"""A row's grammar state through rounds of speculation (engine/grammar/grammar.py): whatever a round looks ahead at (the
 masks of its verify positions, how much of a proposal the grammar takes, the continuation it forces) leaves the
 row's matcher exactly where the emitted tokens put it, and every mask equals that of a fresh matcher fed the
 same tokens.
@@ -22,8 +22,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from batchspec.engine.grammar import Grammars
-from batchspec.engine.grammar_text import grammar_text
+from batchspec.engine.grammar.grammar import Grammars
+from batchspec.engine.grammar.grammar_text import grammar_text
 from batchspec.engine.types import Constraint
 
 # The schema of issue 58's reproduction: "additionalFields" is not a keyword, so every object the schema does

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from batchspec.engine.graphs import CaptureError
-from batchspec.engine.memory import GRAPH_BYTES, MiB, Shape, estimate, fit_buckets
+from batchspec.engine.model.graphs import CaptureError
+from batchspec.engine.model.memory import GRAPH_BYTES, MiB, Shape, estimate, fit_buckets
 
 LLAMA_3B = Shape(hidden=3072, intermediate=8192, heads=24, kv_heads=8, head_dim=128, vocab=128256, layers=28)
 BUCKETS = [64, 128, 256, 512, 1024, 2048, 2054]

@@ -1,5 +1,5 @@
 """Models batchspec cannot run exactly are refused when the generator is built, in one line naming the model type
-and why (engine/model_check.py), never with a traceback from inside a round; models whose attention layers
+and why (engine/model/model_check.py), never with a traceback from inside a round; models whose attention layers
 declare transformers' attention interface but do not pass the forward's keywords on (Nemotron) run padded
 forwards instead of packed ones, exactly."""
 
@@ -10,8 +10,8 @@ import torch
 from transformers import AutoTokenizer
 
 import batchspec
-from batchspec.engine.model_check import check_model
-from batchspec.engine.models import ModelLoadError
+from batchspec.engine.model.model_check import check_model
+from batchspec.engine.model.models import ModelLoadError
 from model_zoo import build
 from tiny import PROMPTS
 

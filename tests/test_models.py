@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import batchspec
-from batchspec.engine.models import ModelLoadError, load_models, resolve_device, resolve_dtype
+from batchspec.engine.model.models import ModelLoadError, load_models, resolve_device, resolve_dtype
 from tiny import PROMPTS, build_tokenizer, save_model
 
 

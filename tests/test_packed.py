@@ -1,4 +1,4 @@
-"""Packed rounds (engine/packed.py, engine/row_drafts.py): one forward of every row's own tokens, prompts
+"""Packed rounds (engine/model/packed.py, engine/control/row_drafts.py): one forward of every row's own tokens, prompts
 prefilled inside rounds, each row's own number of drafts.
 
 The math is exact where it can be: a packed forward's logits against each row's plain forward (fp32, to
@@ -14,17 +14,17 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from batchspec.api import build_generator
-from batchspec.engine.adaptive import LOOKUP, AdaptiveK
-from batchspec.engine.costs import PackedCosts
-from batchspec.engine.line import Line
-from batchspec.engine.packed_choice import explore
-from batchspec.engine.graphs import StepGraphs
-from batchspec.engine.kv_cache import causal_mask
-from batchspec.engine.packed import RowTokens, layout_round, pack, supports_packing
-from batchspec.engine.row_drafts import Prices, choose_drafts
-from batchspec.engine.runner import ModelRunner
+from batchspec.engine.control.adaptive import LOOKUP, AdaptiveK
+from batchspec.engine.control.costs import PackedCosts
+from batchspec.engine.control.line import Line
+from batchspec.engine.control.packed_choice import explore
+from batchspec.engine.model.graphs import StepGraphs
+from batchspec.engine.model.kv_cache import causal_mask
+from batchspec.engine.model.packed import RowTokens, layout_round, pack, supports_packing
+from batchspec.engine.control.row_drafts import Prices, choose_drafts
+from batchspec.engine.model.runner import ModelRunner
 from batchspec.engine.tree import tree_shape
-from batchspec.engine.models import load_models
+from batchspec.engine.model.models import load_models
 from batchspec.engine.types import Request, RowParams
 from conftest import MAX_NEW
 from tiny import PROMPTS
@@ -408,7 +408,7 @@ def test_packed_attention_applies_soft_caps_and_sinks_as_the_models_do(name, hea
     from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2_eager
     from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager
 
-    from batchspec.engine.kv_cache import attend
+    from batchspec.engine.model.kv_cache import attend
 
     torch.manual_seed(0)
     b, d, kv = 2, 8, 7
@@ -441,9 +441,9 @@ def test_rows_not_asked_to_propose_are_those_that_would_draft_nothing(name, coun
     position calibrated apart, and in a round that prefills prompt chunks too)."""
     import copy
 
-    from batchspec.engine.acceptance_model import RowAcceptance
-    from batchspec.engine.adaptive import AdaptiveK
-    from batchspec.engine.costs import PackedCosts, RoundCost
+    from batchspec.engine.control.acceptance_model import RowAcceptance
+    from batchspec.engine.control.adaptive import AdaptiveK
+    from batchspec.engine.control.costs import PackedCosts, RoundCost
     from batchspec.engine.drafters.base import LOOKUP_POLICY
 
     costs = PackedCosts()
@@ -487,7 +487,7 @@ CALIBRATED_CASES = [  # (name, gains per row, each position's calibration ratio,
 
 @pytest.mark.parametrize("name,gains,ratios,expected", CALIBRATED_CASES, ids=[c[0] for c in CALIBRATED_CASES])
 def test_gains_are_calibrated_by_draft_position(name, gains, ratios, expected):
-    from batchspec.engine.adaptive import AdaptiveK
+    from batchspec.engine.control.adaptive import AdaptiveK
 
     controller = AdaptiveK(k_max=len(ratios))
     for c, ratio in zip(controller.acceptance.calibration, ratios):
@@ -498,7 +498,7 @@ def test_gains_are_calibrated_by_draft_position(name, gains, ratios, expected):
 def test_each_draft_position_learns_its_own_calibration():
     """A packed round's rows drafted [2, 3, 1] deep and kept [2, 1, 0]: position 1 saw 2 of 3 accepted, position
     2 one of 2, position 3 none of 1, against the gains predicted for each (after the decay of the weak start)."""
-    from batchspec.engine.adaptive import AdaptiveK
+    from batchspec.engine.control.adaptive import AdaptiveK
 
     controller = AdaptiveK(k_max=3)
     controller.acceptance.gains = {0: [0.9, 0.8], 1: [0.7, 0.5, 0.3], 2: [0.6]}
@@ -531,8 +531,8 @@ def test_cost_lines_learn_from_forwards_the_size_of_drafting(name, round, moved)
     rest too), a forward past twice the widest measured, a drafting forward that fed a prompt do not move them;
     nor does an exploring round (one draft or two), or a round with fewer drafts than a quarter of its rows (its
     rows' host work that is not per draft), move the rest of a round's price per draft."""
-    from batchspec.engine.costs import RoundCost
-    from batchspec.engine.startup_costs import StartupCosts
+    from batchspec.engine.control.costs import RoundCost
+    from batchspec.engine.control.startup_costs import StartupCosts
 
     costs = PackedCosts()
     costs.start_from(StartupCosts(verify=((32, 0.030), (160, 0.054), (64, 0.036)), step=((32, 0.012), (8, 0.008))))

@@ -1,4 +1,4 @@
-"""The static path's packed verify (engine/packed_static.py): each running row computes only its own tokens,
+"""The static path's packed verify (engine/model/packed_static.py): each running row computes only its own tokens,
 idle slots none, padding at most the rounding to a token bucket; exact against `generate` and against the
 unpacked static verify (every slot the round's width), which stays for comparisons."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 import batchspec
-from batchspec.engine.packed_static import host_layout
-from batchspec.engine.shapes import token_buckets
+from batchspec.engine.model.packed_static import host_layout
+from batchspec.engine.model.shapes import token_buckets
 from conftest import MAX_NEW
 from tiny import PROMPTS
 
@@ -74,7 +74,7 @@ def test_unpacked_static_steps_are_declared_only_when_asked(llama_pair):
 
 
 def test_static_packed_costs_time_each_length_bucket_once_and_price_the_rest_from_round_times():
-    from batchspec.engine.costs import RoundCost, StaticPackedCosts
+    from batchspec.engine.control.costs import RoundCost, StaticPackedCosts
     timed = []
 
     def verify(bucket):  # 1 ms fixed + 0.01 ms a token at bucket 64, twice that at 128

@@ -1,4 +1,4 @@
-"""The payoff check (engine/payoff.py) against simulated rounds: each arm emits tokens at its own rate, each
+"""The payoff check (engine/control/payoff.py) against simulated rounds: each arm emits tokens at its own rate, each
 round's time noisy (uniform +-noise, fixed seed), the machine drifting slowly; and its schedule, exactly."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from batchspec.engine.payoff import PayoffCheck
+from batchspec.engine.control.payoff import PayoffCheck
 
 
 def simulate(drafting_rate, plain_rate, *, rounds=4000, noise=0.2, drift=0.2, seed=0, check=None):

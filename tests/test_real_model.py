@@ -95,7 +95,7 @@ def test_extraction_outputs_match_their_schemas(smol, drafter, temperature):
 
 # Real-world JSON schemas (Snowplow, Piwik, GitHub, Kubernetes, function calling, package.json, GeoJSON, ...): the
 # first two are issue 58's, where the speculative runs' greedy output changed with the drafter (inside a part of
-# the schema that takes any JSON, a row took `':'` where drafter none took `":"`: engine/grammar.py says why).
+# the schema that takes any JSON, a row took `':'` where drafter none took `":"`: engine/grammar/grammar.py says why).
 REAL_SCHEMAS = Path(__file__).resolve().parent / "data" / "real_world_schemas.jsonl"
 SCHEMA_TOKENS = 120
 
@@ -135,7 +135,8 @@ def smol_draft(smol, tmp_path_factory):
 @pytest.mark.parametrize("drafter,batch_size,k,rows", [
     ("prompt_lookup", 1, 4, [1, 10]), ("ngram", 8, 4, None), ("suffix", 16, 4, None), ("model", 4, 2, [0, 1, 5, 10])])
 def test_greedy_output_under_real_world_schemas_does_not_change_with_the_drafter(smol, schema_rows, smol_draft,
-                                                                                 drafter, batch_size, k, rows):
+                                                                                 drafter, batch_size, k, rows,
+                                                                                 drafting_priced_cheap):
     """12 real-world schemas, 120 new tokens, greedy: every drafter's output equals drafter none's token for token
     (before the fix, the lookups differed on rows 1 and 10 from tokens 47 and 110 at batch 1, 2 and 8; suffix at
     batch 16 on row 10). The draft model's drafts, made on the device (as the EAGLE drafter's reach the masks), on

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import batchspec
-from batchspec.engine.adaptive import AdaptiveK
+from batchspec.engine.control.adaptive import AdaptiveK
 from batchspec.engine.drafting import DraftStage
 from batchspec.engine.types import RowParams
 
@@ -127,7 +127,7 @@ def test_the_plan_books_prompt_chunks_and_the_copies_they_make_due(llama_pair, m
 @pytest.mark.parametrize("module,name", [
     ("round", "Round"), ("round", "RoundShape"), ("round", "Draft"), ("round", "Verified"),
     ("verdict", "Verdict"), ("verdict", "RoundOutcome"), ("tree", "TreeVerdict"), ("postprocess", "Emitted"),
-    ("admission", "Seated"), ("costs", "RoundCost"), ("intake", "Seat"), ("intake", "Admission"),
+    ("admission", "Seated"), ("control.costs", "RoundCost"), ("intake", "Seat"), ("intake", "Admission"),
 ])
 def test_the_records_a_round_hands_on_are_frozen(module, name):
     """Each stage builds its record once; the next only reads it (a list inside may grow while its builder

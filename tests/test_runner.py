@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from batchspec.engine.graphs import StepGraphs, resolve_capture
-from batchspec.engine.kv_cache import causal_mask
-from batchspec.engine.runner import ModelRunner, kv_buckets
-from batchspec.engine.timing import time_step
+from batchspec.engine.model.graphs import StepGraphs, resolve_capture
+from batchspec.engine.model.kv_cache import causal_mask
+from batchspec.engine.model.runner import ModelRunner, kv_buckets
+from batchspec.engine.model.timing import time_step
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +206,7 @@ def test_the_cache_goes_by_the_name_the_model_takes(model):
     import inspect
     import warnings
 
-    from batchspec.engine.model_calls import cache_argument
+    from batchspec.engine.model.model_calls import cache_argument
 
     params = inspect.signature(model.forward).parameters
     assert cache_argument(model) == ("cache" if "cache" in params else "past_key_values")
@@ -221,7 +221,7 @@ def test_row_positions_keep_each_rows_own_logits(model):
     """Per-row logits positions on any transformers release: the runner asks for every position and a hook on
     the LM head keeps each row's own (before 5.2x a 2D logits_to_keep indexed every row with it). Equal to the
     full logits gathered; the hook passes everything through once the call is done; one hook per model."""
-    from batchspec.engine.model_calls import RowPositions
+    from batchspec.engine.model.model_calls import RowPositions
 
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(3, 300, (3, 6), generator=gen)

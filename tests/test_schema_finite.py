@@ -1,4 +1,4 @@
-"""A JSON schema with no finite instance is refused before its row runs (engine/schema_finite.py); every
+"""A JSON schema with no finite instance is refused before its row runs (engine/grammar/schema_finite.py); every
 schema that has one passes the check (it is conservative: what it does not model counts as satisfiable)."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 import batchspec
-from batchspec.engine.schema_finite import no_finite_instance
+from batchspec.engine.grammar.schema_finite import no_finite_instance
 from batchspec.engine.types import RowParams
 from tiny import PROMPTS
 

@@ -1,4 +1,4 @@
-"""The machine's costs known before the first round (engine/startup_costs.py), and the rule they allow from the
+"""The machine's costs known before the first round (engine/control/startup_costs.py), and the rule they allow from the
 first round: a drafter whose drafts could not pay even if all were accepted drafts nothing (row_drafts.py)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import logging
 import pytest
 
 import batchspec
-from batchspec.engine.costs import PackedCosts, RoundCost
-from batchspec.engine.row_drafts import Prices, choose_drafts, pays_at_best
-from batchspec.engine.startup_costs import StartupCosts, budget, cache_key, load_or_measure, token_counts
+from batchspec.engine.control.costs import PackedCosts, RoundCost
+from batchspec.engine.control.row_drafts import Prices, choose_drafts, pays_at_best
+from batchspec.engine.control.startup_costs import StartupCosts, budget, cache_key, load_or_measure, token_counts
 from conftest import MAX_NEW
 from tiny import PROMPTS
 
@@ -76,7 +76,7 @@ def test_the_target_is_timed_in_passes_within_the_budget(monkeypatch, budget_s, 
     """measure() times each size once a pass (one untimed forward first) and takes the median of its passes; the
     drafting forward's two points come before the passes (REPEATS each), whatever the budget. A fake clock: a
     forward of n tokens takes 2 ms and reads n ms times 1.0, 1.1, 1.2 on its first, second and third pass."""
-    from batchspec.engine import startup_costs
+    from batchspec.engine.control import startup_costs
 
     clock, calls, steps = [0.0], [], []
 
@@ -128,7 +128,7 @@ def test_rounds_of_fewer_rows_than_the_batch_price_drafts_by_their_own_forwards(
     """The start-up points below the batch's plain N price a part-empty round's drafts (ngram at T = 0.7 on a
     held-out pair drafted in the job's tail at acceptance 0.2 where a 2-row forward's next token cost 1.1 ms,
     2026-12-05); the verify line is fitted on plain and the larger N only, and a full round's choice is as it was."""
-    from batchspec.engine.row_drafts import choose_drafts
+    from batchspec.engine.control.row_drafts import choose_drafts
 
     gains = [[alpha]] * rows
     chosen = choose_drafts(gains, rows, _prices(points).prices(), steps=False)[0]
@@ -279,7 +279,7 @@ def test_a_generator_measures_once_and_a_second_reads_the_cache(llama_pair, capl
     generator built again for the same model, batch size, k and drafter reads the points back; the output is
     drafter none's either way. (The suite's other worker shares the cores: its measurement is taken as quiet
     here, or it would not be cached.)"""
-    from batchspec.engine import startup_costs
+    from batchspec.engine.control import startup_costs
 
     monkeypatch.setenv("BATCHSPEC_CACHE", str(tmp_path))  # a cache of its own: other tests use the same pair
     measure = startup_costs.measure
@@ -316,7 +316,7 @@ def test_the_timed_forward_computes_logits_at_every_token_as_a_verify_does(llama
     """A verify needs the target's logits at every draft's position, so the timed forward of `tokens` tokens
     computes them at every token: with one row's logits a model whose LM head is a large share of a token's work
     (Gemma-3-270M's 262,144-token head) had its drafts priced several times too cheap."""
-    from batchspec.engine import startup_costs
+    from batchspec.engine.control import startup_costs
 
     generator = batchspec.build_generator(batchspec.load_models(str(llama_pair.target), None), drafter="ngram", k=4,
                                           batch_size=4, adaptive=True)
@@ -332,7 +332,7 @@ def test_the_timed_forward_computes_logits_at_every_token_as_a_verify_does(llama
 def test_the_key_names_the_products_the_linears_run(llama_pair):
     """Points timed under one choice of BLAS product (few_rows.py) price another forward under another: a change of
     choice is a new key, for the target's linears and the draft model's."""
-    from batchspec.engine.few_rows import CHOICE
+    from batchspec.engine.model.few_rows import CHOICE
 
     models = batchspec.load_models(str(llama_pair.target), str(llama_pair.draft))
     generator = batchspec.build_generator(models, drafter="model", k=3, batch_size=4)

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import batchspec
-from batchspec.engine.host_device import LaunchCounter
-from batchspec.engine.models import Models
+from batchspec.engine.model.host_device import LaunchCounter
+from batchspec.engine.model.models import Models
 from conftest import MAX_NEW
 from tiny import PROMPTS, model_config
 

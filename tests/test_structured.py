@@ -1,4 +1,4 @@
-"""Structured output (engine/grammar.py): constraints are checked and refused per row, the output is what the
+"""Structured output (engine/grammar/grammar.py): constraints are checked and refused per row, the output is what the
 target gives under the same constraint without speculation (greedy: token for token against Hugging Face
 `generate` with a logits processor on llguidance's own matcher; sampled: the masked distribution, by
 chi-square), with every drafter, at batch 1, 3 and 8, eager and static."""
@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 import batchspec
-from batchspec.engine.grammar_text import grammar_text
+from batchspec.engine.grammar.grammar_text import grammar_text
 from batchspec.engine.sampling import SamplingParams, to_probs
 from batchspec.engine.types import Constraint, RowParams
 from conftest import MAX_NEW
@@ -129,9 +129,9 @@ def test_refused_drafts_are_cut_and_forced_ones_added_before_verification(tokeni
     rows and rows awaiting their first token keep theirs."""
     from dataclasses import replace
 
-    from batchspec.engine.constrain import constrain_drafts
+    from batchspec.engine.grammar.constrain import constrain_drafts
     from batchspec.engine.drafters.base import host_draft
-    from batchspec.engine.grammar import Grammars
+    from batchspec.engine.grammar.grammar import Grammars
     from batchspec.engine.round import Round, RoundBuffers, RoundShape
     from batchspec.engine.slots import SlotTable
     from batchspec.engine.types import Request
@@ -316,7 +316,7 @@ def test_a_grammar_past_its_work_limit_ends_that_row_only(llama_pair, monkeypatc
     grammar took (no token drawn under the failed mask); the row beside it runs as it would alone. Work, not
     time, is bounded, so the row ends at the same token on every machine (fuel 60 here: 1 token, then the
     limit; at llguidance's default 200,000 the same row runs to its end)."""
-    from batchspec.engine import grammar
+    from batchspec.engine.grammar import grammar
 
     alone = batchspec.generate(PROMPTS[1:2], target=str(llama_pair.target), max_new_tokens=12)
     monkeypatch.setattr(grammar, "STEP_LEXER_FUEL", 60)

@@ -1,10 +1,10 @@
-"""engine/threads.py: the ThreadGuard's decisions on scripted CPU counters, and the real /proc reader."""
+"""engine/model/threads.py: the ThreadGuard's decisions on scripted CPU counters, and the real /proc reader."""
 
 import sys
 
 import pytest
 
-from batchspec.engine.threads import CpuSample, ThreadGuard, read_sample
+from batchspec.engine.model.threads import CpuSample, ThreadGuard, read_sample
 
 
 class Script:

@@ -109,7 +109,7 @@ def test_interleaved_lanes_run_without_the_thread_guard(llama_pair):
     from types import SimpleNamespace
 
     from batchspec.bench.contenders import Contender, batchspec_job
-    from batchspec.engine.models import load_models
+    from batchspec.engine.model.models import load_models
 
     models = load_models(str(llama_pair.target), None)
     settings = dict(batch_size=2, max_new_tokens=4, max_seq_len=None, temperature=0.0, top_p=1.0, top_k=0, seed=0,
@@ -126,7 +126,7 @@ def test_interleaved_lanes_run_without_the_thread_guard(llama_pair):
     ((2.0, 2.0), 5.0, 1, 0.0),
 ])
 def test_waited_share_is_the_threads_share_of_the_run(waited, seconds, threads, share):
-    from batchspec.engine.threads import CpuSample, waited_share
+    from batchspec.engine.model.threads import CpuSample, waited_share
 
     before, after = CpuSample(waited[0], 0.0), CpuSample(waited[1], 0.0)
     assert waited_share(before, after, seconds, threads) == pytest.approx(share)
@@ -211,7 +211,7 @@ def test_synthetic_pair_knobs_control_agreement(tmp_path):
 
     sp.main(["--out", str(tmp_path / "pair"), "--shape", "tiny", "--draft-layers", "2", "--alpha", "0.6",
              "--dtype", "float32", "--device", "cpu", "--calibration-prompts", "3", "--calibration-tokens", "8"])
-    from batchspec.engine.models import load_models
+    from batchspec.engine.model.models import load_models
 
     models = load_models(str(tmp_path / "pair" / "target"), str(tmp_path / "pair" / "draft"), dtype="float32",
                          device="cpu")

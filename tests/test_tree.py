@@ -11,8 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from batchspec.engine import tree as tree_module
-from batchspec.engine.graphs import StepGraphs
-from batchspec.engine.runner import ModelRunner
+from batchspec.engine.model.graphs import StepGraphs
+from batchspec.engine.model.runner import ModelRunner
 from batchspec.engine.tree import compaction, follow, follow_rejection, tree_mask, tree_shape
 
 #        root

@@ -1,4 +1,4 @@
-"""Sliding-window attention at any length (engine/kv_cache.py's SlidingWindow): greedy output equals Hugging Face
+"""Sliding-window attention at any length (engine/model/kv_cache.py's SlidingWindow): greedy output equals Hugging Face
 `generate` on prompts several times the window, for models whose every layer keeps to it (Mistral), whose layers
 mix windowed and full attention (Qwen2, Gemma 3), and whose attention is not sdpa's (Gemma 2's logit soft-capping,
 gpt-oss's and MiMo-V2-Flash's attention sinks, the latter's values of another head size: loaded with their eager
@@ -13,7 +13,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import batchspec
-from batchspec.engine.kv_cache import SlidingWindow
+from batchspec.engine.model.kv_cache import SlidingWindow
 from tiny import PROMPTS
 
 WINDOW = 8

@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
 
 from batchspec.bench.calibrate import read_prompts  # noqa: E402
-from batchspec.engine.models import load_models  # noqa: E402
+from batchspec.engine.model.models import load_models  # noqa: E402
 
 
 def load_base(checkout: Path, into: Path):

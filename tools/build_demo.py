@@ -355,7 +355,7 @@ def forward_ms(model, context: torch.Tensor, batch: int, new_tokens: int, reps: 
     """Median wall time (ms) of one cached forward of `new_tokens` tokens after a `context`-long prefix."""
     model.eval()
     ctx = context[None].expand(batch, -1)
-    from batchspec.engine.model_calls import cache_argument
+    from batchspec.engine.model.model_calls import cache_argument
 
     cache = DynamicCache(config=model.config)
     name = cache_argument(model)

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 import batchspec  # noqa: E402
 from batchspec.bench.calibrate import forward_ms, read_prompts  # noqa: E402
-from batchspec.engine.graphs import resolve_capture  # noqa: E402
+from batchspec.engine.model.graphs import resolve_capture  # noqa: E402
 
 DEMO = REPO / "batchspec" / "assets" / "demo"
 

@@ -1,4 +1,4 @@
-"""The captured path's device memory besides weights and KV caches, as computed (engine/memory.py) for a
+"""The captured path's device memory besides weights and KV caches, as computed (engine/model/memory.py) for a
 model shape: what docs/benchmarks.md's GPU section quotes. Needs only torch and transformers.
 
     python tools/graph_memory.py                         # Llama-3.2-3B shapes, 128k vocabulary, batch 64, bf16
@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from synthetic_pair import SHAPES, target_config  # noqa: E402
 
-from batchspec.engine.memory import MiB, Shape, estimate, fit_buckets  # noqa: E402
-from batchspec.engine.shapes import kv_buckets, kv_capacity  # noqa: E402
+from batchspec.engine.model.memory import MiB, Shape, estimate, fit_buckets  # noqa: E402
+from batchspec.engine.model.shapes import kv_buckets, kv_capacity  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

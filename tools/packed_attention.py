@@ -34,10 +34,10 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
 
-from batchspec.engine import packed  # noqa: E402
-from batchspec.engine.graphs import StepGraphs  # noqa: E402
-from batchspec.engine.packed import RowTokens, pack  # noqa: E402
-from batchspec.engine.runner import ModelRunner  # noqa: E402
+from batchspec.engine.model import packed  # noqa: E402
+from batchspec.engine.model.graphs import StepGraphs  # noqa: E402
+from batchspec.engine.model.packed import RowTokens, pack  # noqa: E402
+from batchspec.engine.model.runner import ModelRunner  # noqa: E402
 
 
 def repeat_kv(module, query, key, value, attention_mask, *, packed=None, scaling=None, dropout=0.0, **kwargs):

@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE))
 from batchspec.api import build_generator  # noqa: E402
 from batchspec.bench.calibrate import read_prompts  # noqa: E402
 from batchspec.engine.generator import SpecBatchGenerator  # noqa: E402
-from batchspec.engine.models import load_models  # noqa: E402
+from batchspec.engine.model.models import load_models  # noqa: E402
 from batchspec.engine.types import Request  # noqa: E402
 
 PACKAGE = str(HERE / "batchspec")
@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"round {args.warm_rounds + i + 1}: {len(engine)} engine modules, {len(others)} others; "
               f"model forward reached {len(path) - 1} calls below step()")
         print("  engine: " + " ".join(m.removeprefix("engine/") for m in engine))
+        # By the engine's parts: its folders, and the round's own modules at its top.
+        parts = Counter(m.split("/")[1] + "/" if m.count("/") > 1 else "the round" for m in engine)
+        print("  parts:  " + ", ".join(f"{part} {n}" for part, n in sorted(parts.items())))
         if others:
             print("  others: " + " ".join(others))
         print("  path:   " + " -> ".join(path))

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from batchspec.engine.runner import ModelRunner
+    from batchspec.engine.model.runner import ModelRunner
 
     torch.set_num_threads(args.threads)
     tree = tuple(int(v) for v in args.tree.split("x")) if args.tree else None

@@ -18,10 +18,10 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
-from batchspec.engine.graphs import StepGraphs
-from batchspec.engine.packed import RowTokens
-from batchspec.engine.runner import ModelRunner
-from batchspec.engine.timing import median_seconds
+from batchspec.engine.model.graphs import StepGraphs
+from batchspec.engine.model.packed import RowTokens
+from batchspec.engine.model.runner import ModelRunner
+from batchspec.engine.model.timing import median_seconds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gemma3  # noqa: E402

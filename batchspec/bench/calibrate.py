@@ -25,10 +25,10 @@ import torch
 from ..api import build_generator
 from ..engine.drafters.head_model import HeadAsModel
 from ..engine.drafters.registry import DRAFTERS, load_paths
-from ..engine.graphs import StepGraphs
-from ..engine.runner import ModelRunner
-from ..engine.timing import median_seconds, time_step
-from ..engine.models import Models, load_models
+from ..engine.model.graphs import StepGraphs
+from ..engine.model.runner import ModelRunner
+from ..engine.model.timing import median_seconds, time_step
+from ..engine.model.models import Models, load_models
 from ..sources import open_source
 from ..sources.prompts import check_messages
 from ..engine.types import Request

@@ -20,7 +20,7 @@ from ..api import build_generator
 from .grammar import GrammarLogitsProcessor
 from .calibrate import sync
 from ..engine.drafters.registry import DRAFT_MODEL, DRAFTERS, drafter_spec
-from ..engine.host_device import LaunchCounter
+from ..engine.model.host_device import LaunchCounter
 from ..engine.phases import GRAMMAR_COMPILE, GRAMMAR_MASK
 from ..engine.types import Request, RowParams
 
@@ -35,7 +35,7 @@ class Contender:
     compile: str = "auto"  # batchspec: how its static-shape forwards are captured
     verify: str = "coupled"  # batchspec with sampling: coupled or rejection
     tree: str | None = None  # batchspec: tree drafts (a fixed tree, or the trees adaptive may choose)
-    pack_static: bool = True  # batchspec on the static path: chain verifies packed (engine/packed_static.py)
+    pack_static: bool = True  # batchspec on the static path: chain verifies packed (engine/model/packed_static.py)
     warmup_s: float | None = None  # the untimed first run (compile / capture included)
     capture_s: float | None = None  # of which batchspec spent capturing its forwards
     generator: object | None = None  # batchspec: built at the warm-up, reused by every repeat

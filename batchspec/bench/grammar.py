@@ -8,13 +8,13 @@ import json
 
 import torch
 
-from ..engine.grammar import Grammars, apply_masks
+from ..engine.grammar.grammar import Grammars, apply_masks
 from ..engine.types import Constraint
 
 
 class GrammarLogitsProcessor:
     """A transformers LogitsProcessor for a batch of rows, each with its constraint (None: free). The masks
-    are batchspec's own (engine/grammar.py: every EOS id allowed only where the grammar accepts), so both
+    are batchspec's own (engine/grammar/grammar.py: every EOS id allowed only where the grammar accepts), so both
     sides decide under the same constraint. prompt_len: the padded prompt width of the batch."""
 
     def __init__(self, tokenizer, constraints: list[Constraint | None], *, vocab_size: int, eos_ids: list[int],

@@ -22,7 +22,7 @@ finished rows (which finish in waves of a batch) ran contenders alone for whole 
 drafter none read 14% apart in one job.
 
 Threads: torch's thread count is one for the process, so the lanes run without the thread guard
-(engine/threads.py), which would otherwise lower it for every lane when one lane's poll saw another process;
+(engine/model/threads.py), which would otherwise lower it for every lane when one lane's poll saw another process;
 instead the run says how long torch's threads waited for a CPU over it (threads.waited_share): above 15%,
 another process shared the cores, and a ratio is the machine's as much as the contenders'.
 
@@ -39,8 +39,8 @@ from typing import Iterator
 
 import torch
 
-from ..engine.machine_cache import MAX_WAIT
-from ..engine.threads import read_sample, waited_share
+from ..engine.model.machine_cache import MAX_WAIT
+from ..engine.model.threads import read_sample, waited_share
 from .calibrate import sync
 from .contenders import Contender, batchspec_job, finish_batchspec, requests
 

@@ -46,9 +46,9 @@ from .report import render_by_batch_size
 from .calibrate import read_prompts
 from ..sources.corpus import load_corpus
 from ..engine.drafters.registry import DRAFTERS, HEAD, drafter_spec
-from ..engine.graphs import resolve_capture
+from ..engine.model.graphs import resolve_capture
 from ..util.files import atomic_write_text
-from ..engine.models import load_models
+from ..engine.model.models import load_models
 from ..engine.types import Constraint, TreeSpec
 
 DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from ..engine.graphs import resolve_capture
+from ..engine.model.graphs import resolve_capture
 from .calibrate import forward_ms
 from .contenders import Contender, contenders, count_launches, run_contender
 from .interleave import interleave

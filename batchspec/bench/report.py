@@ -129,8 +129,8 @@ def print_time_split(field_: list[Contender], exact: bool) -> None:
     checks = [(c, getattr(getattr(c.generator, "scheduler", None), "payoff", None)) for c in field_]
     checks = [(c, p.summary()) for c, p in checks if p is not None and sum(p.rounds)]
     if checks:
-        print("the payoff check (epochs with and without drafts compared by the wall clock; engine/payoff.py), over "
-              "the warm-up and every repeat:")
+        print("the payoff check (epochs with and without drafts compared by the wall clock; "
+              "engine/control/payoff.py), over the warm-up and every repeat:")
         for c, p in checks:
             share = p["rounds_drafting"] / (p["rounds_drafting"] + p["rounds_plain"])
             print(f"  {c.name:32s} drafting allowed in {share:.0%} of rounds; verdict {p['winner'] or 'none yet'}; "

@@ -16,12 +16,12 @@ from functools import partial
 import torch
 
 from .acceptance import sample
-from .grammar import Grammars, apply_masks
-from .graphs import StepGraphs
-from .host_device import HostBuffer, LaunchCounter, host_lists
+from .grammar.grammar import Grammars, apply_masks
+from .model.graphs import StepGraphs
+from .model.host_device import HostBuffer, LaunchCounter, host_lists
 from .noise import STREAM_RESAMPLE, gumbel_noise, uniforms
 from .round import Draft, Round, RoundBuffers, RoundShape
-from .runner import ModelRunner
+from .model.runner import ModelRunner
 from .sampling import RowSampling, SamplingParams, choose, logprobs_at, probs_of, row_transforms, scores
 from .slots import SlotState
 from .stops import StopRules

@@ -18,7 +18,7 @@ import torch
 from .types import Result
 from .accept import Acceptor
 from .drafters import Drafter
-from .runner import ModelRunner
+from .model.runner import ModelRunner
 from .sampling import logprobs_at
 from .slots import SlotState
 

@@ -17,9 +17,9 @@ from dataclasses import replace
 import torch
 
 from .accept import Acceptor
-from .constrain import constrain_drafts
+from .grammar.constrain import constrain_drafts
 from .drafters import Drafter
-from .grammar import Grammars
+from .grammar.grammar import Grammars
 from .phases import NOISE, Timers
 from .round import Round, RoundBuffers, RoundShape
 from .scheduler import Scheduler

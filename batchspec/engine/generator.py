@@ -30,28 +30,28 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .runstats import RunStats
 from .types import Request, Result, TreeSpec
 from .accept import Acceptor
-from .adaptive import AdaptiveK
+from .control.adaptive import AdaptiveK
 from .admission import Admitter
-from .constrain import mask_round
+from .grammar.constrain import mask_round
 from .drafters import Drafter
 from .drafting import DraftStage
-from .grammar import Grammars
-from .graphs import StepGraphs
-from .host_device import HostBuffer
+from .grammar.grammar import Grammars
+from .model.graphs import StepGraphs
+from .model.host_device import HostBuffer
 from .intake import Defaults
 from .phases import NOISE, Timers
 from .round import Round, RoundBuffers, RoundShape, Verified
-from .round_prices import controllers, measured_round, start_from_machine
+from .control.round_prices import controllers, measured_round, start_from_machine
 from .round_steps import declare_round_steps
-from .runner import ModelRunner
+from .model.runner import ModelRunner
 from .scheduler import Scheduler
-from .shapes import kv_capacity
+from .model.shapes import kv_capacity
 from .slot_life import SlotLife
 from .slots import SlotState, SlotTable
-from .startup_costs import StartupCosts
+from .control.startup_costs import StartupCosts
 from .stats import Statistics, TokenCounts
 from .stops import StopRules
-from .threads import ThreadGuard
+from .model.threads import ThreadGuard
 from .verify_pass import Verifier
 
 FILL_TOKENS = 1024  # prompt tokens a packed round prefills at most (see SpecBatchGenerator)

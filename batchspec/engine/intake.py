@@ -94,7 +94,7 @@ def prompt_ids(request: Request, tokenizer: PreTrainedTokenizerBase, vocab_size:
 
 
 class Intake:
-    """grammars: checks (and compiles) structured-output constraints (engine/grammar.py; None: constraints are
+    """grammars: checks (and compiles) structured-output constraints (engine/grammar/grammar.py; None: constraints are
     refused); no_constraints: why this generator refuses them (tree drafts), or None."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, *, vocab_size: int, max_seq_len: int, defaults: Defaults,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from .types import FINISH_ERROR, FINISH_STOP, Result
-from .grammar import Grammars
+from .grammar.grammar import Grammars
 from .round import Round
 from .slots import Slot, SlotTable
 from .stats import RowCounts, Statistics, cut_counts

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .types import TreeSpec
-from .host_device import HostBuffer
+from .model.host_device import HostBuffer
 from .tree import TreeShape
 
 if TYPE_CHECKING:

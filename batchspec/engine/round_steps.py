@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from .accept import Acceptor
 from .drafters import Drafter
-from .graphs import StepGraphs
+from .model.graphs import StepGraphs
 from .round import RoundBuffers, RoundShape
-from .runner import ModelRunner
+from .model.runner import ModelRunner
 from .slots import SlotState
-from .timing import time_step
+from .model.timing import time_step
 
 
 def declare_round_steps(shapes: list[RoundShape], runner: ModelRunner, state: SlotState, buffers: RoundBuffers,

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Iterable
 from transformers import PreTrainedTokenizerBase
 
 from .types import FINISH_LENGTH, Request, Result, TreeSpec
-from .costs import PackedCosts, RoundCost
+from .control.costs import PackedCosts, RoundCost
 from .intake import Defaults, Intake, Seat
-from .payoff import PayoffCheck
+from .control.payoff import PayoffCheck
 from .postprocess import Emitted, RowOutcomes
 from .round import Round, RoundShape
 from .slot_life import SlotLife

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .grammar import Grammars
-from .host_device import HostBuffer
+from .grammar.grammar import Grammars
+from .model.host_device import HostBuffer
 from .slots import Slot, SlotState, SlotTable
 
 if TYPE_CHECKING:
-    from .adaptive import AdaptiveK
+    from .control.adaptive import AdaptiveK
     from .drafters.base import Drafter
     from .intake import Admission
-    from .runner import ModelRunner
+    from .model.runner import ModelRunner
 
 
 class SlotLife:

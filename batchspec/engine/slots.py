@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .types import Request, Result
-from .host_device import HostBuffer
+from .model.host_device import HostBuffer
 from .sampling import RowSampling
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .line import Line
+from .control.line import Line
 from .phases import Timers
 from .runstats import RunStats
 from .types import Result

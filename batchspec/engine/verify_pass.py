@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch
 
 from .drafters import Drafter
-from .host_device import HostBuffer, wall
-from .packed import layout_round
+from .model.host_device import HostBuffer, wall
+from .model.packed import layout_round
 from .round import Round, Verified
-from .runner import ModelRunner
+from .model.runner import ModelRunner
 from .slots import SlotState
 from .stats import Statistics
 

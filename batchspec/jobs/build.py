@@ -20,7 +20,7 @@ def load_job_models(job: JobConfig):
     try:
         return load_models(job.model.target, draft_model, dtype=job.model.dtype.value, device=job.model.device,
                            trust_remote_code=job.model.trust_remote_code, head=head)
-    except ValueError as e:  # batchspec.engine.models.ModelLoadError: unloadable model or incompatible draft
+    except ValueError as e:  # batchspec.engine.model.models.ModelLoadError: unloadable model or incompatible draft
         raise ConfigError(str(e).strip().splitlines()[0]) from e
 
 

@@ -100,7 +100,7 @@ class ModelConfig:
     dtype: Dtype = Dtype.auto
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     trust_remote_code: bool = False
-    compile: Compile = Compile.auto  # capture the decode / verify / draft steps (see batchspec/engine/runner.py)
+    compile: Compile = Compile.auto  # capture the decode / verify / draft steps (see batchspec/engine/model/runner.py)
 
 
 @dataclass

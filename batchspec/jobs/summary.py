@@ -54,7 +54,7 @@ def finish(out_dir: Path, index: int, count: int, composed: dict[str, Any], sele
     if trained:  # model.draft=train: each shard's before / after, training time and break-even row
         summary["self_training"] = trained
     if job is not None and job.output.format == OutputFormat.openai and summary["shards"]["complete"]:
-        from ..engine.models import load_tokenizer  # deferred: transformers only for an OpenAI-format output
+        from ..engine.model.models import load_tokenizer  # deferred: transformers only for an OpenAI-format output
 
         tokenizer = load_tokenizer(job.model.target, trust_remote_code=job.model.trust_remote_code)
         summary["openai_results"] = str(openai_batch.write_results(

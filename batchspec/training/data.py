@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..api import build_generator, checked_request
-from ..engine.models import load_models
+from ..engine.model.models import load_models
 from ..util.files import atomic_write
 from .record import FeatureRecorder, match
 

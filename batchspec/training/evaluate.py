@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from ..engine.model_calls import cache_argument
+from ..engine.model.model_calls import cache_argument
 from .features import pad_batch
 from ..eagle.head import EagleHead
 from .ttt import unroll

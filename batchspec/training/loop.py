@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..engine.threads import guard_for
+from ..engine.model.threads import guard_for
 from .evaluate import acceptance, head_matches
 from .features import noisy, pad_batch
 from ..util.files import atomic_write

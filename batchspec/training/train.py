@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..eagle.config import HeadError
-from ..engine.models import load_models
+from ..engine.model.models import load_models
 from ..sources import open_source
 from ..sources.prompts import PromptBuilder
 from .data import PROMPT_ORDERS, Prompts, SampleStore, generate_data, split_prompts

@@ -225,7 +225,7 @@ def main(argv=None) -> None:
     from .summary import render
     from .train import TrainDraftError
     from ..sources import SourceError
-    from ..engine.models import ModelLoadError
+    from ..engine.model.models import ModelLoadError
 
     try:
         summary = run(options)

@@ -20,11 +20,11 @@ from __future__ import annotations
 import torch
 
 from ..types import TreeSpec
-from ..graphs import StepGraphs
-from ..host_device import wall
+from ..model.graphs import StepGraphs
+from ..model.host_device import wall
 from ..round import Draft, Round, RoundBuffers, RoundShape
-from ..runner import ModelRunner
-from ..startup_costs import time_rows
+from ..model.runner import ModelRunner
+from ..model.timing import time_rows
 from ..sampling import SamplingParams, row_transforms
 from ..slots import SlotState
 from .base import DrafterPolicy, empty_draft

@@ -5,18 +5,21 @@ the verify pass's features along each slot's accepted path."""
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..types import TreeSpec
-from ..accept import Acceptor
-from ..graphs import StepGraphs
-from ..host_device import HostBuffer
+from ..model.graphs import StepGraphs
+from ..model.host_device import HostBuffer
 from ..round import RoundBuffers, RoundShape
-from ..runner import ModelRunner
+from ..model.runner import ModelRunner
 from ..sampling import SamplingParams
 from ..slots import SlotState
 from .choosing import choose_draft, lay_out_static_tree
+
+if TYPE_CHECKING:  # a drafter is below the Acceptor, which it is only handed
+    from ..accept import Acceptor
 
 
 class EagleStaticSteps:

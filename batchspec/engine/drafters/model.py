@@ -7,14 +7,14 @@ import torch
 from transformers import PreTrainedModel
 
 from ..types import TreeSpec
-from ..graphs import StepGraphs
-from ..host_device import wall
-from ..packed import RowTokens
+from ..model.graphs import StepGraphs
+from ..model.host_device import wall
+from ..model.packed import RowTokens
 from ..round import Draft, Round, RoundBuffers, RoundShape
-from ..runner import ModelRunner
+from ..model.runner import ModelRunner
 from ..sampling import SamplingParams, row_transforms
 from ..slots import SlotState
-from ..startup_costs import time_packed, time_rows
+from ..model.timing import time_packed, time_rows
 from .base import MODEL_POLICY, empty_draft
 from .choosing import buffered_draft, choose_draft, no_tree
 from .model_static import ModelStaticSteps

@@ -10,12 +10,12 @@ from typing import Callable
 import torch
 
 from ..types import TreeSpec
-from ..graphs import StepGraphs
+from ..model.graphs import StepGraphs
 from ..round import RoundBuffers, RoundShape
-from ..runner import ModelRunner
+from ..model.runner import ModelRunner
 from ..sampling import SamplingParams
 from ..slots import SlotState
-from ..timing import median_seconds
+from ..model.timing import median_seconds
 from .choosing import choose_draft, lay_out_static_tree
 
 

@@ -9,14 +9,14 @@ from functools import partial
 from . import startup_costs
 from .adaptive import AdaptiveK
 from .costs import CostModel, PackedCosts, RoundTimes, StaticPackedCosts, StepTable
-from .drafters import Drafter
+from ..drafters import Drafter
 from .payoff import PayoffCheck
-from .round import Round, RoundShape, Verified
-from .types import TreeSpec
-from .round_steps import shape_seconds
-from .runner import ModelRunner
+from ..round import Round, RoundShape, Verified
+from ..types import TreeSpec
+from ..round_steps import shape_seconds
+from ..model.runner import ModelRunner
 from .startup_costs import StartupCosts
-from .timing import packed_seconds
+from ..model.timing import packed_seconds
 
 WARMUP_WITH_COSTS = 8  # the payoff check's warm-up rounds when the round costs were measured at start (payoff.py)
 log = logging.getLogger("batchspec")

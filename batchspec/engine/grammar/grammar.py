@@ -30,9 +30,9 @@ from collections import OrderedDict
 
 import torch
 
-from .types import Constraint
+from ..types import Constraint
 from .grammar_text import grammar_text, one_line
-from .phases import GRAMMAR_COMPILE, GRAMMAR_MASK, Timers
+from ..phases import GRAMMAR_COMPILE, GRAMMAR_MASK, Timers
 from .schema_finite import no_finite_instance
 
 CACHED_GRAMMARS = 256  # compiled grammars kept by content (a job with a schema per row reuses few)

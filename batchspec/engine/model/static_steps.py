@@ -17,7 +17,7 @@ from .host_device import HostBuffer
 from .kv_cache import causal_mask
 from .packed_static import StaticLayout, host_layout
 from .shapes import token_buckets
-from .tree import TreeShape
+from ..tree import TreeShape
 
 
 class StaticSteps:

@@ -1,4 +1,5 @@
-"""Timing static steps by replaying them: what adaptive speculation's cost table and calibrate measure."""
+"""Timing the target's and a drafter's forwards: what the start-up measurement (control/startup_costs.py), adaptive
+speculation's cost table on the static path and calibrate measure."""
 
 from __future__ import annotations
 
@@ -7,8 +8,56 @@ from typing import Callable
 
 import torch
 
+from .packed import RowTokens
 from .runner import ModelRunner
-from .tree import TreeShape, chain_parents, tree_shape
+from ..tree import TreeShape, chain_parents, tree_shape
+
+CONTEXT = 64  # cache entries the timed rows attend over: a short prompt's (attention is a small share on CPU)
+
+
+@torch.inference_mode()
+def time_packed(runner, rows: int, tokens: int, *, repeats: int, warm: bool = True) -> float:
+    """Median seconds of one packed forward of `tokens` tokens over slots 0 .. rows - 1 (as even as they go: a
+    round's drafts spread over its rows), written at CONTEXT.. of each, logits at every token (call before any
+    row is admitted: it writes garbage past every valid entry, which the rows' own tokens overwrite before
+    anything reads it). Lengths are not changed. warm: one untimed forward first (measure's passes warm once)."""
+    widths = [tokens // rows + (i < tokens % rows) for i in range(rows)]
+    start = max(0, min(CONTEXT, runner.capacity - widths[0]))
+    # Logits at every token, as a verify needs them at every draft's position: a model whose LM head is a large
+    # share of a token's work prices drafts several times too cheap otherwise (Gemma-3-270M, 262,144-token
+    # head: the forward of 40 tokens 262 ms with one row's logits, against 236-279 ms for whole decoding rounds of
+    # 16-19 tokens, so that drafts looked nearly free).
+    batch = runner.pack([RowTokens(slot, start, width) for slot, width in enumerate(widths) if width])
+    ids = torch.zeros(tokens, dtype=torch.long, device=runner.device)
+    times = []
+    for _ in range(repeats + warm):
+        _sync(runner.device)
+        started = time.perf_counter()
+        runner.forward_packed(ids, batch)
+        _sync(runner.device)
+        times.append(time.perf_counter() - started)
+    times = sorted(times[warm:])
+    return times[len(times) // 2]
+
+
+@torch.inference_mode()
+def time_rows(runner, rows: int, *, repeats: int, extra: dict | None = None) -> float:
+    """Median seconds of one eager forward of one token in slots 0 .. rows - 1 attending over CONTEXT entries
+    (a drafter whose model does not pack: an EAGLE head); extra: more inputs [rows, 1, ...]. The same rules as
+    time_packed; the lengths come back after."""
+    ids = torch.zeros(rows, 1, dtype=torch.long, device=runner.device)
+    start = max(0, min(CONTEXT, runner.capacity - 1))
+    times = []
+    with runner.lengths_kept():
+        runner.set_lengths(slice(0, rows), start)
+        for _ in range(repeats + 1):
+            _sync(runner.device)
+            started = time.perf_counter()
+            runner.forward(ids, kv_len=start + 1, rows=slice(0, rows), extra=extra)
+            _sync(runner.device)
+            times.append(time.perf_counter() - started)
+    times = sorted(times[1:])
+    return times[len(times) // 2]
 
 
 def median_seconds(run: Callable[[], object], device: torch.device, repeats: int = 5) -> float:

@@ -25,7 +25,7 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .kv_cache import attend, causal_mask
-from .tree import tree_mask
+from ..tree import tree_mask
 
 ATTENTION = "batchspec_packed"
 SHORT = 8  # rows of at most this many tokens (decoding rows) share one group; longer ones group by length

@@ -1,11 +1,11 @@
-"""A constraint in llguidance's grammar format (what engine/grammar.py compiles), and a library's error as one
+"""A constraint in llguidance's grammar format (what engine/grammar/grammar.py compiles), and a library's error as one
 line."""
 
 from __future__ import annotations
 
 import json
 
-from .types import Constraint
+from ..types import Constraint
 
 
 def one_line(message: str, limit: int = 300) -> str:
@@ -16,7 +16,7 @@ def one_line(message: str, limit: int = 300) -> str:
 
 def grammar_text(constraint: Constraint) -> str:
     """The constraint in llguidance's grammar format."""
-    import llguidance  # deferred: only a job with a constraint needs it (engine/grammar.py)
+    import llguidance  # deferred: only a job with a constraint needs it (engine/grammar/grammar.py)
 
     kind, value = constraint.kind, constraint.value
     compact = {"whitespace_flexible": False}  # one way to write a JSON value: more of it is forced

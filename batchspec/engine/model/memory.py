@@ -156,7 +156,7 @@ def kv_problem(models, *, num_slots: int, capacity: int, max_seq_len: int) -> st
 def capture_buckets(models, mode: str | None, capacity: int, *, batch_size: int, k: int, trees, sampling,
                     drafter: str, budget: int | None, pack_static: bool = True) -> list[int]:
     """The attended-length buckets of the static steps: all of them, or on a GPU as many as the memory
-    budget for captured steps allows (engine/memory.py; default: what is free after the KV caches, less
+    budget for captured steps allows (engine/model/memory.py; default: what is free after the KV caches, less
     1 GiB). Logs the estimate when capturing."""
     buckets = kv_buckets(capacity)
     if mode not in CAPTURED:

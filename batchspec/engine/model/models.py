@@ -14,7 +14,7 @@ from functools import partial
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..util.paths import missing_local_path, offline_hub_id
+from ...util.paths import missing_local_path, offline_hub_id
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that honour an explicit 4D per-row mask
@@ -195,7 +195,7 @@ def load_models(
         if draft_model.config._attn_implementation not in SUPPORTED_ATTENTION:
             raise ModelLoadError(f"draft attention {draft_model.config._attn_implementation!r} is not supported")
     if head is not None and not isinstance(head, torch.nn.Module):
-        from ..eagle.formats import load_head  # deferred: only eagle jobs need it
+        from ...eagle.formats import load_head  # deferred: only eagle jobs need it
 
         head = load_head(head, target_model, dtype=torch_dtype, device=torch_device)
     return Models(target=target_model, draft=draft_model, tokenizer=tokenizer, eos_token_ids=eos, head=head)

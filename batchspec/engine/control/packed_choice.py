@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import itertools
 
-from .types import TreeSpec
+from ..types import TreeSpec
 from .acceptance_model import AcceptanceModel, acceptance_interval
 from .costs import PackedCosts
-from .drafters.base import DrafterPolicy
+from ..drafters.base import DrafterPolicy
 from .row_drafts import Prices, breakeven, choose_drafts, pays_at_best
 
 

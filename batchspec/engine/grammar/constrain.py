@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import torch
 
-from .drafters.base import host_draft
+from ..drafters.base import host_draft
 from .grammar import Grammars, apply_masks
-from .round import Draft, Round, RoundBuffers
-from .slots import SlotTable
+from ..round import Draft, Round, RoundBuffers
+from ..slots import SlotTable
 
 
 def constrain_drafts(round: Round, draft: Draft, grammars: Grammars, slots: SlotTable, buffers: RoundBuffers,

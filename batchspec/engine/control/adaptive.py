@@ -57,14 +57,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .types import TreeSpec
+from ..types import TreeSpec
 from .acceptance_model import AcceptanceModel
 from .costs import CostModel, PackedCosts, RoundCost, RoundTimes
-from .drafters.base import LOOKUP_POLICY as LOOKUP  # noqa: F401 (the tests' name for it)
-from .drafters.base import MODEL_POLICY as DRAFT_MODEL
-from .drafters.base import DrafterPolicy
+from ..drafters.base import LOOKUP_POLICY as LOOKUP  # noqa: F401 (the tests' name for it)
+from ..drafters.base import MODEL_POLICY as DRAFT_MODEL
+from ..drafters.base import DrafterPolicy
 from .packed_choice import PackedChoice
-from .round import RoundShape
+from ..round import RoundShape
 
 
 @dataclass

@@ -26,18 +26,17 @@ from typing import Callable
 
 import torch
 
-from .. import __version__
-from . import machine_cache
-from .few_rows import CHOICE
-from .packed import RowTokens
-from .threads import read_sample
+from ... import __version__
+from ..model import machine_cache
+from ..model.few_rows import CHOICE
+from ..model.threads import read_sample
+from ..model.timing import time_packed
 
 BUDGET_S = 5.0  # the most seconds the start-up measurement takes
 MIN_BUDGET_S = 0.5  # the least: a small model's whole curve (a 1,000-row job of it takes seconds)
 SHARE, JOB_ROWS, JOB_TOKENS = 0.02, 1000, 64  # the budget: this share of such a job's plain rounds
 PASSES = 3  # timed forwards a size of the target's (one a pass: the budget cuts whole passes short, not sizes)
 REPEATS = 3  # timed forwards of a drafting forward's point (after one untimed)
-CONTEXT = 64  # cache entries the timed rows attend over: a short prompt's (attention is a small share on CPU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,51 +138,6 @@ def budget(plain_seconds: float, batch_size: int) -> float:
     return min(BUDGET_S, max(MIN_BUDGET_S, SHARE * job))
 
 
-@torch.inference_mode()
-def time_packed(runner, rows: int, tokens: int, *, repeats: int, warm: bool = True) -> float:
-    """Median seconds of one packed forward of `tokens` tokens over slots 0 .. rows - 1 (as even as they go: a
-    round's drafts spread over its rows), written at CONTEXT.. of each, logits at every token (call before any
-    row is admitted: it writes garbage past every valid entry, which the rows' own tokens overwrite before
-    anything reads it). Lengths are not changed. warm: one untimed forward first (measure's passes warm once)."""
-    widths = [tokens // rows + (i < tokens % rows) for i in range(rows)]
-    start = max(0, min(CONTEXT, runner.capacity - widths[0]))
-    # Logits at every token, as a verify needs them at every draft's position: a model whose LM head is a large
-    # share of a token's work prices drafts several times too cheap otherwise (Gemma-3-270M, 262,144-token
-    # head: the forward of 40 tokens 262 ms with one row's logits, against 236-279 ms for whole decoding rounds of
-    # 16-19 tokens, so that drafts looked nearly free).
-    batch = runner.pack([RowTokens(slot, start, width) for slot, width in enumerate(widths) if width])
-    ids = torch.zeros(tokens, dtype=torch.long, device=runner.device)
-    times = []
-    for _ in range(repeats + warm):
-        _sync(runner.device)
-        started = time.perf_counter()
-        runner.forward_packed(ids, batch)
-        _sync(runner.device)
-        times.append(time.perf_counter() - started)
-    times = sorted(times[warm:])
-    return times[len(times) // 2]
-
-
-@torch.inference_mode()
-def time_rows(runner, rows: int, *, repeats: int, extra: dict | None = None) -> float:
-    """Median seconds of one eager forward of one token in slots 0 .. rows - 1 attending over CONTEXT entries
-    (a drafter whose model does not pack: an EAGLE head); extra: more inputs [rows, 1, ...]. The same rules as
-    time_packed; the lengths come back after."""
-    ids = torch.zeros(rows, 1, dtype=torch.long, device=runner.device)
-    start = max(0, min(CONTEXT, runner.capacity - 1))
-    times = []
-    with runner.lengths_kept():
-        runner.set_lengths(slice(0, rows), start)
-        for _ in range(repeats + 1):
-            _sync(runner.device)
-            started = time.perf_counter()
-            runner.forward(ids, kv_len=start + 1, rows=slice(0, rows), extra=extra)
-            _sync(runner.device)
-            times.append(time.perf_counter() - started)
-    times = sorted(times[1:])
-    return times[len(times) // 2]
-
-
 def measure(target_runner, step: Callable[[int, int], float] | None, *, batch_size: int, k_max: int,
             budget_s: float | None = None) -> StartupCosts:
     """Time the target's packed forward at token_counts (rows of 1 + j tokens) and, given step(rows, repeats)
@@ -228,7 +182,3 @@ def for_runner(runner, drafter, *, batch_size: int, k_max: int) -> StartupCosts:
     step = drafter.step_seconds if drafter.policy.draft_forwards else None
     return load_or_measure(key, lambda: measure(runner, step, batch_size=batch_size, k_max=k_max))
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -36,7 +36,7 @@ from .packed import (PackedBatch, PackingUnsupported, RowTokens, pack, packed_at
 from .prefill import StaticPrefill
 from .shapes import PREFILL_CHUNK, kv_buckets
 from .static_steps import StaticSteps
-from .tree import TreeShape, tree_mask
+from ..tree import TreeShape, tree_mask
 
 
 class ModelRunner:
