@@ -39,6 +39,22 @@ def room(module: str) -> str:
     return ".".join(parts[:2])
 
 
+def cycles(edges: dict[str, set[str]]) -> list[str]:
+    """The import cycles between rooms, each written 'a -> b -> a' (edges: room -> the rooms it imports)."""
+    found = []
+
+    def visit(node, path):
+        for nxt in sorted(edges[node]):
+            if nxt in path:
+                found.append(path[path.index(nxt):] + [nxt])
+            elif len(path) < 12:
+                visit(nxt, path + [nxt])
+
+    for start in sorted(edges):
+        visit(start, [start])
+    return sorted({" -> ".join(c) for c in found})
+
+
 def test_no_folder_imports_one_that_imports_it_back():
     """The rooms (batchspec's folders and top-level modules) and their imports form no cycle: each room can
     be read knowing only the rooms below it. batchspec/__init__.py is left out: it only hands the API on,
@@ -51,18 +67,44 @@ def test_no_folder_imports_one_that_imports_it_back():
             for module in ([f"{target}.{n}" for n in names] if target == "batchspec" else [target]):
                 if room(module) not in (source, "batchspec"):
                     edges[source].add(room(module))
-    cycles = []
+    assert not cycles(edges), cycles(edges)[:5]
 
-    def visit(node, path):
-        for nxt in sorted(edges[node]):
-            if nxt in path:
-                cycles.append(path[path.index(nxt):] + [nxt])
-            elif len(path) < 12:
-                visit(nxt, path + [nxt])
 
-    for start in sorted(edges):
-        visit(start, [start])
-    assert not cycles, sorted({" -> ".join(c) for c in cycles})[:5]
+def type_only(path: Path) -> set[int]:
+    """The lines of a file's `if TYPE_CHECKING:` imports (names for annotations, not needed to run)."""
+    lines = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            lines.update(inner.lineno for inner in node.body)
+    return lines
+
+
+def engine_part(module: str) -> str:
+    """batchspec.engine.model.runner -> 'model/'; batchspec.engine.round -> 'round' (the round's own modules)."""
+    parts = module.split(".")[2:]
+    return parts[0] + "/" if len(parts) > 1 or (PACKAGE / "engine" / parts[0]).is_dir() else parts[0]
+
+
+def test_the_engine_s_parts_import_one_another_one_way():
+    """Inside the engine (docs/how_it_works.md, "Source layout"): its folders (model/, drafters/, control/,
+    grammar/) and the round's modules beside them form no import cycle at run time, and model/ (the target on
+    this machine) takes nothing from the engine above it but tree drafts' geometry (tree.py): it is handed
+    tokens, lengths and masks. A drafter that imported the controller's timers put drafters/ and control/ in one
+    cycle (before the forward timers moved to model/timing.py)."""
+    engine = PACKAGE / "engine"
+    edges, model_takes = defaultdict(set), set()
+    for path in engine.rglob("*.py"):
+        source = engine_part(".".join(("batchspec",) + path.relative_to(PACKAGE).with_suffix("").parts))
+        skip = type_only(path)
+        for target, names, line in imports(path):
+            if line in skip or not target.startswith("batchspec.engine."):
+                continue
+            if engine_part(target) != source:
+                edges[source].add(engine_part(target))
+                if source == "model/":
+                    model_takes.add(engine_part(target))
+    assert not cycles(edges), cycles(edges)[:5]
+    assert model_takes <= {"tree"}, model_takes
 
 
 def test_no_private_name_is_imported_from_another_module():

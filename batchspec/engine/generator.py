@@ -227,8 +227,6 @@ class SpecBatchGenerator:
                 round = self.drafting.run(round)
         with self.timers.phase("verify"):
             verified = self.verifier.run(round)
-            if self.static:  # a captured verify runs on the device: the idle host does the drafter's put-off work
-                self.drafter.learn_pending()
         if not round.rows:  # a round that only prefilled
             return []
         with self.timers.phase("accept"):

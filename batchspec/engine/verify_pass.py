@@ -31,9 +31,11 @@ class Verifier:
         """One target forward over [pending token, drafts] of every row -> logits [b, W, V]."""
         if self.packed:
             return self._packed(round)
-        if self.runner.packed_width and round.tree is None:
-            return self._packed_static(round)
-        return Verified(self._padded(round))
+        verified = (self._packed_static(round) if self.runner.packed_width and round.tree is None
+                    else Verified(self._padded(round)))
+        if self.static:  # a captured verify runs on the device: the idle host does the drafter's put-off work
+            self.drafter.learn_pending()
+        return verified
 
     def _padded(self, round: Round) -> torch.Tensor:
         """Every row W tokens (the static path's trees, and eager rounds that are not packed)."""
