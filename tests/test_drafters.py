@@ -95,7 +95,7 @@ LAZY_CASES = [  # drafter, a row's tokens: learning put off (lazy) proposes as l
 @pytest.mark.parametrize("name,make,seq", LAZY_CASES, ids=[c[0] for c in LAZY_CASES])
 def test_lazy_learning_proposes_as_eager_learning(name, make, seq):
     """Rows 0 and 1 grow by the same chunks; row 0 proposes every step, row 1 only at some steps, with
-    learn_pending (the generator's call while a captured verify runs) at others. At every step each row's
+    learn_pending (the verify pass's call while a captured verify runs) at others. At every step each row's
     proposal equals that of a drafter admitted with the row's whole sequence so far; a row that does not
     propose keeps its tokens queued."""
     lazy = make()

@@ -12,7 +12,7 @@ Every drafter speaks the same verbs (cf. transformers' CandidateGenerator, made 
                                         first token in front), how many drafts it had accepted, and in a
                                         tree round each row's deepest accepted node (None in chains)
   release(slots)                        these requests are done
-  learn_pending()                       host work it may put off (a lookup's learning): the generator calls it
+  learn_pending()                       host work it may put off (a lookup's learning): the verify pass calls it
                                         while the device computes a captured verify, when the host is idle
   packed_forward(chunks, verify_index)  a packed verify forward just ran (drafters that read the target's
                                         hidden states: where its prompt chunks and verify positions are)

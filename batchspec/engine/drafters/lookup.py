@@ -4,7 +4,7 @@ Both keep their state on the host and propose from it with no device work and no
 reach the device in one copy, and the verify width is trimmed to the longest proposal on every path.
 
 Learning is lazy (`LazyLookup`): `admit` and `extend` only queue a row's tokens, and a row's table takes
-them in when it next proposes, or in `learn_pending`, which the generator calls while the device computes
+them in when it next proposes, or in `learn_pending`, which the verify pass calls while the device computes
 a captured verify (the host is idle then). A row whose drafts do not pay proposes nothing and so costs no
 learning until it drafts again, and a row that ends first never learns its last tokens. Learned eagerly, it
 is host time in which the device waits (about 7% of a lookup's round time on an H100 at batch 64).
