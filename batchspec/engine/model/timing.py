@@ -29,15 +29,7 @@ def time_packed(runner, rows: int, tokens: int, *, repeats: int, warm: bool = Tr
     # 16-19 tokens, so that drafts looked nearly free).
     batch = runner.pack([RowTokens(slot, start, width) for slot, width in enumerate(widths) if width])
     ids = torch.zeros(tokens, dtype=torch.long, device=runner.device)
-    times = []
-    for _ in range(repeats + warm):
-        _sync(runner.device)
-        started = time.perf_counter()
-        runner.forward_packed(ids, batch)
-        _sync(runner.device)
-        times.append(time.perf_counter() - started)
-    times = sorted(times[warm:])
-    return times[len(times) // 2]
+    return median_seconds(lambda: runner.forward_packed(ids, batch), runner.device, repeats, warm=warm)
 
 
 @torch.inference_mode()
@@ -47,29 +39,23 @@ def time_rows(runner, rows: int, *, repeats: int, extra: dict | None = None) -> 
     time_packed; the lengths come back after."""
     ids = torch.zeros(rows, 1, dtype=torch.long, device=runner.device)
     start = max(0, min(CONTEXT, runner.capacity - 1))
-    times = []
     with runner.lengths_kept():
         runner.set_lengths(slice(0, rows), start)
-        for _ in range(repeats + 1):
-            _sync(runner.device)
-            started = time.perf_counter()
-            runner.forward(ids, kv_len=start + 1, rows=slice(0, rows), extra=extra)
-            _sync(runner.device)
-            times.append(time.perf_counter() - started)
-    times = sorted(times[1:])
-    return times[len(times) // 2]
+        return median_seconds(lambda: runner.forward(ids, kv_len=start + 1, rows=slice(0, rows), extra=extra),
+                              runner.device, repeats)
 
 
-def median_seconds(run: Callable[[], object], device: torch.device, repeats: int = 5) -> float:
-    """Median wall seconds of run() over `repeats` calls after one untimed warm-up, synced on a GPU."""
+def median_seconds(run: Callable[[], object], device: torch.device, repeats: int = 5, warm: bool = True) -> float:
+    """Median wall seconds of run() over `repeats` calls after one untimed warm-up (none without `warm`), synced
+    on a GPU."""
     times = []
-    for _ in range(repeats + 1):
+    for _ in range(repeats + warm):
         _sync(device)
         started = time.perf_counter()
         run()
         _sync(device)
         times.append(time.perf_counter() - started)
-    times = sorted(times[1:])
+    times = sorted(times[warm:])
     return times[len(times) // 2]
 
 
