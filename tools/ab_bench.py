@@ -41,9 +41,11 @@ def load_base(checkout: Path, into: Path):
     """The other checkout's package under the name batchspec_base -> (its api, its types)."""
     shutil.copytree(checkout / "batchspec", into / "batchspec_base", ignore=shutil.ignore_patterns("assets", "__pycache__"))
     # Both packages register their packed attention with transformers by name: give the base's its own.
-    packed = into / "batchspec_base" / "engine" / "packed.py"
-    if packed.exists():
-        packed.write_text(packed.read_text().replace('ATTENTION = "batchspec_packed"', 'ATTENTION = "batchspec_packed_base"'))
+    engine = into / "batchspec_base" / "engine"
+    for packed in (engine / "model" / "packed.py", engine / "packed.py"):  # engine/model/ since the parts are folders
+        if packed.exists():
+            text = packed.read_text()
+            packed.write_text(text.replace('ATTENTION = "batchspec_packed"', 'ATTENTION = "batchspec_packed_base"'))
     sys.path.insert(0, str(into))
     # A base from before engine/ held the records has them at the package's top.
     types = "engine.types" if (into / "batchspec_base" / "engine" / "types.py").exists() else "types"
