@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from batchspec.engine.control.acceptance_model import expected_tokens
+from batchspec.engine.control.acceptance_model import RowAcceptance, expected_tokens, shrinkage
 from batchspec.engine.control.adaptive import LOOKUP, AdaptiveK
 from batchspec.engine.types import TreeSpec
 
@@ -220,6 +220,41 @@ def test_a_new_request_starts_from_the_pooled_acceptance():
     controller.admit(1)
     assert controller.acceptance.alpha(1) == pytest.approx(controller.acceptance.pooled_alpha)
     assert 0.4 < controller.acceptance.pooled_alpha < 0.95
+
+
+@pytest.mark.parametrize("policy,left_out,ages", [
+    ("draft model", 10, True),  # no sampling of its left-out rows: each round it is left out ages its counts
+    ("draft model", 0, False),
+    ("lookup", 10, False),  # sampled instead: its counts move only with its own drafts
+], ids=["model_left_out", "model_drafting", "lookup_left_out"])
+def test_a_row_left_without_drafts_drifts_back_to_the_jobs_acceptance(policy, left_out, ages):
+    """Row 1's one refusal puts it below the job's rate; rounds in which the choice drafts only row 0 age row 1's
+    counts (by decay = 0.9 a round) towards the prior, for a drafter that does not sample left-out rows."""
+    controller = AdaptiveK(1, policy=LOOKUP) if policy == "lookup" else AdaptiveK(1)
+    model = controller.acceptance
+    for _ in range(30):  # a job-wide rate of ~0.95 from row 0
+        controller.learn(1, [0], [1], [1], [1])
+    controller.learn(1, [0, 1], [1, 1], [1, 1], [1, 0])  # row 1: one draft, refused
+    before = model.alpha(1)
+    for _ in range(left_out):
+        controller.learn(1, [0, 1], [1, 0], [1, 0], [1, 0])
+    counts = model.rows[1]
+    assert (counts.accepted, counts.rejections) == pytest.approx((0.0, 0.9 ** left_out if ages else 1.0))
+    assert (model.alpha(1) - before > 0.15) is ages  # 0.63 -> 0.81 aged; unaged it moves with the pooled rate
+    assert model.alpha(1) <= model.pooled_alpha
+
+
+@pytest.mark.parametrize("counts,pooled,weight", [
+    ([(8, 2)] * 8, 0.8, 20.0),  # rows alike: their spread is chance's, so each reads as the job (MAX_WEIGHT)
+    ([(10, 0), (10, 0), (6, 4), (6, 4)], 0.8, 0.16 / 0.024 - 1),  # tau^2 = (1.6 - 4 x 0.16) / 40 = 0.024
+    ([(10, 0), (10, 0), (0, 10), (0, 10)], 0.5, 2.0),  # rows far apart: the least weight, each its own
+    ([(10, 0), (10, 0), (6, 4)], 0.8, 2.0),  # three rows with counts: too few to tell
+    ([(10, 0), (10, 0), (6, 4), (6, 4), (0.4, 0.4)], 0.8, 0.16 / 0.024 - 1),  # a row under one count is left out
+], ids=["alike", "apart", "far_apart", "three_rows", "a_row_without_counts"])
+def test_how_far_a_row_is_pulled_to_the_jobs_rate_is_measured(counts, pooled, weight):
+    """acceptance_model.shrinkage: the prior's weight p (1 - p) / tau^2 - 1 (method of moments), within 2 .. 20."""
+    rows = [RowAcceptance(a, r) for a, r in counts]
+    assert shrinkage(rows, pooled, 2.0) == pytest.approx(weight)
 
 
 def test_lookup_width_beats_every_fixed_k_when_matches_are_rare_but_good():

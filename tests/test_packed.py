@@ -17,7 +17,7 @@ from batchspec.api import build_generator
 from batchspec.engine.control.adaptive import LOOKUP, AdaptiveK
 from batchspec.engine.control.costs import PackedCosts
 from batchspec.engine.control.line import Line
-from batchspec.engine.control.packed_choice import explore
+from batchspec.engine.control.exploration import explore
 from batchspec.engine.model.graphs import StepGraphs
 from batchspec.engine.model.kv_cache import causal_mask
 from batchspec.engine.model.packed import RowTokens, layout_round, pack, supports_packing
@@ -236,7 +236,7 @@ EXPLORATIONS = [
 
 @pytest.mark.parametrize("name,drafts,gains,base,prices,steps,explored", EXPLORATIONS, ids=[e[0] for e in EXPLORATIONS])
 def test_exploration_drafts_one_token_on_few_rows(name, drafts, gains, base, prices, steps, explored):
-    """While a job's acceptance is a prior (packed_choice.explore): one draft on the rows whose first draft gains
+    """While a job's acceptance is a prior (exploration.explore): one draft on the rows whose first draft gains
     most: a lookup's as many as keep the round within 10% of a plain round's price (at least one), and with a
     drafter that runs forwards (none of whose rows drafted before here) at most an eighth of the rows."""
     assert explore(gains, prices, base, steps) == explored

@@ -47,6 +47,23 @@ def test_the_faster_arm_wins_and_the_trials_cost_little(name, on, off, winner, l
     assert achieved >= least, achieved
 
 
+@pytest.mark.parametrize("every,winner,plain_rounds", [
+    (8, None, 0),  # drafts in 1 round of 8: its epochs measure plain decoding, nothing is compared
+    (3, "plain", 48),  # 1 of 3 (more than a quarter): compared, 0.97x is a loss
+    (1, "plain", 48),
+])
+def test_a_drafting_epoch_that_hardly_drafted_is_not_compared(every, winner, plain_rounds):
+    """Epochs with drafting allowed run 0.97x plain decoding (noise-free), the controller drafting in one round of
+    `every`: where that is fewer than a quarter of an epoch's rounds, the epoch is no evidence of drafting, no
+    plain epoch is run and drafting stays allowed; otherwise the verdict is plain as before (400 rounds)."""
+    check = PayoffCheck()
+    for r in range(400):
+        drafting = check.drafting
+        check.observe(32, 32 / (0.97 if drafting else 1.0), drafted=drafting and r % every == 0)
+    assert check.winner == winner and check.drafting is (winner is None)
+    assert check.rounds[0] >= plain_rounds and (plain_rounds or check.rounds[0] == 0)
+
+
 @pytest.mark.parametrize("on,winner", [(0.99, "plain"), (1.0, "plain"), (1.02, "plain"), (1.04, "drafting")])
 def test_a_tie_goes_to_plain_decoding(on, winner):
     """Drafting must be 3% faster than plain decoding to be kept: rows that advance at different paces leave a

@@ -77,7 +77,7 @@ class AdaptiveK:
     policy: DrafterPolicy = DRAFT_MODEL
     costs: CostModel = field(default_factory=RoundTimes)
     trees: tuple[TreeSpec, ...] = ()  # further choices beside the chains
-    decay: float = 0.9  # per informative round, for each row's counts (~10 rounds of memory)
+    decay: float = 0.9  # per round that verifies drafts, for each row's counts (~10 rounds of memory)
     prior_weight: float = 2.0  # pseudo-observations of the job-wide acceptance in each row's estimate
     pooled_decay: float = 0.99  # per round, for the job-wide counts
     revisit_every: int = 48  # rounds between re-timings of the chosen k's neighbours

@@ -25,51 +25,17 @@ budget samples a lookup's rows that the choice leaves without drafts (`_sample`)
 
 from __future__ import annotations
 
-import itertools
-
 from ..types import TreeSpec
 from .acceptance_model import AcceptanceModel, acceptance_interval
 from .costs import PackedCosts
+from .exploration import EXPLORE_SHARE, explore
 from ..drafters.base import DrafterPolicy
-from .row_drafts import Prices, breakeven, choose_drafts, pays_at_best
+from .row_drafts import Prices, best_speedup, breakeven, choose_drafts, pays_at_best
 
 
-EXPLORE_SHARE = 0.1  # what a round that explores acceptance may cost over one without drafts
 EXPLORE_BUDGET = 0.02  # what exploring may cost in all, a share of the price of the rounds' decoding meanwhile
 MIN_EVIDENCE = 3  # rounds that verified first drafts before their interval may end exploration early
-
-
-def explore(gains: list[list[float]], prices: Prices, base_tokens: int, steps: bool,
-            drafted_before: list[bool] | None = None, lags: list[int] | None = None, wide: bool = True) -> list[int]:
-    """A round's drafts while the job's acceptance is a prior: one draft on the rows that can draft (gains[i]
-    not empty) whose first draft gains most, whether or not the choice drafted them (a few unlucky first
-    verdicts must not end the learning: the demo pair's sampled drafts stopped at 1 of 3 accepted). A lookup:
-    as many as keep the round within EXPLORE_SHARE of the round without drafts (at least one). With drafting
-    forwards (`steps`): the rows that drafted before (drafted_before[i]), at most an eighth of the rows new, each
-    group the least behind first (lags[i]: the tokens row i's draft cache lacks, which its first draft feeds: a
-    new row's whole sequence, a fed row's tokens since it last drafted), and of those as many as buy the most
-    first drafts a second (ties: more), each row's lag priced at the drafting forward's price of a token
-    (`Prices.per_fed`): a drafting forward costs nearly as much for one row as for all, and one row a round took
-    130 rounds to learn (p512, batch 8, T = 0.7: 0.97-1.02x drafter none where fixed k=2 ran 1.11x), but rows
-    that last drafted 20 rounds before feed 20 tokens each (SmolLM2-135M with 6 of its layers: exploring with
-    them unpriced spent 4% of the rounds' price against 2%, 0.98x drafter none). Not `wide` (a probe), an
-    eighth of the rows in all."""
-    fed = drafted_before if steps and drafted_before is not None else [False] * len(gains)
-    lag = lags if steps and lags is not None else [0] * len(gains)
-    chosen = sorted((i for i, g in enumerate(gains) if g), key=lambda i: (not fed[i], lag[i], -gains[i][0]))
-    plain = prices.seconds(base_tokens, 0, 0)
-    if steps:
-        n = max(1, len(gains) // 8)  # an eighth
-        chosen = ([i for i in chosen if fed[i]] + [i for i in chosen if not fed[i]][:n])[: None if wide else n]
-        feeds = [0, *itertools.accumulate(lag[i] for i in chosen)]
-        rows = max(range(1, len(chosen) + 1), default=1, key=lambda r: (
-            r / max(prices.seconds(base_tokens + r, 1, r) + prices.per_fed * feeds[r] - plain, 1e-12), r))
-    else:
-        rows, limit = 1, (1 + EXPLORE_SHARE) * plain
-        while rows < len(chosen) and prices.seconds(base_tokens + rows + 1, 0, rows + 1) <= limit:
-            rows += 1
-    keep = set(chosen[:rows])
-    return [1 if i in keep else 0 for i in range(len(gains))]
+UPSIDE_SHARE = 0.5  # of what drafting would gain at the top of the acceptance interval: exploring's budget (_upside)
 
 
 class PackedChoice:
@@ -146,6 +112,24 @@ class PackedChoice:
         self.explored = n > 0
         return drafts
 
+    def _upside(self, prices: Prices, rows: int, depth: int) -> float:
+        """A drafter with forwards: what drafting would gain over plain decoding (a share of a plain round) were
+        the job's first-draft acceptance at the top of its interval over the drafts verified (0 before
+        MIN_EVIDENCE of them, or when even that top is below break-even). While it is above 0, a round the
+        choice leaves without drafts explores, and exploring's budget is UPSIDE_SHARE of it a round where
+        that is more than EXPLORE_BUDGET: not knowing costs what drafting would gain in every round that does
+        not draft. A draft model's exploring round feeds its rows' caches what they lack, so at EXPLORE_BUDGET
+        alone such rounds came every ~60 rounds, and when 16 first drafts had read low (8 of 12 kept where the
+        rows' drafts were 0.84 right) the choice drafted nothing and probes every 48-384 rounds were the only
+        evidence: jobs that drafted nothing in 228 rounds where fixed k=2 ran 1.06x drafter none (p512, 96
+        staggered rows at batch 32, 2 CPU cores, 2026-12-05)."""
+        model = self.acceptance
+        if model.evidence < MIN_EVIDENCE:
+            return 0.0
+        high = acceptance_interval(model.first_kept, model.evidence)[1]
+        run = model.run_lengths() if self.policy.bursty else None
+        return max(best_speedup(prices, rows, rows, depth, True, lambda k: model.expected(high, k, run)) - 1.0, 0.0)
+
     def hopeless(self, slots: list[int], base_tokens: int, costs: PackedCosts) -> list[bool]:
         """Before a lookup proposes in a packed round: per row, whether its first draft cannot pay at the
         round's prices whatever it proposes, so that the drafter need not propose for it (host work that
@@ -217,7 +201,12 @@ class PackedChoice:
         # Past explore_evidence the job is done exploring, as when the evidence says whether drafting pays.
         says, pays = (self.evidence(prices, len(slots), max(offers))
                       if model.evidence < self.explore_evidence else (-1, 0))
-        self.learning = says == 0
+        # A drafter with forwards has no sampling of the rows its choice leaves out: while the first drafts verified
+        # may still say that drafting pays and the choice drafts nothing, it goes on exploring (_upside).
+        upside = self._upside(prices, len(slots), max(offers)) if draws else 0.0
+        self.learning = says == 0 or (upside > 0 and not any(drafts) and not trees)
+        if self.learning and pays <= 0:
+            self._credit += max(UPSIDE_SHARE * upside - EXPLORE_BUDGET, 0.0) * prices.seconds(len(slots), 0, 0)
         drafted_before = [model.drafted(s) for s in slots] if draws else None  # only a draft model's order uses it
         if self.learning:
             drafts, trees = self._explore(explore(gains, prices, base_tokens, bool(draws), drafted_before, lags),

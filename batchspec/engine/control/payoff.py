@@ -76,6 +76,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger("batchspec")
 
 OFF, ON = 0, 1
+IDLE = 4  # a drafting epoch that drafted in fewer than 1 / IDLE of its rounds is not compared (_idle)
 
 
 @dataclass
@@ -86,9 +87,11 @@ class _Sums:
     tokens: float = 0.0
     seconds: float = 0.0
     books: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    drafted: int = 0  # rounds with drafts
 
-    def add(self, tokens: int, seconds: float, plain: tuple[int, float] | None) -> None:
+    def add(self, tokens: int, seconds: float, plain: tuple[int, float] | None, drafted: bool = True) -> None:
         self.rounds, self.tokens, self.seconds = self.rounds + 1, self.tokens + tokens, self.seconds + seconds
+        self.drafted += drafted
         if plain is not None:
             self.books = [self.books[0] + plain[0], self.books[1] + plain[1]]
 
@@ -139,21 +142,23 @@ class PayoffCheck:
         return math.exp(self._score / self._weight) if self._weight else 1.0
 
     def observe(self, tokens: int, seconds: float, rows: int | None = None,
-                plain: tuple[int, float] | None = None, learning: bool = False, admitting: bool = False) -> None:
+                plain: tuple[int, float] | None = None, learning: bool = False, admitting: bool = False,
+                drafted: bool = True) -> None:
         """A round ended: it emitted `tokens` over its `rows` in `seconds` of wall time (admission's share
         taken out; admitting: it prefilled prompt chunks). A round with fewer rows than the most seen (a job's
         tail) is not counted. plain: the tokens the same rows would emit without drafts and the seconds the
         cost model prices that round at (None: not priced). learning: the controller still explores its
-        acceptance (packed_choice.explore), which the warm-up waits for (up to `max_warmup` rounds): exploring
+        acceptance (exploration.explore), which the warm-up waits for (up to `max_warmup` rounds): exploring
         rounds are neither drafting as the controller will draft nor plain decoding, and compared with a plain
-        epoch they gave a drafter that ran 1.45x plain at fixed k the verdict plain (2026-11-29)."""
+        epoch they gave a drafter that ran 1.45x plain at fixed k the verdict plain (2026-11-29). drafted: the
+        round had drafts (see _idle)."""
         self.rounds[self._arm] += 1
         if rows is not None:
             self._full = max(self._full, rows)
             if rows < self._full:
                 return
         for sums in self._epoch[:1] if admitting else self._epoch:
-            sums.add(tokens, seconds, plain)
+            sums.add(tokens, seconds, plain, drafted)
         self._round += 1
         length = self.drafting_rounds if self._arm == ON else self.plain_rounds
         if not self._warm and self.warmup_rounds is not None:
@@ -168,6 +173,9 @@ class PayoffCheck:
         sums = clean if 2 * clean.rounds >= every.rounds else every
         (tokens, seconds), ended, books = (sums.tokens, sums.seconds), self._arm, sums.books
         self._round, self._epoch = 0, [_Sums(), _Sums()]
+        if self._warm and ended == ON and IDLE * sums.drafted < sums.rounds:
+            self._idle()
+            return
         if self._warm:
             self._last = (self._last + [(ended, tokens / max(seconds, 1e-12))])[-3:]
         if ended == ON:  # the books against the clock only on rounds that admitted nothing (see _clear_early)
@@ -185,6 +193,20 @@ class PayoffCheck:
             self._warm = True
             return
         self._arm = self._next(ended, compared)
+
+    def _idle(self) -> None:
+        """A drafting epoch in which the controller drafted in fewer than 1 / IDLE of its rounds: it measured
+        plain decoding, not drafting, so it is compared with nothing and the epochs on either side of it are not
+        compared across it. Drafting stays allowed (the controller that drafts nothing decodes plainly already),
+        unless plain decoding is the verdict, whose trial this was: the verdict stands until the next. Compared,
+        such epochs read 0.97-0.98 of the plain epochs around them and gave the verdict plain, which then kept the
+        controller from drafting (and from learning its acceptance) for the rest of the job: a draft model whose
+        choice ran 1.10-1.16x plain decoding wherever it drafted, at 0.98-0.99x drafter none in those jobs (p512,
+        96 staggered rows at batch 32, 2 CPU cores, 2026-12-05). A controller that drafts in fewer than a quarter
+        of its rounds at a loss loses at most that share of its loss per round unchecked."""
+        self._last = []
+        if self._winner == OFF:
+            self._arm, self._since = OFF, 0
 
     def _clear_early(self, ended: int) -> bool:
         """The verdicts a short job cannot wait for (the module's docstring): the first drafting epoch `clear`

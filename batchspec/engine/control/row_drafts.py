@@ -121,13 +121,20 @@ def choose_drafts(gains: list[list[float]], base_tokens: int, prices: Prices,
     return best, best_rate
 
 
+def best_speedup(prices: Prices, rows: int, base_tokens: int, depth: int, steps: bool,
+                 tokens: Callable[[int], float]) -> float:
+    """The best rate over plain decoding's at these prices of every row drafting k (some k in 1..depth) and
+    emitting tokens(k) tokens, against every row emitting 1 (0 when depth is 0)."""
+    plain = rows / max(prices.seconds(base_tokens, 0, 0), 1e-12)
+    return max((rows * tokens(k) / max(prices.seconds(base_tokens + rows * k, k if steps else 0, rows * k), 1e-12)
+                / plain for k in range(1, depth + 1)), default=0.0)
+
+
 def beats_plain(prices: Prices, rows: int, base_tokens: int, depth: int, steps: bool,
                 tokens: Callable[[int], float]) -> bool:
     """Whether some k in 1..depth, every row drafting k and emitting tokens(k) tokens, is faster than every row
     emitting 1 at these prices."""
-    plain = rows / max(prices.seconds(base_tokens, 0, 0), 1e-12)
-    return any(rows * tokens(k) / max(prices.seconds(base_tokens + rows * k, k if steps else 0, rows * k), 1e-12)
-               > plain for k in range(1, depth + 1))
+    return best_speedup(prices, rows, base_tokens, depth, steps, tokens) > 1.0
 
 
 def pays_at_best(prices: Prices, rows: int, base_tokens: int, depth: int, steps: bool) -> bool:
