@@ -203,8 +203,9 @@ class PackedChoice:
                       if model.evidence < self.explore_evidence else (-1, 0))
         # A drafter with forwards has no sampling of the rows its choice leaves out: while the first drafts verified
         # may still say that drafting pays and the choice drafts nothing, it goes on exploring (_upside).
-        upside = self._upside(prices, len(slots), max(offers)) if draws else 0.0
-        self.learning = says == 0 or (upside > 0 and not any(drafts) and not trees)
+        idle = not any(drafts) and not trees  # the books draft nothing this round
+        upside = self._upside(prices, len(slots), max(offers)) if draws and (says == 0 or idle) else 0.0
+        self.learning = says == 0 or (upside > 0 and idle)
         if self.learning and pays <= 0:
             self._credit += max(UPSIDE_SHARE * upside - EXPLORE_BUDGET, 0.0) * prices.seconds(len(slots), 0, 0)
         drafted_before = [model.drafted(s) for s in slots] if draws else None  # only a draft model's order uses it
