@@ -252,7 +252,8 @@ class SpecBatchGenerator:
         costs = measured_round(adaptive.costs if adaptive is not None else None, self.drafter, round, verified,
                                packed=self.packed, static_per_row=self.static_per_row)
         self.scheduler.learn(round, emitted, time.perf_counter() - started, costs,
-                             tokens=[len(outcome.emitted[i]) for i in round.running], forward=verified.forward)
+                             tokens=[len(outcome.emitted[i]) for i in round.running], forward=verified.forward,
+                             ended=[r.completion_tokens for r in results if r.error is None])
         return results
 
     def _startup_costs(self) -> StartupCosts:

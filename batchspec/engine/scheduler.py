@@ -230,13 +230,17 @@ class Scheduler:
         return max([self.k_max, *(t.nodes for t in self.trees)])
 
     def learn(self, round: Round, emitted: Emitted, seconds: float, cost: tuple | None = None,
-              tokens: list[int] | None = None, forward: tuple[int, float] | None = None) -> None:
+              tokens: list[int] | None = None, forward: tuple[int, float] | None = None,
+              ended: list[int] = ()) -> None:
         """Adaptive speculation learns the round's cost and, from the same cut counts as the statistics,
         its acceptance. cost: a packed round's (forward tokens, forward seconds, drafting forwards' (tokens,
         seconds)), which price its rows' drafts apart; tokens: how many each running row emitted (the payoff
-        check's); forward: the verify forward's (tokens, seconds) (Verified.forward)."""
+        check's); forward: the verify forward's (tokens, seconds) (Verified.forward); ended: the new tokens of
+        the rows the round finished (the payoff check's)."""
         if self.adaptive is None:
             return
+        if self.payoff is not None:
+            self.payoff.finished(ended)
         exploring = self.adaptive.explored and not self._plain_epoch  # the round's drafts were exploration's
         if self.payoff is not None and tokens is not None:
             # Admission is the job's work whichever arm runs: its share of the forward and the admitted rows'

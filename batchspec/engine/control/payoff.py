@@ -35,13 +35,17 @@ their rates), so that a machine whose speed drifts over minutes (this project's 
 tried again after `interval` drafting epochs' worth of rounds of the winner, an interval that doubles
 while the verdict holds (up to `max_interval`; straight there when one arm is `clear` times the other)
 and starts over at 2 when it flips or the last comparison doubts it, so that a job whose workload
-changes finds out, at a cost of about one epoch in max_interval + 1 at the loser's rate. Drafting wins
-no ties: drafting must be `margin` faster than plain decoding. Drafting has a cost no epoch sees: rows
-that advance at different paces finish at different rounds, so a job's last rounds run part-empty where
-drafter none's rows of equal lengths finish together, and its admissions come one by one instead of in
-waves. Gemma-3-270M with ngram on 32 rows of 48 tokens at batch 8 (2 CPU cores, 2026-12-04): its epochs
-compared 1.00x, the verdict (ties then went to drafting) kept drafting, and the job's last 38 rounds ran
-3.7 of 8 rows (drafter none: 1 such round), 0.92x drafter none; where the verdict was plain, 1.02x.
+changes finds out, at a cost of about one epoch in max_interval + 1 at the loser's rate. A tie goes to
+plain decoding (drafting must gain `margin`) where rows would otherwise finish together: rows that advance at
+different paces finish at different rounds, so a job's last rounds run part-empty, a cost no epoch sees.
+Gemma-3-270M with ngram on 32 rows of 48 tokens at batch 8 (2 CPU cores, 2026-12-04): its epochs compared
+1.00x, the verdict (ties then went to drafting) kept drafting, and the job's last 38 rounds ran 3.7 of 8 rows
+(drafter none: 1 such round), 0.92x drafter none; where the verdict was plain, 1.02x. Where the finished
+rows' lengths differ (stop tokens, per-row budgets; coefficient of variation >= `ragged`) a tie goes to the
+controller's choice: the tail is ragged anyway, and the rounds no epoch counts gain most from drafts (p512,
+96 staggered rows, batch 32, draft model, 2 CPU cores, 2026-12-05: fixed k=2 +4-9% in full rounds that
+admitted nothing, +23% in admitting ones, +12-14% at 16-31 rows; epochs compared 1.00-1.01, and the verdict
+plain held the job to 0.91 of fixed k=2).
 
 A job's first verdict comes after two comparisons (warm-up, on, off, on, off: 72 rounds with an 8-round
 warm-up), or after the first (64) when that one is `clear`-wide; the warm-up is 8 rounds instead of 24 when the controller starts
@@ -102,7 +106,8 @@ class PayoffCheck:
 
     drafting_rounds: int = 24  # rounds in an epoch with drafting allowed
     plain_rounds: int = 8  # rounds in an epoch without: shorter, since a short job that drafts well pays for them
-    margin: float = 0.03  # drafting must be this much faster than plain decoding to be preferred
+    margin: float = 0.03  # drafting must be this much faster than plain decoding to be preferred, unless
+    ragged: float = 0.25  # the finished rows' lengths vary this much (coefficient of variation): ties go to drafting
     clear: float = 1.15  # a gap this wide needs no confirming: the loser is next tried after max_interval
     decay: float = 0.5  # per comparison
     max_interval: int = 16  # epochs of the winner between trials of the loser, at most
@@ -126,6 +131,7 @@ class PayoffCheck:
     _full: int = 0  # the most rows a round has had: rounds with fewer (a job's tail) are not counted
     _provisional: bool = False  # the verdict is the books' (_clear_early): the first comparison replaces it
     _books_plain: float | None = None  # the books' plain rate over the last drafting epoch's rounds (None: unpriced)
+    _lengths: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # finished rows: count, sum, squares
 
     @property
     def drafting(self) -> bool:
@@ -140,6 +146,19 @@ class PayoffCheck:
     def ratio(self) -> float:
         """Drafting's tokens per second over plain decoding's, as the comparisons average it (1.0 before)."""
         return math.exp(self._score / self._weight) if self._weight else 1.0
+
+    def finished(self, lengths: list[int]) -> None:
+        """Rows ended with these numbers of new tokens (whether a tie goes to drafting: `_margin`)."""
+        for n in lengths:
+            self._lengths = [self._lengths[0] + 1, self._lengths[1] + n, self._lengths[2] + n * n]
+
+    @property
+    def _margin(self) -> float:
+        """What drafting must gain to be preferred: 0 once 8 or more finished rows' lengths differ (the module's)."""
+        count, total, squares = self._lengths
+        mean = total / max(count, 1)
+        ragged = count >= 8 and mean > 0 and math.sqrt(max(squares / count - mean * mean, 0.0)) >= self.ragged * mean
+        return 0.0 if ragged else self.margin
 
     def observe(self, tokens: int, seconds: float, rows: int | None = None,
                 plain: tuple[int, float] | None = None, learning: bool = False, admitting: bool = False,
@@ -252,9 +271,10 @@ class PayoffCheck:
     def _next(self, ended: int, compared: bool) -> int:
         """The arm of the next epoch, once two comparisons were made (compared: the epoch that ended closed one)."""
         if compared:  # (the first verdict comes with the second comparison, or a wide first one)
-            verdict = ON if self.ratio >= 1 + self.margin else OFF
+            margin = self._margin
+            verdict = ON if self.ratio >= 1 + margin else OFF
             latest = self._rates[ON] / max(self._rates[OFF], 1e-12)  # the last comparison's
-            agrees = (latest >= 1 + self.margin) == (verdict == ON)
+            agrees = (latest >= 1 + margin) == (verdict == ON)
             wide = agrees and min(max(self.ratio, 1 / self.ratio), max(latest, 1 / latest)) >= self.clear
             if verdict != self._winner or not agrees:  # a new verdict, or one the last comparison doubts: soon again
                 if verdict != self._winner:
