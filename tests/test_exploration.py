@@ -131,12 +131,34 @@ def test_a_draft_models_exploration_prices_what_its_rows_lack(per_fed, explored)
     assert explore(gains, prices, 8, True, [True] * 8, [0, 0, 2, 2, 20, 20, 20, 20]) == explored
 
 
+# A drafting forward over one row measured at start (q384's 2-layer draft, 2 CPU cores, 2026-12-06, rounded): it
+# took 0.2 ms more to feed 16 tokens more and 1.7 ms more for 128, where its one-token forward took 1.0 ms.
+FEED = ((16, 0.0002), (128, 0.0017))
+
+
+@pytest.mark.parametrize("tokens,seconds", [
+    (0, 0.0),
+    (8, 0.0001),  # from (0, 0) to the first point
+    (16, 0.0002),
+    (72, 0.00095),  # between the points
+    (128, 0.0017),
+    (240, 0.0032),  # past the last: its segment's slope, 1.5 ms a 112 tokens
+])
+def test_feeding_a_draft_cache_is_priced_by_the_points_measured_at_start(tokens, seconds):
+    """Prices.fed: what a drafting forward takes more to feed `tokens` that rows' caches lack, interpolated on
+    the measured points; without them per_fed a token (the drafting forward's line: 1 ms a token here, where
+    one point at one row makes it the whole forward's price, and a 150-token prompt 150 ms against ~2)."""
+    assert Prices(0.0, 0.0001, per_fed=0.001, feed=FEED).fed(tokens) == pytest.approx(seconds)
+    assert Prices(0.0, 0.0001, per_fed=0.001).fed(tokens) == pytest.approx(0.001 * tokens)
+
+
 def test_a_draft_models_catch_up_is_paid_from_explorations_budget():
     """A draft model breaking even at 2/3 (as below), its drafting forward 0.002 s + 0.00025 s a token it feeds,
-    rows that lack their 40-token prompt until they first draft and a token for each round since: with the
-    lags priced (`lags` given), the first exploring round costs 10 ms more than its drafts, which exploration's
-    budget (2% of each round's price) earns back by round 53; unpriced, rounds 0, 11 and 26 explore (then 3
-    rounds refused end it) and round 46 is a probe."""
+    rows that lack their 40-token prompt until they first draft and a token for each round since. Until 3 first
+    drafts are verified every round explores, whatever the budget: with the lags priced (`lags` given) one row
+    a round (each new row's prompt costs 10 ms), rounds 0-2, whose 3 refusals end it, leaving the budget 18 ms
+    short; unpriced, one row then two (rounds 0 and 1), the budget then holds the third round back to round 26
+    (3 rounds refused end it). Round 46 is a probe either way."""
     explored = {}
     for given in (False, True):
         costs = PackedCosts()
@@ -154,7 +176,7 @@ def test_a_draft_models_catch_up_is_paid_from_explorations_budget():
                 explored[given].append(r)
                 last = [r if k else t for t, k in zip(last, drafts)]
             controller.learn(1 if sum(drafts) else 0, slots, drafts, drafts, [0] * 8)
-    assert explored[False] == [0, 11, 26, 46] and explored[True] == [0, 53]
+    assert explored[False] == [0, 1, 26, 46] and explored[True] == [0, 1, 2, 46]
 
 
 def controller_past_its_start(policy) -> tuple[AdaptiveK, PackedCosts]:
@@ -173,9 +195,10 @@ def controller_past_its_start(policy) -> tuple[AdaptiveK, PackedCosts]:
 def test_three_rejected_first_drafts_end_a_draft_models_exploration():
     """A draft model that breaks even at 2/3: an exploring round drafts one row on the rows it fed and one new
     one (an eighth of 8), each round costing 0.004 s for the drafting forward and 0.0005 s a draft over a
-    0.012 s plain round, which the budget (2% of each round's price, 0.00024 s) earns back in ~19-21 rounds:
-    rounds 0 (one row), 18 (two) and 39 (three) explore and the rest draft nothing. After 3 rounds of first
-    drafts refused the job is done exploring."""
+    0.012 s plain round: rounds 0 (one row) and 1 (two) explore before 3 first drafts are verified, whatever
+    the budget (2% of each round's price, 0.00024 s), which then holds the next back until it has earnt them
+    back: round 39 (three rows); the rest draft nothing. After 3 rounds of first drafts refused the job is
+    done exploring."""
     controller, costs = controller_past_its_start(MODEL_POLICY)
     slots, explored = list(range(8)), []
     for r in range(42):
@@ -185,7 +208,7 @@ def test_three_rejected_first_drafts_end_a_draft_models_exploration():
             assert drafts == [1] * len(explored) + [1] + [0] * (7 - len(explored)) and controller.packed.explored, r
             explored.append(r)
         controller.learn(1 if sum(drafts) else 0, slots, drafts, drafts, [0] * 8)
-    assert explored == [0, 18, 39]
+    assert explored == [0, 1, 39]
     assert controller.acceptance.evidence == 6 and not controller.packed.learning
 
 
@@ -215,10 +238,10 @@ def test_a_probe_does_not_widen_exploration():
 
 def test_exploration_that_finds_drafts_paying_is_not_held_to_its_budget():
     """A lookup whose first drafts are all kept (break-even 1/3 at these prices; 2 rows fit 10% of a round):
-    round 0 explores 2 rows, the budget then holds it back (2 verified say nothing yet) until round 4; its 4
-    of 4 kept put the drafts' interval above break-even, so round 5 explores whatever the budget; with 3
+    rounds 0 and 1 explore 2 rows each whatever the budget (fewer than 3 verified say nothing yet); the 4 of 4
+    kept then put the drafts' interval above break-even, so round 2 explores whatever the budget too; with 3
     rounds' evidence the rounds' interval (3 of 3) lies above it too, and exploration is done: the choice
-    drafts every row from round 6."""
+    drafts every row from round 3."""
     controller, costs = controller_past_its_start(LOOKUP)
     slots, explored, chosen = list(range(8)), [], []
     for r in range(8):
@@ -228,8 +251,8 @@ def test_exploration_that_finds_drafts_paying_is_not_held_to_its_budget():
         elif sum(drafts):
             chosen.append(r)
         controller.learn(max(drafts), slots, drafts, drafts, drafts)
-    assert explored == [0, 4, 5] and chosen == [6, 7]
-    assert controller.acceptance.evidence == 22 and controller.acceptance.evidence_rounds == 5
+    assert explored == [0, 1, 2] and chosen == [3, 4, 5, 6, 7]
+    assert controller.acceptance.evidence == 46 and controller.acceptance.evidence_rounds == 8
     assert not controller.packed.learning
 
 

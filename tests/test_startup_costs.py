@@ -74,7 +74,7 @@ def test_the_budget_is_a_share_of_a_thousand_row_job(plain_seconds, batch_size, 
 ])
 def test_the_target_is_timed_in_passes_within_the_budget(monkeypatch, budget_s, passes):
     """measure() times each size once a pass (one untimed forward first) and takes the median of its passes; the
-    drafting forward's two points come before the passes (REPEATS each), whatever the budget. A fake clock: a
+    drafting forward's two points and its feeding points come before the passes (REPEATS each), whatever the budget. A fake clock: a
     forward of n tokens takes 2 ms and reads n ms times 1.0, 1.1, 1.2 on its first, second and third pass."""
     from batchspec.engine.control import startup_costs
 
@@ -86,9 +86,9 @@ def test_the_target_is_timed_in_passes_within_the_budget(monkeypatch, budget_s, 
         calls.append(tokens)
         return tokens * 1e-3 * (1 + 0.1 * (calls.count(tokens) - 1 - (tokens == 16)))  # 16: the untimed too
 
-    def step(rows, repeats):
-        steps.append((rows, repeats))
-        return rows * 1e-4
+    def step(rows, repeats, tokens=None):
+        steps.append((rows, repeats, tokens))
+        return (tokens or rows) * 1e-4
 
     monkeypatch.setattr(startup_costs, "time_packed", forward)
     monkeypatch.setattr(startup_costs, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])}))
@@ -98,7 +98,12 @@ def test_the_target_is_timed_in_passes_within_the_budget(monkeypatch, budget_s, 
     assert [n for n, _ in costs.verify] == sizes[:len(passes)]
     medians = {1: 1.0, 2: 1.05, 3: 1.1}  # of the times 1.0, 1.1, 1.2 of its passes
     assert [t for _, t in costs.verify] == pytest.approx([n * 1e-3 * medians[p] for n, p in zip(sizes, passes)])
-    assert steps == [(4, startup_costs.REPEATS), (1, startup_costs.REPEATS)] and costs.step == ((4, 4e-4), (1, 1e-4))
+    assert steps[:2] == [(4, startup_costs.REPEATS, None), (1, startup_costs.REPEATS, None)]
+    assert [n for n, _ in costs.step] == [4, 1] and [t for _, t in costs.step] == pytest.approx([4e-4, 1e-4])
+    # Then the feeding points: the batch's rows and FEED_TOKENS more, priced over the batch's plain drafting forward.
+    assert steps[2:] == [(4, startup_costs.REPEATS, 4 + n) for n in startup_costs.FEED_TOKENS]
+    assert [n for n, _ in costs.feed] == list(startup_costs.FEED_TOKENS)
+    assert [t for _, t in costs.feed] == pytest.approx([n * 1e-4 for n in startup_costs.FEED_TOKENS])
 
 
 # The forward of a 512-wide 8-layer Llama at batch 8 on 2 CPU cores (2026-12-05), seconds by N in token_counts'

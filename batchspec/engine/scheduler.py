@@ -10,7 +10,7 @@ The device side (runners, drafters, the Acceptor) is driven by the generator bet
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
@@ -231,7 +231,7 @@ class Scheduler:
 
     def learn(self, round: Round, emitted: Emitted, seconds: float, cost: tuple | None = None,
               tokens: list[int] | None = None, forward: tuple[int, float] | None = None,
-              ended: list[int] = ()) -> None:
+              ended: Sequence[int] = ()) -> None:
         """Adaptive speculation learns the round's cost and, from the same cut counts as the statistics,
         its acceptance. cost: a packed round's (forward tokens, forward seconds, drafting forwards' (tokens,
         seconds)), which price its rows' drafts apart; tokens: how many each running row emitted (the payoff

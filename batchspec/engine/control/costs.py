@@ -151,6 +151,7 @@ class PackedCosts:
     rest: Line = field(default_factory=lambda: Line(proportional=False))
     span: tuple[int, int] | None = None  # (verify tokens, drafting forward tokens) the lines learn from
     curve: tuple[tuple[int, float], ...] = ()  # the forward's (N, seconds) measured at start, N ascending
+    feed: tuple[tuple[int, float], ...] = ()  # a drafting forward's seconds to feed N tokens more (start-up's)
     level: list[float] = field(default_factory=lambda: [1.0, 1.0])  # decayed sums of the rounds' forward
     #   seconds and of the curve's price of them: their ratio scales the curve (the job's attended lengths and
     #   the machine's speed move it; its shape in N is the start's)
@@ -216,6 +217,7 @@ class PackedCosts:
         plain_n, plain_s = costs.verify[0] if costs.verify else (0, 0.0)
         self.verify = Line.measured([p for p in costs.verify if p[0] >= plain_n])
         self.step = Line.measured(costs.step)
+        self.feed = tuple(sorted(costs.feed))
         self.rest.add(0, 0.0, weight=0.1)
         if costs.verify:
             self.span = (2 * max(n for n, _ in costs.verify), 2 * max((n for n, _ in costs.step), default=0) or None)
@@ -236,8 +238,9 @@ class PackedCosts:
         extra = self.per_round if per_round else 0.0
         if self.curve:  # the measured shape at the rounds' level; the line's slope only past its ends
             scale = self.level[0] / max(self.level[1], 1e-12)
-            return Prices(rest, b, step, draft + checking, tuple((n, scale * t) for n, t in self.curve), draft, extra)
-        return Prices(rest + a, b, step, draft + checking, per_fed=draft, per_round=extra)
+            return Prices(rest, b, step, draft + checking, tuple((n, scale * t) for n, t in self.curve), draft, extra,
+                          self.feed)
+        return Prices(rest + a, b, step, draft + checking, per_fed=draft, per_round=extra, feed=self.feed)
 
 
 @dataclass

@@ -20,7 +20,7 @@ def explore(gains: list[list[float]], prices: Prices, base_tokens: int, steps: b
     group the least behind first (lags[i]: the tokens row i's draft cache lacks, which its first draft feeds: a
     new row's whole sequence, a fed row's tokens since it last drafted), and of those as many as buy the most
     first drafts a second (ties: more), each row's lag priced at the drafting forward's price of a token
-    (`Prices.per_fed`): a drafting forward costs nearly as much for one row as for all, and one row a round took
+    (`Prices.fed`): a drafting forward costs nearly as much for one row as for all, and one row a round took
     130 rounds to learn (p512, batch 8, T = 0.7: 0.97-1.02x drafter none where fixed k=2 ran 1.11x), but rows
     that last drafted 20 rounds before feed 20 tokens each (SmolLM2-135M with 6 of its layers: exploring with
     them unpriced spent 4% of the rounds' price against 2%, 0.98x drafter none). Not `wide` (a probe), an
@@ -34,7 +34,7 @@ def explore(gains: list[list[float]], prices: Prices, base_tokens: int, steps: b
         chosen = ([i for i in chosen if fed[i]] + [i for i in chosen if not fed[i]][:n])[: None if wide else n]
         feeds = [0, *itertools.accumulate(lag[i] for i in chosen)]
         rows = max(range(1, len(chosen) + 1), default=1, key=lambda r: (
-            r / max(prices.seconds(base_tokens + r, 1, r) + prices.per_fed * feeds[r] - plain, 1e-12), r))
+            r / max(prices.seconds(base_tokens + r, 1, r) + prices.fed(feeds[r]) - plain, 1e-12), r))
     else:
         rows, limit = 1, (1 + EXPLORE_SHARE) * plain
         while rows < len(chosen) and prices.seconds(base_tokens + rows + 1, 0, rows + 1) <= limit:

@@ -34,7 +34,8 @@ class Prices:
     their piecewise-linear interpolation (per_token past either end) instead of per_token * N. A CPU's forward is
     not a line in N: SmolLM2-135M at batch 8 took 45 ms at 8 tokens, 52 at 9, 75 at 15 and 64 at 16 (2 cores,
     2026-12-04), so that a line through 8, 16 and 24 priced a first draft 2 ms where it cost 7. `per_fed`: a
-    drafting forward's price of a token it feeds (its line's slope), for the tokens a row's draft cache lacks.
+    drafting forward's price of a token it feeds (its line's slope), for the tokens a row's draft cache lacks;
+    `feed`: (tokens, seconds) measured for that (`fed`), where given.
     `per_round`: what a round pays for drafting at all, whatever its drafts (host work of a round with drafts,
     and what the forward's measured curve misses just past the batch's plain N): on a held-out pair at batch 8,
     T = 0.7, a round with one lookup draft took 0.5 ms (4%) more than a plain one where the prices said 0.1."""
@@ -46,10 +47,22 @@ class Prices:
     curve: tuple[tuple[int, float], ...] = ()
     per_fed: float = 0.0
     per_round: float = 0.0
+    feed: tuple[tuple[int, float], ...] = ()
 
     def seconds(self, tokens: int, steps: int, drafts: int) -> float:
         return (self.fixed + self.forward(tokens) + self.per_step * steps + self.per_draft * drafts
                 + (self.per_round if drafts > 0 else 0.0))
+
+    def fed(self, tokens: int) -> float:
+        """What a drafting forward takes more to feed `tokens` tokens that rows' draft caches lack: the measured
+        points' interpolation from (0, 0) (past the last, its last segment's slope), else per_fed a token."""
+        if not self.feed or tokens <= 0:
+            return self.per_fed * max(tokens, 0)
+        points = ((0, 0.0), *self.feed)
+        if tokens >= points[-1][0]:
+            (n0, t0), (n1, t1) = points[-2], points[-1]
+            return t1 + (t1 - t0) / max(n1 - n0, 1) * (tokens - n1)
+        return interpolate(points, tokens)
 
     def forward(self, tokens: int) -> float:
         """The target forward's seconds at `tokens` tokens."""

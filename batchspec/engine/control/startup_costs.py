@@ -37,21 +37,26 @@ MIN_BUDGET_S = 0.5  # the least: a small model's whole curve (a 1,000-row job of
 SHARE, JOB_ROWS, JOB_TOKENS = 0.02, 1000, 64  # the budget: this share of such a job's plain rounds
 PASSES = 3  # timed forwards a size of the target's (one a pass: the budget cuts whole passes short, not sizes)
 REPEATS = 3  # timed forwards of a drafting forward's point (after one untimed)
+FEED_TOKENS = (16, 128)  # tokens fed past the batch's rows at which a drafting forward is timed: a fed row's lag, a prompt
 
 
 @dataclass(frozen=True, slots=True)
 class StartupCosts:
     """verify: (tokens, seconds) of the target's packed forward; step: (tokens, seconds) of one drafting forward
-    (empty for a drafter without forwards); seconds: what measuring took (0 when read from the cache)."""
+    (empty for a drafter without forwards); feed: (tokens, seconds) that a drafting forward over the batch's rows
+    takes to feed that many tokens more (what rows' draft caches lack: row_drafts.Prices.fed; empty where not
+    timed); seconds: what measuring took (0 when read from the cache)."""
 
     verify: tuple[tuple[int, float], ...]
     step: tuple[tuple[int, float], ...]
+    feed: tuple[tuple[int, float], ...] = ()
     seconds: float = 0.0
     cached: bool = False
     quiet: bool = True  # nothing else took the CPU while they were measured, and more tokens cost more: cacheable
 
     def as_dict(self) -> dict:
-        return {"verify": [list(p) for p in self.verify], "step": [list(p) for p in self.step]}
+        return {"verify": [list(p) for p in self.verify], "step": [list(p) for p in self.step],
+                "feed": [list(p) for p in self.feed]}
 
 
 def model_shape(module: torch.nn.Module) -> str:
@@ -81,14 +86,15 @@ def cache_key(target, drafter, *, batch_size: int, k_max: int, device: torch.dev
             "linears": [linear_choice(target), linear_choice(runner.model) if runner is not None else None],
             "k_max": k_max, **machine_cache.machine(device), "torch": torch.__version__, "batchspec": __version__,
             "logits": "every token",  # what the points priced: a verify's logits at every draft, not one row's
-            "points": "coarse to fine, one forward a pass"}  # token_counts and measure's passes
+            "points": "coarse to fine, one forward a pass",  # token_counts and measure's passes
+            "feed": list(FEED_TOKENS)}  # the drafting forward's feeding points (measure)
 
 
 def load_or_measure(key: dict, measure: Callable[[], StartupCosts], folder: Path | None = None) -> StartupCosts:
     """The points the machine's cache holds under `key`, or measure() (kept in the cache if undisturbed)."""
     stored = machine_cache.read("costs", key, folder)
     if stored is not None:
-        return StartupCosts(tuple(map(tuple, stored["verify"])), tuple(map(tuple, stored["step"])), cached=True)
+        return StartupCosts(*(tuple(map(tuple, stored[name])) for name in ("verify", "step", "feed")), cached=True)
     costs = measure()
     if costs.quiet:  # a measurement another process disturbed is used for this run only
         machine_cache.write("costs", key, {**costs.as_dict(), "measured_s": round(costs.seconds, 3)}, folder)
@@ -158,6 +164,7 @@ def measure(target_runner, step: Callable[[int, int], float] | None, *, batch_si
     # what prices a draft model's steps at all (a few ms at most).
     drafting = [] if step is None else [(rows, step(rows, REPEATS))
                                         for rows in dict.fromkeys((batch_size, max(1, batch_size // 4)))]
+    feed = [] if step is None else feeding(step, batch_size, drafting[0][1])
     for sweep in range(PASSES):
         for i, n in enumerate(sizes):
             if (sweep or i >= 4) and spent() > budget_s:
@@ -172,7 +179,23 @@ def measure(target_runner, step: Callable[[int, int], float] | None, *, batch_si
     peaks = itertools.accumulate(ordered, max)  # the dearest size at or below each
     monotone = all(t >= 0.7 * peak for t, peak in zip(ordered[1:], peaks)) and ordered[-1] >= ordered[0]
     quiet = machine_cache.undisturbed(before, read_sample(), seconds) and monotone
-    return StartupCosts(tuple(verify), tuple(drafting), seconds=seconds, quiet=quiet)
+    return StartupCosts(tuple(verify), tuple(drafting), tuple(feed), seconds=seconds, quiet=quiet)
+
+
+def feeding(step: Callable[..., float | None], batch_size: int, plain: float) -> list[tuple[int, float]]:
+    """(tokens, seconds): what a drafting forward over the batch's rows (`plain` seconds) takes more to feed
+    FEED_TOKENS tokens more, the points a drafter can time. A row that drafts after rounds without drafting first
+    feeds its draft cache what it lacks (a new row its whole prompt), in one forward: priced at the slope of
+    forwards of a token a row (at batch 1 one point, the whole forward a token), a q384 draft model's 37-token
+    prompt cost 37 ms at batch 1 where its forward took 1.5 ms at 32 tokens and 0.95 ms at 1 (2 CPU cores,
+    2026-12-06), and its exploration waited so long to pay for it that the job drafted twice in ~500 rounds
+    (0.98x drafter none, fixed k=4 1.93x)."""
+    points = []
+    for extra in FEED_TOKENS:
+        seconds = step(batch_size, REPEATS, batch_size + extra)
+        if seconds is not None:
+            points.append((extra, max(seconds - plain, 0.0)))
+    return points
 
 
 def for_runner(runner, drafter, *, batch_size: int, k_max: int) -> StartupCosts:

@@ -79,8 +79,9 @@ class Drafter(Protocol):
     def draft_seconds(self, k: int, kv_len: int) -> float: ...  # device time of proposing k tokens (static steps)
     def step_times(self) -> list[tuple[int, float]]: ...  # the last round's drafting forwards: (tokens, seconds)
     #    each, eager (what a packed round's cost model prices drafts by); read once
-    def step_seconds(self, rows: int, repeats: int) -> float | None: ...  # one eager drafting forward over
-    #    `rows` rows of one token, timed before any row is admitted (startup_costs.py); None: no forwards
+    def step_seconds(self, rows: int, repeats: int, tokens: int | None = None) -> float | None: ...  # one eager
+    #    drafting forward over `rows` rows of one token (or of `tokens` in all, feeding what caches lack), timed
+    #    before any row is admitted (startup_costs.py); None: no forwards, or none of that size
     def lags(self, slots: list[int], lengths: list[int]) -> list[int]: ...  # per row (its sequence's length),
     #    the tokens its draft cache lacks, which its next drafting forward feeds before its first draft
     def bind(self, shapes: list[RoundShape], target, state, buffers, acceptor) -> None: ...  # the generator's device
@@ -164,7 +165,7 @@ class HostDrafter:
     def step_times(self):
         return []  # no drafting forwards
 
-    def step_seconds(self, rows, repeats):
+    def step_seconds(self, rows, repeats, tokens=None):
         return None  # no drafting forwards
 
     def lags(self, slots, lengths):

@@ -280,8 +280,11 @@ class EagleDrafter:
         steps, self._steps = self._steps, []
         return steps
 
-    def step_seconds(self, rows: int, repeats: int) -> float:
-        """One head step over `rows` rows of one token (startup_costs.py)."""
+    def step_seconds(self, rows: int, repeats: int, tokens: int | None = None) -> float | None:
+        """One head step over `rows` rows of one token (startup_costs.py); None for more tokens (its first step's
+        entries are priced by the step line)."""
+        if tokens is not None:
+            return None
         hidden = torch.zeros(rows, 1, self.stash.shape[-1], dtype=self.stash.dtype, device=self.device)
         return time_rows(self.runner, rows, repeats=repeats, extra={"hidden": hidden})
 

@@ -265,8 +265,12 @@ class ModelDrafter:
         steps, self._steps = self._steps, []
         return steps
 
-    def step_seconds(self, rows: int, repeats: int) -> float:
-        """One drafting forward over `rows` rows of one token, as rounds run it (startup_costs.py)."""
+    def step_seconds(self, rows: int, repeats: int, tokens: int | None = None) -> float | None:
+        """One drafting forward over `rows` rows of one token, as rounds run it, or (tokens) of that many tokens
+        in all, as a first drafting forward feeds rows what their caches lack (startup_costs.py; None where the
+        forward does not pack, or the cache cannot hold them)."""
         if self.runner.packs:
-            return time_packed(self.runner, rows, rows, repeats=repeats)
-        return time_rows(self.runner, rows, repeats=repeats)
+            if tokens is not None and tokens // rows + 1 > self.runner.capacity:
+                return None
+            return time_packed(self.runner, rows, tokens or rows, repeats=repeats, last_only=True)
+        return time_rows(self.runner, rows, repeats=repeats) if tokens is None else None

@@ -3,6 +3,7 @@ speculation's cost table on the static path and calibrate measure."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Callable
 
@@ -16,9 +17,10 @@ CONTEXT = 64  # cache entries the timed rows attend over: a short prompt's (atte
 
 
 @torch.inference_mode()
-def time_packed(runner, rows: int, tokens: int, *, repeats: int, warm: bool = True) -> float:
+def time_packed(runner, rows: int, tokens: int, *, repeats: int, warm: bool = True, last_only: bool = False) -> float:
     """Median seconds of one packed forward of `tokens` tokens over slots 0 .. rows - 1 (as even as they go: a
-    round's drafts spread over its rows), written at CONTEXT.. of each, logits at every token (call before any
+    round's drafts spread over its rows), written at CONTEXT.. of each, logits at every token (last_only: after
+    each row's last token, as a drafting forward that feeds a row's missing tokens takes them; call before any
     row is admitted: it writes garbage past every valid entry, which the rows' own tokens overwrite before
     anything reads it). Lengths are not changed. warm: one untimed forward first (measure's passes warm once)."""
     widths = [tokens // rows + (i < tokens % rows) for i in range(rows)]
@@ -27,7 +29,9 @@ def time_packed(runner, rows: int, tokens: int, *, repeats: int, warm: bool = Tr
     # share of a token's work prices drafts several times too cheap otherwise (Gemma-3-270M, 262,144-token
     # head: the forward of 40 tokens 262 ms with one row's logits, against 236-279 ms for whole decoding rounds of
     # 16-19 tokens, so that drafts looked nearly free).
-    batch = runner.pack([RowTokens(slot, start, width) for slot, width in enumerate(widths) if width])
+    keep = list(itertools.accumulate(w for w in widths if w)) if last_only else None
+    batch = runner.pack([RowTokens(slot, start, width) for slot, width in enumerate(widths) if width],
+                        keep=[n - 1 for n in keep] if keep else None)
     ids = torch.zeros(tokens, dtype=torch.long, device=runner.device)
     return median_seconds(lambda: runner.forward_packed(ids, batch), runner.device, repeats, warm=warm)
 
