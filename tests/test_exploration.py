@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from batchspec.engine.control.acceptance_model import acceptance_interval, expected_tokens
-from batchspec.engine.control.adaptive import LOOKUP, AdaptiveK
+from batchspec.engine.control.adaptive import LOOKUP, YOUNG_ROUNDS, AdaptiveK
 from batchspec.engine.control.costs import PackedCosts
 from batchspec.engine.drafters.base import MODEL_POLICY
 from batchspec.engine.control.exploration import explore
@@ -319,3 +319,43 @@ def test_a_draft_model_left_drafting_nothing_explores_while_the_evidence_may_say
     else:
         assert (len(explored) >= 3) is explores and max(b - a for a, b in zip([-1] + explored, explored + [24])) <= (
             10 if explores else 25), explored
+
+
+@pytest.mark.parametrize("age,taught", [
+    (1, False),  # its prefill's round
+    (2, False),  # its first decoding round
+    (YOUNG_ROUNDS, False),
+    (YOUNG_ROUNDS + 1, True),
+])
+def test_a_rows_first_rounds_teach_the_acceptance_model_nothing(age, taught):
+    """A refused first draft in the age-th round of a row's life (its prefill's the first): within YOUNG_ROUNDS
+    it moves neither the job's evidence, its acceptance nor the row's; after them it does."""
+    for policy in (LOOKUP, MODEL_POLICY):
+        controller, _ = controller_past_its_start(policy)
+        model = controller.acceptance
+        controller.admit(0)
+        for _ in range(age - 1):
+            controller.learn(0, [0], [0], [0], [0])
+        state = lambda: (model.evidence, round(model.pooled.accepted / (model.pooled.accepted + model.pooled.rejections), 9),  # noqa: E731
+                         model.alpha(0))
+        before = state()
+        controller.learn(1, [0], [1], [1], [0])
+        assert (state() != before) == taught, policy
+
+
+def test_exploration_and_sampling_leave_young_rows_out():
+    """Rows 0-3 admitted just now, rows 4-7 long running: exploring, a lookup drafts only the rows past their
+    first YOUNG_ROUNDS (the young ones' verdicts would teach nothing); so does sampling after exploration."""
+    controller, costs = controller_past_its_start(LOOKUP)
+    for slot in range(4):
+        controller.admit(slot)
+    _, drafts = controller.choose_rows(list(range(8)), [2] * 8, [0] * 8, None, 8, costs)
+    assert controller.packed.explored and sum(drafts) > 0 and drafts[:4] == [0] * 4
+    model = controller.acceptance
+    model.evidence, model.first_kept, model.evidence_rounds = 16, 1, 8  # exploration is over: drafts refused
+    model.pooled.accepted, model.pooled.rejections = 1.0, 15.0
+    controller.packed.next_probe, sampled = 10 ** 6, []
+    for _ in range(8):
+        _, drafts = controller.choose_rows(list(range(8)), [2] * 8, [0] * 8, None, 8, costs)
+        sampled += [i for i, k in enumerate(drafts) if k]
+    assert sampled and min(sampled) >= 4

@@ -14,13 +14,11 @@ keep rows that draft nothing measuring their acceptance.
 
 Until the job has verified `explore_evidence` first drafts, its acceptance is a prior (0.5, or the
 drafter's own guess), and a choice made on it can cost a short job more than drafting ever gains (an
-untrained draft at batch 32 once widened a 48-round job's first drafting round to 82 tokens and ran it
-0.93x drafter none). So while the evidence is short, drafting is exploration at a bounded price: one draft
-on a few rows (`explore`: a lookup's within EXPLORE_SHARE of a round without drafts, a draft model's the rows
-it fed and a few new ones). Exploration ends before `explore_evidence` once the first drafts verified (a
-round counted as one observation) put the job's acceptance clearly below or above the prices' break-even
-point (`exploring`), and spends at most EXPLORE_BUDGET of the rounds' price (`_explore`). After it, the same
-budget samples a lookup's rows that the choice leaves without drafts (`_sample`).
+untrained draft at batch 32 once widened a 48-round job's first drafting round to 82 tokens: 0.93x drafter
+none). So while the evidence is short, drafting is exploration at a bounded price (`explore`): one draft on
+a few rows, until the first drafts verified (a round counted as one observation) put the job's acceptance
+clearly below or above the prices' break-even point (`exploring`), within EXPLORE_BUDGET of the rounds'
+price (`_explore`). After it, the same budget samples a lookup's rows the choice leaves out (`_sample`).
 """
 
 from __future__ import annotations
@@ -102,10 +100,10 @@ class PackedChoice:
         over a plain one comes out of EXPLORE_BUDGET of every round's price, so that a drafter whose evidence
         comes slowly does not explore at EXPLORE_SHARE over a whole job (suffix decoding on Gemma-3-270M at
         batch 8 explored one row a round for 54 rounds and ran 0.87-0.91x drafter none; 2026-12-01). While
-        the drafts so far say drafting pays (`pays`), every round explores: it buys what the job will gain. So
-        does every round until MIN_EVIDENCE first drafts are verified (at most that many rounds): waiting on the
-        budget before then kept a draft model at batch 1 from its third first draft for 25 rounds where drafting
-        ran 1.9x (q384, 2 CPU cores, 2026-12-06). Its price counts what its rows' caches lacked (lags)."""
+        the drafts so far say drafting pays (`pays`), every round explores: it buys what the job will gain; so
+        does every round until MIN_EVIDENCE first drafts are verified: waiting on the budget before then kept a
+        draft model at batch 1 from its third first draft for 25 rounds where drafting ran 1.9x (q384, 2 CPU
+        cores, 2026-12-06). Its price counts what its rows' caches lacked (lags)."""
         plain = prices.seconds(base_tokens, 0, 0)
         if self._credit < 0 and not pays and self.acceptance.evidence >= MIN_EVIDENCE:
             return [0] * len(drafts)
@@ -120,11 +118,9 @@ class PackedChoice:
         MIN_EVIDENCE of them, or when even that top is below break-even). While it is above 0, a round the
         choice leaves without drafts explores, and exploring's budget is UPSIDE_SHARE of it a round where
         that is more than EXPLORE_BUDGET: not knowing costs what drafting would gain in every round that does
-        not draft. A draft model's exploring round feeds its rows' caches what they lack, so at EXPLORE_BUDGET
-        alone such rounds came every ~60 rounds, and when 16 first drafts had read low (8 of 12 kept where the
-        rows' drafts were 0.84 right) the choice drafted nothing and probes every 48-384 rounds were the only
-        evidence: jobs that drafted nothing in 228 rounds where fixed k=2 ran 1.06x drafter none (p512, 96
-        staggered rows at batch 32, 2 CPU cores, 2026-12-05)."""
+        not draft. At EXPLORE_BUDGET alone a draft model's exploring rounds (which feed its rows' caches) came
+        every ~60 rounds, and jobs drafted nothing in 228 rounds where fixed k=2 ran 1.06x drafter none (p512,
+        96 staggered rows at batch 32, 2 CPU cores, 2026-12-05)."""
         model = self.acceptance
         if model.evidence < MIN_EVIDENCE:
             return 0.0
@@ -132,7 +128,7 @@ class PackedChoice:
         run = model.run_lengths() if self.policy.bursty else None
         return max(best_speedup(prices, rows, rows, depth, True, lambda k: model.expected(high, k, run)) - 1.0, 0.0)
 
-    def hopeless(self, slots: list[int], base_tokens: int, costs: PackedCosts) -> list[bool]:
+    def hopeless(self, slots: list[int], base_tokens: int, costs: PackedCosts, young: list[bool]) -> list[bool]:
         """Before a lookup proposes in a packed round: per row, whether its first draft cannot pay at the
         round's prices whatever it proposes, so that the drafter need not propose for it (host work that
         was 3% of round time at batch 64). Exactly the rows choose_rows would give no draft: a lookup's
@@ -157,19 +153,21 @@ class PackedChoice:
         run = model.run_lengths() if policy.bursty else None
         hopeless = [model.expected(model.alpha(s), 1, run) - 1.0 <= threshold for s in slots]
         # The rows sampling would take propose all the same (the same order and credit as _sample's).
-        for i in self._sampled([i for i, h in enumerate(hopeless) if h], slots, prices, base_tokens, credit)[0]:
+        for i in self._sampled([i for i, h in enumerate(hopeless) if h and not young[i]], slots, prices, base_tokens,
+                               credit)[0]:
             hopeless[i] = False
         return hopeless
 
     def choose_rows(self, slots: list[int], offers: list[int], room: list[int], priors: list[float | None] | None,
-                    base_tokens: int, costs: PackedCosts, lags: list[int] | None = None) -> tuple[int, list[int]]:
+                    base_tokens: int, costs: PackedCosts, lags: list[int] | None = None,
+                    young: list[bool] | None = None) -> tuple[int, list[int]]:
         """A packed round (row_drafts.py): (shape index, drafts per row). offers: the most drafts each row may
         verify (a lookup's proposal, or its budget); room: how deep its tree may go; base_tokens: the
         forward's tokens without drafts; lags: the tokens each row's draft cache lacks (a drafter with forwards:
-        what exploration weighs, explore). Until the costs are known, rounds
-        alternate between every row drafting nothing and every row drafting its offer; every `revisit_every`
-        rounds (doubling, up to 8x, while nobody drafts) each row verifies one draft more than chosen, so that
-        rows drafting nothing keep learning their acceptance."""
+        what exploration weighs, explore); young: rows whose drafts teach nothing yet (adaptive.YOUNG_ROUNDS:
+        exploration and sampling leave them out). Until the costs are known, rounds alternate between every
+        row drafting nothing and every row drafting its offer; every `revisit_every` rounds (doubling, up to
+        8x, while nobody drafts) each row verifies one draft more than chosen (rows left out keep learning)."""
         model = self.acceptance
         self.rounds += 1
         self.explored = self.learning = False
@@ -211,18 +209,21 @@ class PackedChoice:
         if self.learning and pays <= 0:
             self._credit += max(UPSIDE_SHARE * upside - EXPLORE_BUDGET, 0.0) * prices.seconds(len(slots), 0, 0)
         drafted_before = [model.drafted(s) for s in slots] if draws else None  # only a draft model's order uses it
+        young = young or [False] * len(slots)
+        telling = [[] if y else g for g, y in zip(gains, young)]  # the rows exploration may draft
         if self.learning:
-            drafts, trees = self._explore(explore(gains, prices, base_tokens, bool(draws), drafted_before, lags),
+            drafts, trees = self._explore(explore(telling, prices, base_tokens, bool(draws), drafted_before, lags),
                                           prices, base_tokens, bool(draws), pays > 0, lags), []
         shape = max(drafts, default=0)
         if trees:
             shape, drafts = self._tree_round(trees, (shape, drafts), rate, alphas, run, room, prices, base_tokens,
                                              draws)
         if self.rounds >= self.next_probe and not self.learning:  # exploring is measuring already
-            shape, drafts = self._probe(shape, drafts, offers, gains, prices, base_tokens, draws, drafted_before,
+            shape, drafts = self._probe(shape, drafts, offers, telling, prices, base_tokens, draws, drafted_before,
                                         lags)
         elif shape <= self.k_max and not self.learning and not draws:
-            drafts = self._sample(slots, drafts, offers, prices, base_tokens + sum(drafts))
+            drafts = self._sample(slots, drafts, [0 if y else n for n, y in zip(offers, young)], prices,
+                                  base_tokens + sum(drafts))
             shape = max(drafts, default=0)
         if shape <= self.k_max:
             model.gains = {s: g[:k] for s, g, k in zip(slots, gains, drafts) if k > 0}
