@@ -150,10 +150,7 @@ class AdaptiveK:
         1 in 10 afterwards (2026-12-01)."""
         self._learnt += 1
         young = self.young(slots)
-        if any(young):
-            budgets = [0 if y else b for y, b in zip(young, budgets)]
-            left_out = {s for s, y in zip(slots, young) if y}
-            self.acceptance.gains = {s: g for s, g in self.acceptance.gains.items() if s not in left_out}
+        budgets = [0 if y else b for y, b in zip(young, budgets)]  # their gains: choose_rows kept them out
         self.acceptance.learn(k, slots, budgets, drafted, accepted)
 
     def cost(self, k: int, b: int) -> float | None:

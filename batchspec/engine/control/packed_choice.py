@@ -226,7 +226,7 @@ class PackedChoice:
                                   base_tokens + sum(drafts))
             shape = max(drafts, default=0)
         if shape <= self.k_max:
-            model.gains = {s: g[:k] for s, g, k in zip(slots, gains, drafts) if k > 0}
+            model.gains = {s: g[:k] for s, g, k, y in zip(slots, gains, drafts, young) if k > 0 and not y}
             self._seen.update((s, self.rounds) for s, k in zip(slots, drafts) if k > 0)
         return shape, drafts
 

@@ -94,7 +94,7 @@ def load_or_measure(key: dict, measure: Callable[[], StartupCosts], folder: Path
     """The points the machine's cache holds under `key`, or measure() (kept in the cache if undisturbed)."""
     stored = machine_cache.read("costs", key, folder)
     if stored is not None:
-        return StartupCosts(*(tuple(map(tuple, stored[name])) for name in ("verify", "step", "feed")), cached=True)
+        return StartupCosts(*(tuple(map(tuple, stored.get(name, ()))) for name in ("verify", "step", "feed")), cached=True)
     costs = measure()
     if costs.quiet:  # a measurement another process disturbed is used for this run only
         machine_cache.write("costs", key, {**costs.as_dict(), "measured_s": round(costs.seconds, 3)}, folder)

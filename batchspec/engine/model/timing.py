@@ -29,9 +29,8 @@ def time_packed(runner, rows: int, tokens: int, *, repeats: int, warm: bool = Tr
     # share of a token's work prices drafts several times too cheap otherwise (Gemma-3-270M, 262,144-token
     # head: the forward of 40 tokens 262 ms with one row's logits, against 236-279 ms for whole decoding rounds of
     # 16-19 tokens, so that drafts looked nearly free).
-    keep = list(itertools.accumulate(w for w in widths if w)) if last_only else None
-    batch = runner.pack([RowTokens(slot, start, width) for slot, width in enumerate(widths) if width],
-                        keep=[n - 1 for n in keep] if keep else None)
+    last = [end - 1 for end in itertools.accumulate(w for w in widths if w)] if last_only else None
+    batch = runner.pack([RowTokens(slot, start, width) for slot, width in enumerate(widths) if width], keep=last)
     ids = torch.zeros(tokens, dtype=torch.long, device=runner.device)
     return median_seconds(lambda: runner.forward_packed(ids, batch), runner.device, repeats, warm=warm)
 
