@@ -68,6 +68,20 @@ def test_bench_without_hf_batched_leaves_its_columns_empty(llama_pair, prompt_fi
     assert "| batchspec none | " in table.read_text() and " | - | - | 1.00 | " in table.read_text()
 
 
+def test_bench_reports_how_full_each_contenders_batch_ran(llama_pair, prompt_file, tmp_path, capsys):
+    """3 prompts of 4 new tokens in 2 slots, drafter none: the first two rows decide together in 4 rounds, the
+    third alone in 4 more: 12 of 16 slots held a deciding row (ngram's rows finish when their drafts let them, so
+    its share is whatever its rounds were)."""
+    out = tmp_path / "bench.json"
+    bench.main(["--target", str(llama_pair.target), "--draft", "", "--prompts", prompt_file, "--num-prompts", "3",
+                "--max-new-tokens", "4", "--batch-size", "2", "--k", "2", "--repeats", "2", "--drafters", "ngram",
+                "--no-hf-batched", "--no-hf-static", "--no-hf-batch1", "--no-adaptive", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["contender"] == "batchspec none" and rows[0]["slots_filled"] == 12 / 16
+    assert 0 < rows[1]["slots_filled"] <= 1
+    assert "padding 0.0%, slots filled 75.0%" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_bench_checks_coupled_outputs_against_a_coupled_none(llama_pair, prompt_file, tmp_path, capsys):
     """Sampled, rejection listed first: the coupled rows must equal the coupled none (plain decoding's draws),

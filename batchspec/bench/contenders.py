@@ -47,6 +47,8 @@ class Contender:
     rounds_by_k: list[int] | None = None  # rounds by drafts verified, summed over repeats
     rounds_by_tree: dict | None = None  # tree rounds by tree shape, summed over repeats
     tokens: dict | None = None  # what its target forwards computed, summed over repeats (engine/stats.py TokenCounts)
+    row_rounds: int = 0  # batchspec: rows that decided in its rounds, summed over rounds and repeats ...
+    slot_rounds: int = 0  # ... and the slots those rounds had (rounds x batch size): how full its batch ran
     grammar_s: float = 0.0  # batchspec under constraints: host seconds in grammar work, summed over repeats
 
 
@@ -250,6 +252,8 @@ def add_stats(contender: Contender, generator) -> None:
     contender.timings = {name: (contender.timings or {}).get(name, 0.0) + t
                          for name, t in {**generator.timings, "noise": generator.noise_s}.items()}
     contender.tokens = {name: (contender.tokens or {}).get(name, 0) + n for name, n in generator.tokens.summary().items()}
+    contender.row_rounds += generator.stats.target_forwards
+    contender.slot_rounds += generator.stats.rounds * generator.batch_size
 
 
 def count_launches(contender: Contender, models, prompts, args) -> dict:

@@ -49,6 +49,14 @@ def shares(contender: Contender) -> tuple[float | None, float | None, float | No
     return padding, (admit + tokens["prefill_s"]) / total, (admit + tokens["prefill_marginal_s"]) / total
 
 
+def slots_filled(contender: Contender) -> float | None:
+    """The share of its rounds' slots that held a deciding row. Rows that draft advance at different paces and
+    finish apart, so that they are admitted a few at a time and the job ends in rounds of fewer rows, costs that
+    no round's tokens per second shows (Gemma-3-270M at batch 8, 32 rows of 48 tokens: drafter none filled 99.5% of
+    its slots, ngram and suffix adaptive 89.8% and 92.6%, and ran 0.95x and 0.97x it; docs/benchmarks.md, 2026-12-06)."""
+    return contender.row_rounds / contender.slot_rounds if contender.slot_rounds else None
+
+
 def predicted_vs_none(c: Contender, curve: CostCurve) -> float | None:
     """The speedup over drafter none that the measured tokens per forward and the cost curve predict (fixed-k
     chains of the model, n-gram and prompt-lookup drafters only)."""
@@ -102,6 +110,7 @@ def result_rows(field_: list[Contender], args, num_prompts: int, curve: CostCurv
             "predicted_vs_none": predicted, "achieved_over_predicted": vs_none / predicted if predicted else None,
             "outputs_equal_to_none": num_prompts - mismatches, "num_prompts": num_prompts,
             "padding_share": padding, "admission_share": admission, "admission_marginal_share": marginal,
+            "slots_filled": slots_filled(c),
         })
     return rows
 
@@ -117,7 +126,8 @@ def print_time_split(field_: list[Contender], exact: bool) -> None:
     """Each batchspec contender's share of round time by phase, admission's and padding's shares."""
     print("where batchspec's time goes (share of round time: draft / verify / accept / bookkeeping / admit; then "
           "admission's share, its prompt tokens in packed forwards included (in proportion to their tokens, and at "
-          "the margin), and the share of computed tokens that were padding)" + ("" if exact else "; without --profile a GPU's work lands in the phase that syncs:"))
+          "the margin), the share of computed tokens that were padding, and of the rounds' slots that held a "
+          "deciding row)" + ("" if exact else "; without --profile a GPU's work lands in the phase that syncs:"))
     for c in field_:
         if c.timings:
             total = round_time(c.timings)
@@ -125,7 +135,8 @@ def print_time_split(field_: list[Contender], exact: bool) -> None:
             padding, admission, marginal = shares(c)
             print(f"  {c.name:32s} " + " / ".join(f"{c.timings[n] / total:.0%}" for n in
                                                   ("draft", "verify", "accept", "bookkeeping", "admit"))
-                  + f"  admission {admission:.1%} (at the margin {marginal:.1%}), padding {padding:.1%}" + noise)
+                  + f"  admission {admission:.1%} (at the margin {marginal:.1%}), padding {padding:.1%}"
+                  + (f", slots filled {filled:.1%}" if (filled := slots_filled(c)) is not None else "") + noise)
     checks = [(c, getattr(getattr(c.generator, "scheduler", None), "payoff", None)) for c in field_]
     checks = [(c, p.summary()) for c, p in checks if p is not None and sum(p.rounds)]
     if checks:
