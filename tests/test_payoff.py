@@ -140,6 +140,27 @@ def test_rounds_below_full_occupancy_do_not_count():
     assert check.rounds == [2, 34 + 10]  # a plain epoch is one round here: its tail rounds ran in the next (drafting)
 
 
+@pytest.mark.parametrize("verdict,ending,arms", [
+    ("drafting", True, "0" + "1" * 6),  # the plain trial the tail fell in gives way to the verdict's arm
+    ("drafting", False, "0" * 7),  # rows may still come (a dip between admissions): the trial goes on
+    ("plain", True, "0" * 7),
+    (None, True, "1" * 7),  # no verdict yet: drafting, the controller's choice
+], ids=["drafting_tail", "drafting_no_tail", "plain_tail", "no_verdict_tail"])
+def test_the_jobs_tail_runs_the_verdicts_arm(verdict, ending, arms):
+    """A job's tail (nothing left to admit, fewer rows than the most seen) counts towards no epoch, so a trial
+    of the loser that it falls in would run it to the end: its rounds run the verdict's arm instead."""
+    check = PayoffCheck(drafting_rounds=3, plain_rounds=4)
+    check._warm, check._full = True, 32
+    if verdict is not None:
+        check._winner = 1 if verdict == "drafting" else 0
+    check._arm = 0 if verdict is not None else 1  # a plain epoch (a trial, or the verdict's), or drafting
+    seen = []
+    for _ in range(7):
+        seen.append(str(int(check.drafting)))
+        check.observe(10, 1.0, rows=16, ending=ending)
+    assert "".join(seen) == arms
+
+
 def test_the_first_rounds_set_full_occupancy():
     """Full is the most rows seen so far: a job smaller than the batch counts its rounds (5 rows of 8 slots)."""
     check = PayoffCheck(drafting_rounds=2, plain_rounds=1)

@@ -250,7 +250,8 @@ class Scheduler:
             self.payoff.observe(counted, seconds - round.admission_seconds(forward), rows=len(round.running),
                                 plain=self._plain_price(round),
                                 learning=self.adaptive.learning and not self._plain_epoch,
-                                admitting=bool(round.fills), drafted=any(round.budgets or ()))
+                                admitting=bool(round.fills), drafted=any(round.budgets or ()),
+                                ending=self.intake_.exhausted and not self.intake_.waiting)
         drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
         shape = self.adaptive.shapes.index(round.shape)
         measured = (RoundCost(shape, len(emitted.slots), seconds) if cost is None else

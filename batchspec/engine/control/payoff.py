@@ -15,19 +15,15 @@ What an epoch measures: the tokens its rounds emit over their wall time, over th
 rows as the job has had at most, and of those only the rounds that admit nothing (no prompt chunk in
 their forward) when they are at least half of the epoch. Admission is the job's work whichever arm runs,
 and a round that prefills several prompts takes 2-4x a decoding round; rounds at the job's tail run fewer
-rows. Counted in full, both made one epoch's rate differ from the next by 12-23% (standard deviation of
-the log-ratio of an epoch to the epochs around it; ngram at batch 32 on 2 CPU cores, epochs forced to
-alternate), so that the verdict followed the admission waves (1.11x and 1.15x drafting over plain where
-the two arms' totals said 0.89x and 0.91x). Taking admission's share of a forward out in proportion to
-its tokens is not enough where a verified token costs more than a prompt token (it reaches the LM head:
-Gemma-3's 262,144-token head makes it ~2.7x): an admitting round's decoding rows then look nearly free.
-With ngram on Gemma-3-270M at batch 8 (2 CPU cores, 2026-12-02) a fifth of the drafting rounds admitted
-(drafting spreads admissions over the job; drafter none admits in waves), and the check said drafting ran
-1.33-1.38x plain where its rounds that admitted nothing ran 0.87-0.94x the plain epochs' and the job 0.93-0.98x
-drafter none. An epoch whose rounds mostly admit (large batches with rows of staggered lengths) falls back
-to all its rounds with admission's share taken out that way (new rows' prompt chunks and their first
-decisions; the first tokens of those rows are not counted either). Rounds below full occupancy run in the
-current arm and do not count towards its epoch.
+rows. Counted in full, both made one epoch's rate differ from the next by 12-23% (ngram at batch 32, 2 CPU
+cores), so that the verdict followed the admission waves (1.11-1.15x drafting over plain where the arms'
+totals said 0.89-0.91x). Taking admission's share of a forward out in proportion to its tokens is not enough
+where a verified token costs more than a prompt token (Gemma-3's 262,144-token LM head: ~2.7x): with ngram
+at batch 8 a fifth of the drafting rounds admitted (drafting spreads admissions; drafter none admits in
+waves), and the check said 1.33-1.38x where the rounds that admitted nothing ran 0.87-0.94x (2026-12-02).
+An epoch whose rounds mostly admit (large batches, staggered lengths) falls back to all its rounds with
+admission's share taken out that way (the admitted rows' first tokens not counted either). Rounds below
+full occupancy count towards no epoch; in the job's tail they run the verdict's arm (`_settle`).
 
 An epoch is only ever compared with the two epochs of the other arm around it (the geometric mean of
 their rates), so that a machine whose speed drifts over minutes (this project's 2-core VMs move by
@@ -60,15 +56,12 @@ come sooner, each on a gap of `clear`:
   - a drafter that loses clearly: the first plain epoch against the drafting epoch just before it, after
     40 rounds of which 32 drafted (as many as before this order), where the books agree (their price of the
     drafting epoch's rounds without drafts is faster than those rounds ran). One 8-round epoch against
-    one 24-round one, neither bracketed, is noisy: on SmolLM2-135M with ngram (held-out class-chat prompts,
-    staggered lengths, batch 8, 2 CPU cores, 2026-12-03) consecutive plain epochs moved by 7.5% (standard
-    deviation of the log-ratio), and a plain epoch 1.16x the drafting one before it gave the verdict plain for
-    the whole job where the books priced plain rounds 0.88x that drafting epoch and ngram at fixed k=2 ran
-    1.05x drafter none. A drafter that loses by as much as the books see still stops at once.
+    one 24-round one is noisy: on SmolLM2-135M with ngram (batch 8, 2026-12-03) a plain epoch 1.16x the
+    drafting one before it gave the verdict plain where the books priced plain rounds 0.88x that epoch and
+    fixed k=2 ran 1.05x drafter none. A drafter that loses by as much as the books see still stops at once.
 
-The check changes which rounds draft, never a greedy output (speculation is exact); like the rest of
-adaptive speculation it makes a sampled output depend on timing, which is why sampling keeps k fixed
-unless told otherwise.
+The check changes which rounds draft, never a greedy output (speculation is exact); like the rest of adaptive
+speculation it makes a sampled output depend on timing, which is why sampling keeps k fixed unless told otherwise.
 """
 
 from __future__ import annotations
@@ -162,19 +155,20 @@ class PayoffCheck:
 
     def observe(self, tokens: int, seconds: float, rows: int | None = None,
                 plain: tuple[int, float] | None = None, learning: bool = False, admitting: bool = False,
-                drafted: bool = True) -> None:
+                drafted: bool = True, ending: bool = False) -> None:
         """A round ended: it emitted `tokens` over its `rows` in `seconds` of wall time (admission's share
         taken out; admitting: it prefilled prompt chunks). A round with fewer rows than the most seen (a job's
         tail) is not counted. plain: the tokens the same rows would emit without drafts and the seconds the
         cost model prices that round at (None: not priced). learning: the controller still explores its
-        acceptance (exploration.explore), which the warm-up waits for (up to `max_warmup` rounds): exploring
-        rounds are neither drafting as the controller will draft nor plain decoding, and compared with a plain
-        epoch they gave a drafter that ran 1.45x plain at fixed k the verdict plain (2026-11-29). drafted: the
-        round had drafts (see _idle)."""
+        acceptance, which the warm-up waits for (up to `max_warmup` rounds): exploring rounds, compared with a
+        plain epoch, gave a drafter that ran 1.45x plain at fixed k the verdict plain (2026-11-29). drafted:
+        the round had drafts (see _idle). ending: nothing is left to admit (see _settle)."""
         self.rounds[self._arm] += 1
         if rows is not None:
             self._full = max(self._full, rows)
             if rows < self._full:
+                if ending:
+                    self._settle()
                 return
         for sums in self._epoch[:1] if admitting else self._epoch:
             sums.add(tokens, seconds, plain, drafted)
@@ -186,6 +180,13 @@ class PayoffCheck:
             length = max(length, min(self._round + 1, self.max_warmup))
         if self._round >= length:
             self._end_epoch()
+
+    def _settle(self) -> None:
+        """The job's tail (nothing left to admit, fewer rows than the most seen) counts towards no epoch: its rounds
+        run the verdict's arm (drafting before one), not the epoch they fell in, which ran a 96-row job's last 80
+        of 198 rounds plain (q384, batch 32, suffix: 0.88 of fixed k=2, 2 CPU cores, 2026-12-06)."""
+        if (arm := ON if self._winner is None else self._winner) != self._arm:
+            self._arm, self._round, self._epoch = arm, 0, [_Sums(), _Sums()]
 
     def _end_epoch(self) -> None:
         every, clean = self._epoch
