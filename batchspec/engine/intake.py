@@ -113,6 +113,11 @@ class Intake:
     def waiting(self) -> bool:
         return bool(self._queue)
 
+    @property
+    def drained(self) -> bool:
+        """Nothing is left to admit: the requests ran out and no sample of one waits for a slot."""
+        return self.exhausted and not self.waiting
+
     def take(self, free: int) -> tuple[list[Admission], list[Result]]:
         """Up to `free` rows to seat, and the Results of requests that cannot run (pulled on the way)."""
         rows: list[Admission] = []

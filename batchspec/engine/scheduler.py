@@ -73,8 +73,7 @@ class Scheduler:
     @property
     def done(self) -> bool:
         """No request runs and none will be admitted."""
-        idle = self.intake_.exhausted and not self.intake_.waiting
-        return not self.slots.active() and (idle or not self.admitting)
+        return not self.slots.active() and (self.intake_.drained or not self.admitting)
 
     def intake(self) -> tuple[list[Seat], list[Result]]:
         """Rows for the free slots, pulled lazily: (seats of the new rows, Results of requests that cannot
@@ -251,7 +250,7 @@ class Scheduler:
                                 plain=self._plain_price(round),
                                 learning=self.adaptive.learning and not self._plain_epoch,
                                 admitting=bool(round.fills), drafted=any(round.budgets or ()),
-                                ending=self.intake_.exhausted and not self.intake_.waiting)
+                                ending=self.intake_.drained)
         drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
         shape = self.adaptive.shapes.index(round.shape)
         measured = (RoundCost(shape, len(emitted.slots), seconds) if cost is None else
