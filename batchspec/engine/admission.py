@@ -12,15 +12,18 @@ prefilled over them).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from .types import Result
 from .accept import Acceptor
-from .drafters import Drafter
 from .model.runner import ModelRunner
 from .sampling import logprobs_at
 from .slots import SlotState
+
+if TYPE_CHECKING:
+    from .slot_life import SlotLife
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +41,10 @@ class Seated:
 
 
 class Admitter:
-    def __init__(self, runner: ModelRunner, state: SlotState, acceptor: Acceptor, drafter: Drafter):
-        self.runner, self.state, self.acceptor, self.drafter = runner, state, acceptor, drafter
+    """New rows' device side; the drafter hears of them through the slots' `life` (slot_life.py)."""
+
+    def __init__(self, runner: ModelRunner, state: SlotState, acceptor: Acceptor, life: SlotLife):
+        self.runner, self.state, self.acceptor, self.life = runner, state, acceptor, life
         self.device, self.static, self.packed = runner.device, runner.static, runner.packs
 
     def admit(self, seats) -> Seated:
@@ -60,13 +65,13 @@ class Admitter:
         done = {slot for slot, _ in finished}
         going = [(seat.slot, token) for seat, token in zip(seated.now, seated.tokens) if seat.slot not in done]
         if going:
-            self.drafter.extend([s for s, _ in going], [[t] for _, t in going], [0] * len(going))
+            self.life.advance([s for s, _ in going], [[t] for _, t in going], [0] * len(going))
 
     def seat_later(self, seats) -> None:
         """Rows whose prompts packed rounds prefill: their sequences and settings, and the drafter's admission."""
         slots, prompts = [s.slot for s in seats], [s.prompt_ids for s in seats]
         self.state.seat(slots, prompts, [s.admission.key for s in seats], [s.admission.sampling for s in seats])
-        self.drafter.admit(slots, prompts)
+        self.life.prefilled(slots, prompts)
 
     def seat(self, seats) -> Seated:
         """seats: intake.Seat records (slot, admission) of the new rows."""
@@ -82,10 +87,7 @@ class Admitter:
         copies = [(src, s.slot) for src, s in zip(sources, seats) if src != s.slot]
         if copies:
             self.runner.copy_prefix([a for a, _ in copies], [b for _, b in copies], max(map(len, prompts)))
-        if features is None:
-            self.drafter.admit(slots, prompts)
-        else:
-            self.drafter.admit(slots, prompts, features=[features[src] for src in sources])
+        self.life.prefilled(slots, prompts, None if features is None else [features[src] for src in sources])
         if self.static:
             self.acceptor.first_tokens(slots, last, static=True)
             return Seated(prompt_logprobs=blocks)

@@ -134,7 +134,7 @@ class SpecBatchGenerator:
                                    fill_budget=fill_tokens if self.packed else 0, per_row=self.static_per_row,
                                    payoff=payoff, stats=self.statistics)
         self.startup: StartupCosts | None = None  # the costs adaptive speculation started from (the first run())
-        self.admitter = Admitter(self.runner, self.state, self.acceptor, drafter)
+        self.admitter = Admitter(self.runner, self.state, self.acceptor, self.life)
         self._rows = HostBuffer((batch_size,), self.device)  # an eager round's rows
         self._lengths = HostBuffer((batch_size,), self.device)  # their lengths L (packed rounds)
         self.verifier = Verifier(self.runner, self.state, drafter, self.statistics)
@@ -246,7 +246,7 @@ class SpecBatchGenerator:
         and adaptive speculation (what the round cost, what it accepted) follow it."""
         with self.timers.phase("bookkeeping"):
             finished, emitted = self.scheduler.outcomes.postprocess(round, outcome)
-            self.drafter.extend(emitted.slots, emitted.tokens, emitted.num_accepted, emitted.path)
+            self.life.advance(emitted.slots, emitted.tokens, emitted.num_accepted, emitted.path)
             results = self._release(finished)
         adaptive = self.scheduler.adaptive
         costs = measured_round(adaptive.costs if adaptive is not None else None, self.drafter, round, verified,

@@ -155,8 +155,7 @@ class Scheduler:
         limits = [min(self.k_max, n) for n in room]
         if not rows or self.adaptive is None or not self.per_row or not self.life.drafter.policy.propose_first:
             return limits
-        if self.static:
-            self.adaptive.costs.at_length(max(lengths) + self._widest)
+        self.adaptive.costs.at_length(max(lengths) + self._widest)
         if self._plain_epoch:  # nobody proposes
             hopeless = [True] * len(running)
         else:
@@ -179,8 +178,7 @@ class Scheduler:
         if self.adaptive is None:
             shape = RoundShape(tree=self.trees[0]) if self.trees else RoundShape(drafts=self.k_max)
         else:
-            if self.static:
-                self.adaptive.costs.at_length(max(round.lengths) + self._widest)
+            self.adaptive.costs.at_length(max(round.lengths) + self._widest)
             shape = self.adaptive.choose(round.running_slots, [offer[i] for i in round.running],
                                          [round.room[i] for i in round.running],
                                          [priors[i] for i in round.running] if priors is not None else None)
@@ -193,8 +191,7 @@ class Scheduler:
         """A packed round's shape and each row's drafts (AdaptiveK.choose_rows) over its running rows; a static
         round's idle slots draft nothing."""
         adaptive = self.adaptive
-        if self.static:
-            adaptive.costs.at_length(max(round.lengths) + self._widest)
+        adaptive.costs.at_length(max(round.lengths) + self._widest)
         budgets = [0] * len(round.rows)
         if self._plain_epoch:
             return adaptive.shapes[0], budgets

@@ -40,9 +40,17 @@ class RoundCost:
 
 
 class CostModel(Protocol):
-    def cost(self, k: int, b: int) -> float | None: ...  # seconds of a round of shape k over b rows
+    """What every cost model does, with the same signatures: learn from a round, and hear the length its rows
+    now attend over (before the round is priced: the captured path's tables are per attended-length bucket)."""
+
     def observe(self, round: RoundCost) -> None: ...
     def at_length(self, kv_len: int) -> None: ...  # rows now attend over about kv_len entries
+
+
+class WholeRoundCosts(CostModel, Protocol):
+    """A cost model of whole rounds (RoundTimes, StepTable): what AdaptiveK.choose reads."""
+
+    def cost(self, k: int, b: int) -> float | None: ...  # seconds of a round of shape k over b rows
 
 
 CURVE_POINTS = 4  # forwards measured at start at this many N or more price N by their curve (row_drafts.Prices)
@@ -208,6 +216,9 @@ class PackedCosts:
         if self.excess.n < EXCESS_ROUNDS or not self.plain_excess.known:
             return 0.0
         return max(self.excess.fit()[0] - self.plain_excess.fit()[0], 0.0)
+
+    def at_length(self, kv_len: int) -> None:
+        pass  # eager packed rounds are timed as they run: their prices follow the lengths they attend
 
     def start_from(self, costs: StartupCosts) -> None:
         """The points measured at start (startup_costs.py): the verify and step lines are anchored on them
