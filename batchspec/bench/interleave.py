@@ -15,7 +15,7 @@ spinning workers would fight the running one for the cores. A contender's clock 
 admissions, and the start-up work of its run (as a sequential run's timer does); building its generator is not
 counted (run_batchspec's rule). Each contender runs `repeats` jobs one after another, a slower one more rounds
 a minute, so that all end together. Every job is one entry of its tokens_per_s, as a sequential repeat is.
-Two schedules tried first (2026-12-03, SmolLM2-135M, 10 contenders): an equal share of time kept drafter none's
+Why not an equal share of time or progress by rows (SmolLM2-135M, 10 contenders, 2026-12-03): an equal share kept drafter none's
 two copies within 1.7% of each other per job but ran every contender until the slowest (a draft model at
 0.57x) had its jobs, 12 minutes more, and left the contenders with unequal numbers of jobs; progress by
 finished rows (which finish in waves of a batch) ran contenders alone for whole waves, and the two copies of

@@ -12,7 +12,7 @@ Records are values, built by the stage that owns them and only read after (gener
                drafters read as `budgets`), the drafts, the coupled noise, a tree's geometry and the drafts a
                grammar forced (dataclasses.replace)
   verify    -> Verified: the target's logits and what the forward cost
-  accept    -> Outcome (accept.py)      postprocess -> Emitted (postprocess.py)
+  accept    -> RoundOutcome (verdict.py, through accept.py)      postprocess -> Emitted (postprocess.py)
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from ..util.files import atomic_write_text
-from . import __doc__ as doc  # the package's docstring is the command's description
 from .data import NotAnOutput, Output, cost_files, find_outputs, load_output, predict, read_cost_curves
 from .labels import label_outputs
 from .page import render
@@ -47,6 +46,9 @@ def build_report(paths: list[Path], html_path: Path | None = None, *, cost: list
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The package's docstring is the command's description; read from the package already imported (Python
+    # imports a package before its modules), not imported from it, which would make the two a circle.
+    doc = sys.modules[__package__].__doc__
     parser = argparse.ArgumentParser(prog="python -m batchspec.report", description=doc.splitlines()[0],
                                      epilog="\n".join(doc.splitlines()[2:5]),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -177,10 +177,9 @@ class PackedChoice:
         trees = list(range(self.k_max + 1, num_shapes)) if max(room, default=0) > 0 else []
         draws = self.policy.draft_forwards
         if draws:
-            # A draft model's rows are chosen, explored and priced as in a round that only decodes: in a round
-            # that also prefills prompt chunks a draft looks nearly free, but drafting there first feeds the
-            # chosen rows' whole sequences to the draft model (SmolLM2 with 6 of its layers as the draft: 848
-            # and 504 tokens fed in two such rounds, 364 and 268 ms on ~140 ms rounds; 2026-12-02).
+            # A draft model's rows are priced as in a round that only decodes: where prompt chunks are prefilled a
+            # draft looks nearly free, but drafting first feeds the rows' whole sequences to the draft model
+            # (SmolLM2 with 6 of its layers: 848 and 504 tokens fed, 364 and 268 ms on ~140 ms rounds; 2026-12-02).
             base_tokens = len(slots)
         prices = costs.prices() if costs.known and (not draws or costs.step.known) else None
         if prices is not None:  # drafts save decoding, not prefill (row_drafts.Prices.decoding)

@@ -16,6 +16,7 @@ import torch
 
 from .graphs import StepGraphs
 from .packed import RowTokens
+from .runner import ModelRunner
 
 TOKENS = 8
 FIRST = 5  # tokens of the first forward; the rest extend the row
@@ -45,8 +46,6 @@ def known_problem(model) -> str | None:
 @torch.inference_mode()
 def check_model(model) -> str | None:
     """Why batchspec cannot run `model` exactly (one line, naming its type), or None."""
-    from .runner import ModelRunner  # deferred: runner imports this module's neighbours
-
     kind = getattr(model.config, "model_type", type(model).__name__)
     problem = known_problem(model)
     if problem is not None:
