@@ -223,21 +223,82 @@ def test_a_sweep_with_the_flag_after_the_overrides(tmp_path, monkeypatch):
                     "drafter.k=4/sampling.max_new_tokens=2/source.limit=2"]
 
 
-@pytest.mark.parametrize("function, start, end", [
+API_DOC = REPO / "docs" / "api.md"
+# (function, the start of its passage in docs/api.md, what ends the passage)
+API_FUNCTIONS = [
     ("generate", "`generate(prompts", "-> list[Result]`"),
     ("load_models", "`load_models(target", "-> Models`"),
     ("build_generator", "`build_generator(models, ...)`", "\n## "),
-])
+    ("run_grouped", "`run_grouped(generator, requests)`", "\n## "),
+]
+# (module, dataclass, the start of its passage in docs/api.md, what ends the passage: the end of the file if absent)
+API_DATACLASSES = [
+    ("batchspec", "Request", "## `Request`", "\n## "),
+    ("batchspec", "Result", "## Per-request statistics (`Result`)", "\n## "),
+    ("batchspec", "RowParams", "## `RowParams`", "\n## "),
+    ("batchspec", "Constraint", "## `Constraint`", "\n## "),
+    ("batchspec", "RunStats", "## Run aggregates (`RunStats`)", "\n## "),
+    ("batchspec.api", "Models", "`Models` (`batchspec.api.Models`", "`build_generator(models, ...)`"),
+    ("batchspec.engine.sampling", "SamplingParams", "`SamplingParams` (`batchspec.engine.sampling`", "\n## "),
+]
+
+
+def api_passage(start: str, end: str) -> str:
+    """docs/api.md from `start` (which must occur once) up to `end`, or to the end of the file."""
+    doc = API_DOC.read_text()
+    assert doc.count(start) == 1, f"docs/api.md should hold {start!r} once"
+    begin = doc.index(start)
+    stop = doc.find(end, begin + len(start))
+    return doc[begin: stop if stop >= 0 else len(doc)]
+
+
+@pytest.mark.parametrize("function, start, end", API_FUNCTIONS, ids=[f for f, _, _ in API_FUNCTIONS])
 def test_docs_api_names_every_argument(function, start, end):
     """docs/api.md names every argument of each of the API's entry points in that function's own passage (issue
     60: nine were missing, and five of generate's were named only for other functions)."""
     import inspect
 
-    doc = (REPO / "docs" / "api.md").read_text()
-    passage = doc[doc.index(start):]
-    passage = passage[: passage.index(end)]
-    names = [n for n, p in inspect.signature(getattr(batchspec, function)).parameters.items()
+    from batchspec import api
+
+    passage = api_passage(start, end)
+    names = [n for n, p in inspect.signature(getattr(api, function)).parameters.items()
              if p.kind is not inspect.Parameter.VAR_KEYWORD and n not in ("prompts", "target", "models")]
     assert [n for n in names if f"`{n}" not in passage and f"{n}=" not in passage] == []
 
 
+@pytest.mark.parametrize("module, name, start, end", API_DATACLASSES, ids=[n for _, n, _, _ in API_DATACLASSES])
+def test_docs_api_names_every_field(module, name, start, end):
+    """docs/api.md names every field of each dataclass of the API, in backticks, in that class's own passage (a
+    review found Request, Constraint, RowParams' structured-output fields and 8 of RunStats' 15 undocumented)."""
+    import dataclasses
+
+    cls = getattr(importlib.import_module(module), name)
+    passage = api_passage(start, end)
+    assert [f.name for f in dataclasses.fields(cls) if f"`{f.name}`" not in passage] == []
+
+
+def test_docs_api_has_a_passage_for_every_export():
+    """Every name batchspec and batchspec.api export has its passage above (a function's arguments or a
+    dataclass's fields checked there), so that a new export needs its documentation."""
+    import dataclasses
+
+    from batchspec import api
+
+    checked = {f for f, _, _ in API_FUNCTIONS} | {n for _, n, _, _ in API_DATACLASSES}
+    exported = {n for module in (batchspec, api) for n in module.__all__ if n != "__version__"}
+    assert sorted(exported - checked) == []
+    dataclass_exports = {n for module in (batchspec, api) for n in module.__all__
+                         if dataclasses.is_dataclass(getattr(module, n))}
+    assert dataclass_exports <= {n for _, n, _, _ in API_DATACLASSES}
+
+
+def test_docs_api_names_every_generator_member():
+    """docs/api.md's "The generator's members" names every public method and property of the generator that
+    build_generator returns (run, step, reset_stats, continue_stats, capture_s, noise_s, ...) as `gen.NAME`."""
+    from batchspec.engine.generator import SpecBatchGenerator
+
+    passage = api_passage("## The generator's members", "\n## ")
+    members = [n for n, v in vars(SpecBatchGenerator).items()
+               if not n.startswith("_") and (callable(v) or isinstance(v, property))]
+    assert {"run", "step", "reset_stats", "continue_stats", "capture_s", "noise_s", "stats"} <= set(members)
+    assert [n for n in members if f"`gen.{n}" not in passage] == []
