@@ -35,7 +35,7 @@ def timed(generator, requests: list[Request]) -> dict:
             "tokens": sum(r.completion_tokens for r in results), "results": results}
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompts", type=int, default=48)
     p.add_argument("--n", type=int, default=4)
@@ -45,7 +45,11 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--prompt-times", type=int, default=1, help="each prompt repeated this many times: longer "
                    "prompts, where the shared prefill of n samples matters more")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = pq.read_table(DEMO / "prompts.parquet").column("prompt").to_pylist()[: args.prompts]
@@ -56,7 +60,12 @@ def main(argv=None) -> None:
     def build(**kw):
         return batchspec.build_generator(models, **{**common, **kw})
 
-    # ---- n samples: shared prefill against N copies -------------------------------------------
+    n_samples_table(args, prompts, models, build)
+    logprobs_table(args, prompts, build)
+
+
+def n_samples_table(args, prompts: list[str], models, build) -> None:
+    """n samples: `n=N` on the prompts against the prompts written out N times with n=1 (shared prefill)."""
     sampled = dict(drafter="model", k=4, temperature=0.8, seed=1)
     n_gen, copy_gen = build(n=args.n, **sampled), build(**sampled)
     grouped = [Request(id=str(i), prompt=t) for i, t in enumerate(prompts)]
@@ -79,7 +88,9 @@ def main(argv=None) -> None:
     print(f"  saving: admission {1 - med['n']['admit'] / med['copies']['admit']:.0%}, "
           f"wall {1 - med['n']['wall'] / med['copies']['wall']:.0%}")
 
-    # ---- logprobs: cost per round --------------------------------------------------------------
+
+def logprobs_table(args, prompts: list[str], build) -> None:
+    """logprobs: greedy decoding at logprobs None / 1 / 5 / 20 (output checked identical), cost per round."""
     requests = [Request(id=str(i), prompt=t) for i, t in enumerate(prompts)]
     settings = [None, 1, 5, 20]
     gens = {k: build(drafter="model", k=4, adaptive=False, logprobs=k) for k in settings}

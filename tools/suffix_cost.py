@@ -16,7 +16,7 @@ the CPython standard library through the demo tokenizer (the target's training t
     (batch * emit / 64 per round: one every 32 rounds at batch 1, two per round at batch 64), each
     adding its output (~64 tokens) to the job-wide structure; as many new rows start, timed apart (a
     prompt is indexed once, next to a prefill forward of the same prompt that this does not time);
-  - the verify forward is the demo target's (`ModelRunner.time_step`): every row 5 tokens (k = 4 + 1;
+  - the verify forward is the demo target's (`batchspec.engine.model.timing.time_step`): every row 5 tokens (k = 4 + 1;
     a tree of N nodes: N + 1) over a KV cache of --kv-len entries, fp32, eager, as the CPU path runs it
     (the demo target has 1,024 positions: the rows' longer sequences are the index's side only).
 
@@ -114,10 +114,13 @@ class Workload:
 
 
 def forward_seconds(runners: dict, batch: int, kv_len: int, width: int) -> float:
-    return runners[batch].time_step(width, kv_len, repeats=3)
+    """The verify forward at `batch`: `width` tokens per row over `kv_len` cached entries (median of 3)."""
+    from batchspec.engine.model.timing import time_step  # deferred, as torch: --help needs neither
+
+    return time_step(runners[batch], width, kv_len, repeats=3)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--segments", type=int, nargs="+", default=[4], help="corpus_segments settings to time")
@@ -130,40 +133,64 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kv-len", type=int, default=512)
     parser.add_argument("--target", type=Path, default=DEMO / "target")
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from batchspec.engine.model.runner import ModelRunner
+    from transformers import AutoTokenizer
 
     torch.set_num_threads(args.threads)
     tree = tuple(int(v) for v in args.tree.split("x")) if args.tree else None
     width = tree[0] + 1 if tree else args.k + 1  # tokens per row in the verify forward
     tokenizer = AutoTokenizer.from_pretrained(str(args.target))
     rows_needed = max(args.batch) * 4000 * 2
-    texts = stdlib_tokens(tokenizer, args.corpus_tokens + rows_needed)
-    corpus, rest, total = [], [], 0
-    for text in texts:
-        if total < args.corpus_tokens:
-            for i in range(0, len(text), 128):
-                if total < args.corpus_tokens:
-                    corpus.append(text[i:i + 128])
-                    total += len(corpus[-1])
-        else:
-            rest.append(text)
-    model = AutoModelForCausalLM.from_pretrained(str(args.target), dtype=torch.float32,
-                                                 attn_implementation="sdpa").eval()
-    capacity = max(args.kv_len + 8, 64)
-    runners = {b: ModelRunner(model, num_slots=b, capacity=capacity, max_position=model.config.max_position_embeddings)
-               for b in args.batch}
+    corpus, rest, total = split_corpus(stdlib_tokens(tokenizer, args.corpus_tokens + rows_needed), args.corpus_tokens)
+    runners = load_runners(args)
 
     proposal = f"trees of {tree[0]} nodes, depth <= {tree[1]}" if tree else f"chains of k <= {args.k}"
     print(f"suffix index host cost per round vs the demo target's verify forward ({width} tokens per row over "
           f"{args.kv_len} cached, fp32, {args.threads} threads); corpus {total} tokens; {proposal}, "
           f"{args.emit} tokens emitted per row per round")
-    results: dict[tuple[int, int], list[tuple[float, float, float, float]]] = {}
+    workloads = build_workloads(args, rest, corpus, tree, total)
+    print_table(time_rounds(args, workloads, runners, width))
+
+
+def split_corpus(texts: list[list[int]], corpus_tokens: int) -> tuple[list[list[int]], list[list[int]], int]:
+    """(the job-wide corpus: the first texts cut into completions of 128 tokens until `corpus_tokens`, the texts
+    after it for the rows, the corpus's tokens)."""
+    corpus, rest, total = [], [], 0
+    for text in texts:
+        if total < corpus_tokens:
+            for i in range(0, len(text), 128):
+                if total < corpus_tokens:
+                    corpus.append(text[i:i + 128])
+                    total += len(corpus[-1])
+        else:
+            rest.append(text)
+    return corpus, rest, total
+
+
+def load_runners(args) -> dict:
+    """The demo target and a ModelRunner over it for each batch size: the verify forward's side."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from batchspec.engine.model.graphs import StepGraphs
+    from batchspec.engine.model.runner import ModelRunner
+
+    model = AutoModelForCausalLM.from_pretrained(str(args.target), dtype=torch.float32,
+                                                 attn_implementation="sdpa").eval()
+    capacity = max(args.kv_len + 8, 64)
+    return {b: ModelRunner(model, num_slots=b, capacity=capacity, max_position=model.config.max_position_embeddings,
+                           graphs=StepGraphs(None, model.device), name="suffix_cost") for b in args.batch}
+
+
+def build_workloads(args, rest: list[list[int]], corpus: list[list[int]], tree, total: int) -> dict:
+    """A warmed-up Workload per (corpus_segments, batch), and what indexing the corpus took per setting."""
     workloads = {}
     for segments in args.segments:
         for b in args.batch:
@@ -175,6 +202,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  corpus_segments={segments}: indexing the corpus took {w.corpus_s:.2f} s "
               f"({w.corpus_s / total * 1e6:.1f} us/token), {w.index.corpus_tokens} tokens kept in "
               f"{w.index.corpus_states} states")
+    return workloads
+
+
+def time_rounds(args, workloads: dict, runners: dict, width: int) -> dict:
+    """Per (corpus_segments, batch), a (suffix seconds per round, forward seconds, start seconds per prompt token,
+    finishes per round) per repeat; the repeats interleave both sides so that they see the same machine load."""
+    results: dict[tuple[int, int], list[tuple[float, float, float, float]]] = {}
     for _ in range(args.repeats):  # interleaved: both sides see the same machine load
         for b in args.batch:
             fwd = forward_seconds(runners, b, args.kv_len, width)
@@ -185,6 +219,11 @@ def main(argv: list[str] | None = None) -> None:
                 steady = statistics.mean(r[0] for r in rounds)
                 per_token = sum(r[1] for r in rounds) / max(1, sum(r[2] for r in rounds))
                 results.setdefault((segments, b), []).append((steady, fwd, per_token, rate))
+    return results
+
+
+def print_table(results: dict) -> None:
+    """The medians over the repeats, one line per (corpus_segments, batch)."""
     print(f"\n  {'segments':>8} {'batch':>5} {'finishes/round':>14} {'suffix ms/round':>15} {'us/row':>7} "
           f"{'verify fwd ms':>13} {'suffix/fwd':>10} {'start us/prompt token':>21}")
     for (segments, b), runs in sorted(results.items()):
