@@ -186,7 +186,7 @@ class SpecBatchGenerator:
 
     def stop_admitting(self) -> None:
         """Finish the requests in flight, take no new ones; run() then returns."""
-        self.scheduler.admitting = False
+        self.scheduler.stop_admitting()
 
     def cut_short(self) -> list[Result]:
         """Finish every running request now with the tokens it has (finish_reason "length"), take no new

@@ -59,10 +59,14 @@ class Scheduler:
         self.outcomes = RowOutcomes(self.slots, stops, self.grammars, self.stats, tokenizer)
         self.admitting = True
 
+    def stop_admitting(self) -> None:
+        """Take no new rows: the ones in flight finish, then the job is done (done)."""
+        self.admitting = False
+
     def cut_short(self) -> list[tuple[int, Result]]:
         """Every running row finished as it stands (finish_reason "length": a deadline is a limit), and no
         prompt left to bring in; a row still waiting for its first token ends with an empty completion."""
-        self.fills.slots = []
+        self.fills.drop()
         return [(slot, self.outcomes.finish(slot, FINISH_LENGTH)) for slot in self.slots.active()]
 
     # ---- requests in --------------------------------------------------------------------------------

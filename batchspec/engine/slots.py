@@ -170,6 +170,10 @@ class PromptFills:
             budget -= count
         return fills, left
 
+    def drop(self) -> None:
+        """No prompt is left to fill (a job cut short: its rows end as they stand)."""
+        self.slots = []
+
     def samples_of(self, slot: int) -> list[int]:
         """The slot and those of the other samples of its request that copy its prompt cache."""
         return [slot] + [s for s in self.slots if self.table[s] is not None and self.table[s].copies == slot]

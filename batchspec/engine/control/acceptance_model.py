@@ -127,6 +127,14 @@ class AcceptanceModel:
         self.calibration = [Calibration() for _ in range(max(self.k_max, 1))]
         self.weight = self.prior_weight
 
+    def offered(self, slots: list[int], priors: list[float | None], counts: list[int]) -> None:
+        """The round in flight's rows offered drafts (counts > 0) with their drafter's priors (None: none)."""
+        self.priors = {s: p for s, p, n in zip(slots, priors, counts) if p is not None and n > 0}
+
+    def expect(self, gains: dict[int, list[float]]) -> None:
+        """A packed round's predicted gain per chosen draft, by slot (what `learn` calibrates against)."""
+        self.gains = gains
+
     def admit(self, slot: int) -> None:
         """A new request took `slot`: forget the previous one's history."""
         self.rows[slot] = RowAcceptance()

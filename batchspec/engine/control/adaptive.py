@@ -203,7 +203,7 @@ class AdaptiveK:
         trees = list(range(self.k_max + 1, self.num_shapes)) if max(room, default=0) > 0 else []
         options = list(range(limit + 1)) + trees
         priors = priors or [None] * len(slots)
-        self.acceptance.priors = {s: p for s, p, n in zip(slots, priors, budgets) if p is not None and n > 0}
+        self.acceptance.offered(slots, priors, budgets)
         if len(options) == 1:
             return 0
         alphas = [self.acceptance.alpha(s, p) for s, p in zip(slots, priors)]

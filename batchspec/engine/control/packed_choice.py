@@ -172,7 +172,7 @@ class PackedChoice:
         self.rounds += 1
         self.explored = self.learning = False
         priors = priors or [None] * len(slots)
-        model.priors = {s: p for s, p, n in zip(slots, priors, offers) if p is not None and n > 0}
+        model.offered(slots, priors, offers)
         num_shapes = self.k_max + 1 + len(self.trees)
         trees = list(range(self.k_max + 1, num_shapes)) if max(room, default=0) > 0 else []
         draws = self.policy.draft_forwards
@@ -225,7 +225,7 @@ class PackedChoice:
                                   base_tokens + sum(drafts))
             shape = max(drafts, default=0)
         if shape <= self.k_max:
-            model.gains = {s: g[:k] for s, g, k, y in zip(slots, gains, drafts, young) if k > 0 and not y}
+            model.expect({s: g[:k] for s, g, k, y in zip(slots, gains, drafts, young) if k > 0 and not y})
             self._seen.update((s, self.rounds) for s, k in zip(slots, drafts) if k > 0)
         return shape, drafts
 

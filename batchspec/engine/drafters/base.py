@@ -171,7 +171,7 @@ class HostDrafter:
     def lags(self, slots, lengths):
         return [0] * len(slots)  # no cache to feed
 
-    def bind(self, *args):
+    def bind(self, shapes, target, state, buffers, acceptor):
         pass  # no device state
 
     def packed_forward(self, chunks, verify_index):
