@@ -91,10 +91,10 @@ class Acceptor:
 
     # ---- trees ------------------------------------------------------------------------------------
 
-    def shape_tree(self, round: Round) -> TreeShape:
-        """The geometry of the round's drafted trees (tree_shape), in the buffers on the static path."""
-        draft, depth = round.draft, round.shape.tree.depth
-        if not round.static:
+    def shape_tree(self, draft: Draft, depth: int, static: bool) -> TreeShape:
+        """The geometry of a round's drafted trees (tree_shape) of at most `depth`, in the buffers on the static
+        path."""
+        if not static:
             return tree_shape(draft.parents, draft.valid, depth)
         tree = self.buffers.tree
         width = draft.parents.shape[1]

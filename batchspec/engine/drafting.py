@@ -1,6 +1,7 @@
 """The round's draft stage: a scheduled Round in, the same Round with its shape, each row's number of drafts,
-the drafts, the coupled noise, a tree's geometry and a grammar's forced drafts out (one new record per change,
-dataclasses.replace: the verify pass and the Acceptor only read it).
+the drafts, the coupled noise, a tree's geometry and a grammar's forced drafts out, in two new records
+(dataclasses.replace): the choice (what drafters that draft after it read), then the drafts; the verify pass
+and the Acceptor only read them.
 
 Two orders, by what the drafter can tell before it drafts:
   - a drafter that proposes first (host lookups: ngram, prompt_lookup, suffix) proposes its most; adaptive
@@ -46,17 +47,18 @@ class DraftStage:
                 draft = offered.cut(budgets, self.buffers) if scheduler.per_row else offered.truncate(shape.drafts)
         else:
             shape, budgets = scheduler.choose(round)
-        round = replace(round, shape=shape, chosen=budgets)
+        gumbel = None
         if self.coupled:
             # A packed chain round's row i drafts at most budgets[i]: its noise is needed at positions
             # 0 .. budgets[i] only (a grammar may force drafts past a budget: then every position).
             drafts = budgets if scheduler.per_row and shape.tree is None and not self.grammars.rows else None
-            round = replace(round, gumbel=self._noise(round, shape.width, drafts))
+            gumbel = self._noise(round, shape.width, drafts)
+        # The choice, as the drafters that draft after it read it (a draft model samples with the coupled noise).
+        round = replace(round, shape=shape, chosen=budgets, gumbel=gumbel)
         if draft is None:
             draft = drafter.propose_tree(round, shape.tree) if shape.tree else drafter.propose(round)
         if shape.tree is not None:
-            round = replace(round, draft=draft)
-            return replace(round, tree=self.acceptor.shape_tree(round))
+            return replace(round, draft=draft, tree=self.acceptor.shape_tree(draft, shape.tree.depth, round.static))
         return self._constrain(round, draft)
 
     def _constrain(self, round: Round, draft) -> Round:
