@@ -501,7 +501,7 @@ def test_each_draft_position_learns_its_own_calibration():
     from batchspec.engine.control.adaptive import AdaptiveK
 
     controller = AdaptiveK(k_max=3)
-    controller.acceptance.gains = {0: [0.9, 0.8], 1: [0.7, 0.5, 0.3], 2: [0.6]}
+    controller.acceptance.expect({0: [0.9, 0.8], 1: [0.7, 0.5, 0.3], 2: [0.6]})
     controller.learn(3, [0, 1, 2], [3, 3, 3], [2, 3, 1], [2, 1, 0])
     d = controller.acceptance.pooled_decay
     got = [(c.realized, c.predicted) for c in controller.acceptance.calibration]

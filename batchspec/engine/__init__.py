@@ -11,5 +11,6 @@ postprocess.py turns the verdict into outputs and stops (the commit). The one st
 rather than only read its round is the draft stage (`choose`: the round's shape and each row's drafts, made once
 the drafts or the limits are on the table); the verify pass reads the prompt chunks and the cache copies the plan
 booked, and admission's device side returns a value (`Seated`) that the generator hands to the Scheduler
-(`seated`). A slot's seat on the host and its release are in one place (slot_life.py), which tells every part
-that keeps state per slot; the seat's device side is the prefill (admission.py)."""
+(`seated`). A slot's seat on the host, its prefill, each advance and its release go through one place
+(slot_life.py), which tells every part that keeps state per slot; the seat's device side is the prefill
+(admission.py)."""

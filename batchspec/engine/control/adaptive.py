@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 
 from ..types import TreeSpec
 from .acceptance_model import AcceptanceModel
-from .costs import CostModel, PackedCosts, RoundCost, RoundTimes
+from .costs import PackedCosts, RoundCost, RoundTimes, WholeRoundCosts
 from ..drafters.base import LOOKUP_POLICY as LOOKUP  # noqa: F401 (the tests' name for it)
 from ..drafters.base import MODEL_POLICY as DRAFT_MODEL
 from ..drafters.base import DrafterPolicy
@@ -78,7 +78,7 @@ class AdaptiveK:
 
     k_max: int
     policy: DrafterPolicy = DRAFT_MODEL
-    costs: CostModel = field(default_factory=RoundTimes)
+    costs: WholeRoundCosts | PackedCosts = field(default_factory=RoundTimes)  # choose reads one, choose_rows the other
     trees: tuple[TreeSpec, ...] = ()  # further choices beside the chains
     decay: float = 0.9  # per round that verifies drafts, for each row's counts (~10 rounds of memory)
     prior_weight: float = 2.0  # pseudo-observations of the job-wide acceptance in each row's estimate
