@@ -338,6 +338,25 @@ def test_the_heldout_grid_prints_each_drafters_worst_and_median(llama_pair, prom
     assert printed.splitlines()[-1].endswith("identical")
 
 
+def test_the_heldout_grid_says_when_the_prompts_ran_out(llama_pair, prompt_file, tmp_path, capsys):
+    """A cell asked for more rows than the pair's prompt file holds (6): the bench says so and the grid's line and
+    JSON give the rows that ran, not the ones asked for (a 1,000-row cell on a 500-prompt pair read as 1,000 rows)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import heldout_grid
+
+    out = tmp_path / "grid.json"
+    heldout_grid.main(["--pair", f"tiny={llama_pair.target},{llama_pair.draft},{prompt_file}", "--rows", "1000",
+                       "--max-new-tokens", "4", "--lengths", "fixed", "--batch-size", "3", "--drafters", "ngram",
+                       "--fixed-k", "1", "--repeats", "1", "--json", str(out)])
+    assert json.loads(out.read_text())[0]["rows"] == 6
+    captured = capsys.readouterr()
+    assert "grid: tiny rows 6 (of 1000 asked: the prompts hold 6) fixed batch 3 T 0.0: ngram " in captured.out
+    assert f"--num-prompts 1000: {prompt_file} holds 6 prompts; running 6" in captured.err
+
+
 @pytest.mark.parametrize("kind,opening,closing", [
     ("module-chat", "Here is the documentation of the Python module `", "give one short usage example."),
     ("module-raw", "# Python module `", "\n\n## Example\n\n"),

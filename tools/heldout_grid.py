@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
                             out = Path(tmp) / "cell.json"
                             bench.main(cell_args(pair, args, rows, lengths, batch, temperature, out))
                             report = json.loads(out.read_text())
-                            cell = {"pair": name, "rows": rows, "lengths": lengths, "batch": batch,
+                            ran = report.get("prompts", rows)  # fewer when the pair's prompts run out
+                            cell = {"pair": name, "rows": ran, "lengths": lengths, "batch": batch,
                                     "temperature": temperature, "ratios": cell_ratios(report),
                                     "none_tokens_per_s": next(r["tokens_per_s"] for r in report["rows"]
                                                               if r["drafter"] == "none"),
@@ -144,9 +145,11 @@ def main(argv: list[str] | None = None) -> None:
                             cells.append(cell)
                             again = "" if cell["none_again_vs_none"] is None else \
                                 f" [none again {cell['none_again_vs_none']:.2f}x none]"
-                            print(f"grid: {name} rows {rows} {lengths} batch {batch} T {temperature}: " + ", ".join(
-                                f"{d} {m['vs_none']:.2f}x none ({m['vs_best_fixed']:.2f}x {m['best_fixed']})"
-                                for d, m in cell["ratios"].items()) + again, flush=True)
+                            asked = "" if ran == rows else f" (of {rows} asked: the prompts hold {ran})"
+                            ratios = ", ".join(f"{d} {m['vs_none']:.2f}x none ({m['vs_best_fixed']:.2f}x "
+                                               f"{m['best_fixed']})" for d, m in cell["ratios"].items())
+                            print(f"grid: {name} rows {ran}{asked} {lengths} batch {batch} T {temperature}: "
+                                  f"{ratios}{again}", flush=True)
                             if args.json:
                                 Path(args.json).write_text(json.dumps(cells, indent=1))
     print("\n".join(summary(cells)))

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -207,6 +208,9 @@ def load_inputs(args, parser) -> tuple[object, list]:
             if args.schema_column else None
     except ValueError as e:  # SourceError included
         parser.error(f"--prompts: {e}")
+    if len(prompts) < args.num_prompts:  # said, so that a table's row count is not read as the one asked for
+        print(f"--num-prompts {args.num_prompts}: {args.prompts} holds {len(prompts)} prompts; running {len(prompts)}",
+              file=sys.stderr, flush=True)
     args.constraints = constraints_for(args, len(prompts), schemas, parser)
     models = load_models(args.target, args.draft or None, dtype=args.dtype, device=args.device,
                          head=args.head if any(drafter_spec(d).needs == HEAD for d in args.drafters) else None)

@@ -47,8 +47,8 @@ def bench_batch_size(args, models, prompts: list[str], batch_size: int) -> dict:
     adaptive_vs_best = adaptive_vs_best_fixed(rows, field_, args)
     same = print_identity(rows, args, len(prompts))
     settings = {**vars(args), "constraints": [c.kind for c in args.constraints] if args.constraints else None}
-    return {"args": settings, "batch_size": batch_size, "cost_ms": curve.as_dict(), "rows": rows,
-            "greedy_identical": same, "launches": launches,
+    return {"args": settings, "batch_size": batch_size, "prompts": len(prompts), "cost_ms": curve.as_dict(),
+            "rows": rows, "greedy_identical": same, "launches": launches,
             "adaptive_vs_best_fixed": adaptive_vs_best, "table": table, "machine": machine(models)}
 
 
