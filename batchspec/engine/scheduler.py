@@ -157,9 +157,10 @@ class Scheduler:
         with a drafter that proposes first (a lookup), 0 for the rows whose drafts cannot pay, so that it does
         not propose for them (AdaptiveK.hopeless: the choice is the same as if they had proposed)."""
         limits = [min(self.k_max, n) for n in room]
+        if rows and self.adaptive is not None:  # once a round, before anything prices it (here, then `choose`)
+            self.adaptive.costs.at_length(max(lengths) + self._widest)
         if not rows or self.adaptive is None or not self.per_row or not self.life.drafter.policy.propose_first:
             return limits
-        self.adaptive.costs.at_length(max(lengths) + self._widest)
         if self._plain_epoch:  # nobody proposes
             hopeless = [True] * len(running)
         else:
@@ -182,7 +183,6 @@ class Scheduler:
         if self.adaptive is None:
             shape = RoundShape(tree=self.trees[0]) if self.trees else RoundShape(drafts=self.k_max)
         else:
-            self.adaptive.costs.at_length(max(round.lengths) + self._widest)
             shape = self.adaptive.choose(round.running_slots, [offer[i] for i in round.running],
                                          [round.room[i] for i in round.running],
                                          [priors[i] for i in round.running] if priors is not None else None)
@@ -195,7 +195,6 @@ class Scheduler:
         """A packed round's shape and each row's drafts (AdaptiveK.choose_rows) over its running rows; a static
         round's idle slots draft nothing."""
         adaptive = self.adaptive
-        adaptive.costs.at_length(max(round.lengths) + self._widest)
         budgets = [0] * len(round.rows)
         if self._plain_epoch:
             return adaptive.shapes[0], budgets
