@@ -92,15 +92,15 @@ def test_the_plan_books_prompt_chunks_and_the_copies_they_make_due(llama_pair, m
     the verify pass carries them out without asking the scheduler. Every sample's output (coupled sampling, T =
     0.7: each token the target's own draw) is the one whole prompts in a round give (fill_tokens 1024)."""
     from tiny import PROMPTS as TINY_PROMPTS
-    from batchspec.engine.verify_pass import Verifier
+    from batchspec.engine.verify_pass import PackedPass
 
-    real_run, rounds = Verifier.run, []
+    real_run, rounds = PackedPass.run, []
 
     def run(self, round):
         rounds.append(round)
         return real_run(self, round)
 
-    monkeypatch.setattr(Verifier, "run", run)
+    monkeypatch.setattr(PackedPass, "run", run)
     models = batchspec.load_models(str(llama_pair.target))
     outputs = {}
     for fill in (1024, 5):

@@ -4,9 +4,9 @@ Its folders are its parts: model/ (the target's forwards and KV cache on this ma
 drafts), control/ (adaptive speculation: how many drafts each row gets) and grammar/ (structured output); the
 modules here are the round itself. generator.py's step() runs one round as stages, each building the round's
 next record (round.py): the Scheduler schedules (scheduler.py), the draft stage (drafting.py) asks a Drafter
-(drafters/) for proposals in the shape the Scheduler's controller (control/adaptive.py) chooses, the Verifier
-(verify_pass.py) runs a ModelRunner's forward (model/runner.py, over the slot KV cache in model/kv_cache.py), the
-Acceptor (accept.py) decides with the pure functions of sampling.py and verdict.py (tree.py for tree drafts), and
+(drafters/) for proposals in the shape the Scheduler's controller (control/adaptive.py) chooses, the verify pass
+(verify_pass.py: packed, padded or captured, chosen once) runs a ModelRunner's forward (model/runner.py, over
+the slot KV cache in model/kv_cache.py), the Acceptor (accept.py) decides with the pure functions of sampling.py and verdict.py (tree.py for tree drafts), and
 postprocess.py turns the verdict into outputs and stops (the commit). The one stage that calls the Scheduler
 rather than only read its round is the draft stage (`choose`: the round's shape and each row's drafts, made once
 the drafts or the limits are on the table); the verify pass reads the prompt chunks and the cache copies the plan

@@ -21,7 +21,6 @@ Stops (EOS ids, stop strings, max_new_tokens, max_seq_len) are checked on emitte
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Iterable, Iterator
 
 import torch
@@ -37,11 +36,10 @@ from .drafters import Drafter
 from .drafting import DraftStage
 from .grammar.grammar import Grammars
 from .model.graphs import StepGraphs
-from .model.host_device import HostBuffer
 from .intake import Defaults
 from .phases import NOISE, Timers
 from .round import Round, RoundBuffers, RoundShape, Verified
-from .control.round_prices import controllers, measured_round, start_from_machine
+from .control.round_prices import controllers, start_from_machine
 from .round_steps import declare_round_steps
 from .model.runner import ModelRunner
 from .scheduler import Scheduler
@@ -52,7 +50,7 @@ from .control.startup_costs import StartupCosts
 from .stats import Statistics, TokenCounts
 from .stops import StopRules
 from .model.threads import ThreadGuard
-from .verify_pass import Verifier
+from .verify_pass import verify_pass
 
 FILL_TOKENS = 1024  # prompt tokens a packed round prefills at most (see SpecBatchGenerator)
 FORCED_DRAFTS = 4  # drafts a grammar may force per row and round with drafter none (eager path)
@@ -129,15 +127,14 @@ class SpecBatchGenerator:
         self.packed = self.runner.packs
         self.life = SlotLife(SlotTable(batch_size), grammars=self.grammars, adaptive=controller, runner=self.runner,
                              state=self.state, drafter=drafter)
+        self.verify = verify_pass(self.runner, self.state, self.buffers, drafter, self.statistics,
+                                  per_row=self.static_per_row)
         self.scheduler = Scheduler(tokenizer, stops, life=self.life, vocab_size=vocab, max_seq_len=max_seq_len,
                                    defaults=defaults, k_max=k_max, trees=self.trees, static=self.static,
                                    fill_budget=fill_tokens if self.packed else 0, per_row=self.static_per_row,
-                                   payoff=payoff, stats=self.statistics)
+                                   payoff=payoff, stats=self.statistics, place=self.verify.place)
         self.startup: StartupCosts | None = None  # the costs adaptive speculation started from (the first run())
         self.admitter = Admitter(self.runner, self.state, self.acceptor, self.life)
-        self._rows = HostBuffer((batch_size,), self.device)  # an eager round's rows
-        self._lengths = HostBuffer((batch_size,), self.device)  # their lengths L (packed rounds)
-        self.verifier = Verifier(self.runner, self.state, drafter, self.statistics)
         self.drafting = DraftStage(drafter, self.scheduler, self.acceptor, self.grammars, self.buffers,
                                    forced_max=self.forced_max, coupled=sampling.coupled, timers=self.timers)
         if self.static:
@@ -222,11 +219,11 @@ class SpecBatchGenerator:
         requests it finished."""
         started = time.perf_counter()
         with self.timers.phase("draft"):
-            round = self._schedule()
+            round = self.scheduler.schedule()
             if round.rows:
                 round = self.drafting.run(round)
         with self.timers.phase("verify"):
-            verified = self.verifier.run(round)
+            verified = self.verify.run(round)
         if not round.rows:  # a round that only prefilled
             return []
         with self.timers.phase("accept"):
@@ -249,8 +246,7 @@ class SpecBatchGenerator:
             self.life.advance(emitted.slots, emitted.tokens, emitted.num_accepted, emitted.path)
             results = self._release(finished)
         adaptive = self.scheduler.adaptive
-        costs = measured_round(adaptive.costs if adaptive is not None else None, self.drafter, round, verified,
-                               packed=self.packed, static_per_row=self.static_per_row)
+        costs = self.verify.measured(round, verified, adaptive.costs if adaptive is not None else None)
         self.scheduler.learn(round, emitted, time.perf_counter() - started, costs,
                              tokens=[len(outcome.emitted[i]) for i in round.running], forward=verified.forward,
                              ended=[r.completion_tokens for r in results if r.error is None])
@@ -281,17 +277,3 @@ class SpecBatchGenerator:
         """The finished rows' slots released (slot_life.py); their Results."""
         self.life.release([slot for slot, _ in finished])
         return [result for _, result in finished]
-
-    # ---- a round ---------------------------------------------------------------------------------
-
-    def _schedule(self) -> Round:
-        """The scheduler's round, with its rows (and, packed, their lengths) on the device."""
-        round = self.scheduler.schedule()
-        if self.static:
-            rows_t, lengths_t = self.runner.slot_index, None
-        elif self.packed:  # host lengths: a first decision's L = P before its last chunk is cached
-            rows_t, lengths_t = self._rows.put(round.rows), self._lengths.put(round.lengths)
-        else:
-            rows_t = self._rows.put(round.rows)
-            lengths_t = self.runner.lengths[rows_t] + 1  # the cache holds seq[:L-1]
-        return replace(round, state=self.state, buffers=self.buffers, rows_t=rows_t, lengths_t=lengths_t)

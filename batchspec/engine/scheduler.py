@@ -1,6 +1,6 @@
 """The host side of the engine: requests, slots, budgets, the round's shape, stops, statistics, results.
 
-`Scheduler` never touches a tensor. It pulls requests lazily and tokenizes them (`intake`), decides
+`Scheduler` computes on no tensor (a round's rows reach the device through the verify pass's `place`). It pulls requests lazily and tokenizes them (`intake`), decides
 each round's rows, the most drafts each may propose, and the shape and drafts it chooses (`schedule`,
 `choose`; adaptive speculation decides the shape when it is on); its `outcomes` (postprocess.RowOutcomes,
 which callers reach directly) turn a round's verdict into outputs, stops, statistics and Results
@@ -10,7 +10,7 @@ The device side (runners, drafters, the Acceptor) is driven by the generator bet
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
@@ -28,6 +28,8 @@ from .stops import StopRules
 if TYPE_CHECKING:
     from .admission import Seated
 
+Place = Callable[[list[int], list[int]], dict]  # rows, their lengths -> the round's device fields (verify_pass.py)
+
 
 class Scheduler:
     """Host bookkeeping for the slots of `life` (slot_life.py: what seats and releases them; its table is the
@@ -35,12 +37,14 @@ class Scheduler:
     round may have per row; trees: the tree shapes rounds may draft; the controller chooses each round's shape
     (None: every round drafts the first tree, or a chain of k_max); the grammars are the constrained rows'
     matchers (grammar.py: structured output), which advance by the tokens rows emit; payoff: the wall clock's
-    check that drafting pays (payoff.py), which may keep a per-row round's rows from drafting."""
+    check that drafting pays (payoff.py), which may keep a per-row round's rows from drafting; place: the verify
+    pass's placement of a round's rows and lengths on the device (verify_pass.py), so that a round is built here
+    once with them."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: StopRules, *, life: SlotLife, vocab_size: int,
                  max_seq_len: int, defaults: Defaults, k_max: int, trees: tuple[TreeSpec, ...] = (),
                  static: bool = False, fill_budget: int = 0, per_row: bool = False,
-                 payoff: PayoffCheck | None = None, stats: Statistics):
+                 payoff: PayoffCheck | None = None, stats: Statistics, place: Place):
         self.tokenizer, self.stops, self.adaptive, self.grammars = tokenizer, stops, life.adaptive, life.grammars
         self.payoff = payoff  # per-row rounds: epochs with and without drafting, compared (payoff.py)
         self.max_seq_len = max_seq_len
@@ -58,6 +62,7 @@ class Scheduler:
         # What rows' new tokens do (outputs, grammars, stops, statistics, Results): postprocess.py.
         self.outcomes = RowOutcomes(self.slots, stops, self.grammars, self.stats, tokenizer)
         self.admitting = True
+        self.place = place  # a round's rows and lengths on the device, as its verify pass reads them
 
     def stop_admitting(self) -> None:
         """Take no new rows: the ones in flight finish, then the job is done (done)."""
@@ -115,8 +120,9 @@ class Scheduler:
         room = [r.room(self.max_seq_len) if r is not None else 0 for r in records]
         running = [i for i, r in enumerate(records) if r is not None]
         span = slice(rows[0], rows[-1] + 1) if rows and rows[-1] - rows[0] == len(rows) - 1 else None
-        return Round(rows, None, span, lengths, None, running, room, self._limits(rows, running, room, lengths, 0),
-                     self.static)
+        return Round(rows=rows, span=span, lengths=lengths, running=running, room=room,
+                     limits=self._limits(rows, running, room, lengths, 0), static=self.static,
+                     **self.place(rows, lengths))
 
     def _schedule_packed(self) -> Round:
         """A packed round: the chunks of new prompts it prefills, first come first served within the fill
@@ -135,8 +141,8 @@ class Scheduler:
         # The plan books its chunks as written (the rows and limits above read the records before): the verify
         # pass only carries them out.
         fill_slots = [self.fills.samples_of(slot) for slot, _, _ in fills]
-        return Round(rows, None, span, lengths, None, running, room, limits, False, fills=fills,
-                     fill_slots=fill_slots, copies=self.fills.book(fills))
+        return Round(rows=rows, span=span, lengths=lengths, running=running, room=room, limits=limits, static=False,
+                     fills=fills, fill_slots=fill_slots, copies=self.fills.book(fills), **self.place(rows, lengths))
 
     def _eager_rows(self) -> list[int]:
         """The running slots, with the idle ones between them riding along (as on the static path) when they

@@ -1,73 +1,145 @@
-"""The verify pass: a round's one target forward over every deciding row's pending token and drafts (static:
-captured steps, a chain's packed over the running rows' own tokens (packed_static.py), a tree's over every
-slot; eager: the round's rows; packed: their own widths and new prompts' chunks in one forward,
-packed.py); what each forward computed goes to the run's statistics (stats.py)."""
+"""The verify pass: a round's one target forward over every deciding row's pending token and drafts, on one of
+three paths chosen once, when the generator is built (`verify_pass`), so that no round asks which path it is on:
+
+  - PackedPass (eager, a model whose attention transformers dispatches): each deciding row its own width and
+    new prompts' chunks in one forward (packed.py);
+  - PaddedPass (eager, other models): every round row the round's width;
+  - StaticPass (captured steps, a GPU): a chain's packed over the running rows' own tokens (packed_static.py), a
+    tree's over every slot at the round's width.
+
+Each places a round's rows on the device the way its forward reads them (`place`: the scheduler builds the round
+with them), runs the forward (`run`), and says what the round's forwards cost for adaptive speculation's prices
+(`measured`). What each forward computed goes to the run's statistics (stats.py)."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
+from .control.costs import CostModel
 from .drafters import Drafter
 from .model.host_device import HostBuffer, wall
 from .model.packed import layout_round
-from .round import Round, Verified
+from .round import Round, RoundBuffers, Verified
 from .model.runner import ModelRunner
 from .slots import SlotState
 from .stats import Statistics
 
 
-class Verifier:
-    """Runs the generator's verify passes on the target's runner; `stats` counts what they computed. A packed
-    pass's prompt chunks stay cached (their slots' lengths move on, samples copy a finished prompt), and a
-    drafter that reads the target's hidden states (EAGLE) takes the chunks' in before that."""
+class VerifyPass(Protocol):
+    def place(self, rows: list[int], lengths: list[int]) -> dict: ...  # the round's device fields (Round's
+    #    rows_t, lengths_t, state, buffers) for these rows at these lengths L
+    def run(self, round: Round) -> Verified: ...  # the forward over [pending token, drafts] of every row
+    def measured(self, round: Round, verified: Verified, costs: CostModel | None) -> tuple | None: ...  # the
+    #    round's (forward tokens, forward seconds, drafting forwards' (tokens, seconds)) for the prices, or None
 
-    def __init__(self, runner: ModelRunner, state: SlotState, drafter: Drafter, stats: Statistics):
-        self.runner, self.state, self.drafter, self.stats = runner, state, drafter, stats
-        self.device, self.static, self.packed = runner.device, runner.static, runner.packs
-        self.feature_layers = runner.feature_layers
-        self._fills = HostBuffer((2, runner.num_slots), runner.device)  # the slots a round prefilled, their new lengths
+
+def verify_pass(runner: ModelRunner, state: SlotState, buffers: RoundBuffers, drafter: Drafter, stats: Statistics, *,
+                per_row: bool) -> VerifyPass:
+    """The runner's path (per_row: the static path's chains are packed, each row its own drafts)."""
+    if runner.packs:
+        return PackedPass(runner, state, buffers, drafter, stats)
+    if runner.static:
+        return StaticPass(runner, state, buffers, drafter, stats, per_row=per_row)
+    return PaddedPass(runner, state, buffers, drafter, stats)
+
+
+class _Pass:
+    """What the three paths share: the target's runner, the slots' device state, the round buffers, the drafter
+    (which hears of the forwards it reads) and the statistics."""
+
+    def __init__(self, runner: ModelRunner, state: SlotState, buffers: RoundBuffers, drafter: Drafter,
+                 stats: Statistics):
+        self.runner, self.state, self.buffers, self.drafter, self.stats = runner, state, buffers, drafter, stats
+        self.device = runner.device
+        self._rows = HostBuffer((runner.num_slots,), runner.device)  # a round's rows
+        self._lengths = HostBuffer((runner.num_slots,), runner.device)  # their lengths L
+
+    def _placed(self, rows_t: torch.Tensor, lengths_t: torch.Tensor | None) -> dict:
+        return {"rows_t": rows_t, "lengths_t": lengths_t, "state": self.state, "buffers": self.buffers}
+
+    def measured(self, round: Round, verified: Verified, costs: CostModel | None) -> tuple | None:
+        return None  # not priced per row: adaptive learns whole rounds' wall time (costs.RoundTimes)
+
+
+class PaddedPass(_Pass):
+    """Eager rounds that are not packed: every row the round's width, over the round's rows of the cache."""
+
+    def place(self, rows: list[int], lengths: list[int]) -> dict:
+        rows_t = self._rows.put(rows)
+        return self._placed(rows_t, self.runner.lengths[rows_t] + 1)  # the cache holds seq[:L-1]
 
     def run(self, round: Round) -> Verified:
-        """One target forward over [pending token, drafts] of every row -> logits [b, W, V]."""
-        if self.packed:
-            return self._packed(round)
-        verified = (self._packed_static(round) if self.runner.packed_width and round.tree is None
-                    else Verified(self._padded(round)))
-        if self.static:  # a captured verify runs on the device: the idle host does the drafter's put-off work
-            self.drafter.learn_pending()
+        count_padded(self.stats, round)
+        pending = self.state.tokens[round.rows_t, round.lengths_t - 1]
+        tokens = torch.cat([pending[:, None], round.draft.tokens], dim=1)
+        return Verified(self.runner.forward(tokens, kv_len=kv_len(round), rows=round.span or round.rows_t,
+                                            tree=round.tree))
+
+
+class StaticPass(_Pass):
+    """Captured steps over every slot in order (idle slots ride along): a chain round's verify packed over the
+    running rows' own tokens when `per_row` (the runner's packed width), a tree round's every slot at its width.
+    While a captured verify runs on the device, the idle host does the drafter's put-off work."""
+
+    def __init__(self, runner: ModelRunner, state: SlotState, buffers: RoundBuffers, drafter: Drafter,
+                 stats: Statistics, *, per_row: bool):
+        super().__init__(runner, state, buffers, drafter, stats)
+        self.per_row = per_row
+
+    def place(self, rows: list[int], lengths: list[int]) -> dict:
+        return self._placed(self.runner.slot_index, None)  # every slot; the steps read lengths on the device
+
+    def run(self, round: Round) -> Verified:
+        verified = self._packed(round) if self.runner.packed_width and round.tree is None else self._padded(round)
+        self.drafter.learn_pending()
         return verified
 
-    def _padded(self, round: Round) -> torch.Tensor:
-        """Every row W tokens (the static path's trees, and eager rounds that are not packed)."""
-        draft, width = round.draft, round.shape.width
-        num = draft.host_num or [width - 1] * len(round.rows)
-        padding = sum(width - 1 - n for n in num) + (len(round.rows) - len(round.running)) * width
-        self.stats.forward(len(round.rows) * width, padding, 0)
-        kv_len = max(round.lengths[i] for i in round.running) + width - 1
-        if self.static:
-            return self.runner.forward(draft.tokens, kv_len=kv_len, tree=round.tree, seqs=self.state.tokens,
-                                       from_seqs=1)
-        pending = self.state.tokens[round.rows_t, round.lengths_t - 1]
-        tokens = torch.cat([pending[:, None], draft.tokens], dim=1)
-        return self.runner.forward(tokens, kv_len=kv_len, rows=round.span or round.rows_t, tree=round.tree)
+    def measured(self, round: Round, verified: Verified, costs: CostModel | None) -> tuple | None:
+        """The packed chains' prices from the timed replays (costs.StaticPackedCosts): their forwards are not timed."""
+        if self.per_row and costs is not None and verified.forward is not None:
+            return costs.round_costs(verified.forward[0], round.shape.depth)
+        return None
 
-    def _packed_static(self, round: Round) -> Verified:
-        """The static path's packed verify (packed_static.py): every running row its pending token and its own
-        drafts, idle slots nothing -> logits [num_slots, W, V]."""
+    def _padded(self, round: Round) -> Verified:
+        count_padded(self.stats, round)
+        return Verified(self.runner.forward(round.draft.tokens, kv_len=kv_len(round), tree=round.tree,
+                                            seqs=self.state.tokens, from_seqs=1))
+
+    def _packed(self, round: Round) -> Verified:
+        """Every running row its pending token and its own drafts, idle slots nothing -> logits [num_slots, W, V]."""
         draft, width = round.draft, round.shape.width
         num = draft.host_num if draft.host_num is not None else [width - 1] * len(round.rows)
         running = set(round.running)
         widths = [1 + min(n, width - 1) if i in running else 0 for i, n in enumerate(num)]
-        kv_len = max(round.lengths[i] for i in round.running) + width - 1
-        logits = self.runner.static_steps.verify_packed(widths, width, kv_len, self.state.tokens, round.buffers.drafts)
-        n = self.runner.static_steps.token_bucket(sum(widths))
+        steps = self.runner.static_steps
+        logits = steps.verify_packed(widths, width, kv_len(round), self.state.tokens, self.buffers.drafts)
+        n = steps.token_bucket(sum(widths))
         self.stats.forward(n, n - sum(widths), 0)
         return Verified(logits, (n, 0.0))  # its tokens; its time is not measured (a sync): the replay tables price it
 
-    def _packed(self, round: Round) -> Verified:
-        """The round's one target forward, packed (packed.py): per deciding row its pending token and its own
-        drafts (a tree row its nodes), behind its last prompt chunk when this round ends its prompt; the
-        other prompt chunks. -> logits [b, W, V] of the deciding rows (None when no row decides)."""
+
+class PackedPass(_Pass):
+    """The round's one target forward, packed (packed.py): per deciding row its pending token and its own drafts
+    (a tree row its nodes), behind its last prompt chunk when this round ends its prompt; the other prompt chunks.
+    A pass's prompt chunks stay cached (their slots' lengths move on, samples copy a finished prompt), and a
+    drafter that reads the target's hidden states (EAGLE) takes the chunks' in before that."""
+
+    def __init__(self, runner: ModelRunner, state: SlotState, buffers: RoundBuffers, drafter: Drafter,
+                 stats: Statistics):
+        super().__init__(runner, state, buffers, drafter, stats)
+        self._fills = HostBuffer((2, runner.num_slots), runner.device)  # the slots a round prefilled, their new lengths
+
+    def place(self, rows: list[int], lengths: list[int]) -> dict:
+        # Host lengths: a first decision's L = P before its last chunk is cached.
+        return self._placed(self._rows.put(rows), self._lengths.put(lengths))
+
+    def measured(self, round: Round, verified: Verified, costs: CostModel | None) -> tuple | None:
+        return (*verified.forward, self.drafter.step_times())  # timed eagerly (costs.PackedCosts)
+
+    def run(self, round: Round) -> Verified:
+        """-> logits [b, W, V] of the deciding rows (None when no row decides)."""
         tree, draft, b = round.tree, round.draft, len(round.rows)
         width = round.shape.width if b else 1
         num = draft.host_num if b and tree is None and draft.host_num is not None else [width - 1] * b
@@ -81,7 +153,7 @@ class Verifier:
         forward = (batch.num_tokens, wall(self.device) - started)
         filled = round.chunk_tokens
         self.stats.forward(batch.num_tokens, 0, filled, forward[1] * filled / batch.num_tokens, forward[1])
-        if self.feature_layers:  # before the commit hands the other samples their copies
+        if self.runner.feature_layers:  # before the commit hands the other samples their copies
             self.drafter.packed_forward([(other, start, count, layout.chunk_at[slot, start])
                                          for (slot, start, count), slots in zip(round.fills, round.fill_slots)
                                          for other in slots],
@@ -105,3 +177,17 @@ class Verifier:
         for src, dst, length in round.copies:
             self.runner.copy_prefix([src], [dst], length)
             self.runner.set_lengths(dst, length)
+
+
+def kv_len(round: Round) -> int:
+    """The cache entries a padded verify attends: the longest running row's and its drafts."""
+    return max(round.lengths[i] for i in round.running) + round.shape.width - 1
+
+
+def count_padded(stats: Statistics, round: Round) -> None:
+    """A padded verify's tokens into the statistics: every row W, the padding past each row's drafts and the idle
+    slots' whole rows."""
+    width, num = round.shape.width, round.draft.host_num
+    num = num or [width - 1] * len(round.rows)
+    padding = sum(width - 1 - n for n in num) + (len(round.rows) - len(round.running)) * width
+    stats.forward(len(round.rows) * width, padding, 0)

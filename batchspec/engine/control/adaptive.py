@@ -194,7 +194,7 @@ class AdaptiveK:
         budgets).
 
         For a drafter that proposes first the budgets are what each row actually proposed (see
-        generator._schedule): a k past the longest proposal would cost a wider verify pass for nothing,
+        drafting.DraftStage): a k past the longest proposal would cost a wider verify pass for nothing,
         so it is never chosen.
         """
         self._rounds += 1

@@ -1,5 +1,6 @@
-"""Where adaptive speculation's prices come from on each path: the cost model it starts with, the machine's
-costs it reads at start, and what each round measured (costs.py, startup_costs.py)."""
+"""Where adaptive speculation's prices come from on each path: the cost model it starts with and the machine's
+costs it reads at start (costs.py, startup_costs.py); what each round measured comes from its verify pass
+(verify_pass.py: `measured`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from .adaptive import AdaptiveK
 from .costs import CostModel, PackedCosts, RoundTimes, StaticPackedCosts, StepTable
 from ..drafters import Drafter
 from .payoff import PayoffCheck
-from ..round import Round, RoundShape, Verified
+from ..round import RoundShape
 from ..types import TreeSpec
 from ..round_steps import shape_seconds
 from ..model.runner import ModelRunner
@@ -60,13 +61,3 @@ def start_from_machine(costs: CostModel, payoff: PayoffCheck | None, runner: Mod
              "from the cache" if measured.cached else f"{len(points)} sizes measured in {measured.seconds:.2f} s")
     return measured
 
-
-def measured_round(costs: CostModel | None, drafter: Drafter, round: Round, verified: Verified, *, packed: bool,
-                   static_per_row: bool) -> tuple | None:
-    """A round's (forward tokens, forward seconds, drafting forwards' (tokens, seconds)) for the prices: measured
-    eagerly on packed rounds, from the timed replays on the static path's packed chains; None otherwise."""
-    if packed:
-        return (*verified.forward, drafter.step_times())
-    if static_per_row and costs is not None and verified.forward is not None:
-        return costs.round_costs(verified.forward[0], round.shape.depth)
-    return None
