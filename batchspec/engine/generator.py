@@ -39,8 +39,7 @@ from .model.graphs import StepGraphs
 from .intake import Defaults
 from .phases import NOISE, Timers
 from .round import Round, RoundBuffers, RoundShape, Verified
-from .control.round_prices import controllers, start_from_machine
-from .round_steps import declare_round_steps
+from .control.round_prices import controllers
 from .model.runner import ModelRunner
 from .scheduler import Scheduler
 from .model.shapes import kv_capacity
@@ -121,26 +120,22 @@ class SpecBatchGenerator:
                                  counter=graphs.counter, logprobs=defaults.max_logprobs, grammars=self.grammars)
         # The static path's packed chains give each row its own number of drafts too (without trees, whose
         # verify is not packed there).
-        self.static_per_row = bool(self.static and self.runner.packed_width and not self.trees)
-        controller, payoff = (controllers(self.runner, drafter, self.shapes, k_max=k_max, trees=self.trees,
-                                          static_per_row=self.static_per_row) if adaptive else (None, None))
+        self.verify = verify_pass(self.runner, self.state, self.buffers, drafter, self.statistics,
+                                  per_row=bool(self.static and self.runner.packed_width and not self.trees))
+        controller, payoff = (controllers(self.verify, drafter, self.shapes, k_max=k_max, trees=self.trees)
+                              if adaptive else (None, None))
         self.packed = self.runner.packs
         self.life = SlotLife(SlotTable(batch_size), grammars=self.grammars, adaptive=controller, runner=self.runner,
                              state=self.state, drafter=drafter)
-        self.verify = verify_pass(self.runner, self.state, self.buffers, drafter, self.statistics,
-                                  per_row=self.static_per_row)
         self.scheduler = Scheduler(tokenizer, stops, life=self.life, vocab_size=vocab, max_seq_len=max_seq_len,
                                    defaults=defaults, k_max=k_max, trees=self.trees, static=self.static,
-                                   fill_budget=fill_tokens if self.packed else 0, per_row=self.static_per_row,
+                                   fill_budget=fill_tokens if self.packed else 0, per_row=self.verify.per_row,
                                    payoff=payoff, stats=self.statistics, place=self.verify.place)
         self.startup: StartupCosts | None = None  # the costs adaptive speculation started from (the first run())
         self.admitter = Admitter(self.runner, self.state, self.acceptor, self.life)
         self.drafting = DraftStage(drafter, self.scheduler, self.acceptor, self.grammars, self.buffers,
                                    forced_max=self.forced_max, coupled=sampling.coupled, timers=self.timers)
-        if self.static:
-            declare_round_steps(self.shapes, self.runner, self.state, self.buffers, self.acceptor, drafter, graphs)
-        else:
-            drafter.bind(self.shapes, self.runner, self.state, self.buffers, self.acceptor)
+        self.verify.prepare(self.shapes, self.acceptor, graphs)  # the drafter bound, a captured path's steps declared
 
     # ---- what callers read ----------------------------------------------------------------------
 
@@ -198,7 +193,9 @@ class SpecBatchGenerator:
     def run(self, requests: Iterable[Request]) -> Iterator[Result]:
         """Pull requests lazily as slots free up; yield Results in completion order."""
         if self.startup is None:
-            self.startup = self._startup_costs()
+            adaptive = self.scheduler.adaptive
+            self.startup = self.verify.start_costs(adaptive.costs if adaptive is not None else None,
+                                                   self.scheduler.payoff, batch_size=self.batch_size, k_max=self.k_max)
         self.scheduler.feed(requests)
         try:
             while True:
@@ -251,14 +248,6 @@ class SpecBatchGenerator:
                              tokens=[len(outcome.emitted[i]) for i in round.running], forward=verified.forward,
                              ended=[r.completion_tokens for r in results if r.error is None])
         return results
-
-    def _startup_costs(self) -> StartupCosts:
-        """Packed rounds under adaptive speculation start from the machine's costs (round_prices.py)."""
-        adaptive = self.scheduler.adaptive
-        if adaptive is None or not self.packed:
-            return StartupCosts((), ())
-        return start_from_machine(adaptive.costs, self.scheduler.payoff, self.runner, self.drafter,
-                                  batch_size=self.batch_size, k_max=self.k_max)
 
     # ---- admission -------------------------------------------------------------------------------
 

@@ -51,7 +51,7 @@ class Scheduler:
         self.k_max, self.trees, self.static = k_max, trees, static
         self.fill_budget = fill_budget  # prompt tokens a packed round prefills (0: not packed)
         # Packed verifies (eager, or the static path's chains): adaptive gives each row its own number of drafts.
-        self.per_row = per_row or bool(fill_budget)
+        self.per_row = per_row
         no_constraints = ("structured output (json_schema, regex, choice, grammar, json_object) does not run "
                           "with tree drafts: drop drafter.tree") if trees else None
         self.intake_ = Intake(tokenizer, vocab_size=vocab_size, max_seq_len=max_seq_len, defaults=defaults,

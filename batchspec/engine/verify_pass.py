@@ -7,27 +7,44 @@ three paths chosen once, when the generator is built (`verify_pass`), so that no
   - StaticPass (captured steps, a GPU): a chain's packed over the running rows' own tokens (packed_static.py), a
     tree's over every slot at the round's width.
 
-Each places a round's rows on the device the way its forward reads them (`place`: the scheduler builds the round
-with them), runs the forward (`run`), and says what the round's forwards cost for adaptive speculation's prices
-(`measured`). What each forward computed goes to the run's statistics (stats.py)."""
+Each sets its path up once (`prepare`: the drafter bound to the device state, a captured path's steps declared and
+captured; `start_costs`: the machine's costs that adaptive speculation starts from, where rounds are priced per
+row by their forwards), places a round's rows on the device the way its forward reads them (`place`: the scheduler
+builds the round with them), runs the forward (`run`), and says what the round's forwards cost for adaptive
+speculation's prices (`measured`). What each forward computed goes to the run's statistics (stats.py)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Protocol
 
 import torch
 
-from .control.costs import CostModel
+from .accept import Acceptor
+from .control.costs import CostModel, PackedCosts, RoundTimes, StaticPackedCosts, StepTable
+from .control.payoff import PayoffCheck
+from .control.round_prices import start_from_machine
+from .control.startup_costs import StartupCosts
 from .drafters import Drafter
+from .model.graphs import StepGraphs
 from .model.host_device import HostBuffer, wall
+from .model.timing import packed_seconds
 from .model.packed import layout_round
-from .round import Round, RoundBuffers, Verified
+from .round import Round, RoundBuffers, RoundShape, Verified
+from .round_steps import declare_round_steps, shape_seconds
 from .model.runner import ModelRunner
 from .slots import SlotState
 from .stats import Statistics
 
 
 class VerifyPass(Protocol):
+    per_row: bool  # each row verifies its own number of drafts (adaptive chooses them per row; payoff.py checks it)
+    def cost_model(self, shapes: list[RoundShape]) -> CostModel: ...  # what adaptive speculation prices rounds by
+    def prepare(self, shapes: list[RoundShape], acceptor: Acceptor, graphs: StepGraphs) -> None: ...  # once, at
+    #    start: the drafter bound to the device state (a captured path's steps declared, then captured)
+    def start_costs(self, costs: CostModel | None, payoff: PayoffCheck | None, *, batch_size: int,
+                    k_max: int) -> StartupCosts: ...  # the machine's costs adaptive speculation (costs: None when
+    #    off) starts from, measured or read from the cache; empty where rounds are not priced by their forwards
     def place(self, rows: list[int], lengths: list[int]) -> dict: ...  # the round's device fields (Round's
     #    rows_t, lengths_t, state, buffers) for these rows at these lengths L
     def run(self, round: Round) -> Verified: ...  # the forward over [pending token, drafts] of every row
@@ -49,12 +66,21 @@ class _Pass:
     """What the three paths share: the target's runner, the slots' device state, the round buffers, the drafter
     (which hears of the forwards it reads) and the statistics."""
 
+    per_row = False
+
     def __init__(self, runner: ModelRunner, state: SlotState, buffers: RoundBuffers, drafter: Drafter,
                  stats: Statistics):
         self.runner, self.state, self.buffers, self.drafter, self.stats = runner, state, buffers, drafter, stats
         self.device = runner.device
         self._rows = HostBuffer((runner.num_slots,), runner.device)  # a round's rows
         self._lengths = HostBuffer((runner.num_slots,), runner.device)  # their lengths L
+
+    def prepare(self, shapes: list[RoundShape], acceptor: Acceptor, graphs: StepGraphs) -> None:
+        self.drafter.bind(shapes, self.runner, self.state, self.buffers, acceptor)
+
+    def start_costs(self, costs: CostModel | None, payoff: PayoffCheck | None, *, batch_size: int,
+                    k_max: int) -> StartupCosts:
+        return StartupCosts((), ())  # rounds priced by their wall time or the captured steps' timed replays
 
     def _placed(self, rows_t: torch.Tensor, lengths_t: torch.Tensor | None) -> dict:
         return {"rows_t": rows_t, "lengths_t": lengths_t, "state": self.state, "buffers": self.buffers}
@@ -65,6 +91,9 @@ class _Pass:
 
 class PaddedPass(_Pass):
     """Eager rounds that are not packed: every row the round's width, over the round's rows of the cache."""
+
+    def cost_model(self, shapes: list[RoundShape]) -> CostModel:
+        return RoundTimes()  # whole rounds' wall time by their shape
 
     def place(self, rows: list[int], lengths: list[int]) -> dict:
         rows_t = self._rows.put(rows)
@@ -87,6 +116,17 @@ class StaticPass(_Pass):
                  stats: Statistics, *, per_row: bool):
         super().__init__(runner, state, buffers, drafter, stats)
         self.per_row = per_row
+
+    def cost_model(self, shapes: list[RoundShape]) -> CostModel:
+        """Timed replays of the captured steps: per row when the chains are packed, else per round shape."""
+        runner, drafter = self.runner, self.drafter
+        if self.per_row:
+            return StaticPackedCosts(measure_verify=partial(packed_seconds, runner),
+                                     measure_step=partial(drafter.draft_seconds, 1), bucket_of=runner.bucket)
+        return StepTable(partial(shape_seconds, shapes, runner, drafter), runner.bucket)
+
+    def prepare(self, shapes: list[RoundShape], acceptor: Acceptor, graphs: StepGraphs) -> None:
+        declare_round_steps(shapes, self.runner, self.state, self.buffers, acceptor, self.drafter, graphs)
 
     def place(self, rows: list[int], lengths: list[int]) -> dict:
         return self._placed(self.runner.slot_index, None)  # every slot; the steps read lengths on the device
@@ -126,10 +166,22 @@ class PackedPass(_Pass):
     A pass's prompt chunks stay cached (their slots' lengths move on, samples copy a finished prompt), and a
     drafter that reads the target's hidden states (EAGLE) takes the chunks' in before that."""
 
+    per_row = True
+
     def __init__(self, runner: ModelRunner, state: SlotState, buffers: RoundBuffers, drafter: Drafter,
                  stats: Statistics):
         super().__init__(runner, state, buffers, drafter, stats)
         self._fills = HostBuffer((2, runner.num_slots), runner.device)  # the slots a round prefilled, their new lengths
+
+    def cost_model(self, shapes: list[RoundShape]) -> CostModel:
+        return PackedCosts()  # the forward by its tokens, the drafting forwards by their rows (timed eagerly)
+
+    def start_costs(self, costs: CostModel | None, payoff: PayoffCheck | None, *, batch_size: int,
+                    k_max: int) -> StartupCosts:
+        """Packed rounds under adaptive speculation start from the machine's costs (round_prices.py)."""
+        if costs is None:
+            return StartupCosts((), ())
+        return start_from_machine(costs, payoff, self.runner, self.drafter, batch_size=batch_size, k_max=k_max)
 
     def place(self, rows: list[int], lengths: list[int]) -> dict:
         # Host lengths: a first decision's L = P before its last chunk is cached.

@@ -1,50 +1,39 @@
-"""Where adaptive speculation's prices come from on each path: the cost model it starts with and the machine's
-costs it reads at start (costs.py, startup_costs.py); what each round measured comes from its verify pass
-(verify_pass.py: `measured`)."""
+"""Adaptive speculation's controller and payoff check, with the cost model the round's verify path prices by
+(verify_pass.py: `cost_model`; costs.py), and the machine's costs it reads at start (startup_costs.py); what each
+round measured comes from its verify pass too (`measured`)."""
 
 from __future__ import annotations
 
 import logging
-from functools import partial
+from typing import TYPE_CHECKING
 
 from . import startup_costs
 from .adaptive import AdaptiveK
-from .costs import CostModel, PackedCosts, RoundTimes, StaticPackedCosts, StepTable
+from .costs import CostModel
 from ..drafters import Drafter
 from .payoff import PayoffCheck
 from ..round import RoundShape
 from ..types import TreeSpec
-from ..round_steps import shape_seconds
 from ..model.runner import ModelRunner
 from .startup_costs import StartupCosts
-from ..model.timing import packed_seconds
+
+if TYPE_CHECKING:
+    from ..verify_pass import VerifyPass
 
 WARMUP_WITH_COSTS = 8  # the payoff check's warm-up rounds when the round costs were measured at start (payoff.py)
 log = logging.getLogger("batchspec")
 
 
-def cost_model(runner: ModelRunner, drafter: Drafter, shapes: list[RoundShape], *, static: bool,
-               static_per_row: bool) -> CostModel:
-    """Timed replays of the captured steps (static; per row when its chains are packed), packed rounds' forwards
-    by their tokens (eager packed), or whole rounds' wall time."""
-    if static_per_row:
-        return StaticPackedCosts(measure_verify=partial(packed_seconds, runner),
-                                 measure_step=partial(drafter.draft_seconds, 1), bucket_of=runner.bucket)
-    if static:
-        return StepTable(partial(shape_seconds, shapes, runner, drafter), runner.bucket)
-    return PackedCosts() if runner.packs else RoundTimes()
-
-
-def controllers(runner: ModelRunner, drafter: Drafter, shapes: list[RoundShape], *, k_max: int,
-                trees: tuple[TreeSpec, ...], static_per_row: bool) -> tuple[AdaptiveK | None, PayoffCheck | None]:
-    """Adaptive speculation's controller over the round's shapes, and the payoff check that holds it to drafter
-    none's rate where the rounds' costs are measured per row (packed rounds, the static path's packed chains);
-    (None, None) when there is nothing to choose (k_max 0, no trees)."""
+def controllers(path: VerifyPass, drafter: Drafter, shapes: list[RoundShape], *, k_max: int,
+                trees: tuple[TreeSpec, ...]) -> tuple[AdaptiveK | None, PayoffCheck | None]:
+    """Adaptive speculation's controller over the round's shapes, pricing rounds as the verify path measures them
+    (`path.cost_model`), and the payoff check that holds it to drafter none's rate where each row gets its own
+    number of drafts (`path.per_row`: packed rounds, the static path's packed chains); (None, None) when there is
+    nothing to choose (k_max 0, no trees)."""
     if k_max == 0 and not trees:
         return None, None
-    costs = cost_model(runner, drafter, shapes, static=runner.static, static_per_row=static_per_row)
-    payoff = PayoffCheck() if runner.packs or static_per_row else None
-    return AdaptiveK(k_max, policy=drafter.policy, costs=costs, trees=trees), payoff
+    payoff = PayoffCheck() if path.per_row else None
+    return AdaptiveK(k_max, policy=drafter.policy, costs=path.cost_model(shapes), trees=trees), payoff
 
 
 def start_from_machine(costs: CostModel, payoff: PayoffCheck | None, runner: ModelRunner, drafter: Drafter, *,
