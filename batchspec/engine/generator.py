@@ -122,8 +122,8 @@ class SpecBatchGenerator:
         # verify is not packed there).
         self.verify = verify_pass(self.runner, self.state, self.buffers, drafter, self.statistics,
                                   per_row=bool(self.static and self.runner.packed_width and not self.trees))
-        controller, payoff = (controllers(self.verify, drafter, self.shapes, k_max=k_max, trees=self.trees)
-                              if adaptive else (None, None))
+        controller, payoff = (controllers(self.verify.cost_model(self.shapes), drafter, per_row=self.verify.per_row,
+                                          k_max=k_max, trees=self.trees) if adaptive else (None, None))
         self.packed = self.runner.packs
         self.life = SlotLife(SlotTable(batch_size), grammars=self.grammars, adaptive=controller, runner=self.runner,
                              state=self.state, drafter=drafter)

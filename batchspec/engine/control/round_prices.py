@@ -5,35 +5,29 @@ round measured comes from its verify pass too (`measured`)."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from . import startup_costs
 from .adaptive import AdaptiveK
 from .costs import CostModel
 from ..drafters import Drafter
 from .payoff import PayoffCheck
-from ..round import RoundShape
 from ..types import TreeSpec
 from ..model.runner import ModelRunner
 from .startup_costs import StartupCosts
-
-if TYPE_CHECKING:
-    from ..verify_pass import VerifyPass
 
 WARMUP_WITH_COSTS = 8  # the payoff check's warm-up rounds when the round costs were measured at start (payoff.py)
 log = logging.getLogger("batchspec")
 
 
-def controllers(path: VerifyPass, drafter: Drafter, shapes: list[RoundShape], *, k_max: int,
+def controllers(costs: CostModel, drafter: Drafter, *, per_row: bool, k_max: int,
                 trees: tuple[TreeSpec, ...]) -> tuple[AdaptiveK | None, PayoffCheck | None]:
-    """Adaptive speculation's controller over the round's shapes, pricing rounds as the verify path measures them
-    (`path.cost_model`), and the payoff check that holds it to drafter none's rate where each row gets its own
-    number of drafts (`path.per_row`: packed rounds, the static path's packed chains); (None, None) when there is
-    nothing to choose (k_max 0, no trees)."""
+    """Adaptive speculation's controller, pricing rounds by `costs` (the verify path's cost model,
+    verify_pass.py), and the payoff check that holds it to drafter none's rate where each row gets its own number
+    of drafts (per_row: packed rounds, the static path's packed chains); (None, None) when there is nothing to
+    choose (k_max 0, no trees)."""
     if k_max == 0 and not trees:
         return None, None
-    payoff = PayoffCheck() if path.per_row else None
-    return AdaptiveK(k_max, policy=drafter.policy, costs=path.cost_model(shapes), trees=trees), payoff
+    return AdaptiveK(k_max, policy=drafter.policy, costs=costs, trees=trees), PayoffCheck() if per_row else None
 
 
 def start_from_machine(costs: CostModel, payoff: PayoffCheck | None, runner: ModelRunner, drafter: Drafter, *,
