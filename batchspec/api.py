@@ -22,7 +22,7 @@ from .engine.model.host_device import LaunchCounter
 from .engine.intake import Defaults
 from .engine.model.memory import capture_buckets, kv_problem
 from .engine.model.model_check import check_model
-from .engine.model.shapes import kv_capacity
+from .engine.model.shapes import kv_capacity, spare_slots_in_use
 from .engine.model.threads import guard_for
 from .engine.sampling import SamplingParams
 from .engine.types import TreeSpec
@@ -65,6 +65,7 @@ def build_generator(
     fill_tokens: int = FILL_TOKENS,
     constraint: Constraint | None = None,
     pack_static: bool = True,
+    spare_slots: int = 0,
     **sampling_fields,
 ) -> SpecBatchGenerator:
     """A generator over `models` (see load_models). max_seq_len (prompt + completion tokens per slot)
@@ -113,7 +114,8 @@ def build_generator(
     round prefills (the rest of a long prompt rides in the next rounds). constraint: the structured output
     every request must match unless it sets its own (types.Constraint; RowParams' json_schema etc.).
     pack_static: on the static path (a GPU) chain verifies are packed, every running row computing only its
-    own tokens (engine/model/packed_static.py); False gives every slot the round's width (for comparisons)."""
+    own tokens (engine/model/packed_static.py); False gives every slot the round's width (for comparisons).
+    spare_slots: cache slots beyond batch_size, their prompts prefilled ahead in waves (docs/api.md)."""
     for role, model in (("target", models.target), ("draft", models.draft)):
         problem = check_model(model) if model is not None else None
         if problem:
@@ -136,9 +138,10 @@ def build_generator(
         corpus = load_corpus(corpus, models.tokenizer, max_tokens=corpus_max_tokens)
     device = models.target.device
     graphs = StepGraphs(resolve_capture(compile, device), device, launches)
+    spare_slots = spare_slots_in_use(spare_slots, static=graphs.static, drafter=drafter)
     capacity = kv_capacity(max_seq_len, k, trees)
     # Eagerly, drafts a grammar forces may ride past k (SpecBatchGenerator.forced_max): the larger cache.
-    problem = kv_problem(models, num_slots=batch_size, capacity=kv_capacity(max_seq_len, max(k, FORCED_DRAFTS), trees),
+    problem = kv_problem(models, num_slots=batch_size + spare_slots, capacity=kv_capacity(max_seq_len, max(k, FORCED_DRAFTS), trees),
                          max_seq_len=max_seq_len)
     if problem:  # before anything is allocated: the caches are allocated at the first forward
         raise ValueError(problem)
@@ -147,7 +150,7 @@ def build_generator(
                               budget=graph_memory, pack_static=pack_static)
     target_vocab = models.target.get_output_embeddings().weight.shape[0]
     draft = drafter if not isinstance(drafter, str) else make_drafter(
-        drafter, graphs=graphs, num_slots=batch_size, capacity=capacity, max_position=max_seq_len,
+        drafter, graphs=graphs, num_slots=batch_size + spare_slots, capacity=capacity, max_position=max_seq_len,
         target_vocab_size=target_vocab, sampling=sampling, draft_model=models.draft, trees=trees, buckets=buckets,
         corpus=corpus or (), corpus_max_tokens=corpus_max_tokens, head=head if head is not None else models.head,
         k_max=k,
@@ -162,6 +165,7 @@ def build_generator(
         k_max=k, adaptive=sampling.adapts_by_default if adaptive is None else adaptive, trees=trees,
         profile=profile, buckets=buckets,
         threads=guard_for(device) if guard_threads else None, fill_tokens=fill_tokens, pack_static=pack_static,
+        spare_slots=spare_slots,
     )
 
 

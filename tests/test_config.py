@@ -50,7 +50,7 @@ def test_groups_compose_and_job_values_win(capsys, monkeypatch, workdir, drafter
     assert cfg["sampling"]["max_new_tokens"] == 12  # from the job file, over the preset
     assert (cfg["sampling"]["temperature"] == 0.0) == (sampling == "greedy")
     assert set(cfg) == {"model", "drafter", "sampling", "source", "output", "shard", "progress", "batch_size",
-                        "max_seq_len", "threads", "retry_errors"}
+                        "spare_slots", "max_seq_len", "threads", "retry_errors"}
 
 
 @pytest.mark.parametrize("args, message", [

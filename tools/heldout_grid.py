@@ -61,6 +61,8 @@ def cell_args(pair: dict, args, rows: int, lengths: str, batch: int, temperature
         argv += ["--head", pair["head"]]
     argv += [flag for flag, on in (("--chat", args.chat), ("--interleave", args.interleave),
                                    ("--noise-check", args.noise_check)) if on]
+    if args.spare_slots:
+        argv += ["--spare-slots", str(args.spare_slots)]
     return argv
 
 
@@ -123,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
                         "contenders round by round in one stretch of time (bench/interleave.py)")
     parser.add_argument("--noise-check", action="store_true", help="the bench's --noise-check: drafter none twice, "
                         "and the cell's line says what the second read over the first")
+    parser.add_argument("--spare-slots", type=int, default=0, help="the bench's --spare-slots: batchspec's spare "
+                        "cache slots, prompts prefilled ahead in waves")
     parser.add_argument("--json", help="every cell's ratios, written as the grid goes")
     args = parser.parse_args(argv)
     args.drafters = [d for d in args.drafters.split(",") if d]

@@ -202,7 +202,7 @@ def generator_settings(contender: Contender, args) -> dict:
                 max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, adaptive=contender.adaptive,
                 temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                 verify=contender.verify, tree=contender.tree, corpus=args.corpus_tokens,
-                pack_static=contender.pack_static,
+                pack_static=contender.pack_static, spare_slots=getattr(args, "spare_slots", 0),
                 # Interleaved lanes share one process and so torch's one thread count: one lane's guard lowering it
                 # would slow every lane's rounds alike and mix the comparison; the run reports the CPU's wait instead.
                 guard_threads=not args.interleave)

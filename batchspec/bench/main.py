@@ -112,6 +112,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pack-static", choices=("on", "off", "both"), default="on",
                         help="on the static path (a GPU): chain verifies packed, each row computing only its own "
                         "tokens (on), every slot the round's width (off), or each batchspec contender both ways")
+    parser.add_argument("--spare-slots", type=int, default=0, help="batchspec's spare cache slots, whose prompts "
+                        "packed rounds prefill ahead in waves (build_generator's spare_slots; CPU)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples, seeded")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)

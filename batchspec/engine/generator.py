@@ -68,7 +68,9 @@ class SpecBatchGenerator:
     attended lengths of static steps; default: 64, 128, ... up to the capacity), threads (a ThreadGuard
     that run() polls: torch's CPU threads back off while another process shares the cores), fill_tokens
     (the most prompt tokens one packed round prefills), pack_static (the static path's chain verifies are
-    packed, packed_static.py: every running row computes its own tokens; False: every slot the round's width).
+    packed, packed_static.py: every running row computes its own tokens; False: every slot the round's width),
+    spare_slots (cache slots beyond batch_size whose prompts packed rounds prefill ahead, in waves, while
+    batch_size rows decode; unused on other paths: build_generator).
 
     Eager forwards of a model whose attention transformers dispatches are packed (packed.py): a round's
     one target forward carries each deciding row's pending token and its own drafts, and chunks of new
@@ -82,7 +84,7 @@ class SpecBatchGenerator:
                  graphs: StepGraphs, keep_stop: bool = False, k_max: int = 4, adaptive: bool = False,
                  trees: tuple[TreeSpec, ...] = (), profile: bool = False, buckets: list[int] | None = None,
                  threads: ThreadGuard | None = None, fill_tokens: int = FILL_TOKENS,
-                 forced_drafts: int = FORCED_DRAFTS, pack_static: bool = True):
+                 forced_drafts: int = FORCED_DRAFTS, pack_static: bool = True, spare_slots: int = 0):
         sampling = defaults.sampling
         if batch_size < 1 or k_max < 0 or defaults.max_new_tokens < 1 or max_seq_len < 2:
             raise ValueError(f"need batch_size >= 1, k >= 0, max_new_tokens >= 1, max_seq_len >= 2; got "
@@ -101,14 +103,15 @@ class SpecBatchGenerator:
         widest = max([shape.width for shape in self.shapes] + [self.forced_max + 1])
         capacity = kv_capacity(max_seq_len, max(k_max, self.forced_max), self.trees)
         # A drafter that reads the target's hidden states (EAGLE-3) names the layers: every forward hands them out.
-        self.runner = ModelRunner(target, num_slots=batch_size, capacity=capacity, max_position=max_seq_len,
+        slots = batch_size + spare_slots
+        self.runner = ModelRunner(target, num_slots=slots, capacity=capacity, max_position=max_seq_len,
                                   graphs=graphs, widths={shape.width for shape in self.shapes}, buckets=buckets,
                                   name="target", feature_layers=drafter.feature_layers,
                                   packed_width=1 + max(k_max, self.forced_max) if pack_static else 0)
         vocab = self.runner.vocab_size
-        self.state = SlotState(batch_size, capacity, vocab, self.device,
+        self.state = SlotState(slots, capacity, vocab, self.device,
                                track_presence=sampling.repetition_penalty != 1.0)
-        self.buffers = RoundBuffers(batch_size, widest - 1, vocab, self.device, noise=sampling.coupled,
+        self.buffers = RoundBuffers(slots, widest - 1, vocab, self.device, noise=sampling.coupled,
                                     probs=not (sampling.greedy or sampling.coupled) and drafter.policy.draft_forwards,
                                     trees=bool(self.trees))
         stops = StopRules(tokenizer, eos_token_ids=eos_token_ids, max_seq_len=max_seq_len, device=self.device,
@@ -125,12 +128,17 @@ class SpecBatchGenerator:
         controller, payoff = (controllers(self.verify.cost_model(self.shapes), drafter, per_row=self.verify.per_row,
                                           k_max=k_max, trees=self.trees) if adaptive else (None, None))
         self.packed = self.runner.packs
-        self.life = SlotLife(SlotTable(batch_size), grammars=self.grammars, adaptive=controller, runner=self.runner,
+        # Spare slots serve packed rounds only: on any other path the table holds batch_size slots, so no more
+        # rows than that ever run (the caches' spare slots then stay unused).
+        self.spare_slots = spare_slots if self.packed and not drafter.feature_layers else 0
+        self.life = SlotLife(SlotTable(batch_size + self.spare_slots), grammars=self.grammars, adaptive=controller, runner=self.runner,
                              state=self.state, drafter=drafter)
         self.scheduler = Scheduler(tokenizer, stops, life=self.life, vocab_size=vocab, max_seq_len=max_seq_len,
                                    defaults=defaults, k_max=k_max, trees=self.trees, static=self.static,
                                    fill_budget=fill_tokens if self.packed else 0, per_row=self.verify.per_row,
-                                   payoff=payoff, stats=self.statistics, place=self.verify.place)
+                                   payoff=payoff, stats=self.statistics, place=self.verify.place,
+                                   decoding=batch_size if self.spare_slots else None,
+                                   wave=max(1, self.spare_slots // 2))
         self.startup: StartupCosts | None = None  # the costs adaptive speculation started from (the first run())
         self.admitter = Admitter(self.runner, self.state, self.acceptor, self.life)
         self.drafting = DraftStage(drafter, self.scheduler, self.acceptor, self.grammars, self.buffers,

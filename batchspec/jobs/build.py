@@ -59,7 +59,7 @@ def build_job_generator(job: JobConfig, models, row_params: RowParamColumns | No
             compile=job.model.compile.value, tree=d.tree, n=s.n, logprobs=s.logprobs,
             prompt_logprobs=s.prompt_logprobs, max_logprobs=max_logprobs, keep_stop=s.keep_stop,
             corpus=(d.corpus if corpus is None else corpus) if drafter == "suffix" else None,
-            corpus_max_tokens=d.corpus_max_tokens, head=head, constraint=constraint,
+            corpus_max_tokens=d.corpus_max_tokens, head=head, constraint=constraint, spare_slots=job.spare_slots,
         )
         problem = generator.grammars.problem(constraint) if constraint is not None else None
         if problem:  # one line up front, not the same error on every row

@@ -92,6 +92,7 @@ def value_checks(job: JobConfig) -> list[tuple[bool, str]]:
     s, src = job.sampling, job.source
     return [
         (job.batch_size >= 1, f"batch_size={job.batch_size}: need >= 1"),
+        (job.spare_slots >= 0, f"spare_slots={job.spare_slots}: need >= 0"),
         (job.max_seq_len is None or job.max_seq_len >= 2, f"max_seq_len={job.max_seq_len}: need >= 2"),
         (job.drafter.name == DrafterName.none or job.drafter.k >= 1, f"drafter.k={job.drafter.k}: need >= 1"),
         (job.drafter.tree is None or job.drafter.name != DrafterName.none,

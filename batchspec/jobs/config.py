@@ -198,6 +198,7 @@ class JobConfig:
     shard: ShardConfig = field(default_factory=ShardConfig)
     progress: ProgressConfig = field(default_factory=ProgressConfig)
     batch_size: int = 8
+    spare_slots: int = 0  # cache slots beyond batch_size whose prompts are prefilled ahead, in waves (CPU)
     max_seq_len: Optional[int] = None  # prompt + completion tokens per slot; default min(model limit, 2048)
     threads: Optional[int] = None  # torch CPU threads (torch.set_num_threads); null = torch's default
     retry_errors: bool = False  # rerun this shard's rows whose result was an error, replacing them

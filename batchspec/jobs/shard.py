@@ -204,7 +204,7 @@ def output_config(job: JobConfig, job_name: str, generator, index: int, count: i
         "job": job_name, "drafter": drafter.value, "k_max": generator.k_max, "adaptive": generator.adaptive is not None,
         "trees": [str(t) for t in generator.trees],
         "sampling": {key: getattr(value, "value", value) for key, value in asdict(job.sampling).items()},
-        "batch_size": job.batch_size, "max_seq_len": generator.max_seq_len,
+        "batch_size": job.batch_size, "spare_slots": generator.spare_slots, "max_seq_len": generator.max_seq_len,
         "model": {"target": job.model.target, "draft": job.model.draft if draft_path(job) or self_training(job) else None,
                   "dtype": job.model.dtype.value, "compile": job.model.compile.value},
         "shard": {"index": index, "count": count}, "batchspec": versions()["batchspec"],

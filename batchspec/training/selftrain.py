@@ -111,6 +111,10 @@ class SelfTrainingGenerator:
         return self.generator.max_seq_len
 
     @property
+    def spare_slots(self) -> int:
+        return self.generator.spare_slots
+
+    @property
     def timings(self) -> dict[str, float]:
         return self.generator.timings
 

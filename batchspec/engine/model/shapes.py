@@ -1,4 +1,5 @@
-"""The static shapes: how long a slot's cache is, and the attended lengths and row counts steps come in."""
+"""The static shapes: how long a slot's cache is, how many slots there are, and the attended lengths and row
+counts steps come in."""
 
 from __future__ import annotations
 
@@ -41,3 +42,13 @@ def token_buckets(num_slots: int, width: int) -> list[int]:
         size *= 2
     step = max(1, num_slots // 2)
     return out + list(range(num_slots, num_slots * width, step)) + [num_slots * width]
+
+
+def spare_slots_in_use(spare_slots: int, *, static: bool, drafter) -> int:
+    """The spare slots (build_generator's) a generator can use: none on the captured path (every slot rides along
+    in its steps) or with a drafter that reads the target's hidden states (EAGLE prefills each prompt at
+    admission, so no prompt waits prefilled). drafter: a drafter's name, or a Drafter."""
+    if spare_slots < 0:
+        raise ValueError(f"spare_slots={spare_slots}: need >= 0")
+    reads_features = drafter == "eagle" if isinstance(drafter, str) else bool(drafter.feature_layers)
+    return 0 if static or reads_features else spare_slots
