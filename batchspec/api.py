@@ -141,8 +141,8 @@ def build_generator(
     spare_slots = spare_slots_in_use(spare_slots, static=graphs.static, drafter=drafter)
     capacity = kv_capacity(max_seq_len, k, trees)
     # Eagerly, drafts a grammar forces may ride past k (SpecBatchGenerator.forced_max): the larger cache.
-    problem = kv_problem(models, num_slots=batch_size + spare_slots, capacity=kv_capacity(max_seq_len, max(k, FORCED_DRAFTS), trees),
-                         max_seq_len=max_seq_len)
+    problem = kv_problem(models, num_slots=batch_size + spare_slots,
+                         capacity=kv_capacity(max_seq_len, max(k, FORCED_DRAFTS), trees), max_seq_len=max_seq_len)
     if problem:  # before anything is allocated: the caches are allocated at the first forward
         raise ValueError(problem)
     buckets = capture_buckets(models, graphs.mode, capacity, batch_size=batch_size, k=k, trees=trees,

@@ -42,7 +42,7 @@ from .round import Round, RoundBuffers, RoundShape, Verified
 from .control.round_prices import controllers
 from .model.runner import ModelRunner
 from .scheduler import Scheduler
-from .model.shapes import kv_capacity
+from .model.shapes import kv_capacity, spare_slots_in_use
 from .slot_life import SlotLife
 from .slots import SlotState, SlotTable
 from .control.startup_costs import StartupCosts
@@ -128,11 +128,11 @@ class SpecBatchGenerator:
         controller, payoff = (controllers(self.verify.cost_model(self.shapes), drafter, per_row=self.verify.per_row,
                                           k_max=k_max, trees=self.trees) if adaptive else (None, None))
         self.packed = self.runner.packs
-        # Spare slots serve packed rounds only: on any other path the table holds batch_size slots, so no more
-        # rows than that ever run (the caches' spare slots then stay unused).
-        self.spare_slots = spare_slots if self.packed and not drafter.feature_layers else 0
-        self.life = SlotLife(SlotTable(batch_size + self.spare_slots), grammars=self.grammars, adaptive=controller, runner=self.runner,
-                             state=self.state, drafter=drafter)
+        # Spare slots serve packed rounds only (spare_slots_in_use: not with EAGLE either); elsewhere the table holds
+        # batch_size slots, so no more rows than that run (the caches' spare slots stay unused).
+        self.spare_slots = spare_slots_in_use(spare_slots, static=self.static, drafter=drafter) if self.packed else 0
+        self.life = SlotLife(SlotTable(batch_size + self.spare_slots), grammars=self.grammars, adaptive=controller,
+                             runner=self.runner, state=self.state, drafter=drafter)
         self.scheduler = Scheduler(tokenizer, stops, life=self.life, vocab_size=vocab, max_seq_len=max_seq_len,
                                    defaults=defaults, k_max=k_max, trees=self.trees, static=self.static,
                                    fill_budget=fill_tokens if self.packed else 0, per_row=self.verify.per_row,

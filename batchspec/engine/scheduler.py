@@ -1,10 +1,10 @@
 """The host side of the engine: requests, slots, budgets, the round's shape, stops, statistics, results.
 
-`Scheduler` computes on no tensor (a round's rows reach the device through the verify pass's `place`). It pulls requests lazily and tokenizes them (`intake`), decides
-each round's rows, the most drafts each may propose, and the shape and drafts it chooses (`schedule`,
-`choose`; adaptive speculation decides the shape when it is on); its `outcomes` (postprocess.RowOutcomes,
-which callers reach directly) turn a round's verdict into outputs, stops, statistics and Results
-(`postprocess`, and new rows' `first_tokens`).
+`Scheduler` computes on no tensor (a round's rows reach the device through the verify pass's `place`). It
+pulls requests lazily and tokenizes them (`intake`), decides each round's rows, the most drafts each may
+propose, and the shape and drafts it chooses (`schedule`, `choose`; adaptive speculation decides the shape
+when it is on); its `outcomes` (postprocess.RowOutcomes, which callers reach directly) turn a round's verdict
+into outputs, stops, statistics and Results (`postprocess`, and new rows' `first_tokens`).
 The device side (runners, drafters, the Acceptor) is driven by the generator between these calls.
 """
 
