@@ -87,24 +87,23 @@ ROW_LENGTHS = [40, 90, 30, 300, 12, 80, 70, 60, 50, 20, 100, 110, 120, 130, 140,
 FED = (1, 3, 5, 6, 7, 8, 9)  # seven rows a draft model fed, of 16
 
 
-@pytest.mark.parametrize("steps,fed,curve,explored", [
+@pytest.mark.parametrize("fed,curve,explored", [
     # a draft model: the rows it fed (whatever their length) and the two shortest new ones (an eighth of 16),
     # not rows 14-15, whose first drafts gain most: one drafting forward prices them all
-    (True, (3, 9), (), [0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),
-    (True, (3,), (), [0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),  # the one it fed, then the shortest two
-    (True, (), (), [0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),  # none fed: the two shortest
-    (True, FED, (), [0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0]),  # all seven fed, two new
+    ((3, 9), (), [0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),
+    ((3,), (), [0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),  # the one it fed, then the shortest two
+    ((), (), [0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),  # none fed: the two shortest
+    (FED, (), [0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0]),  # all seven fed, two new
     # a forward that costs 10x more past 18 tokens: two rows buy the most first drafts a second (the fed ones
     # whose first drafts gain most)
-    (True, FED, ((16, 0.3), (18, 0.3002), (19, 0.31), (26, 0.317)), [0] * 8 + [1, 1] + [0] * 6),
-    (False, (3, 9), (), [0] * 12 + [1] * 4),  # a lookup has no cache to feed: the best gains, 4 rows within 10%
+    (FED, ((16, 0.3), (18, 0.3002), (19, 0.31), (26, 0.317)), [0] * 8 + [1, 1] + [0] * 6),
 ])
-def test_a_draft_model_explores_the_rows_it_fed_then_the_shortest(steps, fed, curve, explored):
+def test_a_draft_model_explores_the_rows_it_fed_then_the_shortest(fed, curve, explored):
     """16 rows of ROW_LENGTHS; the gains rise with the row, so the last rows gain most."""
     gains = [[0.5 + i / 100] for i in range(16)]
     before = [i in fed for i in range(16)]
-    prices = Prices(0.0, 0.0001, 0.0001, curve=curve or ((16, 0.3),)) if steps else Prices(0.03, 0.001)
-    assert explore(gains, prices, 16, steps, before, ROW_LENGTHS) == explored
+    prices = Prices(0.0, 0.0001, 0.0001, curve=curve or ((16, 0.3),))
+    assert explore(gains, prices, 16, before, ROW_LENGTHS) == explored
 
 
 def test_a_probe_explores_an_eighth_of_a_draft_models_rows():
@@ -113,8 +112,8 @@ def test_a_probe_explores_an_eighth_of_a_draft_models_rows():
     gains = [[0.5 + i / 100] for i in range(16)]
     prices = Prices(0.0, 0.0001, 0.0001, curve=((16, 0.3),))
     fed = [i in FED for i in range(16)]
-    assert explore(gains, prices, 16, True, fed, ROW_LENGTHS, wide=False) == [0] * 8 + [1, 1] + [0] * 6
-    assert explore(gains, prices, 16, True, [False] * 16, ROW_LENGTHS, wide=False) == [0] * 4 + [1] + [0] * 4 + [1] + [0] * 6
+    assert explore(gains, prices, 16, fed, ROW_LENGTHS, wide=False) == [0] * 8 + [1, 1] + [0] * 6
+    assert explore(gains, prices, 16, [False] * 16, ROW_LENGTHS, wide=False) == [0] * 4 + [1] + [0] * 4 + [1] + [0] * 6
 
 
 @pytest.mark.parametrize("per_fed,explored", [
@@ -128,7 +127,7 @@ def test_a_draft_models_exploration_prices_what_its_rows_lack(per_fed, explored)
     are not worth their first drafts here (a 2 ms forward, 0.2 ms a draft)."""
     gains = [[0.5]] * 8
     prices = Prices(0.0, 0.0001, per_step=0.002, per_draft=0.0001, curve=((8, 0.01),), per_fed=per_fed)
-    assert explore(gains, prices, 8, True, [True] * 8, [0, 0, 2, 2, 20, 20, 20, 20]) == explored
+    assert explore(gains, prices, 8, [True] * 8, [0, 0, 2, 2, 20, 20, 20, 20]) == explored
 
 
 # A drafting forward over one row measured at start (q384's 2-layer draft, 2 CPU cores, 2026-12-06, rounded): it
@@ -236,45 +235,73 @@ def test_a_probe_does_not_widen_exploration():
     assert drafts == [1] + [0] * 7 and controller.packed.explored
 
 
-def test_exploration_that_finds_drafts_paying_is_not_held_to_its_budget():
-    """A lookup whose first drafts are all kept (break-even 1/3 at these prices; 2 rows fit 10% of a round):
-    rounds 0 and 1 explore 2 rows each whatever the budget (fewer than 3 verified say nothing yet); the 4 of 4
-    kept then put the drafts' interval above break-even, so round 2 explores whatever the budget too; with 3
-    rounds' evidence the rounds' interval (3 of 3) lies above it too, and exploration is done: the choice
-    drafts every row from round 3."""
+class Streams:
+    """Each row's text as the target writes it (row i: i * 1000, i * 1000 + 1, ...) and a lookup whose proposals
+    are always right: what a round's rows propose, and what they emit with the drafts verified."""
+
+    def __init__(self, rows: int, width: int):
+        self.at, self.width = [i * 1000 for i in range(rows)], width
+
+    def propose(self, offers: list[int]) -> list[list[int]]:
+        return [list(range(p, p + self.width)) if n else [] for p, n in zip(self.at, offers)]
+
+    def emit(self, drafts: list[int]) -> list[list[int]]:
+        out = [list(range(p, p + k + 1)) for p, k in zip(self.at, drafts)]
+        self.at = [p + k + 1 for p, k in zip(self.at, drafts)]
+        return out
+
+
+def test_a_lookup_explores_by_proposing_and_verifies_nothing():
+    """A lookup whose proposals are all right (break-even 1/3 at these prices): exploring, every row proposes and
+    none drafts; its rows' next tokens judge the proposals (hindsight.py), 8 first drafts a round, and after
+    round 1 the 16 first drafts end exploration: the choice drafts every row from round 2. (Exploring by
+    verifying, one draft on 2 rows a round, it took 3 rounds and made each one dearer.)"""
     controller, costs = controller_past_its_start(LOOKUP)
-    slots, explored, chosen = list(range(8)), [], []
+    slots, learning, chosen, streams = list(range(8)), [], [], Streams(8, 2)
     for r in range(8):
         _, drafts = controller.choose_rows(slots, [2] * 8, [0] * 8, None, 8, costs)
-        if controller.packed.explored:
-            explored.append(r)
+        assert not controller.packed.explored
+        if controller.packed.learning:
+            learning.append(r)
+            assert drafts == [0] * 8
         elif sum(drafts):
             chosen.append(r)
-        controller.learn(max(drafts), slots, drafts, drafts, drafts)
-    assert explored == [0, 1, 2] and chosen == [3, 4, 5, 6, 7]
-    assert controller.acceptance.evidence == 46 and controller.acceptance.evidence_rounds == 8
-    assert not controller.packed.learning
+        proposed = streams.propose([2] * 8)
+        controller.learn(max(drafts), slots, drafts, drafts, drafts, proposed, streams.emit(drafts))
+    assert learning == [0, 1] and chosen == [2, 3, 4, 5, 6, 7]
+    assert controller.acceptance.evidence == 64 and controller.acceptance.evidence_rounds == 8
+    assert controller.acceptance.first_kept == 64
 
 
 def test_a_lookups_rows_left_without_drafts_are_sampled_within_the_budget():
-    """After exploration (16 first drafts, 1 kept: the choice drafts nothing), a lookup's rows are sampled: one
-    draft on the rows least recently verified, as many as the credit covers (2% of each round's price,
-    0.00024 s, where a draft costs 0.0005 s: a draft every second or third round), each row once before any
-    twice; a draft model's are not (its rows catch up on what they skipped: the probes measure it)."""
-    for policy, sampled in ((LOOKUP, True), (MODEL_POLICY, False)):
-        controller, costs = controller_past_its_start(policy)
-        model = controller.acceptance
-        model.evidence, model.first_kept, model.evidence_rounds = 16, 1, 8
-        model.pooled.accepted, model.pooled.rejections = 1.0, 15.0
-        controller.packed.next_probe = 10 ** 6  # no probe in these rounds
-        slots, rows = list(range(8)), []
-        for r in range(24):
-            _, drafts = controller.choose_rows(slots, [2] * 8, [0] * 8, None, 8, costs)
-            assert not controller.packed.learning
-            rows += [i for i, k in enumerate(drafts) if k]
-            assert sum(drafts) <= 1 and controller.packed.explored == (sum(drafts) == 1), r
-            controller.learn(max(drafts), slots, drafts, drafts, [0] * 8)
-        assert rows == ([0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2] if sampled else []), policy
+    """After exploration (16 first drafts, 1 kept: the choice drafts nothing), a lookup's rows are sampled: the
+    rows least recently judged propose (`hopeless` spares them), as many as the credit covers (2% of each round's
+    price, 0.00024 s, where a draft costs 0.0005 s: a row every second or third round), each row once before any
+    twice; their proposals are judged in hindsight and none is verified. A draft model's rows are not sampled
+    (its rows catch up on what they skipped: the probes measure it)."""
+    controller, costs = controller_past_its_start(LOOKUP)
+    model = controller.acceptance
+    model.evidence, model.first_kept, model.evidence_rounds = 16, 1, 8
+    model.pooled.accepted, model.pooled.rejections = 1.0, 15.0
+    controller.packed.next_probe = 10 ** 6  # no probe in these rounds
+    slots, rows = list(range(8)), []
+    for r in range(24):
+        offers = [0 if h else 2 for h in controller.hopeless(slots, 8, costs)]
+        _, drafts = controller.choose_rows(slots, offers, [0] * 8, None, 8, costs)
+        assert not controller.packed.learning and not controller.packed.explored and sum(drafts) == 0, r
+        rows += [i for i, n in enumerate(offers) if n]
+        controller.learn(0, slots, drafts, drafts, [0] * 8)
+    assert rows == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2]
+
+    controller, costs = controller_past_its_start(MODEL_POLICY)
+    model = controller.acceptance
+    model.evidence, model.first_kept, model.evidence_rounds = 16, 1, 8
+    model.pooled.accepted, model.pooled.rejections = 1.0, 15.0
+    controller.packed.next_probe = 10 ** 6
+    for r in range(24):
+        _, drafts = controller.choose_rows(slots, [2] * 8, [0] * 8, None, 8, costs)
+        assert not controller.packed.learning and sum(drafts) == 0, r
+        controller.learn(0, slots, drafts, drafts, [0] * 8)
 
 
 def test_sampling_spares_its_rows_from_hopeless():
@@ -344,18 +371,23 @@ def test_a_rows_first_rounds_teach_the_acceptance_model_nothing(age, taught):
 
 
 def test_exploration_and_sampling_leave_young_rows_out():
-    """Rows 0-3 admitted just now, rows 4-7 long running: exploring, a lookup drafts only the rows past their
-    first YOUNG_ROUNDS (the young ones' verdicts would teach nothing); so does sampling after exploration."""
-    controller, costs = controller_past_its_start(LOOKUP)
+    """Rows 0-3 admitted just now, rows 4-7 long running: a draft model explores only the rows past their first
+    YOUNG_ROUNDS (the young ones' verdicts would teach nothing); a lookup's sampling spares only those from
+    `hopeless`, and its young rows' proposals are not followed (test_hindsight.py)."""
+    controller, costs = controller_past_its_start(MODEL_POLICY)
     for slot in range(4):
         controller.admit(slot)
     _, drafts = controller.choose_rows(list(range(8)), [2] * 8, [0] * 8, None, 8, costs)
     assert controller.packed.explored and sum(drafts) > 0 and drafts[:4] == [0] * 4
+    controller, costs = controller_past_its_start(LOOKUP)
+    for slot in range(4):
+        controller.admit(slot)
     model = controller.acceptance
     model.evidence, model.first_kept, model.evidence_rounds = 16, 1, 8  # exploration is over: drafts refused
     model.pooled.accepted, model.pooled.rejections = 1.0, 15.0
     controller.packed.next_probe, sampled = 10 ** 6, []
     for _ in range(8):
-        _, drafts = controller.choose_rows(list(range(8)), [2] * 8, [0] * 8, None, 8, costs)
-        sampled += [i for i, k in enumerate(drafts) if k]
+        offers = [0 if h else 2 for h in controller.hopeless(list(range(8)), 8, costs)]
+        controller.choose_rows(list(range(8)), offers, [0] * 8, None, 8, costs)
+        sampled += [i for i, n in enumerate(offers) if n]
     assert sampled and min(sampled) >= 4

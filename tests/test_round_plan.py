@@ -37,9 +37,9 @@ def test_the_plan_then_the_choice_each_set_once(llama_pair, drafter, monkeypatch
         rounds.append((round, out, verdict))
         return out
 
-    def observe(self, cost, slots, budgets, drafted, accepted):
+    def observe(self, cost, slots, budgets, drafted, accepted, *judged):
         learnt.append((rounds[-1][1], list(slots), list(budgets)))
-        return real_observe(self, cost, slots, budgets, drafted, accepted)
+        return real_observe(self, cost, slots, budgets, drafted, accepted, *judged)
 
     monkeypatch.setattr(AdaptiveK, "hopeless", odd_slots_hopeless)
     monkeypatch.setattr(AdaptiveK, "observe", observe)

@@ -39,12 +39,13 @@ class DraftStage:
         self.forced_max, self.coupled, self.timers = forced_max, coupled, timers
 
     def run(self, round: Round) -> Round:
-        drafter, scheduler, draft = self.drafter, self.scheduler, None
+        drafter, scheduler, draft, proposed = self.drafter, self.scheduler, None, None
         if drafter.policy.propose_first and scheduler.adaptive is not None:
             offered = drafter.propose(round)  # up to the plan's limits
             shape, budgets = scheduler.choose(round, offered.host_num, offered.priors)
             if shape.tree is None:
                 draft = offered.cut(budgets, self.buffers) if scheduler.per_row else offered.truncate(shape.drafts)
+                proposed = offered.host_tokens  # what the cut left unverified, adaptive judges in hindsight
         else:
             shape, budgets = scheduler.choose(round)
         gumbel = None
@@ -54,7 +55,7 @@ class DraftStage:
             drafts = budgets if scheduler.per_row and shape.tree is None and not self.grammars.rows else None
             gumbel = self._noise(round, shape.width, drafts)
         # The choice, as the drafters that draft after it read it (a draft model samples with the coupled noise).
-        round = replace(round, shape=shape, chosen=budgets, gumbel=gumbel)
+        round = replace(round, shape=shape, chosen=budgets, gumbel=gumbel, proposed=proposed)
         if draft is None:
             draft = drafter.propose_tree(round, shape.tree) if shape.tree else drafter.propose(round)
         if shape.tree is not None:

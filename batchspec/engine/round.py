@@ -156,6 +156,7 @@ class Round:
     copies: list[tuple[int, int, int]] = field(default_factory=list)  # packed: prompt caches copied once the
     #   round's chunks are in (source slot, destination slot, entries): the other samples of a request
     forced: list[int] | None = None  # [b] drafts the grammar forced in each row (structured output)
+    proposed: list[list[int]] | None = None  # [b] a lookup's whole proposal per row, before the choice cut it
 
     @property
     def budgets(self) -> list[int]:

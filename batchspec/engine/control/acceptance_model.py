@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import accumulate
 
+from .hindsight import Judged
+
 
 def acceptance_interval(kept: int, n: int, z: float = 1.64) -> tuple[float, float]:
     """Wilson's score interval for a rate of kept / n (z = 1.64: each bound one-sided at 95%); (0, 1) when
@@ -251,6 +253,28 @@ class AcceptanceModel:
             self.pooled.rejections += rejected
         if not self.bursty:
             self.weight = shrinkage(list(self.rows.values()), self.pooled_alpha, self.prior_weight)
+
+    def judged(self, drafts: list[Judged]) -> None:
+        """A lookup's unverified drafts judged by the rows' later tokens (hindsight.py), each counted as the
+        verify pass counts a bursty drafter's: a first draft in its row's counts, the job's and the evidence,
+        a later one in the job's c_j."""
+        firsts = [d for d in drafts if d.position == 1]
+        self.evidence += len(firsts)
+        self.evidence_rounds += bool(firsts)
+        self.first_kept += sum(d.kept for d in firsts)
+        for d in drafts:
+            if d.position > 1:
+                self.continued[d.position].accepted += d.kept
+                self.continued[d.position].rejections += not d.kept
+                continue
+            row = self._age(self.rows.setdefault(d.slot, RowAcceptance()))
+            row.accepted += d.kept
+            row.rejections += not d.kept
+            self.pooled.accepted += d.kept
+            self.pooled.rejections += not d.kept
+            if d.prior is not None:
+                self.reliability.realized += d.kept
+                self.reliability.predicted += d.prior
 
     def _age(self, row: RowAcceptance) -> RowAcceptance:
         """One round of `decay` on a row's counts: in every round that verifies drafts, whether or not it

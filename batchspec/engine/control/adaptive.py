@@ -63,6 +63,7 @@ from .costs import PackedCosts, RoundCost, RoundTimes, WholeRoundCosts
 from ..drafters.base import LOOKUP_POLICY as LOOKUP  # noqa: F401 (the tests' name for it)
 from ..drafters.base import MODEL_POLICY as DRAFT_MODEL
 from ..drafters.base import DrafterPolicy
+from .hindsight import Hindsight
 from .packed_choice import PackedChoice
 from ..round import RoundShape
 
@@ -87,6 +88,7 @@ class AdaptiveK:
     explore_evidence: int = 16  # packed: first drafts the job verifies before its acceptance is trusted
     acceptance: AcceptanceModel = field(init=False)
     packed: PackedChoice = field(init=False)
+    hindsight: Hindsight = field(init=False, default_factory=Hindsight)  # a lookup's proposals (propose_first)
     _rounds: int = field(init=False, default=0)
     _probes: list[int] = field(init=False, default_factory=list)
     _next_probe: int = field(init=False, default=0)  # round of the next re-timing
@@ -114,6 +116,7 @@ class AdaptiveK:
         """A new request took `slot`: forget the previous one's history."""
         self.acceptance.admit(slot)
         self.packed.admit(slot)
+        self.hindsight.forget(slot)
         self._born[slot] = self._learnt
 
     def hopeless(self, slots: list[int], base_tokens: int, costs: PackedCosts) -> list[bool]:
@@ -140,18 +143,24 @@ class AdaptiveK:
         prefill's included)."""
         return [self._learnt + ahead - self._born.get(s, -YOUNG_ROUNDS) <= YOUNG_ROUNDS for s in slots]
 
-    def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int]) -> None:
+    def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int],
+              proposed: list[list[int] | None] | None = None, emitted: list[list[int]] | None = None) -> None:
         """Acceptance from a round, but not from rows in their first YOUNG_ROUNDS rounds, which exploration and
         sampling leave out too (packed_choice.py): a row's first drafts say little of its later ones. On a
         held-out pair at batch 64 (q384, ngram at fixed k=2, 2 CPU cores, 2026-12-06) the first drafts of the
         job's rounds 0-3 were 18 of 84 kept, of rounds 4-7 135 of 191, 0.8-0.9 after; learnt from, adaptive's
         first drafts of rounds 0-3 (0 of 10 kept) held it at a sampled draft a round or two until round 24
         (0.94 of fixed k=2). Chat rows open alike the other way: 4 of SmolLM2's first 6 ngram drafts were kept,
-        1 in 10 afterwards (2026-12-01)."""
+        1 in 10 afterwards (2026-12-01). proposed: a lookup's whole proposal per row (None: not one), whose drafts
+        the verify pass left out the rows' emitted tokens judge (hindsight.py)."""
         self._learnt += 1
         young = self.young(slots)
         budgets = [0 if y else b for y, b in zip(young, budgets)]  # their gains: choose_rows kept them out
         self.acceptance.learn(k, slots, budgets, drafted, accepted)
+        if proposed is not None and emitted is not None and self.policy.propose_first and k <= self.k_max:
+            proposed = [None if y else p for y, p in zip(young, proposed)]
+            self.acceptance.judged(self.hindsight.follow(slots, proposed, drafted, accepted, emitted,
+                                                         self.acceptance.priors))
 
     def cost(self, k: int, b: int) -> float | None:
         """Estimated seconds of a round with k drafts and b active rows, or None if nothing is known."""
@@ -246,9 +255,10 @@ class AdaptiveK:
                                                         if 0 <= i < len(self.tree_depths)]
 
     def observe(self, cost: RoundCost, slots: list[int], budgets: list[int], drafted: list[int],
-                accepted: list[int]) -> None:
+                accepted: list[int], proposed: list[list[int] | None] | None = None,
+                emitted: list[list[int]] | None = None) -> None:
         """After a round over `slots`: what it cost (costs.RoundCost) and, per row, the drafts it was allowed
-        (budgets), proposed and accepted.
+        (budgets), proposed and accepted; a lookup's whole proposals and the rows' emitted tokens (learn).
 
         A row whose drafter proposed fewer drafts than allowed and had them all accepted (nothing more to
         say) counts as a rejection too: for throughput, a missing draft is a refused one.
@@ -261,7 +271,7 @@ class AdaptiveK:
             self._last_k = cost.shape
             if cost.seconds > 0 and not after_plain:
                 self.costs.observe(cost)
-        self.learn(cost.shape, slots, budgets, drafted, accepted)
+        self.learn(cost.shape, slots, budgets, drafted, accepted, proposed, emitted)
 
     def observe_index(self, k: int, seconds: float, slots: list[int], budgets: list[int], drafted: list[int],
                       accepted: list[int]) -> None:

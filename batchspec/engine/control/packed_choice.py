@@ -10,15 +10,16 @@ error of the acceptance model (choosing the rows whose estimates are highest pic
 high) cannot keep a job drafting at a loss. By position, because the error grows with depth (one job-wide
 ratio called a head's fourth draft 0.46 where 0.28 was accepted, on SmolLM2 at batch 8). A lookup is not
 asked to propose for rows that would draft nothing whatever it proposed (`hopeless`); probe rounds (`_probe`)
-keep rows that draft nothing measuring their acceptance.
+keep rows that draft nothing measuring their acceptance (a lookup's by proposing: hindsight.py).
 
 Until the job has verified `explore_evidence` first drafts, its acceptance is a prior (0.5, or the
 drafter's own guess), and a choice made on it can cost a short job more than drafting ever gains (an
 untrained draft at batch 32 once widened a 48-round job's first drafting round to 82 tokens: 0.93x drafter
-none). So while the evidence is short, drafting is exploration at a bounded price (`explore`): one draft on
-a few rows, until the first drafts verified (a round counted as one observation) put the job's acceptance
-clearly below or above the prices' break-even point (`exploring`), within EXPLORE_BUDGET of the rounds'
-price (`_explore`). After it, the same budget samples a lookup's rows the choice leaves out (`_sample`).
+none). So while the evidence is short, drafting is exploration: a lookup's rows all propose and verify
+nothing; a draft model's verify one draft on a few rows, at a bounded price (`explore`), until the first
+drafts verified (a round counted as one observation) put the job's acceptance clearly below or above the
+prices' break-even point (`exploring`), within EXPLORE_BUDGET of the rounds' price (`_explore`). After it,
+the same budget lets a lookup's rows that the books call hopeless propose, in turns (`_sample`).
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from __future__ import annotations
 from ..types import TreeSpec
 from .acceptance_model import AcceptanceModel, acceptance_interval
 from .costs import PackedCosts
-from .exploration import EXPLORE_SHARE, explore
+from .exploration import explore
 from ..drafters.base import DrafterPolicy
 from .row_drafts import Prices, best_speedup, breakeven, choose_drafts, pays_at_best
 
 
+EXPLORE_SHARE = 0.1  # the most a round's credit may buy over one without drafts (_accrued)
 EXPLORE_BUDGET = 0.02  # what exploring may cost in all, a share of the price of the rounds' decoding meanwhile
 MIN_EVIDENCE = 3  # rounds that verified first drafts before their interval may end exploration early
 UPSIDE_SHARE = 0.5  # of what drafting would gain at the top of the acceptance interval: exploring's budget (_upside)
@@ -45,6 +47,9 @@ class PackedChoice:
                  revisit_every: int, explore_evidence: int):
         self.acceptance, self.policy, self.k_max, self.trees = acceptance, policy, k_max, trees
         self.revisit_every, self.explore_evidence = revisit_every, explore_evidence
+        # A lookup's proposals are judged in hindsight (hindsight.py): its exploring, sampling and probing rows
+        # only propose.
+        self.hindsight = policy.propose_first
         self.rounds = 0
         self.next_probe = revisit_every  # round of the next probe
         self._interval = 0  # rounds until the one after: doubles while nobody drafts
@@ -94,9 +99,9 @@ class PackedChoice:
 
         return says(model.evidence_rounds), says(model.evidence)
 
-    def _explore(self, drafts: list[int], prices: Prices, base_tokens: int, steps: bool, pays: bool,
+    def _explore(self, drafts: list[int], prices: Prices, base_tokens: int, pays: bool,
                  lags: list[int] | None) -> list[int]:
-        """Exploration's drafts while its budget is not overspent, else none: each exploring round's cost
+        """A drafter with forwards (a lookup's rows explore by proposing): exploration's drafts while its budget is not overspent, else none: each exploring round's cost
         over a plain one comes out of EXPLORE_BUDGET of every round's price, so that a drafter whose evidence
         comes slowly does not explore at EXPLORE_SHARE over a whole job (suffix decoding on Gemma-3-270M at
         batch 8 explored one row a round for 54 rounds and ran 0.87-0.91x drafter none; 2026-12-01). While
@@ -107,8 +112,8 @@ class PackedChoice:
         plain = prices.seconds(base_tokens, 0, 0)
         if self._credit < 0 and not pays and self.acceptance.evidence >= MIN_EVIDENCE:
             return [0] * len(drafts)
-        n, fed = sum(drafts), sum(m for m, k in zip(lags or [], drafts) if k) if steps else 0
-        self._credit -= prices.seconds(base_tokens + n, int(steps and n > 0), n) + prices.fed(fed) - plain
+        n, fed = sum(drafts), sum(m for m, k in zip(lags or [], drafts) if k)
+        self._credit -= prices.seconds(base_tokens + n, int(n > 0), n) + prices.fed(fed) - plain
         self.explored = n > 0
         return drafts
 
@@ -210,9 +215,9 @@ class PackedChoice:
         drafted_before = [model.drafted(s) for s in slots] if draws else None  # only a draft model's order uses it
         young = young or [False] * len(slots)
         telling = [[] if y else g for g, y in zip(gains, young)]  # the rows exploration may draft
-        if self.learning:
-            drafts, trees = self._explore(explore(telling, prices, base_tokens, bool(draws), drafted_before, lags),
-                                          prices, base_tokens, bool(draws), pays > 0, lags), []
+        if self.learning:  # a lookup's rows all propose (hopeless) and verify nothing: hindsight.py judges them
+            drafts, trees = [0] * len(slots) if self.hindsight else self._explore(
+                explore(telling, prices, base_tokens, drafted_before, lags), prices, base_tokens, pays > 0, lags), []
         shape = max(drafts, default=0)
         if trees:
             shape, drafts = self._tree_round(trees, (shape, drafts), rate, alphas, run, room, prices, base_tokens,
@@ -221,12 +226,12 @@ class PackedChoice:
             shape, drafts = self._probe(shape, drafts, offers, telling, prices, base_tokens, draws, drafted_before,
                                         lags)
         elif shape <= self.k_max and not self.learning and not draws:
-            drafts = self._sample(slots, drafts, [0 if y else n for n, y in zip(offers, young)], prices,
-                                  base_tokens + sum(drafts))
-            shape = max(drafts, default=0)
+            self._sample(slots, drafts, [0 if y else n for n, y in zip(offers, young)], prices,
+                         base_tokens + sum(drafts))
         if shape <= self.k_max:
             model.expect({s: g[:k] for s, g, k, y in zip(slots, gains, drafts, young) if k > 0 and not y})
-            self._seen.update((s, self.rounds) for s, k in zip(slots, drafts) if k > 0)
+            judged = offers if self.hindsight else drafts  # a lookup's every proposal is judged (hindsight.py)
+            self._seen.update((s, self.rounds) for s, k in zip(slots, judged) if k > 0)
         return shape, drafts
 
     def _tree_round(self, trees: list[int], chain: tuple[int, list[int]], rate: float, alphas: list[float], run,
@@ -253,10 +258,10 @@ class PackedChoice:
         idle = sum(drafts) == 0
         self._interval = min(2 * self._interval, 8 * self.revisit_every) if idle and self._idle else self.revisit_every
         self.next_probe, self._idle = self.rounds + self._interval, idle
-        if shape > self.k_max:  # a tree round probes nothing more
+        if shape > self.k_max or self.hindsight:  # a tree round probes nothing more; a lookup's rows propose
             return shape, drafts
         if draws and idle:
-            drafts = explore(gains, prices, base_tokens, True, drafted_before, lags, wide=False)
+            drafts = explore(gains, prices, base_tokens, drafted_before, lags, wide=False)
         else:
             drafts = [min(n, k + 1) for n, k in zip(offers, drafts)]
         return max(drafts, default=0), drafts
@@ -283,17 +288,13 @@ class PackedChoice:
         return taken, max(prices.added(base_tokens, count), 0.0) if count else 0.0
 
     def _sample(self, slots: list[int], drafts: list[int], offers: list[int], prices: Prices,
-                base_tokens: int) -> list[int]:
-        """After exploration, a lookup's rows the choice leaves without drafts are sampled: one draft each, as
-        many as exploration's budget (EXPLORE_BUDGET of every round's price) covers, the rows least recently
-        verified first. A lookup's acceptance moves as a row's own output grows: on a held-out pair at batch 32
-        (q384, 2026-12-02) the first drafts of rows one or two tokens into their output were 2 of 17 kept, the
-        choice then drafted nothing, and a probe 52 rounds later found 30 of 31 kept (fixed k=1 ran 1.15x
-        plain decoding, adaptive 0.93x). Sampling keeps the books' acceptance current at that price."""
+                base_tokens: int) -> None:
+        """After exploration, a lookup's rows that the choice leaves without drafts are sampled: `hopeless` lets
+        the rows sampling takes propose (the least recently judged first, as many as exploration's budget,
+        EXPLORE_BUDGET of every round's price, covers at what one draft each would cost), their proposals are
+        judged by their next tokens (hindsight.py), and the budget pays for them here. A lookup's acceptance
+        moves as a row's output grows: on a held-out pair at batch 32 (q384, 2026-12-02) the first drafts of rows
+        one or two tokens into their output were 2 of 17 kept, the choice then drafted nothing, and a probe 52
+        rounds later found 30 of 31 kept (fixed k=1 ran 1.15x plain decoding, adaptive 0.93x)."""
         idle = [i for i, (n, k) in enumerate(zip(offers, drafts)) if n > 0 and k == 0]
-        taken, cost = self._sampled(idle, slots, prices, base_tokens, self._credit)
-        if not taken:
-            return drafts
-        self._credit -= cost
-        self.explored, taken = True, set(taken)  # a draft or two: their price leaves the round's host work out
-        return [1 if i in taken else k for i, k in enumerate(drafts)]
+        self._credit -= self._sampled(idle, slots, prices, base_tokens, self._credit)[1]
