@@ -11,6 +11,7 @@ import pytest
 from batchspec.engine.control.acceptance_model import AcceptanceModel
 from batchspec.engine.control.adaptive import LOOKUP, AdaptiveK
 from batchspec.engine.control.hindsight import Hindsight, Judged
+from batchspec.engine.types import TreeSpec
 
 # One row (slot 3) over rounds: (proposal, drafts verified, drafts kept, tokens emitted) per round, then the drafts
 # judged after each round as (position, kept).
@@ -84,8 +85,8 @@ def test_a_judged_proposal_counts_as_one_verified_whole(kept, proposed):
 def test_the_controller_learns_from_proposals_it_did_not_draft():
     """Rows past their first rounds propose 4 drafts and draft none; row 0's next tokens keep 3 of them, row 1's
     refute its first. The books then hold evidence of first drafts the job never verified, counted in the round
-    whose token judged them."""
-    adaptive = AdaptiveK(4, policy=LOOKUP)
+    whose token judged them (no decay here: pooled_decay 1)."""
+    adaptive = AdaptiveK(4, policy=LOOKUP, pooled_decay=1.0)
     slots = [0, 1]
     for slot in slots:
         adaptive.admit(slot)
@@ -100,6 +101,44 @@ def test_the_controller_learns_from_proposals_it_did_not_draft():
     assert (model.evidence, model.first_kept, model.evidence_rounds) == (2, 1, 1)
     assert [(c.accepted, c.rejections) for c in model.continued[2:]] == [(2.0, 1.0), (2.0, 1.0), (1.0, 2.0)]
     assert model.rows[0].accepted == 1.0 and model.rows[1].rejections == 1.0
+
+
+def past_young(adaptive: AdaptiveK, slots: list[int]) -> AdaptiveK:
+    for slot in slots:
+        adaptive.admit(slot)
+    for _ in range(6):  # past YOUNG_ROUNDS
+        adaptive.learn(0, slots, [0] * len(slots), [0] * len(slots), [0] * len(slots))
+    return adaptive
+
+
+def test_a_tree_or_grammar_round_continues_the_open_proposals():
+    """A round that follows no new proposal (a tree round, shape k_max + 1; or a grammar's, proposed None) still
+    emits the rows' tokens: the open proposal is judged against them, not against the next chain round's."""
+    adaptive = past_young(AdaptiveK(4, policy=LOOKUP, pooled_decay=1.0, trees=(TreeSpec(2, 2),)), [0])
+    judged: list = []
+    real = adaptive.acceptance.judged
+    adaptive.acceptance.judged = lambda drafts: (judged.extend(drafts), real(drafts))
+    adaptive.learn(0, [0], [0], [0], [0], [[5, 6, 7, 8]], [[5]])
+    adaptive.learn(5, [0], [2], [2], [1], None, [[6, 7]])  # a tree round: two tokens
+    adaptive.learn(0, [0], [0], [0], [0], [None], [[8]])
+    assert judged == [Judged(0, 1, True), Judged(0, 2, True), Judged(0, 3, True), Judged(0, 4, True)]
+
+
+def test_a_round_without_a_chain_ages_the_jobs_counts_once():
+    """The job-wide counts decay once a round, in rounds that verify nothing too (pooled_decay 0.99): a first
+    draft judged in a plain round leaves the pooled counts where a round that verified it would."""
+    judged, verified = past_young(AdaptiveK(4, policy=LOOKUP), [0]), past_young(AdaptiveK(4, policy=LOOKUP), [0])
+    judged.learn(0, [0], [0], [0], [0], [[5]], [[5]])
+    verified.learn(1, [0], [1], [1], [1], [[5]], [[5, 9]])
+    assert asdict(judged.acceptance.pooled) == pytest.approx(asdict(verified.acceptance.pooled))
+    assert judged.acceptance.pooled.accepted == pytest.approx(1.0 * 0.99 + 1.0)
+
+
+def test_a_round_counts_once_in_the_evidence_whoever_judged_its_first_drafts():
+    """Row 0's first draft verified, row 1's judged in hindsight, in one round: 2 first drafts, 1 round."""
+    adaptive = past_young(AdaptiveK(4, policy=LOOKUP), [0, 1])
+    adaptive.learn(1, [0, 1], [1, 0], [1, 0], [1, 0], [[5], [7, 8]], [[5, 6], [7]])
+    assert (adaptive.acceptance.evidence, adaptive.acceptance.evidence_rounds) == (2, 1)
 
 
 def test_a_young_rows_proposals_are_not_followed():

@@ -118,6 +118,8 @@ class AcceptanceModel:
     evidence: int = field(init=False, default=0)  # first drafts verified in this job (not decayed)
     first_kept: int = field(init=False, default=0)  # of which accepted
     evidence_rounds: int = field(init=False, default=0)  # rounds that verified any of them
+    counted: bool = field(init=False, default=False)  # the last round learnt counted in evidence_rounds
+    aged: bool = field(init=False, default=False)  # the last round learnt aged the job-wide counts
     # The round in flight: each proposing row's prior (slot -> prior), and a packed round's predicted gain
     # per chosen draft (slot -> gains): what `learn` checks the verdict against.
     priors: dict[int, float] = field(init=False, default_factory=dict)
@@ -208,6 +210,7 @@ class AcceptanceModel:
                     c.realized += m > j
                     c.predicted += gain
             self.gains = {}
+        self.counted = self.aged = False
         if k == 0:
             return
         if k > self.k_max:  # a tree round: the job-wide tokens per row-round of this tree
@@ -219,13 +222,9 @@ class AcceptanceModel:
                     t.accepted += m + 1
                     t.rejections += 1
             return
-        for counts in (self.pooled, *self.continued):
-            counts.accepted *= self.pooled_decay
-            counts.rejections *= self.pooled_decay
+        self._age_job()
         if self.priors:  # first drafts kept against the priors they came with
             reliability = self.reliability
-            reliability.realized *= self.pooled_decay
-            reliability.predicted *= self.pooled_decay
             for slot, budget, m in zip(slots, budgets, accepted):
                 if budget > 0 and slot in self.priors:
                     reliability.realized += min(m, 1)
@@ -233,6 +232,7 @@ class AcceptanceModel:
         verified = sum(1 for budget, n in zip(budgets, drafted) if budget > 0 and n > 0)
         self.evidence += verified
         self.evidence_rounds += verified > 0
+        self.counted = verified > 0
         self.first_kept += sum(1 for budget, n, m in zip(budgets, drafted, accepted) if budget > 0 and n > 0 and m > 0)
         for slot, budget, n, m in zip(slots, budgets, drafted, accepted):
             if budget == 0:
@@ -255,26 +255,37 @@ class AcceptanceModel:
             self.weight = shrinkage(list(self.rows.values()), self.pooled_alpha, self.prior_weight)
 
     def judged(self, drafts: list[Judged]) -> None:
-        """A lookup's unverified drafts judged by the rows' later tokens (hindsight.py), each counted as the
-        verify pass counts a bursty drafter's: a first draft in its row's counts, the job's and the evidence,
-        a later one in the job's c_j."""
+        """A lookup's unverified drafts judged by the rows' later tokens (hindsight.py), counted as the verify pass
+        counts a bursty drafter's (a first draft in its row's, the job's and the evidence, a later one in the c_j).
+        After `learn` for the same round: one that verified no chain ages the job's counts here; a round counts once."""
+        if not drafts:
+            return
+        if not self.aged:
+            self._age_job()
         firsts = [d for d in drafts if d.position == 1]
         self.evidence += len(firsts)
-        self.evidence_rounds += bool(firsts)
+        self.evidence_rounds += bool(firsts) and not self.counted
         self.first_kept += sum(d.kept for d in firsts)
         for d in drafts:
-            if d.position > 1:
-                self.continued[d.position].accepted += d.kept
-                self.continued[d.position].rejections += not d.kept
-                continue
-            row = self._age(self.rows.setdefault(d.slot, RowAcceptance()))
-            row.accepted += d.kept
-            row.rejections += not d.kept
-            self.pooled.accepted += d.kept
-            self.pooled.rejections += not d.kept
-            if d.prior is not None:
+            first = d.position == 1
+            for counts in ((self._age(self.rows.setdefault(d.slot, RowAcceptance())), self.pooled) if first
+                           else (self.continued[d.position],)):
+                counts.accepted += d.kept
+                counts.rejections += not d.kept
+            if first and d.prior is not None:
                 self.reliability.realized += d.kept
                 self.reliability.predicted += d.prior
+
+    def _age_job(self) -> None:
+        """One round of `pooled_decay` on the job-wide counts: the pooled rate, the c_j and the priors'
+        reliability (where the round's rows came with priors)."""
+        for counts in (self.pooled, *self.continued):
+            counts.accepted *= self.pooled_decay
+            counts.rejections *= self.pooled_decay
+        if self.priors:
+            self.reliability.realized *= self.pooled_decay
+            self.reliability.predicted *= self.pooled_decay
+        self.aged = True
 
     def _age(self, row: RowAcceptance) -> RowAcceptance:
         """One round of `decay` on a row's counts: in every round that verifies drafts, whether or not it

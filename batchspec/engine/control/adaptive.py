@@ -157,8 +157,11 @@ class AdaptiveK:
         young = self.young(slots)
         budgets = [0 if y else b for y, b in zip(young, budgets)]  # their gains: choose_rows kept them out
         self.acceptance.learn(k, slots, budgets, drafted, accepted)
-        if proposed is not None and emitted is not None and self.policy.propose_first and k <= self.k_max:
-            proposed = [None if y else p for y, p in zip(young, proposed)]
+        if emitted is not None and self.policy.propose_first:
+            # Every round's tokens continue the open proposals, a tree's or a grammar's round too (no new one
+            # followed there: proposed is None).
+            chain = proposed is not None and k <= self.k_max
+            proposed = [None if y or not chain else p for y, p in zip(young, proposed or young)]
             self.acceptance.judged(self.hindsight.follow(slots, proposed, drafted, accepted, emitted,
                                                          self.acceptance.priors))
 

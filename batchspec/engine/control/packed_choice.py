@@ -230,7 +230,7 @@ class PackedChoice:
                          base_tokens + sum(drafts))
         if shape <= self.k_max:
             model.expect({s: g[:k] for s, g, k, y in zip(slots, gains, drafts, young) if k > 0 and not y})
-            judged = offers if self.hindsight else drafts  # a lookup's every proposal is judged (hindsight.py)
+            judged = [0 if y else n for n, y in zip(offers, young)] if self.hindsight else drafts  # hindsight.py
             self._seen.update((s, self.rounds) for s, k in zip(slots, judged) if k > 0)
         return shape, drafts
 
