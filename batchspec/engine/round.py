@@ -171,6 +171,14 @@ class Round:
         forced = self.forced or [0] * len(self.rows)
         return [0 if forced[at[slot]] else self.budgets[at[slot]] for slot in slots]
 
+    def proposed_for(self, slots: list[int]) -> list[list[int]] | None:
+        """A lookup's whole proposals of these of the round's rows (what adaptive judges in hindsight); None when
+        the round has none, or a grammar forced drafts in it (its tokens then say nothing of the drafter)."""
+        if self.proposed is None or self.forced is not None:
+            return None
+        at = {slot: i for i, slot in enumerate(self.rows)}
+        return [self.proposed[at[slot]] for slot in slots]
+
     @property
     def chunk_tokens(self) -> int:
         """Packed: the prompt tokens this round's forward prefills."""

@@ -286,9 +286,5 @@ class Scheduler:
         measured = (RoundCost(shape, len(emitted.slots), seconds) if cost is None else
                     RoundCost(shape, len(emitted.slots), seconds, sum(drafted), cost[0], cost[1], tuple(cost[2]),
                               prompt_tokens=round.chunk_tokens, exploring=exploring))
-        proposed = None
-        if round.proposed is not None and round.forced is None:  # a grammar's rows: their tokens are forced
-            at = {slot: i for i, slot in enumerate(round.rows)}
-            proposed = [round.proposed[at[slot]] for slot in emitted.slots]
         self.adaptive.observe(measured, emitted.slots, round.chosen_for(emitted.slots), drafted, accepted,
-                              proposed, emitted.tokens)
+                              round.proposed_for(emitted.slots), emitted.tokens)

@@ -161,8 +161,8 @@ class AdaptiveK:
             # Every round's tokens continue the open proposals, a tree's or a grammar's round too (no new one
             # followed there: proposed is None).
             chain = proposed is not None and k <= self.k_max
-            proposed = [None if y or not chain else p for y, p in zip(young, proposed or young)]
-            self.acceptance.judged(self.hindsight.follow(slots, proposed, drafted, accepted, emitted,
+            followed = [p if chain and not y else None for y, p in zip(young, proposed or [None] * len(slots))]
+            self.acceptance.judged(self.hindsight.follow(slots, followed, drafted, accepted, emitted,
                                                          self.acceptance.priors))
 
     def cost(self, k: int, b: int) -> float | None:

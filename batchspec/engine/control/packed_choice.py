@@ -47,8 +47,7 @@ class PackedChoice:
                  revisit_every: int, explore_evidence: int):
         self.acceptance, self.policy, self.k_max, self.trees = acceptance, policy, k_max, trees
         self.revisit_every, self.explore_evidence = revisit_every, explore_evidence
-        # A lookup's proposals are judged in hindsight (hindsight.py): its exploring, sampling and probing rows
-        # only propose.
+        # A lookup's proposals are judged in hindsight.py: its exploring, sampling and probing rows only propose.
         self.hindsight = policy.propose_first
         self.rounds = 0
         self.next_probe = revisit_every  # round of the next probe
@@ -101,8 +100,9 @@ class PackedChoice:
 
     def _explore(self, drafts: list[int], prices: Prices, base_tokens: int, pays: bool,
                  lags: list[int] | None) -> list[int]:
-        """A drafter with forwards (a lookup's rows explore by proposing): exploration's drafts while its budget is not overspent, else none: each exploring round's cost
-        over a plain one comes out of EXPLORE_BUDGET of every round's price, so that a drafter whose evidence
+        """A drafter with forwards (a lookup's rows explore by proposing): exploration's drafts while its budget
+        is not overspent, else none: each exploring round's cost over a plain one comes out of EXPLORE_BUDGET of
+        every round's price, so that a drafter whose evidence
         comes slowly does not explore at EXPLORE_SHARE over a whole job (suffix decoding on Gemma-3-270M at
         batch 8 explored one row a round for 54 rounds and ran 0.87-0.91x drafter none; 2026-12-01). While
         the drafts so far say drafting pays (`pays`), every round explores: it buys what the job will gain; so
