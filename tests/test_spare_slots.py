@@ -85,3 +85,26 @@ def test_paths_that_cannot_use_spare_slots_run_without(llama_pair, tmp_path):
     assert eagle.spare_slots == 0 and eagle.runner.num_slots == 2
     with pytest.raises(ValueError, match="spare_slots=-1: need >= 0"):
         batchspec.build_generator(models, batch_size=2, spare_slots=-1)
+
+
+def test_the_bench_runs_each_contender_with_each_number_of_spare_slots(llama_pair, tmp_path):
+    """--spare-slots 0,2: every batchspec contender twice, named by its spare slots, each against the first drafter
+    none (the one without), every output equal to it."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from batchspec.bench import main as bench
+
+    out, prompt_file = tmp_path / "bench.json", str(tmp_path / "prompts.parquet")
+    pq.write_table(pa.table({"prompt": PROMPTS[:4]}), prompt_file)
+    bench.main(["--target", str(llama_pair.target), "--draft", "", "--prompts", prompt_file, "--num-prompts", "4",
+                "--max-new-tokens", "8", "--row-lengths", "staggered", "--batch-size", "2", "--k", "2",
+                "--repeats", "1", "--drafters", "ngram", "--no-fixed", "--no-hf-batched", "--no-hf-static",
+                "--no-hf-batch1", "--fresh", "--interleave", "--spare-slots", "2,0", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["contender"] for r in rows] == [
+        "batchspec none [spare 0]", "batchspec ngram adaptive k<=2 [spare 0]",
+        "batchspec none [spare 2]", "batchspec ngram adaptive k<=2 [spare 2]"]
+    assert rows[0]["vs_none"] == 1.0 and all(r["outputs_equal_to_none"] == 4 for r in rows)

@@ -36,6 +36,7 @@ class Contender:
     verify: str = "coupled"  # batchspec with sampling: coupled or rejection
     tree: str | None = None  # batchspec: tree drafts (a fixed tree, or the trees adaptive may choose)
     pack_static: bool = True  # batchspec on the static path: chain verifies packed (engine/model/packed_static.py)
+    spare_slots: int = 0  # batchspec: cache slots beyond the batch, prompts prefilled ahead (build_generator's)
     warmup_s: float | None = None  # the untimed first run (compile / capture included)
     capture_s: float | None = None  # of which batchspec spent capturing its forwards
     generator: object | None = None  # batchspec: built at the warm-up, reused by every repeat
@@ -57,14 +58,18 @@ def contenders(args, has_draft: bool) -> list[Contender]:
     out = hf_contenders(args, has_draft)
     drafters = [d for d in DRAFTERS if d in args.drafters and (has_draft or drafter_spec(d).needs != DRAFT_MODEL)]
     packs = packings(args)
+    spares = getattr(args, "spare_slots", [0])
     for mode, verify in variants(args):
         for pack in packs:
-            field = batchspec_contenders(args, drafters, mode, verify)
-            for contender in field:
-                contender.pack_static = pack
-                if len(packs) > 1:
-                    contender.name += " [packed]" if pack else " [unpacked]"
-            out += field
+            for spare in spares:
+                field = batchspec_contenders(args, drafters, mode, verify)
+                for contender in field:
+                    contender.pack_static, contender.spare_slots = pack, spare
+                    if len(packs) > 1:
+                        contender.name += " [packed]" if pack else " [unpacked]"
+                    if len(spares) > 1:
+                        contender.name += f" [spare {spare}]"
+                out += field
     return out
 
 
@@ -202,7 +207,7 @@ def generator_settings(contender: Contender, args) -> dict:
                 max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, adaptive=contender.adaptive,
                 temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                 verify=contender.verify, tree=contender.tree, corpus=args.corpus_tokens,
-                pack_static=contender.pack_static, spare_slots=getattr(args, "spare_slots", 0),
+                pack_static=contender.pack_static, spare_slots=contender.spare_slots,
                 # Interleaved lanes share one process and so torch's one thread count: one lane's guard lowering it
                 # would slow every lane's rounds alike and mix the comparison; the run reports the CPU's wait instead.
                 guard_threads=not args.interleave)

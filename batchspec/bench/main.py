@@ -112,8 +112,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pack-static", choices=("on", "off", "both"), default="on",
                         help="on the static path (a GPU): chain verifies packed, each row computing only its own "
                         "tokens (on), every slot the round's width (off), or each batchspec contender both ways")
-    parser.add_argument("--spare-slots", type=int, default=0, help="batchspec's spare cache slots, whose prompts "
-                        "packed rounds prefill ahead in waves (build_generator's spare_slots; CPU)")
+    parser.add_argument("--spare-slots", default="0", help="batchspec's spare cache slots, whose prompts packed "
+                        "rounds prefill ahead in waves (build_generator's spare_slots; CPU); a list (e.g. 0,16) runs "
+                        "every batchspec contender with each")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples, seeded")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
@@ -164,7 +165,8 @@ def add_field_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_args(args, parser) -> None:
-    """Parse the list flags (--k, --compile, --tree, --verify, --batch-size) in place; parser.error on a bad one."""
+    """Parse the list flags (--k, --compile, --tree, --verify, --batch-size, --spare-slots) in place; parser.error
+    on a bad one."""
     try:
         args.k = sorted({int(k) for k in str(args.k).split(",")})
     except ValueError:
@@ -191,6 +193,12 @@ def check_args(args, parser) -> None:
         args.batch_size = [int(b) for b in str(args.batch_size).split(",")]
     except ValueError:
         parser.error(f"--batch-size: expected integers like 8 or 1,8,32, got {args.batch_size!r}")
+    try:
+        args.spare_slots = sorted({int(n) for n in str(args.spare_slots).split(",")})
+    except ValueError:
+        parser.error(f"--spare-slots: expected integers like 0 or 0,16, got {args.spare_slots!r}")
+    if args.spare_slots[0] < 0:
+        parser.error("--spare-slots must be at least 0")
 
 
 def check_drafters(args, parser) -> None:
