@@ -61,7 +61,7 @@ def judged_model(m: int, n: int) -> AcceptanceModel:
     hindsight, proposal = Hindsight(), list(range(10, 10 + n))
     tokens = proposal[:m] + [99] + [98] * n
     for i, token in enumerate(tokens[:n + 1]):
-        model.judged(hindsight.follow([2], [proposal if i == 0 else None], [0], [0], [[token]], {}))
+        model.learn(0, [2], [0], [0], [0], hindsight.follow([2], [proposal if i == 0 else None], [0], [0], [[token]], {}))
     return model
 
 
@@ -116,8 +116,8 @@ def test_a_tree_or_grammar_round_continues_the_open_proposals():
     emits the rows' tokens: the open proposal is judged against them, not against the next chain round's."""
     adaptive = past_young(AdaptiveK(4, policy=LOOKUP, pooled_decay=1.0, trees=(TreeSpec(2, 2),)), [0])
     judged: list = []
-    real = adaptive.acceptance.judged
-    adaptive.acceptance.judged = lambda drafts: (judged.extend(drafts), real(drafts))
+    real = adaptive.acceptance.learn
+    adaptive.acceptance.learn = lambda *args: (judged.extend(args[5]), real(*args))
     adaptive.learn(0, [0], [0], [0], [0], [[5, 6, 7, 8]], [[5]])
     adaptive.learn(5, [0], [2], [2], [1], None, [[6, 7]])  # a tree round: two tokens
     adaptive.learn(0, [0], [0], [0], [0], [None], [[8]])
@@ -156,13 +156,13 @@ def test_a_job_judges_the_proposals_it_did_not_verify(llama_pair, drafting_price
     import batchspec
 
     judged: list[Judged] = []
-    real = AcceptanceModel.judged
+    real = AcceptanceModel.learn
 
-    def spy(self, proposals):
+    def spy(self, k, slots, budgets, drafted, accepted, proposals=()):
         judged.extend(proposals)
-        return real(self, proposals)
+        return real(self, k, slots, budgets, drafted, accepted, proposals)
 
-    monkeypatch.setattr(AcceptanceModel, "judged", spy)
+    monkeypatch.setattr(AcceptanceModel, "learn", spy)
     prompts = ["the cat sat on the mat and the cat sat on the mat and the", "one two three one two three one two",
                "a b a b a b a b a b", "red green blue red green blue red", "x y z x y z x y z x"] * 2
     models = batchspec.load_models(str(llama_pair.target))

@@ -167,10 +167,7 @@ def add_field_arguments(parser: argparse.ArgumentParser) -> None:
 def check_args(args, parser) -> None:
     """Parse the list flags (--k, --compile, --tree, --verify, --batch-size, --spare-slots) in place; parser.error
     on a bad one."""
-    try:
-        args.k = sorted({int(k) for k in str(args.k).split(",")})
-    except ValueError:
-        parser.error(f"--k: expected integers like 4 or 1,2,4, got {args.k!r}")
+    args.k = sorted(set(integers(args.k, "--k", "4 or 1,2,4", parser)))
     if args.k[0] < 1:
         parser.error("--k must be at least 1")
     if args.repeats < 3:
@@ -189,16 +186,18 @@ def check_args(args, parser) -> None:
             resolve_capture(mode, torch.device("cpu"))
         except ValueError as e:
             parser.error(f"--compile: {e}")
-    try:
-        args.batch_size = [int(b) for b in str(args.batch_size).split(",")]
-    except ValueError:
-        parser.error(f"--batch-size: expected integers like 8 or 1,8,32, got {args.batch_size!r}")
-    try:
-        args.spare_slots = sorted({int(n) for n in str(args.spare_slots).split(",")})
-    except ValueError:
-        parser.error(f"--spare-slots: expected integers like 0 or 0,16, got {args.spare_slots!r}")
+    args.batch_size = integers(args.batch_size, "--batch-size", "8 or 1,8,32", parser)
+    args.spare_slots = sorted(set(integers(args.spare_slots, "--spare-slots", "0 or 0,16", parser)))
     if args.spare_slots[0] < 0:
         parser.error("--spare-slots must be at least 0")
+
+
+def integers(value, flag: str, example: str, parser) -> list[int]:
+    """A comma-separated list flag's integers, in order; parser.error naming the flag on anything else."""
+    try:
+        return [int(n) for n in str(value).split(",")]
+    except ValueError:
+        parser.error(f"{flag}: expected integers like {example}, got {value!r}")
 
 
 def check_drafters(args, parser) -> None:

@@ -118,8 +118,6 @@ class AcceptanceModel:
     evidence: int = field(init=False, default=0)  # first drafts verified in this job (not decayed)
     first_kept: int = field(init=False, default=0)  # of which accepted
     evidence_rounds: int = field(init=False, default=0)  # rounds that verified any of them
-    counted: bool = field(init=False, default=False)  # the last round learnt counted in evidence_rounds
-    aged: bool = field(init=False, default=False)  # the last round learnt aged the job-wide counts
     # The round in flight: each proposing row's prior (slot -> prior), and a packed round's predicted gain
     # per chosen draft (slot -> gains): what `learn` checks the verdict against.
     priors: dict[int, float] = field(init=False, default_factory=dict)
@@ -198,9 +196,12 @@ class AcceptanceModel:
         """Packed rounds: the calibration of draft position j (from 0); a position past k_max shares the last."""
         return self.calibration[min(j, len(self.calibration) - 1)]
 
-    def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int]) -> None:
+    def learn(self, k: int, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int],
+              judged: list[Judged] = ()) -> None:
         """Acceptance from a round of shape k: per row the drafts it was allowed (budgets), proposed and
-        accepted (see observe_index)."""
+        accepted (see observe_index); judged: a lookup's unverified drafts that this round's tokens judged
+        (hindsight.py). The job's counts age once a round that verified a chain or judged a draft, and such a
+        round counts once in evidence_rounds."""
         if self.gains:  # a packed round: what its drafts gained against what was predicted, by position
             for c in self.calibration:
                 c.realized, c.predicted = c.realized * self.pooled_decay, c.predicted * self.pooled_decay
@@ -210,9 +211,6 @@ class AcceptanceModel:
                     c.realized += m > j
                     c.predicted += gain
             self.gains = {}
-        self.counted = self.aged = False
-        if k == 0:
-            return
         if k > self.k_max:  # a tree round: the job-wide tokens per row-round of this tree
             t = self.tree_counts[k - self.k_max - 1]
             t.accepted *= self.pooled_decay
@@ -221,8 +219,14 @@ class AcceptanceModel:
                 if budget > 0:
                     t.accepted += m + 1
                     t.rejections += 1
-            return
-        self._age_job()
+        chain = 0 < k <= self.k_max
+        if chain or judged:
+            self._age_job()
+        verified = self._learn_chain(slots, budgets, drafted, accepted) if chain else 0
+        self._learn_judged(judged, verified > 0)
+
+    def _learn_chain(self, slots: list[int], budgets: list[int], drafted: list[int], accepted: list[int]) -> int:
+        """A chain round's verified drafts into the counts -> how many first drafts it verified."""
         if self.priors:  # first drafts kept against the priors they came with
             reliability = self.reliability
             for slot, budget, m in zip(slots, budgets, accepted):
@@ -232,7 +236,6 @@ class AcceptanceModel:
         verified = sum(1 for budget, n in zip(budgets, drafted) if budget > 0 and n > 0)
         self.evidence += verified
         self.evidence_rounds += verified > 0
-        self.counted = verified > 0
         self.first_kept += sum(1 for budget, n, m in zip(budgets, drafted, accepted) if budget > 0 and n > 0 and m > 0)
         for slot, budget, n, m in zip(slots, budgets, drafted, accepted):
             if budget == 0:
@@ -253,18 +256,15 @@ class AcceptanceModel:
             self.pooled.rejections += rejected
         if not self.bursty:
             self.weight = shrinkage(list(self.rows.values()), self.pooled_alpha, self.prior_weight)
+        return verified
 
-    def judged(self, drafts: list[Judged]) -> None:
-        """A lookup's unverified drafts judged by the rows' later tokens (hindsight.py), counted as the verify pass
-        counts a bursty drafter's (a first draft in its row's, the job's and the evidence, a later one in the c_j).
-        After `learn` for the same round: one that verified no chain ages the job's counts here; a round counts once."""
-        if not drafts:
-            return
-        if not self.aged:
-            self._age_job()
+    def _learn_judged(self, drafts: list[Judged], counted: bool) -> None:
+        """A lookup's unverified drafts judged by the rows' later tokens, counted as the verify pass counts a
+        bursty drafter's (a first draft in its row's, the job's and the evidence, a later one in the c_j);
+        counted: the round is in evidence_rounds already."""
         firsts = [d for d in drafts if d.position == 1]
         self.evidence += len(firsts)
-        self.evidence_rounds += bool(firsts) and not self.counted
+        self.evidence_rounds += bool(firsts) and not counted
         self.first_kept += sum(d.kept for d in firsts)
         for d in drafts:
             first = d.position == 1
@@ -285,7 +285,6 @@ class AcceptanceModel:
         if self.priors:
             self.reliability.realized *= self.pooled_decay
             self.reliability.predicted *= self.pooled_decay
-        self.aged = True
 
     def _age(self, row: RowAcceptance) -> RowAcceptance:
         """One round of `decay` on a row's counts: in every round that verifies drafts, whether or not it

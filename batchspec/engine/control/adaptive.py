@@ -156,14 +156,14 @@ class AdaptiveK:
         self._learnt += 1
         young = self.young(slots)
         budgets = [0 if y else b for y, b in zip(young, budgets)]  # their gains: choose_rows kept them out
-        self.acceptance.learn(k, slots, budgets, drafted, accepted)
+        judged = []
         if emitted is not None and self.policy.propose_first:
             # Every round's tokens continue the open proposals, a tree's or a grammar's round too (no new one
             # followed there: proposed is None).
             chain = proposed is not None and k <= self.k_max
             followed = [p if chain and not y else None for y, p in zip(young, proposed or [None] * len(slots))]
-            self.acceptance.judged(self.hindsight.follow(slots, followed, drafted, accepted, emitted,
-                                                         self.acceptance.priors))
+            judged = self.hindsight.follow(slots, followed, drafted, accepted, emitted, self.acceptance.priors)
+        self.acceptance.learn(k, slots, budgets, drafted, accepted, judged)
 
     def cost(self, k: int, b: int) -> float | None:
         """Estimated seconds of a round with k drafts and b active rows, or None if nothing is known."""
