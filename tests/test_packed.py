@@ -20,6 +20,7 @@ from batchspec.engine.control.line import Line
 from batchspec.engine.control.exploration import explore
 from batchspec.engine.model.graphs import StepGraphs
 from batchspec.engine.model.kv_cache import causal_mask
+from batchspec.engine.model import packed
 from batchspec.engine.model.packed import RowTokens, layout_round, pack, supports_packing
 from batchspec.engine.control.row_drafts import Prices, choose_drafts
 from batchspec.engine.model.runner import ModelRunner
@@ -163,6 +164,44 @@ def test_round_layout(name, deciding, width, fills, tree, rows, keep, gather):
     for slot, start, _ in fills:  # each chunk's first token, found where the rows put it
         row = next(i for i, r in enumerate(layout.rows) if r.slot == slot and r.start == start)
         assert layout.chunk_at[slot, start] == offsets[row]
+
+
+GROUPS = [
+    # name, rows (slot, start, count), read as a span of the cache (else gathered)
+    ("consecutive decoding rows", [(0, 9, 1), (1, 6, 3), (2, 4, 1)], True),
+    ("decoding rows, one hole a row", [(0, 9, 1), (2, 6, 3), (4, 4, 1), (6, 5, 2)], True),
+    ("decoding rows among as many holes (spare slots)", [(s, 9, 2) for s in range(0, 16, 2)], True),
+    ("two decoding rows, holes past 2", [(0, 9, 1), (5, 6, 1)], False),
+    ("two decoding rows, 2 holes", [(0, 9, 1), (3, 6, 1)], True),
+    ("prompt chunks, 2 holes", [(0, 0, 20), (3, 0, 20)], True),
+    ("prompt chunks, a hole a row past 2", [(0, 0, 20), (2, 0, 20), (4, 0, 20), (6, 0, 20)], False),
+]
+
+
+@pytest.mark.parametrize("name,rows,span", GROUPS, ids=[g[0] for g in GROUPS])
+def test_a_group_reads_a_span_of_the_cache_or_gathers_its_rows(pair, name, rows, span, monkeypatch):
+    """Empty slots between a group's rows ride along (no queries) up to one a row where the rows decode (a
+    hole costs a few queries' attention) and a quarter of one where they prefill (a whole chunk's padded
+    attention), at least 2; more, and the rows' caches are gathered. Either way each row's logits are the
+    same as the other way's (fp32, to rounding)."""
+    model = AutoModelForCausalLM.from_pretrained(pair.target, dtype=torch.float32).eval()
+    runner = ModelRunner(model, num_slots=16, capacity=64, max_position=512, graphs=StepGraphs(None, torch.device("cpu")))
+    specs = [RowTokens(*r) for r in rows]
+    gen = torch.Generator().manual_seed(1)
+    prefix = [RowTokens(r.slot, 0, r.start) for r in specs if r.start]
+    if prefix:
+        runner.forward_packed(torch.randint(3, 200, (sum(r.count for r in prefix),), generator=gen),
+                              pack(prefix, device=model.device, dtype=model.dtype, keep=[]))
+    ids = torch.randint(3, 200, (sum(r.count for r in specs),), generator=gen)
+    batch = pack(specs, device=model.device, dtype=model.dtype)
+    assert len(batch.groups) == 1 and isinstance(batch.groups[0].rows, slice) == span
+    holes = rows[-1][0] - rows[0][0] + 1 - len(rows)
+    for rule in ("SHORT_HOLES_PER_ROW", "HOLES_PER_ROW"):  # the other way round, where the rule can turn it
+        monkeypatch.setattr(packed, rule, 0.0 if span else 10.0)
+    flipped = pack(specs, device=model.device, dtype=model.dtype)
+    assert isinstance(flipped.groups[0].rows, slice) == (not span or holes <= 2)
+    torch.testing.assert_close(runner.forward_packed(ids, batch), runner.forward_packed(ids, flipped),
+                               atol=1e-5, rtol=1e-5)
 
 
 # ---- the per-row choice ---------------------------------------------------------------------------------

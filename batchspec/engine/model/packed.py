@@ -29,10 +29,13 @@ from ..tree import tree_mask
 
 ATTENTION = "batchspec_packed"
 SHORT = 8  # rows of at most this many tokens (decoding rows) share one group; longer ones group by length
-# A group's empty slots between its rows ride along (no queries) up to this many a row, at least 2; more: a gather.
-# One a row took 16 spare slots at batch 32 from 0.94 to 0.98 of none without them, and read 0.99 without spare
-# slots (docs/benchmarks.md, 2026-12-06): kept at a quarter until that is told apart from the noise.
+# A group's empty slots between its rows ride along (no queries) up to this many a row, at least 2; more: a gather
+# of every layer's keys and values of the group's rows. A hole in a group of decoding rows (at most SHORT tokens)
+# costs their few queries' attention, less than a gather of the rows' caches; in a group of prompt chunks it
+# costs a whole chunk's padded attention. Measured (docs/benchmarks.md, 2026-12-06): one a row took 16 spare
+# slots at batch 32 from 0.94 to 0.98 of none without them.
 HOLES_PER_ROW = 0.25
+SHORT_HOLES_PER_ROW = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +184,8 @@ def _group(rows: list[RowTokens], offsets: list[int], members: list[int], device
     holes = slots[-1] - slots[0] + 1 - len(slots)
     # Consecutive slots are read as a view of the cache; a few holes ride along (no queries), more are
     # gathered: a gather copies every layer's keys of those rows.
-    span = holes <= max(2, int(HOLES_PER_ROW * len(slots))) and rows[members[0]].tree is None
+    per_row = SHORT_HOLES_PER_ROW if width <= SHORT else HOLES_PER_ROW
+    span = holes <= max(2, int(per_row * len(slots))) and rows[members[0]].tree is None
     layout = list(range(slots[0], slots[-1] + 1)) if span else slots
     at = {slot: r for r, slot in enumerate(layout)}
     query = [[0] * width for _ in layout]
