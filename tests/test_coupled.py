@@ -229,16 +229,16 @@ def test_job_output_ignores_drafter_shards_and_a_resume(tmp_path, tiny_models, m
 def test_a_packed_rounds_noise_is_drawn_where_its_drafts_are_decided(llama_pair, drafts, width):
     """Coupled noise with each row's drafts: positions 0 .. drafts[i] of row i equal the full draw's (a row
     that drafts nothing needs its first position only), so the verdict decides exactly what it decided."""
-    from batchspec.engine.round import Round
+    from batchspec.engine.round import Plan
 
     models = batchspec.load_models(str(llama_pair.target))
     generator = batchspec.build_generator(models, temperature=0.7, batch_size=4)
     generator.state.noise_keys.copy_(torch.arange(4) * 7919 + 3)
     rows, lengths = [2, 0, 3, 1], [5, 9, 17, 4]
-    round = Round(rows=rows, rows_t=torch.tensor(rows), span=None, lengths=lengths, lengths_t=torch.tensor(lengths),
-                  running=[0, 1, 2, 3], room=[width - 1] * 4, limits=drafts, static=False)
-    full = generator.acceptor.noise(round, width)
-    got = generator.acceptor.noise(round, width, drafts)
+    plan = Plan(rows=rows, rows_t=torch.tensor(rows), span=None, lengths=lengths, lengths_t=torch.tensor(lengths),
+                running=[0, 1, 2, 3], room=[width - 1] * 4, limits=drafts, static=False)
+    full = generator.acceptor.noise(plan, width)
+    got = generator.acceptor.noise(plan, width, drafts)
     assert got.shape == full.shape
     for i, n in enumerate(drafts):
         assert torch.equal(got[i, : n + 1], full[i, : n + 1]), (i, n)

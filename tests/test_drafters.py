@@ -6,17 +6,18 @@ import pytest
 import torch
 
 from batchspec.engine.drafters import NGramDrafter, PromptLookupDrafter
-from batchspec.engine.round import Round, RoundBuffers
+from batchspec.engine.round import Choice, Plan, RoundBuffers
 from batchspec.engine.types import TreeSpec
 
 
-def context(seqs: list[list[int]], k: list[int]) -> Round:
-    """A round over rows 0..b-1 (slots = rows) whose rows may draft k[i] tokens."""
+def context(seqs: list[list[int]], k: list[int]) -> tuple[Plan, Choice]:
+    """A plan over rows 0..b-1 (slots = rows) whose rows may draft k[i] tokens, and the choice asking for them."""
     b = len(seqs)
     buffers = RoundBuffers(b, 8, 32, torch.device("cpu"), noise=False, probs=False, trees=True)
-    return Round(rows=list(range(b)), rows_t=torch.arange(b), span=slice(0, b), lengths=[len(s) for s in seqs],
-                 lengths_t=torch.tensor([len(s) for s in seqs]), running=list(range(b)), room=list(k), limits=list(k),
-                 static=False, buffers=buffers)
+    plan = Plan(rows=list(range(b)), rows_t=torch.arange(b), span=slice(0, b), lengths=[len(s) for s in seqs],
+                lengths_t=torch.tensor([len(s) for s in seqs]), running=list(range(b)), room=list(k), limits=list(k),
+                static=False, buffers=buffers)
+    return plan, Choice(list(k))
 
 
 def proposals(draft) -> list[list[int]]:
@@ -40,16 +41,16 @@ NGRAM_CASES = [
 def test_ngram(name, seq, k, expected):
     drafter = NGramDrafter()
     drafter.admit([0], [seq])
-    assert proposals(drafter.propose(context([seq], [k]))) == [expected]
+    assert proposals(drafter.propose(*context([seq], [k]))) == [expected]
 
 
 def test_ngram_learns_committed_tokens():
     drafter = NGramDrafter()
     drafter.admit([0], [[CAT, SAT]])
-    assert proposals(drafter.propose(context([[CAT, SAT]], [2]))) == [[]]
+    assert proposals(drafter.propose(*context([[CAT, SAT]], [2]))) == [[]]
     drafter.extend([0], [[ON, CAT, SAT]], [0])
     seq = [CAT, SAT, ON, CAT, SAT]
-    assert proposals(drafter.propose(context([seq], [2]))) == [[ON, CAT]]
+    assert proposals(drafter.propose(*context([seq], [2]))) == [[ON, CAT]]
 
 
 LOOKUP_CASES = [
@@ -64,7 +65,7 @@ LOOKUP_CASES = [
 def test_prompt_lookup(name, seq, k, expected):
     drafter = PromptLookupDrafter()
     drafter.admit([0], [seq])
-    assert proposals(drafter.propose(context([seq], [k]))) == [expected]
+    assert proposals(drafter.propose(*context([seq], [k]))) == [expected]
 
 
 def test_prompt_lookup_batched_rows_are_independent():
@@ -72,7 +73,7 @@ def test_prompt_lookup_batched_rows_are_independent():
     ks = [case[2] for case in LOOKUP_CASES]
     drafter = PromptLookupDrafter()
     drafter.admit(list(range(len(rows))), rows)
-    assert proposals(drafter.propose(context(rows, ks))) == [case[3] for case in LOOKUP_CASES]
+    assert proposals(drafter.propose(*context(rows, ks))) == [case[3] for case in LOOKUP_CASES]
 
 
 def test_prompt_lookup_learns_emitted_tokens_incrementally():
@@ -83,7 +84,7 @@ def test_prompt_lookup_learns_emitted_tokens_incrementally():
     grown.admit([0], [seq[:3]])
     grown.extend([0], [seq[3:6]], [0])
     grown.extend([0], [seq[6:]], [0])
-    assert proposals(grown.propose(context([seq], [2]))) == proposals(whole.propose(context([seq], [2]))) == [[4, 1]]
+    assert proposals(grown.propose(*context([seq], [2]))) == proposals(whole.propose(*context([seq], [2]))) == [[4, 1]]
 
 
 LAZY_CASES = [  # drafter, a row's tokens: learning put off (lazy) proposes as learning every token at once
@@ -108,9 +109,9 @@ def test_lazy_learning_proposes_as_eager_learning(name, make, seq):
         at, step = at + chunk, step + 1
         whole = make()
         whole.admit([0], [seq[:at]])
-        want = proposals(whole.propose(context([seq[:at]], [3])))[0]
+        want = proposals(whole.propose(*context([seq[:at]], [3])))[0]
         k1 = 3 if step % 3 == 0 else 0
-        got = proposals(lazy.propose(context([seq[:at], seq[:at]], [3, k1])))
+        got = proposals(lazy.propose(*context([seq[:at], seq[:at]], [3, k1])))
         assert got[0] == want
         assert got[1] == (want if k1 else [])
         if k1 == 0:
@@ -136,7 +137,7 @@ TREE_CASES = [
 def test_prompt_lookup_trees(name, seq, tree, expected):
     drafter = PromptLookupDrafter()
     drafter.admit([0], [seq])
-    draft = drafter.propose_tree(context([seq], [4]), TreeSpec.parse(tree))
+    draft = drafter.propose_tree(*context([seq], [4]), TreeSpec.parse(tree))
     nodes = [(t, p) for t, p, v in zip(draft.tokens[0].tolist(), draft.parents[0].tolist(), draft.valid[0].tolist()) if v]
     assert nodes == expected
     assert draft.num_tokens.tolist() == [len(expected)]

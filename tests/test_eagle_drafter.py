@@ -87,11 +87,11 @@ def test_rounds_that_draft_nothing_skip_the_head_and_lose_nothing(monkeypatch, p
     prompts = read_prompts(str(DEMO / "prompts.parquet"), 8)
     propose, forwards = eagle.EagleDrafter._propose, []
 
-    def draft_some(self, round, spec):
+    def draft_some(self, plan, choice, spec):
         if pattern(len(forwards)):
-            round = dataclasses.replace(round, chosen=[0] * len(round.budgets))
+            choice = dataclasses.replace(choice, budgets=[0] * len(choice.budgets))
         forwards.append(None)
-        return propose(self, round, spec)
+        return propose(self, plan, choice, spec)
 
     monkeypatch.setattr(eagle.EagleDrafter, "_propose", draft_some)
     runs = []

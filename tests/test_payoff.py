@@ -186,11 +186,11 @@ def test_admission_share_of_a_round(name, fills, forward, expected):
     the prompt chunks' share of its tokens."""
     import torch
 
-    from batchspec.engine.round import Round
+    from batchspec.engine.round import Plan
 
-    round = Round(rows=[0], rows_t=torch.tensor([0]), span=slice(0, 1), lengths=[5], lengths_t=torch.tensor([5]),
-                  running=[0], room=[0], limits=[0], static=False, fills=fills)
-    assert round.admission_seconds(forward) == pytest.approx(expected)
+    plan = Plan(rows=[0], rows_t=torch.tensor([0]), span=slice(0, 1), lengths=[5], lengths_t=torch.tensor([5]),
+                running=[0], room=[0], limits=[0], static=False, fills=fills)
+    assert plan.admission_seconds(forward) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("drafting_rate,first_verdict_at,winner", [

@@ -1,8 +1,9 @@
 """Each row's number of drafts in a round is one list per stage, each set once: the scheduler's plan
-(`Round.limits`: the most each row may propose, 0 for the rows whose drafts cannot pay so that a lookup does
-not propose for them) and the choice (`Round.chosen`, never above the plan). Drafters read the current one as
-`round.budgets`; a chain's draft carries exactly the chosen counts; adaptive speculation learns each row's
-acceptance against the chosen count."""
+(`Plan.limits`: the most each row may propose, 0 for the rows whose drafts cannot pay so that a lookup does
+not propose for them) and the choice (`Round.budgets`, never above the plan). Drafters are asked for one of them
+(`Choice.budgets`: the plan's limits for a lookup, which proposes first; the choice's for the others); a chain's
+draft carries exactly the chosen counts; adaptive speculation learns each row's acceptance against the chosen
+count."""
 
 from __future__ import annotations
 
@@ -29,12 +30,11 @@ def test_the_plan_then_the_choice_each_set_once(llama_pair, drafter, monkeypatch
         hopeless.append(dict(zip(slots, verdict)))
         return verdict
 
-    def draft_stage(self, round):
-        assert round.chosen is None and round.budgets == round.limits  # the plan, before any choice
+    def draft_stage(self, plan):
         verdict = hopeless.pop() if hopeless else None  # this round's plan asked the controller (or nobody)
         assert not hopeless
-        out = real_run(self, round)
-        rounds.append((round, out, verdict))
+        out = real_run(self, plan)
+        rounds.append((plan, out, verdict))
         return out
 
     def observe(self, cost, slots, budgets, drafted, accepted, *judged):
@@ -49,9 +49,9 @@ def test_the_plan_then_the_choice_each_set_once(llama_pair, drafter, monkeypatch
                                           adaptive=True)
     propose = generator.drafter.propose
 
-    def recorded(round):
-        asked.append((round.chosen, list(round.budgets), list(round.limits)))
-        return propose(round)
+    def recorded(plan, choice):
+        asked.append((list(choice.budgets), list(plan.limits)))
+        return propose(plan, choice)
 
     generator.drafter.propose = recorded
     requests = [batchspec.Request(str(i), p, params=RowParams(max_new_tokens=8 + 4 * (i % 3)))
@@ -59,21 +59,21 @@ def test_the_plan_then_the_choice_each_set_once(llama_pair, drafter, monkeypatch
     assert len(list(generator.run(requests))) == len(PROMPTS)
 
     assert rounds and learnt
-    for before, after, _ in rounds:
-        assert after.limits == before.limits  # the plan is not rewritten
-        assert after.chosen is not None and after.budgets == after.chosen
-        assert all(0 <= k <= n for k, n in zip(after.chosen, after.limits)), (after.chosen, after.limits)
+    rounds = [(plan, after, verdict) for plan, after, verdict in rounds if plan.rows]  # not the prefill-only ones
+    for plan, after, _ in rounds:
+        assert after.plan is plan  # the plan is read, not rewritten
+        assert all(0 <= k <= n for k, n in zip(after.budgets, plan.limits)), (after.budgets, plan.limits)
         if after.shape.tree is None and after.draft.host_num is not None:
-            assert after.draft.host_num == after.chosen  # the draft carries the chosen counts, no other
+            assert after.draft.host_num == after.budgets  # the draft carries the chosen counts, no other
     for round, slots, budgets in learnt:
-        assert budgets == [round.chosen[round.rows.index(slot)] for slot in slots]
+        assert budgets == [round.budgets[round.plan.rows.index(slot)] for slot in slots]
     if drafter == "model":  # drafts on the device after the choice: asked the chosen counts; no plan verdicts
         assert all(verdict is None for _, _, verdict in rounds)
-        assert all(chosen is not None and budgets == chosen for chosen, budgets, _ in asked)
+        assert [budgets for budgets, _ in asked] == [after.budgets for _, after, _ in rounds]
         return
     # A lookup proposes first: asked the plan's limits, which are 0 for every row the controller called hopeless
     # (and for every row in the payoff check's plain epochs, when the controller is not asked).
-    assert len(asked) == len(rounds) and all(chosen is None and budgets == limits for chosen, budgets, limits in asked)
+    assert len(asked) == len(rounds) and all(budgets == limits for budgets, limits in asked)
     zeroed = 0
     for before, _, verdict in rounds:
         for i in before.running:
@@ -97,7 +97,7 @@ def test_the_plan_books_prompt_chunks_and_the_copies_they_make_due(llama_pair, m
     real_run, rounds = PackedPass.run, []
 
     def run(self, round):
-        rounds.append(round)
+        rounds.append(round.plan)
         return real_run(self, round)
 
     monkeypatch.setattr(PackedPass, "run", run)
@@ -125,7 +125,7 @@ def test_the_plan_books_prompt_chunks_and_the_copies_they_make_due(llama_pair, m
 
 
 @pytest.mark.parametrize("module,name", [
-    ("round", "Round"), ("round", "RoundShape"), ("round", "Draft"), ("round", "Verified"),
+    ("round", "Plan"), ("round", "Choice"), ("round", "Round"), ("round", "RoundShape"), ("round", "Draft"), ("round", "Verified"),
     ("verdict", "Verdict"), ("verdict", "RoundOutcome"), ("tree", "TreeVerdict"), ("postprocess", "Emitted"),
     ("admission", "Seated"), ("control.costs", "RoundCost"), ("intake", "Seat"), ("intake", "Admission"),
 ])

@@ -132,7 +132,7 @@ def test_refused_drafts_are_cut_and_forced_ones_added_before_verification(tokeni
     from batchspec.engine.grammar.constrain import constrain_drafts
     from batchspec.engine.drafters.base import host_draft
     from batchspec.engine.grammar.grammar import Grammars
-    from batchspec.engine.round import Round, RoundBuffers, RoundShape
+    from batchspec.engine.round import Plan, RoundBuffers
     from batchspec.engine.slots import SlotTable
     from batchspec.engine.types import Request
 
@@ -147,22 +147,21 @@ def test_refused_drafts_are_cut_and_forced_ones_added_before_verification(tokeni
     assert grammars.advance(1, encode("hello")) == (len(encode("hello")), None)
     buffers = RoundBuffers(4, 8, len(tokenizer), torch.device("cpu"), noise=False, probs=False, trees=False)
     proposals = [encode("hello b") + encode("x"), encode(" bat"), encode("zzz"), encode("zzz")]
-    round = Round([0, 1, 2, 3], None, None, [2, 7, 2, 2], None, [0, 1, 2, 3], [50] * 4, [4] * 4, False,
-                  shape=RoundShape(drafts=4), draft=host_draft(buffers, proposals))
-    draft, forced = constrain_drafts(round, round.draft, grammars, slots, buffers, limit=4)
+    plan = Plan([0, 1, 2, 3], None, None, [2, 7, 2, 2], None, [0, 1, 2, 3], [50] * 4, [4] * 4, False)
+    draft, forced = constrain_drafts(plan, host_draft(buffers, proposals), grammars, slots, buffers, limit=4)
     kept = draft.host_tokens
     assert kept[0] == encode("hello b")  # cut before "x"; it covers the forced "hello " (other tokens)
     assert kept[1] == encode(" bat")  # covers the forced " "
     assert kept[2] == encode("zzz") and kept[3] == encode("zzz")  # unconstrained; awaiting its first token
     assert forced is None and draft.host_num == [len(k) for k in kept]
-    round = replace(round, draft=host_draft(buffers, [encode("hel"), [], encode("zzz"), encode("zzz")]))
-    draft, forced = constrain_drafts(round, round.draft, grammars, slots, buffers, limit=4)
+    proposals = [encode("hel"), [], encode("zzz"), encode("zzz")]
+    draft, forced = constrain_drafts(plan, host_draft(buffers, proposals), grammars, slots, buffers, limit=4)
     kept = draft.host_tokens
     assert kept[0] == grammars.forced(0, 4) and tokenizer.decode(kept[0]) == "hello "  # shorter: forced instead
     assert kept[1] == encode(" ")  # no proposal: the forced space
     assert forced == [len(kept[0]), 1, 0, 0]
-    unconstrained = replace(round, draft=host_draft(buffers, [[], [], encode("zzz"), encode("zzz")]))
-    assert constrain_drafts(replace(unconstrained, rows=[2, 2, 2, 2]), unconstrained.draft, grammars, slots, buffers,
+    unconstrained = host_draft(buffers, [[], [], encode("zzz"), encode("zzz")])
+    assert constrain_drafts(replace(plan, rows=[2, 2, 2, 2]), unconstrained, grammars, slots, buffers,
                             limit=4) is None
 
 

@@ -20,7 +20,7 @@ from .grammar.grammar import Grammars, apply_masks
 from .model.graphs import StepGraphs
 from .model.host_device import HostBuffer, LaunchCounter, host_lists
 from .noise import STREAM_RESAMPLE, gumbel_noise, uniforms
-from .round import Draft, Round, RoundBuffers, RoundShape
+from .round import Draft, Plan, Round, RoundBuffers, RoundShape
 from .model.runner import ModelRunner
 from .sampling import RowSampling, SamplingParams, choose, logprobs_at, probs_of, row_transforms, scores
 from .slots import SlotState
@@ -60,25 +60,25 @@ class Acceptor:
 
     # ---- noise ------------------------------------------------------------------------------------
 
-    def noise(self, round: Round, width: int, drafts: list[int] | None = None) -> torch.Tensor:
+    def noise(self, plan: Plan, width: int, drafts: list[int] | None = None) -> torch.Tensor:
         """Coupled sampling's Gumbel noise for positions L .. L + width - 1 of each row: [b, width, V] (on the
         static path the buffer's full width, computed once per round). drafts [b]: the most drafts each row
         verifies, or None; with it, a row that drafts nothing gets noise at its first position only, the rest
         of its [width, V] left unset (the verdict never reads past a row's drafts): a packed round at batch 8
         where one row drafts had drawn 8 x 2 x V values for the 9 positions it decides, and coupled noise was
         3.5-3.7% of a lookup's job against 2.7% of drafter none's (SmolLM2, T = 0.7; 2026-12-04)."""
-        if round.static:
+        if plan.static:
             out = self.buffers.gumbel
             self.graphs.run(("noise",), self._noise_step, (out,))
             return out
         if drafts is None or width == 1 or min(drafts) > 0:
-            return self._noise(round.rows_t, round.lengths_t, width)
+            return self._noise(plan.rows_t, plan.lengths_t, width)
         out = torch.empty(len(drafts), width, self.runner.vocab_size, device=self.device)
-        out[:, :1] = self._noise(round.rows_t, round.lengths_t, 1)
+        out[:, :1] = self._noise(plan.rows_t, plan.lengths_t, 1)
         drafting = [i for i, n in enumerate(drafts) if n > 0]
         if drafting:
             index = torch.tensor(drafting, device=self.device)
-            out[index, 1:] = self._noise(round.rows_t[index], round.lengths_t[index] + 1, width - 1)
+            out[index, 1:] = self._noise(plan.rows_t[index], plan.lengths_t[index] + 1, width - 1)
         return out
 
     def _noise(self, rows: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
@@ -119,15 +119,15 @@ class Acceptor:
         device. The one host sync of the round."""
         draft, width, tree = round.draft, round.shape.width, round.tree
         emitted = tree.max_depth + 1 if tree else width
-        out = self.buffers.verdict[: len(round.rows), : PACKED_FIELDS + emitted]
-        lp = self._lp[: len(round.rows), : (1 + emitted) * (1 + 2 * self.k)] if self.k is not None else None
+        out = self.buffers.verdict[: len(round.plan.rows), : PACKED_FIELDS + emitted]
+        lp = self._lp[: len(round.plan.rows), : (1 + emitted) * (1 + 2 * self.k)] if self.k is not None else None
         args = (logits, draft.tokens, draft.num_tokens, out, lp, round.gumbel,
                 draft.probs if tree is None else draft.q_at)
         if tree is not None:
             args += (tree.depth, tree.ancestors, tree.parent_t, tree.rank, tree.valid)
-        body = partial(self._accept_step, rows=round.rows_t, max_depth=tree.max_depth if tree else 0,
+        body = partial(self._accept_step, rows=round.plan.rows_t, max_depth=tree.max_depth if tree else 0,
                        spec=draft.spec)
-        if round.static:
+        if round.plan.static:
             self.graphs.run(("accept", width, tree is not None), body, args)
         else:
             body(*args)

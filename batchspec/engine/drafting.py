@@ -1,19 +1,16 @@
-"""The round's draft stage: a scheduled Round in, the same Round with its shape, each row's number of drafts,
-the drafts, the coupled noise, a tree's geometry and a grammar's forced drafts out, in two new records
-(dataclasses.replace): the choice (what drafters that draft after it read), then the drafts; the verify pass
-and the Acceptor only read them.
+"""The round's draft stage: a Plan in, the drafted Round out (built once; the verify pass and the Acceptor only
+read it): the shape and each row's number of drafts the choice gave it, the drafts, the coupled noise, a tree's
+geometry and a grammar's forced drafts.
 
 Two orders, by what the drafter can tell before it drafts:
-  - a drafter that proposes first (host lookups: ngram, prompt_lookup, suffix) proposes its most; adaptive
-    speculation then chooses the shape and each row's budget from what is on the table (and the drafter's
-    own priors), and the proposals are cut to it;
-  - others (a draft model, an EAGLE head) are given the chosen shape and draft it, with the coupled noise.
+  - a drafter that proposes first (host lookups: ngram, prompt_lookup, suffix) proposes its most (the plan's
+    limits); adaptive speculation then chooses the shape and each row's budget from what is on the table (and
+    the drafter's own priors), and the proposals are cut to it;
+  - others (a draft model, an EAGLE head) are asked for the chosen budgets (a Choice), with the coupled noise.
 Structured output then cuts drafts the grammar refuses and adds the tokens it forces (constrain.py).
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import torch
 
@@ -22,7 +19,8 @@ from .grammar.constrain import constrain_drafts
 from .drafters import Drafter
 from .grammar.grammar import Grammars
 from .phases import NOISE, Timers
-from .round import Round, RoundBuffers, RoundShape
+from .drafters.base import empty_draft
+from .round import Choice, Draft, Plan, Round, RoundBuffers, RoundShape
 from .scheduler import Scheduler
 
 
@@ -38,48 +36,53 @@ class DraftStage:
         self.grammars, self.buffers = grammars, buffers
         self.forced_max, self.coupled, self.timers = forced_max, coupled, timers
 
-    def run(self, round: Round) -> Round:
+    def run(self, plan: Plan) -> Round:
+        """The plan's drafted round (a plan without rows, one that only prefills, drafts nothing)."""
         drafter, scheduler, draft, proposed = self.drafter, self.scheduler, None, None
+        if not plan.rows:
+            return Round(plan, RoundShape(), [], empty_draft(self.buffers, 0))
         if drafter.policy.propose_first and scheduler.adaptive is not None:
-            offered = drafter.propose(round)  # up to the plan's limits
-            shape, budgets = scheduler.choose(round, offered.host_num, offered.priors)
+            offered = drafter.propose(plan, Choice(plan.limits))
+            shape, budgets = scheduler.choose(plan, offered.host_num, offered.priors)
             if shape.tree is None:
                 draft = offered.cut(budgets, self.buffers) if scheduler.per_row else offered.truncate(shape.drafts)
                 proposed = offered.host_tokens  # what the cut left unverified, adaptive judges in hindsight
         else:
-            shape, budgets = scheduler.choose(round)
+            shape, budgets = scheduler.choose(plan)
         gumbel = None
         if self.coupled:
             # A packed chain round's row i drafts at most budgets[i]: its noise is needed at positions
             # 0 .. budgets[i] only (a grammar may force drafts past a budget: then every position).
             drafts = budgets if scheduler.per_row and shape.tree is None and not self.grammars.rows else None
-            gumbel = self._noise(round, shape.width, drafts)
-        # The choice, as the drafters that draft after it read it (a draft model samples with the coupled noise).
-        round = replace(round, shape=shape, chosen=budgets, gumbel=gumbel, proposed=proposed)
-        if draft is None:
-            draft = drafter.propose_tree(round, shape.tree) if shape.tree else drafter.propose(round)
+            gumbel = self._noise(plan, shape.width, drafts)
+        if draft is None:  # the drafters that draft after the choice (a draft model samples with the coupled noise)
+            choice = Choice(budgets, gumbel)
+            draft = drafter.propose_tree(plan, choice, shape.tree) if shape.tree else drafter.propose(plan, choice)
         if shape.tree is not None:
-            return replace(round, draft=draft, tree=self.acceptor.shape_tree(draft, shape.tree.depth, round.static))
-        return self._constrain(round, draft)
+            tree = self.acceptor.shape_tree(draft, shape.tree.depth, plan.static)
+            return Round(plan, shape, budgets, draft, gumbel, tree=tree)
+        shape, draft, forced, gumbel = self._constrain(plan, shape, draft, gumbel)
+        return Round(plan, shape, budgets, draft, gumbel, forced=forced, proposed=proposed)
 
-    def _constrain(self, round: Round, draft) -> Round:
+    def _constrain(self, plan: Plan, shape: RoundShape, draft: Draft, gumbel: torch.Tensor | None):
         """Structured output: drafts a grammar refuses are cut and the tokens it forces are added; the shape is
-        the drafts' width (forced drafts widen it, a lookup's short proposals narrow it)."""
-        forced, gumbel, shape, widened = None, round.gumbel, round.shape, False
+        the drafts' width (forced drafts widen it, a lookup's short proposals narrow it). Returns the shape, the
+        drafts, each row's forced drafts (None: no row has any) and the coupled noise (wider with the drafts)."""
+        forced, widened = None, False
         if self.grammars.rows:
-            constrained = constrain_drafts(round, draft, self.grammars, self.scheduler.slots, self.buffers,
+            constrained = constrain_drafts(plan, draft, self.grammars, self.scheduler.slots, self.buffers,
                                            self.forced_max)
             if constrained is not None:
                 draft, forced = constrained
                 widened = draft.tokens.shape[1] > shape.drafts
                 if widened and self.coupled:  # the same noise, wider
-                    gumbel = self._noise(round, 1 + draft.tokens.shape[1])
+                    gumbel = self._noise(plan, 1 + draft.tokens.shape[1])
         if widened or draft.tokens.shape[1] < shape.drafts:
             shape = RoundShape(drafts=draft.tokens.shape[1])
-        return replace(round, shape=shape, draft=draft, forced=forced, gumbel=gumbel)
+        return shape, draft, forced, gumbel
 
-    def _noise(self, round: Round, width: int, drafts: list[int] | None = None) -> torch.Tensor:
+    def _noise(self, plan: Plan, width: int, drafts: list[int] | None = None) -> torch.Tensor:
         """The coupled noise of the round's rows at positions L .. L + width - 1 (accept.py); with `drafts`, only
         where a row's drafts can be decided."""
         with self.timers.timed(NOISE):
-            return self.acceptor.noise(round, width, drafts)
+            return self.acceptor.noise(plan, width, drafts)

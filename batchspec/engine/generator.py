@@ -224,12 +224,10 @@ class SpecBatchGenerator:
         requests it finished."""
         started = time.perf_counter()
         with self.timers.phase("draft"):
-            round = self.scheduler.schedule()
-            if round.rows:
-                round = self.drafting.run(round)
+            round = self.drafting.run(self.scheduler.schedule())
         with self.timers.phase("verify"):
             verified = self.verify.run(round)
-        if not round.rows:  # a round that only prefilled
+        if not round.plan.rows:  # a round that only prefilled
             return []
         with self.timers.phase("accept"):
             outcome = self._accept(round, verified)
@@ -253,7 +251,7 @@ class SpecBatchGenerator:
         adaptive = self.scheduler.adaptive
         costs = self.verify.measured(round, verified, adaptive.costs if adaptive is not None else None)
         self.scheduler.learn(round, emitted, time.perf_counter() - started, costs,
-                             tokens=[len(outcome.emitted[i]) for i in round.running], forward=verified.forward,
+                             tokens=[len(outcome.emitted[i]) for i in round.plan.running], forward=verified.forward,
                              ended=[r.completion_tokens for r in results if r.error is None])
         return results
 

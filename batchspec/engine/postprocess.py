@@ -102,10 +102,10 @@ class RowOutcomes:
         self.stats.round(shape)
         finished: list[tuple[int, Result]] = []
         emitted = Emitted([], [], [], [] if shape.tree is not None else None, [])
-        for i in round.running:
-            slot, record, new = round.rows[i], self.slots[round.rows[i]], outcome.emitted[i]
+        for i in round.plan.running:
+            slot, record, new = round.plan.rows[i], self.slots[round.plan.rows[i]], outcome.emitted[i]
             head = []
-            if record.awaiting_first and not round.static:  # a packed round decided its first token
+            if record.awaiting_first and not round.plan.static:  # a packed round decided its first token
                 result = self._take_first(slot, record, new[0], outcome.logprobs[i][0] if outcome.logprobs else None)
                 if result is not None:
                     finished.append((slot, result))

@@ -1,16 +1,15 @@
-"""One round's records (`Round`, `Verified`), the shape it drafts (`RoundShape`), and the device buffers
-rounds reuse.
+"""One round's records (`Plan`, `Choice`, `Round`, `Verified`), the shape it drafts (`RoundShape`), and the device
+buffers rounds reuse.
 
 A round over b rows: every slot in order on the static path (idle slots ride along with no drafts),
 the running requests on the eager path. Host lists have b entries, tensors b rows; the buffers have
 one row per slot and a round uses their first b rows.
 
-Records are values, built by the stage that owns them and only read after (generator.step):
-  schedule  -> Round with its rows, lengths, room, prompt chunks and the plan's most drafts each row may
-               propose (`limits`: 0 for rows whose drafts cannot pay, so that a lookup does not propose them)
-  draft     -> the same Round with its shape, each row's chosen number of drafts (`chosen`, the one list
-               drafters read as `budgets`), the drafts, the coupled noise, a tree's geometry and the drafts a
-               grammar forced (dataclasses.replace)
+Records are values, each built once by the stage that owns it and only read after (generator.step):
+  schedule  -> Plan: its rows, lengths, room, prompt chunks and the most drafts each row may propose (`limits`:
+               0 for rows whose drafts cannot pay, so that a lookup does not propose them)
+  draft     -> Round: the plan, the shape, each row's number of drafts (`budgets`), the drafts, the coupled
+               noise, a tree's geometry and the drafts a grammar forced (drafters are asked with a Choice)
   verify    -> Verified: the target's logits and what the forward cost
   accept    -> RoundOutcome (verdict.py, through accept.py)      postprocess -> Emitted (postprocess.py)
 """
@@ -130,9 +129,9 @@ class RoundBuffers:
 
 
 @dataclass(frozen=True, slots=True)
-class Round:
-    """One round: its rows, their lengths and budgets, the shape it drafts, and what was drafted (a value:
-    each stage that adds to it makes a new one with dataclasses.replace)."""
+class Plan:
+    """What a round runs, as the scheduler decided it (scheduler.schedule, built once): its rows, their lengths,
+    each row's room and most drafts, and the prompt chunks its forward prefills."""
 
     rows: list[int]  # [b] slots in this round's forwards
     rows_t: torch.Tensor  # [b] the same on the device
@@ -141,43 +140,15 @@ class Round:
     lengths_t: torch.Tensor  # [b] the same on the device
     running: list[int]  # indices into rows of the running requests
     room: list[int]  # [b] drafts each row has room for before its limits (0 for idle slots)
-    limits: list[int]  # [b] the plan's most drafts each row may propose (<= room; 0: it drafts nothing)
+    limits: list[int]  # [b] the most drafts each row may propose (<= room; 0: it drafts nothing)
     static: bool  # every slot, static shapes (the captured path)
     state: SlotState | None = None  # the slots' sequences, noise keys and repetition context (device)
     buffers: RoundBuffers | None = None
-    shape: RoundShape | None = None  # set before drafting, or after it for drafters that propose first
-    chosen: list[int] | None = None  # [b] the choice's drafts per row (<= limits; a tree: its depth), set once
-    gumbel: torch.Tensor | None = None  # [b, >= width, V] coupled noise for positions L .. L + width - 1
-    draft: Draft | None = None
-    tree: TreeShape | None = None  # a tree round's geometry (rows [b])
     fills: list[tuple[int, int, int]] = field(default_factory=list)  # packed: prompt chunks (slot, start, count)
     fill_slots: list[list[int]] = field(default_factory=list)  # per chunk, the slots that take it: its own and the
     #   other samples of its request that copy its prompt cache (a drafter that reads hidden states takes them in)
     copies: list[tuple[int, int, int]] = field(default_factory=list)  # packed: prompt caches copied once the
     #   round's chunks are in (source slot, destination slot, entries): the other samples of a request
-    forced: list[int] | None = None  # [b] drafts the grammar forced in each row (structured output)
-    proposed: list[list[int]] | None = None  # [b] a lookup's whole proposal per row, before the choice cut it
-
-    @property
-    def budgets(self) -> list[int]:
-        """[b] the most drafts each row proposes: the choice's once made, before it (a drafter that proposes
-        first, whose proposals the choice reads) the plan's limits."""
-        return self.chosen if self.chosen is not None else self.limits
-
-    def chosen_for(self, slots: list[int]) -> list[int]:
-        """The drafts the choice gave these of the round's rows (what acceptance is learnt against), 0 for a row
-        whose drafts a grammar forced: they say nothing about the drafter."""
-        at = {slot: i for i, slot in enumerate(self.rows)}
-        forced = self.forced or [0] * len(self.rows)
-        return [0 if forced[at[slot]] else self.budgets[at[slot]] for slot in slots]
-
-    def proposed_for(self, slots: list[int]) -> list[list[int]] | None:
-        """A lookup's whole proposals of these of the round's rows (what adaptive judges in hindsight); None when
-        the round has none, or a grammar forced drafts in it (its tokens then say nothing of the drafter)."""
-        if self.proposed is None or self.forced is not None:
-            return None
-        at = {slot: i for i, slot in enumerate(self.rows)}
-        return [self.proposed[at[slot]] for slot in slots]
 
     @property
     def chunk_tokens(self) -> int:
@@ -207,6 +178,46 @@ class Round:
     @property
     def running_slots(self) -> list[int]:
         return [self.rows[i] for i in self.running]
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """What a drafter is asked to draft over a plan's rows: each row's most drafts (the choice's; for a drafter
+    that proposes first, asked before the choice, the plan's limits) and the coupled noise it samples with."""
+
+    budgets: list[int]  # [b]
+    gumbel: torch.Tensor | None = None  # [b, >= width, V] coupled noise for positions L .. L + width - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """A drafted round (the draft stage's, drafting.py, built once): its plan, the shape it drafts, each row's
+    number of drafts the choice gave it, the drafts, the coupled noise, a tree's geometry, the drafts a grammar
+    forced and a lookup's whole proposals. The verify pass, acceptance and postprocess only read it."""
+
+    plan: Plan
+    shape: RoundShape
+    budgets: list[int]  # [b] the choice's drafts per row (<= the plan's limits; a tree: its depth)
+    draft: Draft
+    gumbel: torch.Tensor | None = None  # [b, >= width, V] coupled noise for positions L .. L + width - 1
+    tree: TreeShape | None = None  # a tree round's geometry (rows [b])
+    forced: list[int] | None = None  # [b] drafts the grammar forced in each row (structured output)
+    proposed: list[list[int]] | None = None  # [b] a lookup's whole proposal per row, before the choice cut it
+
+    def chosen_for(self, slots: list[int]) -> list[int]:
+        """The drafts the choice gave these of the round's rows (what acceptance is learnt against), 0 for a row
+        whose drafts a grammar forced: they say nothing about the drafter."""
+        at = {slot: i for i, slot in enumerate(self.plan.rows)}
+        forced = self.forced or [0] * len(self.plan.rows)
+        return [0 if forced[at[slot]] else self.budgets[at[slot]] for slot in slots]
+
+    def proposed_for(self, slots: list[int]) -> list[list[int]] | None:
+        """A lookup's whole proposals of these of the round's rows (what adaptive judges in hindsight); None when
+        the round has none, or a grammar forced drafts in it (its tokens then say nothing of the drafter)."""
+        if self.proposed is None or self.forced is not None:
+            return None
+        at = {slot: i for i, slot in enumerate(self.plan.rows)}
+        return [self.proposed[at[slot]] for slot in slots]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from .control.costs import PackedCosts, RoundCost
 from .intake import Defaults, Intake, Seat
 from .control.payoff import PayoffCheck
 from .postprocess import Emitted, RowOutcomes
-from .round import Round, RoundShape
+from .round import Plan, Round, RoundShape
 from .slot_life import SlotLife
 from .slots import PromptFills
 from .stats import Statistics
@@ -120,9 +120,10 @@ class Scheduler:
 
     # ---- a round ------------------------------------------------------------------------------------
 
-    def schedule(self) -> Round:
-        """The round's rows (every slot when static, else the running ones), their lengths and room. Its
-        budgets and shape come from `choose` (before drafting, or after it for a drafter that proposes first)."""
+    def schedule(self) -> Plan:
+        """The round's plan: its rows (every slot when static, else the running ones), their lengths, room and
+        limits. Its budgets and shape come from `choose` (before drafting, or after it for a drafter that
+        proposes first)."""
         if self.fill_budget:
             return self._schedule_packed()
         rows = list(range(len(self.slots.records))) if self.static else self._eager_rows()
@@ -131,11 +132,11 @@ class Scheduler:
         room = [r.room(self.max_seq_len) if r is not None else 0 for r in records]
         running = [i for i, r in enumerate(records) if r is not None]
         span = slice(rows[0], rows[-1] + 1) if rows and rows[-1] - rows[0] == len(rows) - 1 else None
-        return Round(rows=rows, span=span, lengths=lengths, running=running, room=room,
+        return Plan(rows=rows, span=span, lengths=lengths, running=running, room=room,
                      limits=self._limits(rows, running, room, lengths, 0), static=self.static,
                      **self.place(rows, lengths))
 
-    def _schedule_packed(self) -> Round:
+    def _schedule_packed(self) -> Plan:
         """A packed round: the chunks of new prompts it prefills, first come first served within the fill
         budget, and the rows that decide a token: every running row whose prompt is in the cache once this
         round's chunks are (a new row's first decision rides in the forward of its last chunk)."""
@@ -154,7 +155,7 @@ class Scheduler:
         # The plan books its chunks as written (the rows and limits above read the records before): the verify
         # pass only carries them out.
         fill_slots = [self.fills.samples_of(slot) for slot, _, _ in fills]
-        return Round(rows=rows, span=span, lengths=lengths, running=running, room=room, limits=limits, static=False,
+        return Plan(rows=rows, span=span, lengths=lengths, running=running, room=room, limits=limits, static=False,
                      fills=fills, fill_slots=fill_slots, copies=self.fills.book(fills), **self.place(rows, lengths))
 
     def _deciding(self, ready: list[int]) -> list[int]:
@@ -201,40 +202,40 @@ class Scheduler:
                 limits[i] = 0
         return limits
 
-    def choose(self, round: Round, proposed: list[int] | None = None,
+    def choose(self, plan: Plan, proposed: list[int] | None = None,
                priors: list[float | None] | None = None) -> tuple[RoundShape, list[int]]:
-        """The round's shape and each row's number of drafts (the round's `chosen`). proposed: what each row
+        """The round's shape and each row's number of drafts (the Round's `budgets`). proposed: what each row
         already proposed (a drafter that proposes first), whose longest proposal bounds a chain's width; else
         the plan's limits; priors: the drafter's own chance that each row's first draft is right (its rows'
         acceptance prior)."""
-        offer = proposed if proposed is not None else round.limits
+        offer = proposed if proposed is not None else plan.limits
         if self.adaptive is not None and self.per_row:  # packed: each row's own number of drafts
-            return self._choose_rows(round, offer, priors)
+            return self._choose_rows(plan, offer, priors)
         if self.adaptive is None:
             shape = RoundShape(tree=self.trees[0]) if self.trees else RoundShape(drafts=self.k_max)
         else:
-            shape = self.adaptive.choose(round.running_slots, [offer[i] for i in round.running],
-                                         [round.room[i] for i in round.running],
-                                         [priors[i] for i in round.running] if priors is not None else None)
+            shape = self.adaptive.choose(plan.running_slots, [offer[i] for i in plan.running],
+                                         [plan.room[i] for i in plan.running],
+                                         [priors[i] for i in plan.running] if priors is not None else None)
         if shape.tree is not None:
-            return shape, list(round.room)  # a tree is as deep as each row's room allows
+            return shape, list(plan.room)  # a tree is as deep as each row's room allows
         return shape, [min(shape.drafts, n) for n in offer]
 
-    def _choose_rows(self, round: Round, offer: list[int],
+    def _choose_rows(self, plan: Plan, offer: list[int],
                      priors: list[float | None] | None) -> tuple[RoundShape, list[int]]:
         """A packed round's shape and each row's drafts (AdaptiveK.choose_rows) over its running rows; a static
         round's idle slots draft nothing."""
         adaptive = self.adaptive
-        budgets = [0] * len(round.rows)
+        budgets = [0] * len(plan.rows)
         if self._plain_epoch:
             return adaptive.shapes[0], budgets
-        at = round.running
+        at = plan.running
         pick = lambda values: [values[i] for i in at]  # noqa: E731
-        rows = pick(round.rows)
-        lags = self.life.drafter.lags(rows, pick(round.lengths)) if adaptive.policy.draft_forwards else None
-        index, drafts = adaptive.choose_rows(rows, pick(offer), pick(round.room),
+        rows = pick(plan.rows)
+        lags = self.life.drafter.lags(rows, pick(plan.lengths)) if adaptive.policy.draft_forwards else None
+        index, drafts = adaptive.choose_rows(rows, pick(offer), pick(plan.room),
                                              pick(priors) if priors is not None else None,
-                                             len(at) + round.chunk_tokens, adaptive.costs, lags)
+                                             len(at) + plan.chunk_tokens, adaptive.costs, lags)
         for i, k in zip(at, drafts):
             budgets[i] = k
         return adaptive.shapes[index], budgets
@@ -251,7 +252,7 @@ class Scheduler:
         costs = self.adaptive.costs
         if not isinstance(costs, PackedCosts) or not costs.known or costs.rest.n < 4:  # the weak zero and 3 rounds
             return None
-        counted = sum(round.rows[i] not in round.admitted for i in round.running)
+        counted = sum(round.plan.rows[i] not in round.plan.admitted for i in round.plan.running)
         return counted, costs.prices().seconds(counted, 0, 0)
 
     @property
@@ -274,17 +275,17 @@ class Scheduler:
         if self.payoff is not None and tokens is not None:
             # Admission is the job's work whichever arm runs: its share of the forward and the admitted rows'
             # first tokens are taken out.
-            admitted = round.admitted
-            counted = sum(n for i, n in zip(round.running, tokens) if round.rows[i] not in admitted)
-            self.payoff.observe(counted, seconds - round.admission_seconds(forward), rows=len(round.running),
+            admitted = round.plan.admitted
+            counted = sum(n for i, n in zip(round.plan.running, tokens) if round.plan.rows[i] not in admitted)
+            self.payoff.observe(counted, seconds - round.plan.admission_seconds(forward), rows=len(round.plan.running),
                                 plain=self._plain_price(round),
                                 learning=self.adaptive.learning and not self._plain_epoch,
-                                admitting=bool(round.fills), drafted=any(round.budgets or ()),
+                                admitting=bool(round.plan.fills), drafted=any(round.budgets or ()),
                                 ending=self.intake_.drained)
         drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
         shape = self.adaptive.shapes.index(round.shape)
         measured = (RoundCost(shape, len(emitted.slots), seconds) if cost is None else
                     RoundCost(shape, len(emitted.slots), seconds, sum(drafted), cost[0], cost[1], tuple(cost[2]),
-                              prompt_tokens=round.chunk_tokens, exploring=exploring))
+                              prompt_tokens=round.plan.chunk_tokens, exploring=exploring))
         self.adaptive.observe(measured, emitted.slots, round.chosen_for(emitted.slots), drafted, accepted,
                               round.proposed_for(emitted.slots), emitted.tokens)

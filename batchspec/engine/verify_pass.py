@@ -101,9 +101,9 @@ class PaddedPass(_Pass):
 
     def run(self, round: Round) -> Verified:
         count_padded(self.stats, round)
-        pending = self.state.tokens[round.rows_t, round.lengths_t - 1]
+        pending = self.state.tokens[round.plan.rows_t, round.plan.lengths_t - 1]
         tokens = torch.cat([pending[:, None], round.draft.tokens], dim=1)
-        return Verified(self.runner.forward(tokens, kv_len=kv_len(round), rows=round.span or round.rows_t,
+        return Verified(self.runner.forward(tokens, kv_len=kv_len(round), rows=round.plan.span or round.plan.rows_t,
                                             tree=round.tree))
 
 
@@ -150,8 +150,8 @@ class StaticPass(_Pass):
     def _packed(self, round: Round) -> Verified:
         """Every running row its pending token and its own drafts, idle slots nothing -> logits [num_slots, W, V]."""
         draft, width = round.draft, round.shape.width
-        num = draft.host_num if draft.host_num is not None else [width - 1] * len(round.rows)
-        running = set(round.running)
+        num = draft.host_num if draft.host_num is not None else [width - 1] * len(round.plan.rows)
+        running = set(round.plan.running)
         widths = [1 + min(n, width - 1) if i in running else 0 for i, n in enumerate(num)]
         steps = self.runner.static_steps
         logits = steps.verify_packed(widths, width, kv_len(round), self.state.tokens, self.buffers.drafts)
@@ -192,22 +192,22 @@ class PackedPass(_Pass):
 
     def run(self, round: Round) -> Verified:
         """-> logits [b, W, V] of the deciding rows (None when no row decides)."""
-        tree, draft, b = round.tree, round.draft, len(round.rows)
+        tree, draft, b = round.tree, round.draft, len(round.plan.rows)
         width = round.shape.width if b else 1
         num = draft.host_num if b and tree is None and draft.host_num is not None else [width - 1] * b
-        layout = layout_round(round.rows, round.lengths, [1 + min(n, width - 1) for n in num], width, round.fills,
+        layout = layout_round(round.plan.rows, round.plan.lengths, [1 + min(n, width - 1) for n in num], width, round.plan.fills,
                               tree is not None)
         if width > 1:  # the drafts go where they will be verified: the forward reads its tokens from there
-            self.state.write(round.rows_t, round.lengths_t, draft.tokens)
+            self.state.write(round.plan.rows_t, round.plan.lengths_t, draft.tokens)
         batch = self.runner.pack(layout.rows, keep=layout.keep, tree=tree)
         started = wall(self.device)
         logits = self.runner.forward_packed(self.state.tokens[batch.slots, batch.index], batch)
         forward = (batch.num_tokens, wall(self.device) - started)
-        filled = round.chunk_tokens
+        filled = round.plan.chunk_tokens
         self.stats.forward(batch.num_tokens, 0, filled, forward[1] * filled / batch.num_tokens, forward[1])
         if self.runner.feature_layers:  # before the commit hands the other samples their copies
             self.drafter.packed_forward([(other, start, count, layout.chunk_at[slot, start])
-                                         for (slot, start, count), slots in zip(round.fills, round.fill_slots)
+                                         for (slot, start, count), slots in zip(round.plan.fills, round.plan.fill_slots)
                                          for other in slots],
                                         torch.tensor(layout.verify, device=self.device) if b else None)
         self._commit_fills(round)
@@ -220,26 +220,26 @@ class PackedPass(_Pass):
     def _commit_fills(self, round: Round) -> None:
         """The prompt chunks a packed forward wrote stay cached: their slots' lengths move to the chunks'
         ends; samples of a request whose prompt is now in copy its cache (the round's plan names them)."""
-        fills = round.fills
+        fills = round.plan.fills
         if not fills:
             return
         table = self._fills.put([[slot for slot, _, _ in fills], [start + count for _, start, count in fills]],
                                 (2, len(fills)))
         self.runner.copy_lengths(table[0], table[1])
-        for src, dst, length in round.copies:
+        for src, dst, length in round.plan.copies:
             self.runner.copy_prefix([src], [dst], length)
             self.runner.set_lengths(dst, length)
 
 
 def kv_len(round: Round) -> int:
     """The cache entries a padded verify attends: the longest running row's and its drafts."""
-    return max(round.lengths[i] for i in round.running) + round.shape.width - 1
+    return max(round.plan.lengths[i] for i in round.plan.running) + round.shape.width - 1
 
 
 def count_padded(stats: Statistics, round: Round) -> None:
     """A padded verify's tokens into the statistics: every row W, the padding past each row's drafts and the idle
     slots' whole rows."""
     width, num = round.shape.width, round.draft.host_num
-    num = num or [width - 1] * len(round.rows)
-    padding = sum(width - 1 - n for n in num) + (len(round.rows) - len(round.running)) * width
-    stats.forward(len(round.rows) * width, padding, 0)
+    num = num or [width - 1] * len(round.plan.rows)
+    padding = sum(width - 1 - n for n in num) + (len(round.plan.rows) - len(round.plan.running)) * width
+    stats.forward(len(round.plan.rows) * width, padding, 0)

@@ -32,7 +32,7 @@ class FeatureRecorder(NoDrafter):
         self.feature_layers = tuple(layers)
         self.parts: dict[int, list[torch.Tensor]] = {}
         self.finished: list[Recorded] = []
-        self._round = None
+        self._plan = None
         self._verify_index = None  # packed: the last forward's [b, W] verify positions (packed_forward)
         self._target = self._state = None
 
@@ -57,22 +57,22 @@ class FeatureRecorder(NoDrafter):
         for slot, start, count, at in chunks:
             self.parts[slot].append(features[at: at + count].to("cpu", torch.float32))
 
-    def propose(self, round):
-        self._round = round
-        return super().propose(round)
+    def propose(self, plan, choice):
+        self._plan = plan
+        return super().propose(plan, choice)
 
     @torch.inference_mode()
     def extend(self, slots, emitted, num_accepted, path=None):
         """After a round's verdict: the pending position's states of every row that ran it (each verified just
         that token; `slots` leaves out the rows this round finished, whose states count too). The first
         token's extend after admission comes without a round: its position's states come next round."""
-        if self._round is None:
+        if self._plan is None:
             return
-        round, self._round = self._round, None
+        plan, self._plan = self._plan, None
         features = self._target.features  # packed [N, F] (_verify_index says where each row's tokens are) or [b, T, F]
         pending = features[self._verify_index[:, 0]] if features.dim() == 2 else features[:, 0]
         pending = pending.to("cpu", torch.float32)
-        for i, slot in enumerate(round.rows):
+        for i, slot in enumerate(plan.rows):
             self.parts[slot].append(pending[i][None])
 
     def release(self, slots):

@@ -14,7 +14,7 @@ def check_baselines(rows: list[Row], k: int, count: int) -> None:
     import torch
 
     from batchspec.engine.drafters import NGramDrafter, PromptLookupDrafter
-    from batchspec.engine.round import Round, RoundBuffers
+    from batchspec.engine.round import Choice, Plan, RoundBuffers
 
     cpu = torch.device("cpu")
     buffers = RoundBuffers(1, k, 32, cpu, noise=False, probs=False, trees=False)
@@ -26,10 +26,10 @@ def check_baselines(rows: list[Row], k: int, count: int) -> None:
             real.admit([0], [list(seq)])
             sim.start(r, list(seq))
             for token in row.completion[1:]:
-                round = Round(rows=[0], rows_t=torch.tensor([0]), span=slice(0, 1), lengths=[len(seq)],
-                              lengths_t=torch.tensor([len(seq)]), running=[0], room=[k], limits=[k],
-                              static=False, buffers=buffers)
-                draft = real.propose(round)
+                plan = Plan(rows=[0], rows_t=torch.tensor([0]), span=slice(0, 1), lengths=[len(seq)],
+                            lengths_t=torch.tensor([len(seq)]), running=[0], room=[k], limits=[k],
+                            static=False, buffers=buffers)
+                draft = real.propose(plan, Choice([k]))
                 want = draft.tokens[0, : int(draft.num_tokens[0])].tolist()
                 got = sim.propose(r, k)[0]
                 if got != want:

@@ -4,10 +4,10 @@ Every drafter speaks the same verbs (cf. transformers' CandidateGenerator, made 
   admit(slots, prompts, features=None)  new requests now occupy these slots (features: per seat the target's
                                         hidden states of its prompt, [P, F], for a drafter that names
                                         `feature_layers`, when admission prefilled it; None otherwise)
-  propose(round) -> Draft               up to round.budgets[i] tokens for row i; rows may propose 0 (the
-                                        choice's counts, or before it, for a drafter that proposes first,
-                                        the plan's limits: round.py)
-  propose_tree(round, spec) -> Draft    (drafters whose policy says `trees`) a tree per row
+  propose(plan, choice) -> Draft        up to choice.budgets[i] tokens for row i of the plan; rows may
+                                        propose 0 (the choice's counts, or before it, for a drafter that
+                                        proposes first, the plan's limits: round.py)
+  propose_tree(plan, choice, spec) -> Draft  (drafters whose policy says `trees`) a tree per row
   extend(slots, emitted, num_accepted, path)  the tokens each running row emitted this round (a new row's
                                         first token in front), how many drafts it had accepted, and in a
                                         tree round each row's deepest accepted node (None in chains)
@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 
 from ..types import TreeSpec
-from ..round import Draft, Round, RoundBuffers, RoundShape
+from ..round import Choice, Draft, Plan, RoundBuffers, RoundShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,7 @@ class Drafter(Protocol):
 
     def admit(self, slots: list[int], prompts: list[list[int]],
               features: list[torch.Tensor] | None = None) -> None: ...
-    def propose(self, round: Round) -> Draft: ...
+    def propose(self, plan: Plan, choice: Choice) -> Draft: ...
     def extend(self, slots: list[int], emitted: list[list[int]], num_accepted: list[int],
                path: list[int] | None = None) -> None: ...
     def release(self, slots: list[int]) -> None: ...
@@ -92,8 +92,8 @@ class Drafter(Protocol):
     #    runner holds) and verify_index [b, W] gives each deciding row's verify positions in it (None: no row
     #    decided); a drafter that reads the hidden states (EAGLE) takes the prompt in from there
     # Drafters whose policy says `trees`:
-    #   propose_tree(round, spec) -> Draft      a tree per row in spec.nodes node slots (the verify width is
-    #                                           spec.nodes + 1); round.budgets[i] bounds row i's depth
+    #   propose_tree(plan, choice, spec) -> Draft  a tree per row in spec.nodes node slots (the verify width is
+    #                                              spec.nodes + 1); choice.budgets[i] bounds row i's depth
 
 
 def host_draft(buffers: RoundBuffers, drafts: list[list[int]]) -> Draft:
@@ -189,8 +189,8 @@ class NoDrafter(HostDrafter):
     def admit(self, slots, prompts, features=None):
         pass
 
-    def propose(self, round: Round) -> Draft:
-        return empty_draft(round.buffers, len(round.rows))
+    def propose(self, plan: Plan, choice: Choice) -> Draft:
+        return empty_draft(plan.buffers, len(plan.rows))
 
     def extend(self, slots, emitted, num_accepted, path=None):
         pass

@@ -9,7 +9,7 @@ import torch
 from ..types import TreeSpec
 from ..acceptance import sample
 from ..noise import STREAM_DRAFT, uniforms
-from ..round import Draft, Round, RoundBuffers
+from ..round import Draft, Plan, RoundBuffers
 from ..sampling import RowSampling, SamplingParams, choose, probs_of, scores
 
 
@@ -78,16 +78,16 @@ def lay_out_static_tree(spec: TreeSpec, num: torch.Tensor, drafts: torch.Tensor,
     num.copy_(valid.sum(1))
 
 
-def buffered_draft(round: Round, steps: int, num: torch.Tensor, probs: torch.Tensor | None, spec: TreeSpec | None,
-                   device: torch.device) -> Draft:
+def buffered_draft(plan: Plan, budgets: list[int], steps: int, num: torch.Tensor, probs: torch.Tensor | None,
+                   spec: TreeSpec | None, device: torch.device) -> Draft:
     """What a drafting model's steps wrote into the round's buffers, as its Draft: a chain of `steps` drafts
     per row (num: their counts), or the tree of `spec` (static: laid out by the first step; eager: here)."""
-    b, buffers = len(round.rows), round.buffers
+    b, buffers = len(plan.rows), plan.buffers
     if spec is None:
         return Draft(tokens=buffers.drafts[:b, :steps], num_tokens=num,
-                     probs=probs[:b, :steps] if probs is not None else None, host_num=list(round.budgets))
+                     probs=probs[:b, :steps] if probs is not None else None, host_num=list(budgets))
     n = spec.nodes
-    if round.static:  # the first step laid out the tree
+    if plan.static:  # the first step laid out the tree
         return Draft(tokens=buffers.drafts[:, :n], num_tokens=num, parents=buffers.parents[:, :n],
                      valid=buffers.valid[:, :n], q_at=probs[:, : n + 1] if probs is not None else None, spec=spec)
     parents, valid = layout_tree(spec, num, buffers.drafts[:b, :n], device)

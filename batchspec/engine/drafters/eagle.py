@@ -22,7 +22,7 @@ import torch
 from ..types import TreeSpec
 from ..model.graphs import StepGraphs
 from ..model.host_device import wall
-from ..round import Draft, Round, RoundBuffers, RoundShape
+from ..round import Choice, Draft, Plan, RoundBuffers, RoundShape
 from ..model.runner import ModelRunner
 from ..model.timing import time_rows
 from ..sampling import SamplingParams, row_transforms
@@ -79,7 +79,7 @@ class EagleDrafter:
     @torch.inference_mode()
     def admit(self, slots, prompts, features: list[torch.Tensor] | None = None):
         """The head's entries over each prompt: position p from the target's features of p and token p + 1
-        (0 .. P - 2); the features of P - 1 wait in the stash for the first round. features: per seat, the
+        (0 .. P - 2); the features of P - 1 wait in the stash for the first plan. features: per seat, the
         target's features of its prompt [P, F] (from its eager prefill); None when packed rounds prefill the
         prompts: the entries then come chunk by chunk (packed_forward), and the rows sit out the head's
         steps until their prompt is in."""
@@ -168,61 +168,61 @@ class EagleDrafter:
     # ---- proposing --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def propose(self, round: Round) -> Draft:
-        return self._propose(round, None)
+    def propose(self, plan: Plan, choice: Choice) -> Draft:
+        return self._propose(plan, choice, None)
 
     @torch.inference_mode()
-    def propose_tree(self, round: Round, spec: TreeSpec) -> Draft:
+    def propose_tree(self, plan: Plan, choice: Choice, spec: TreeSpec) -> Draft:
         """A spine with side branches (as the draft model's: the head's chain and its next guesses beside
         each spine token)."""
-        return self._propose(round, spec)
+        return self._propose(plan, choice, spec)
 
-    def _propose(self, round: Round, spec: TreeSpec | None) -> Draft:
-        b, buffers = len(round.rows), round.buffers
-        depth = spec.depth if spec is not None else max(round.budgets, default=0)
-        steps = min(depth, max(round.budgets, default=0))
-        num = buffers.put_num_drafts([min(k, depth) for k in round.budgets])
+    def _propose(self, plan: Plan, choice: Choice, spec: TreeSpec | None) -> Draft:
+        b, buffers = len(plan.rows), plan.buffers
+        depth = spec.depth if spec is not None else max(choice.budgets, default=0)
+        steps = min(depth, max(choice.budgets, default=0))
+        num = buffers.put_num_drafts([min(k, depth) for k in choice.budgets])
         branching = spec.branching if spec is not None else 0
         rejection = not (self.sampling.greedy or self.sampling.coupled)
         probs = (buffers.q_at if spec is not None else buffers.probs) if rejection else None
-        if round.static:
-            self.static_steps.run(round.lengths, *self._first_entries(round), max(steps, 1), spec)
+        if plan.static:
+            self.static_steps.run(plan.lengths, *self._first_entries(plan), max(steps, 1), spec)
         else:
-            self._eager_steps(round, max(steps, 1), branching, probs, draft=steps > 0)
-        self._round = (list(round.rows), list(round.lengths))
+            self._eager_steps(plan, choice, max(steps, 1), branching, probs, draft=steps > 0)
+        self._round = (list(plan.rows), list(plan.lengths))
         if steps == 0:
             return empty_draft(buffers, b) if spec is None else no_tree(buffers, b, spec)
-        return buffered_draft(round, steps, num, probs, spec, self.device)
+        return buffered_draft(plan, choice.budgets, steps, num, probs, spec, self.device)
 
-    def _eager_steps(self, round: Round, steps: int, branching: int, probs, draft: bool) -> None:
+    def _eager_steps(self, plan: Plan, choice: Choice, steps: int, branching: int, probs, draft: bool) -> None:
         """The first step (the entries each row lacks, up to L - 2), then one drafted token per step."""
-        runner, b, state = self.runner, len(round.rows), round.state
-        rows = round.rows_t
-        kv_len = max(round.lengths) - 1 + steps
+        runner, b, state = self.runner, len(plan.rows), plan.state
+        rows = plan.rows_t
+        kv_len = max(plan.lengths) - 1 + steps
         # Rows whose prompt a packed round is still bringing in sit the first step out (they draft nothing);
         # so does every row when none drafts and none would outgrow its stash (then the head's entries
         # wait in the stash, and the round costs no head forward).
-        ready = [i for i, slot in enumerate(round.rows) if slot not in self.waiting]
-        starts, counts = self._first_entries(round)
+        ready = [i for i, slot in enumerate(plan.rows) if slot not in self.waiting]
+        starts, counts = self._first_entries(plan)
         if not draft and all(counts[i] <= LAG_MAX for i in ready):
-            self._lagging = {round.rows[i] for i in ready}
+            self._lagging = {plan.rows[i] for i in ready}
             return
         self._lagging = set()
-        logits, out = self._first_step(round, ready, starts, counts, kv_len)
+        logits, out = self._first_step(plan, ready, starts, counts, kv_len)
         if not draft:
             return
         # Rows drafting further come first, so that those still drafting at step i are a prefix (a tree
         # round drafts every row to its depth).
-        budgets = [steps] * b if branching else list(round.budgets)
+        budgets = [steps] * b if branching else list(choice.budgets)
         order = sorted(range(b), key=lambda i: -budgets[i])
         budgets = [budgets[i] for i in order]
         perm = torch.tensor(order, device=self.device)
-        rows, logits, out, lengths = rows[perm], logits[perm], out[perm], round.lengths_t[perm]
+        rows, logits, out, lengths = rows[perm], logits[perm], out[perm], plan.lengths_t[perm]
         presence = state.presence[rows].clone() if state.presence is not None else None
         keys = state.noise_keys[rows]
         sampling = row_transforms(self.sampling, state.sampling, rows)
-        gumbel = round.gumbel[perm] if round.gumbel is not None else None
-        drafts = torch.zeros_like(round.buffers.drafts[:b])
+        gumbel = choice.gumbel[perm] if choice.gumbel is not None else None
+        drafts = torch.zeros_like(plan.buffers.drafts[:b])
         q = torch.zeros_like(probs[:b]) if probs is not None else None
         for i in range(steps):
             n = sum(k > i for k in budgets)
@@ -240,23 +240,23 @@ class EagleDrafter:
                                         extra={"hidden": out[:going]})[:, -1]
                 self._steps.append((going, wall(self.device) - started))
                 out = runner.features
-        round.buffers.drafts[perm] = drafts
+        plan.buffers.drafts[perm] = drafts
         if q is not None:
             probs[perm] = q
 
-    def _first_step(self, round: Round, ready: list[int], starts: list[int], counts: list[int],
+    def _first_step(self, plan: Plan, ready: list[int], starts: list[int], counts: list[int],
                     kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The head's first forward over the `ready` rows (indices into round.rows): each row's entries from
+        """The head's first forward over the `ready` rows (indices into plan.rows): each row's entries from
         starts[i] + 1, counts[i] of them -> (logits after each row's last entry [b, V], its features
         [b, 1, H]; zero for rows not ready)."""
-        runner, b, state = self.runner, len(round.rows), round.state
+        runner, b, state = self.runner, len(plan.rows), plan.state
         logits = torch.zeros(b, runner.vocab_size, dtype=self.stash.dtype, device=self.device)
         out = torch.zeros(b, 1, self.out.shape[-1], dtype=self.stash.dtype, device=self.device)
         if not ready:
             return logits, out
         starts, counts = [starts[i] for i in ready], [counts[i] for i in ready]
         at = torch.tensor(ready, device=self.device)
-        sub = round.rows_t[at]
+        sub = plan.rows_t[at]
         width = max(counts)
         start_t = torch.tensor(starts, device=self.device)
         positions = (start_t[:, None] + 1 + torch.arange(width, device=self.device)).clamp(max=state.tokens.shape[1] - 1)
@@ -288,8 +288,8 @@ class EagleDrafter:
         hidden = torch.zeros(rows, 1, self.stash.shape[-1], dtype=self.stash.dtype, device=self.device)
         return time_rows(self.runner, rows, repeats=repeats, extra={"hidden": hidden})
 
-    def _first_entries(self, round: Round) -> tuple[list[int], list[int]]:
+    def _first_entries(self, plan: Plan) -> tuple[list[int], list[int]]:
         """Per row, the first head entry the first step computes and how many (up to L - 2). An idle slot on
         the static path (L = 1) computes one throwaway entry at 0."""
-        starts = [min(self.valid[r], max(n - 2, 0)) for r, n in zip(round.rows, round.lengths)]
-        return starts, [max(n - 1 - v, 1) for n, v in zip(round.lengths, starts)]
+        starts = [min(self.valid[r], max(n - 2, 0)) for r, n in zip(plan.rows, plan.lengths)]
+        return starts, [max(n - 1 - v, 1) for n, v in zip(plan.lengths, starts)]

@@ -14,7 +14,7 @@ A row's table is a function of its own tokens only, so the proposals are those o
 from __future__ import annotations
 
 from ..types import TreeSpec
-from ..round import Draft, Round
+from ..round import Choice, Draft, Plan
 from .base import LOOKUP_POLICY, HostDrafter, host_draft, host_tree
 
 
@@ -48,9 +48,9 @@ class LazyLookup(HostDrafter):
             self.pending[slot] = []
             self._learn(slot, tokens)
 
-    def _ready(self, round: Round, depths: list[int]) -> None:
+    def _ready(self, plan: Plan, depths: list[int]) -> None:
         """The rows that will propose (depth > 0) learn what they have queued."""
-        for slot, depth in zip(round.rows, depths):
+        for slot, depth in zip(plan.rows, depths):
             if depth > 0:
                 self._catch_up(slot)
 
@@ -132,21 +132,21 @@ class NGramDrafter(LazyLookup):
         """The context after `token`: the last max_order - 1 tokens at most."""
         return (context[1:] if len(context) >= self.max_order - 1 else context) + [token]
 
-    def propose(self, round: Round) -> Draft:
-        self._ready(round, round.budgets)
-        drafts = [self._predict(slot, k) if k > 0 else [] for slot, k in zip(round.rows, round.budgets)]
-        return host_draft(round.buffers, drafts)
+    def propose(self, plan: Plan, choice: Choice) -> Draft:
+        self._ready(plan, choice.budgets)
+        drafts = [self._predict(slot, k) if k > 0 else [] for slot, k in zip(plan.rows, choice.budgets)]
+        return host_draft(plan.buffers, drafts)
 
-    def propose_tree(self, round: Round, spec: TreeSpec) -> Draft:
+    def propose_tree(self, plan: Plan, choice: Choice, spec: TreeSpec) -> Draft:
         """The `branching` best first tokens, each continued as a chain to `depth`: their prefix tree."""
-        self._ready(round, round.budgets)  # a tree is at least one deep: the same rows propose
+        self._ready(plan, choice.budgets)  # a tree is at least one deep: the same rows propose
         rows = []
-        for slot, k in zip(round.rows, round.budgets):
+        for slot, k in zip(plan.rows, choice.budgets):
             depth = min(k, spec.depth)
             context = list(self.history[slot][-(self.max_order - 1) :]) if depth > 0 else []
             firsts = self._candidates(slot, context, spec.branching) if depth > 0 else []
             rows.append([[t] + self._predict(slot, depth - 1, self._extend(context, t)) for t in firsts])
-        return host_tree(round.buffers, rows, spec)
+        return host_tree(plan.buffers, rows, spec)
 
 
 
@@ -209,21 +209,21 @@ class PromptLookupDrafter(LazyLookup):
                     return after[::-1][:count]
         return []
 
-    def propose(self, round: Round) -> Draft:
-        self._ready(round, round.budgets)
+    def propose(self, plan: Plan, choice: Choice) -> Draft:
+        self._ready(plan, choice.budgets)
         drafts = []
-        for slot, k in zip(round.rows, round.budgets):
+        for slot, k in zip(plan.rows, choice.budgets):
             starts = self._starts(slot, 1) if k > 0 else []
             drafts.append(self.seqs[slot][starts[0] : starts[0] + k] if starts else [])
-        return host_draft(round.buffers, drafts)
+        return host_draft(plan.buffers, drafts)
 
-    def propose_tree(self, round: Round, spec: TreeSpec) -> Draft:
+    def propose_tree(self, plan: Plan, choice: Choice, spec: TreeSpec) -> Draft:
         """The continuations of the `branching` most recent occurrences of the trailing n-gram (the longest n
         that has any), each up to `depth` tokens: their prefix tree."""
-        self._ready(round, round.budgets)  # a tree is at least one deep: the same rows propose
+        self._ready(plan, choice.budgets)  # a tree is at least one deep: the same rows propose
         rows = []
-        for slot, k in zip(round.rows, round.budgets):
+        for slot, k in zip(plan.rows, choice.budgets):
             depth = min(k, spec.depth)
             seq = self.seqs.get(slot, [])
             rows.append([seq[s : s + depth] for s in self._starts(slot, spec.branching)] if depth > 0 else [])
-        return host_tree(round.buffers, rows, spec)
+        return host_tree(plan.buffers, rows, spec)

@@ -10,7 +10,7 @@ from ..types import TreeSpec
 from ..model.graphs import StepGraphs
 from ..model.host_device import wall
 from ..model.packed import RowTokens
-from ..round import Draft, Round, RoundBuffers, RoundShape
+from ..round import Choice, Draft, Plan, RoundBuffers, RoundShape
 from ..model.runner import ModelRunner
 from ..sampling import SamplingParams, row_transforms
 from ..slots import SlotState
@@ -69,7 +69,7 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def admit(self, slots, prompts, features=None):
-        """Prefill the draft on each prompt; the first token is fed in the row's first drafted round. Packed
+        """Prefill the draft on each prompt; the first token is fed in the row's first drafted plan. Packed
         drafting forwards feed a new row's prompt in its first drafting round instead."""
         if self.runner.packs:  # the first drafting forward of each row feeds its prompt (_packed_steps)
             for slot in slots:
@@ -84,9 +84,9 @@ class ModelDrafter:
         for slot, prompt in zip(slots, prompts):
             self.valid[slot] = len(prompt)
 
-    def _catch_up(self, round: Round, tokens: torch.Tensor) -> None:
+    def _catch_up(self, plan: Plan, budgets: list[int], tokens: torch.Tensor) -> None:
         """Feed rows that missed tokens (rounds without drafting) up to position L-2."""
-        lagging = [(row, self.valid[row], n - 2) for row, n, k in zip(round.rows, round.lengths, round.budgets)
+        lagging = [(row, self.valid[row], n - 2) for row, n, k in zip(plan.rows, plan.lengths, budgets)
                    if k > 0 and self.valid[row] < n - 2]
         if not lagging:
             return
@@ -145,65 +145,65 @@ class ModelDrafter:
     # ---- proposing --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def propose(self, round: Round) -> Draft:
-        return self._propose(round, None)
+    def propose(self, plan: Plan, choice: Choice) -> Draft:
+        return self._propose(plan, choice, None)
 
     @torch.inference_mode()
-    def propose_tree(self, round: Round, spec: TreeSpec) -> Draft:
+    def propose_tree(self, plan: Plan, choice: Choice, spec: TreeSpec) -> Draft:
         """A spine with side branches: the chain this drafter would propose (`depth` tokens, its best guess
         at each step), and at every depth `branching - 1` alternatives beside the spine token, as leaves:
         its next best guesses (greedy: by q; coupled: by q's scores plus the position's noise), or under
         rejection sampling further i.i.d. draws from q (the spine token is one of the draws). A miss on
         the spine can then still hit on a branch. The alternatives come from the logits the chain
         computes anyway: the draft's cost is a chain's, only the verify pass is wider."""
-        return self._propose(round, spec)
+        return self._propose(plan, choice, spec)
 
-    def _propose(self, round: Round, spec: TreeSpec | None) -> Draft:
-        b, buffers = len(round.rows), round.buffers
-        depth = spec.depth if spec is not None else max(round.budgets, default=0)
-        steps = min(depth, max(round.budgets, default=0))
+    def _propose(self, plan: Plan, choice: Choice, spec: TreeSpec | None) -> Draft:
+        b, buffers = len(plan.rows), plan.buffers
+        depth = spec.depth if spec is not None else max(choice.budgets, default=0)
+        steps = min(depth, max(choice.budgets, default=0))
         if steps == 0:
             self._round = None
             return empty_draft(buffers, b) if spec is None else no_tree(buffers, b, spec)
-        num = buffers.put_num_drafts([min(k, depth) for k in round.budgets])  # the budgets, on the device
-        if round.static or not self.runner.packs or spec is not None:  # packed steps catch up in their first
-            self._catch_up(round, round.state.tokens)
-        kv_len = max(round.lengths) + steps - 1
+        num = buffers.put_num_drafts([min(k, depth) for k in choice.budgets])  # the budgets, on the device
+        if plan.static or not self.runner.packs or spec is not None:  # packed steps catch up in their first
+            self._catch_up(plan, choice.budgets, plan.state.tokens)
+        kv_len = max(plan.lengths) + steps - 1
         branching = spec.branching if spec is not None else 0
         rejection = not (self.sampling.greedy or self.sampling.coupled)
         probs = (buffers.q_at if spec is not None else buffers.probs) if rejection else None
         # Rows that did not draft and lag behind (a new row whose prompt the draft has not seen) are not fed
         # up to their pending token: their draft cache stays as it was.
-        fed = [i for i, (slot, n, k) in enumerate(zip(round.rows, round.lengths, round.budgets))
+        fed = [i for i, (slot, n, k) in enumerate(zip(plan.rows, plan.lengths, choice.budgets))
                if k > 0 or self.valid[slot] >= n - 2]
-        self._round = ([round.rows[i] for i in fed], [round.lengths[i] for i in fed], [steps] * len(fed),
+        self._round = ([plan.rows[i] for i in fed], [plan.lengths[i] for i in fed], [steps] * len(fed),
                        max(branching, 1))
-        if round.static:
+        if plan.static:
             self.static_steps.run(steps, kv_len, spec)
         elif self.runner.packs and spec is None:
-            self._packed_steps(round, probs)
+            self._packed_steps(plan, choice, probs)
         else:
-            self._eager_steps(round, steps, kv_len, branching, probs)
-        return buffered_draft(round, steps, num, probs, spec, self.device)
+            self._eager_steps(plan, choice, steps, kv_len, branching, probs)
+        return buffered_draft(plan, choice.budgets, steps, num, probs, spec, self.device)
 
-    def _eager_steps(self, round: Round, steps: int, kv_len: int, branching: int, probs) -> None:
+    def _eager_steps(self, plan: Plan, choice: Choice, steps: int, kv_len: int, branching: int, probs) -> None:
         """The drafting loop over the round's rows: one forward per drafted token."""
-        runner, b = self.runner, len(round.rows)
-        rows = round.span if round.span is not None else round.rows_t
-        where = round.span if round.span is not None else round.rows_t
+        runner, b = self.runner, len(plan.rows)
+        rows = plan.span if plan.span is not None else plan.rows_t
+        where = plan.span if plan.span is not None else plan.rows_t
         # Feed only the last token when every row has the one before (after a round that accepted every
         # draft it has only L - 2): on CPU a step's cost grows with its tokens.
-        width = 2 if any(self.valid[r] < n - 1 for r, n in zip(round.rows, round.lengths)) else 1
-        lengths = round.lengths_t
+        width = 2 if any(self.valid[r] < n - 1 for r, n in zip(plan.rows, plan.lengths)) else 1
+        lengths = plan.lengths_t
         start = (lengths - width).clamp(min=0)
         runner.set_lengths(where, start)
-        feed = round.state.tokens[round.rows_t[:, None], start[:, None] + torch.arange(width, device=self.device)]
+        feed = plan.state.tokens[plan.rows_t[:, None], start[:, None] + torch.arange(width, device=self.device)]
         logits = runner.forward(feed, kv_len=kv_len, rows=rows, last_only=True)[:, -1]
-        state = round.state
-        presence = state.presence[round.rows_t].clone() if state.presence is not None else None
-        keys, drafts = state.noise_keys[round.rows_t], round.buffers.drafts[:b]
-        sampling = row_transforms(self.sampling, state.sampling, round.rows_t)
-        gumbel = round.gumbel
+        state = plan.state
+        presence = state.presence[plan.rows_t].clone() if state.presence is not None else None
+        keys, drafts = state.noise_keys[plan.rows_t], plan.buffers.drafts[:b]
+        sampling = row_transforms(self.sampling, state.sampling, plan.rows_t)
+        gumbel = choice.gumbel
         arange = torch.arange(b, device=self.device)
         for i in range(steps):
             token = choose_draft(self._align(logits), i, self.sampling, lengths, keys, presence, gumbel, drafts,
@@ -214,23 +214,23 @@ class ModelDrafter:
                 runner.set_lengths(where, start + width + i)
                 logits = runner.forward(token[:, None], kv_len=kv_len, rows=rows)[:, -1]
 
-    def _packed_steps(self, round: Round, probs) -> None:
+    def _packed_steps(self, plan: Plan, choice: Choice, probs) -> None:
         """The drafting loop over the rows that draft (budget > 0), each forward packed (packed.py): the first
         feeds each row what its draft cache lacks up to its pending token (valid .. L - 1: after rounds it
         sat out, the tokens it missed; a new row, its prompt), each later one the draft just made, for the
         rows whose budget goes that far. A row that drafts nothing costs the draft nothing."""
-        order = sorted((i for i, k in enumerate(round.budgets) if k > 0), key=lambda i: -round.budgets[i])
-        slots = [round.rows[i] for i in order]
-        lengths = [round.lengths[i] for i in order]
-        budgets = [round.budgets[i] for i in order]  # descending: the rows still drafting are a prefix
+        order = sorted((i for i, k in enumerate(choice.budgets) if k > 0), key=lambda i: -choice.budgets[i])
+        slots = [plan.rows[i] for i in order]
+        lengths = [plan.lengths[i] for i in order]
+        budgets = [choice.budgets[i] for i in order]  # descending: the rows still drafting are a prefix
         self._round = (slots, lengths, budgets, 1)
-        state, steps = round.state, budgets[0]
+        state, steps = plan.state, budgets[0]
         sub = torch.tensor(order, device=self.device)
-        rows_t = round.rows_t[sub]
-        lengths_t, keys = round.lengths_t[sub], state.noise_keys[rows_t]
+        rows_t = plan.rows_t[sub]
+        lengths_t, keys = plan.lengths_t[sub], state.noise_keys[rows_t]
         presence = state.presence[rows_t].clone() if state.presence is not None else None
         sampling = row_transforms(self.sampling, state.sampling, rows_t)
-        gumbel = round.gumbel[sub] if round.gumbel is not None else None
+        gumbel = choice.gumbel[sub] if choice.gumbel is not None else None
         drafts = torch.zeros(len(slots), steps, dtype=torch.long, device=self.device)
         q = torch.zeros(len(slots), steps, probs.shape[-1], device=self.device) if probs is not None else None
         starts = [min(self.valid[slot], n - 1) for slot, n in zip(slots, lengths)]
@@ -246,7 +246,7 @@ class ModelDrafter:
             going = sum(k > i + 1 for k in budgets)
             if going:
                 logits = self._timed([RowTokens(slots[j], lengths[j] + i, 1) for j in range(going)], token[:going])
-        round.buffers.drafts[sub, :steps] = drafts
+        plan.buffers.drafts[sub, :steps] = drafts
         if q is not None:
             probs[sub, :steps] = q
 

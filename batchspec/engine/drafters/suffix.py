@@ -9,7 +9,7 @@ from itertools import count
 from typing import Iterable, Sequence
 
 from ..types import TreeSpec
-from ..round import Draft, Round
+from ..round import Choice, Draft, Plan
 from .base import SUFFIX_POLICY, HostDrafter, host_draft, host_tree_nodes
 from .suffix_index import SuffixIndex
 
@@ -49,24 +49,24 @@ class SuffixDrafter(HostDrafter):
             if key is not None:
                 self.index.finish(key)
 
-    def propose(self, round: Round) -> Draft:
+    def propose(self, plan: Plan, choice: Choice) -> Draft:
         drafts, priors = [], []
-        for slot, k in zip(round.rows, round.budgets):
+        for slot, k in zip(plan.rows, choice.budgets):
             tokens, probs = self.index.propose(self.keys[slot], k) if k > 0 else ([], [])
             drafts.append(tokens)
             priors.append(probs[0] if tokens else None)
-        return replace(host_draft(round.buffers, drafts), priors=priors)
+        return replace(host_draft(plan.buffers, drafts), priors=priors)
 
-    def propose_tree(self, round: Round, spec: TreeSpec) -> Draft:
+    def propose_tree(self, plan: Plan, choice: Choice, spec: TreeSpec) -> Draft:
         """Its own frequency-ranked tree within the shape's node budget and depth (a node may have more
         children than the shape's branching; rejection sampling tries the first `branching` of them, in
         rank order)."""
         rows = []
-        for slot, k in zip(round.rows, round.budgets):
+        for slot, k in zip(plan.rows, choice.budgets):
             depth = min(k, spec.depth)
             if depth > 0:
                 tokens, parents, _ = self.index.propose_tree(self.keys[slot], spec.nodes, depth)
             else:
                 tokens, parents = [], []
             rows.append((tokens, parents))
-        return host_tree_nodes(round.buffers, rows, spec)
+        return host_tree_nodes(plan.buffers, rows, spec)

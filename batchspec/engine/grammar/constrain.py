@@ -9,30 +9,30 @@ import torch
 
 from ..drafters.base import host_draft
 from .grammar import Grammars, apply_masks
-from ..round import Draft, Round, RoundBuffers
+from ..round import Draft, Plan, Round, RoundBuffers
 from ..slots import SlotTable
 
 
-def constrain_drafts(round: Round, draft: Draft, grammars: Grammars, slots: SlotTable, buffers: RoundBuffers,
+def constrain_drafts(plan: Plan, draft: Draft, grammars: Grammars, slots: SlotTable, buffers: RoundBuffers,
                      limit: int) -> tuple[Draft, list[int] | None] | None:
     """The drafts of constrained rows, before verification: a proposal is cut at the first token its grammar
     refuses, and a row whose grammar forces its next tokens drafts them (at most `limit`, and its room)
     unless its proposal already covers them. Only drafts made on the host (none, the lookups) can be cut and
     merged: a draft model's are masked at verification instead. Rows awaiting their first token are left
-    alone. draft: the round's proposals. Returns (the drafts, each row's forced drafts or None when no row has
+    alone. draft: the plan's proposals. Returns (the drafts, each row's forced drafts or None when no row has
     any), or None when the proposals stand as they are."""
     if draft.host_tokens is None:
         return None
-    merged, forced = [list(t) for t in draft.host_tokens], [0] * len(round.rows)  # forced: drafts the grammar made
+    merged, forced = [list(t) for t in draft.host_tokens], [0] * len(plan.rows)  # forced: drafts the grammar made
     changed = False
-    for i in grammars.constrained(round.rows):
-        slot = round.rows[i]
+    for i in grammars.constrained(plan.rows):
+        slot = plan.rows[i]
         if slots[slot] is None or slots[slot].awaiting_first:
             continue
         legal = grammars.legal(slot, merged[i])
         if legal < len(merged[i]):
             merged[i], changed = merged[i][:legal], True
-        tokens = grammars.forced(slot, min(round.room[i], limit))
+        tokens = grammars.forced(slot, min(plan.room[i], limit))
         # A proposal the grammar takes that is as long (in bytes) as the forced ones starts with them.
         if tokens and grammars.byte_length(merged[i]) < grammars.byte_length(tokens):
             merged[i], forced[i], changed = tokens, len(tokens), True
@@ -47,11 +47,11 @@ def mask_round(round: Round, logits: torch.Tensor, grammars: Grammars, slots: Sl
     position t after the row's pending token and its first t drafts. Drafts made on the device come to the
     host for it (a sync, in constrained rounds only). tokens: the slots' sequences (SlotState.tokens), where
     on the static path a new row's first token waits (it reaches the host with this round's verdict)."""
-    index = grammars.constrained(round.rows)
+    index = grammars.constrained(round.plan.rows)
     if not index:
         return
     draft, width, device = round.draft, logits.shape[1], logits.device
-    rows = [round.rows[i] for i in index]
+    rows = [round.plan.rows[i] for i in index]
     if draft.host_tokens is not None:
         drafts = [draft.host_tokens[i] for i in index]
     else:
@@ -62,7 +62,7 @@ def mask_round(round: Round, logits: torch.Tensor, grammars: Grammars, slots: Sl
     if static:
         waiting = [slots[slot].awaiting_first for slot in rows]
         if any(waiting):
-            prefixes = [[int(tokens[slot, round.lengths[i] - 1])] if w else []
+            prefixes = [[int(tokens[slot, round.plan.lengths[i] - 1])] if w else []
                         for slot, i, w in zip(rows, index, waiting)]
     bitmask = grammars.masks(rows, drafts, width, prefixes)
     at = torch.tensor(index, device=device)
