@@ -185,7 +185,8 @@ def test_a_group_reads_a_span_of_the_cache_or_gathers_its_rows(pair, name, rows,
     attention), at least 2; more, and the rows' caches are gathered. Either way each row's logits are the
     same as the other way's (fp32, to rounding)."""
     model = AutoModelForCausalLM.from_pretrained(pair.target, dtype=torch.float32).eval()
-    runner = ModelRunner(model, num_slots=16, capacity=64, max_position=512, graphs=StepGraphs(None, torch.device("cpu")))
+    runner = ModelRunner(model, num_slots=16, capacity=64, max_position=512,
+                         graphs=StepGraphs(None, torch.device("cpu")))
     specs = [RowTokens(*r) for r in rows]
     gen = torch.Generator().manual_seed(1)
     prefix = [RowTokens(r.slot, 0, r.start) for r in specs if r.start]

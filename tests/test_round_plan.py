@@ -125,7 +125,8 @@ def test_the_plan_books_prompt_chunks_and_the_copies_they_make_due(llama_pair, m
 
 
 @pytest.mark.parametrize("module,name", [
-    ("round", "Plan"), ("round", "Choice"), ("round", "Round"), ("round", "RoundShape"), ("round", "Draft"), ("round", "Verified"),
+    ("round", "Plan"), ("round", "Choice"), ("round", "Round"), ("round", "RoundShape"), ("round", "Draft"),
+    ("round", "Verified"),
     ("verdict", "Verdict"), ("verdict", "RoundOutcome"), ("tree", "TreeVerdict"), ("postprocess", "Emitted"),
     ("admission", "Seated"), ("control.costs", "RoundCost"), ("intake", "Seat"), ("intake", "Admission"),
 ])

@@ -21,7 +21,7 @@ from .verdict import RoundOutcome
 class Emitted:
     """A round's outcome per running row that goes on: the tokens it emitted (a new row's first token in
     front), the drafts it had accepted and a tree round's deepest accepted node (what the drafter learns),
-    and its cut counts (what adaptive speculation learns, with the round's `chosen`: a row that emitted by
+    and its cut counts (what adaptive speculation learns, with the round's `budgets`: a row that emitted by
     a grammar's forced drafts counts no draft)."""
 
     slots: list[int]

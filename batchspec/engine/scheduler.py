@@ -280,7 +280,7 @@ class Scheduler:
             self.payoff.observe(counted, seconds - round.plan.admission_seconds(forward), rows=len(round.plan.running),
                                 plain=self._plain_price(round),
                                 learning=self.adaptive.learning and not self._plain_epoch,
-                                admitting=bool(round.plan.fills), drafted=any(round.budgets or ()),
+                                admitting=bool(round.plan.fills), drafted=any(round.budgets),
                                 ending=self.intake_.drained)
         drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
         shape = self.adaptive.shapes.index(round.shape)

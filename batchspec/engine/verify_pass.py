@@ -30,7 +30,7 @@ from .model.graphs import StepGraphs
 from .model.host_device import HostBuffer, wall
 from .model.timing import packed_seconds
 from .model.packed import layout_round
-from .round import Round, RoundBuffers, RoundShape, Verified
+from .round import Plan, Round, RoundBuffers, RoundShape, Verified
 from .round_steps import declare_round_steps, shape_seconds
 from .model.runner import ModelRunner
 from .slots import SlotState
@@ -192,41 +192,42 @@ class PackedPass(_Pass):
 
     def run(self, round: Round) -> Verified:
         """-> logits [b, W, V] of the deciding rows (None when no row decides)."""
-        tree, draft, b = round.tree, round.draft, len(round.plan.rows)
+        plan, tree, draft = round.plan, round.tree, round.draft
+        b = len(plan.rows)
         width = round.shape.width if b else 1
         num = draft.host_num if b and tree is None and draft.host_num is not None else [width - 1] * b
-        layout = layout_round(round.plan.rows, round.plan.lengths, [1 + min(n, width - 1) for n in num], width, round.plan.fills,
+        layout = layout_round(plan.rows, plan.lengths, [1 + min(n, width - 1) for n in num], width, plan.fills,
                               tree is not None)
         if width > 1:  # the drafts go where they will be verified: the forward reads its tokens from there
-            self.state.write(round.plan.rows_t, round.plan.lengths_t, draft.tokens)
+            self.state.write(plan.rows_t, plan.lengths_t, draft.tokens)
         batch = self.runner.pack(layout.rows, keep=layout.keep, tree=tree)
         started = wall(self.device)
         logits = self.runner.forward_packed(self.state.tokens[batch.slots, batch.index], batch)
         forward = (batch.num_tokens, wall(self.device) - started)
-        filled = round.plan.chunk_tokens
+        filled = plan.chunk_tokens
         self.stats.forward(batch.num_tokens, 0, filled, forward[1] * filled / batch.num_tokens, forward[1])
         if self.runner.feature_layers:  # before the commit hands the other samples their copies
             self.drafter.packed_forward([(other, start, count, layout.chunk_at[slot, start])
-                                         for (slot, start, count), slots in zip(round.plan.fills, round.plan.fill_slots)
+                                         for (slot, start, count), slots in zip(plan.fills, plan.fill_slots)
                                          for other in slots],
                                         torch.tensor(layout.verify, device=self.device) if b else None)
-        self._commit_fills(round)
+        self._commit_fills(plan)
         if not b:
             return Verified(None, forward)
         if layout.full:
             return Verified(logits.view(b, width, -1), forward)
         return Verified(logits[torch.tensor(layout.gather, device=self.device)], forward)
 
-    def _commit_fills(self, round: Round) -> None:
+    def _commit_fills(self, plan: Plan) -> None:
         """The prompt chunks a packed forward wrote stay cached: their slots' lengths move to the chunks'
         ends; samples of a request whose prompt is now in copy its cache (the round's plan names them)."""
-        fills = round.plan.fills
+        fills = plan.fills
         if not fills:
             return
         table = self._fills.put([[slot for slot, _, _ in fills], [start + count for _, start, count in fills]],
                                 (2, len(fills)))
         self.runner.copy_lengths(table[0], table[1])
-        for src, dst, length in round.plan.copies:
+        for src, dst, length in plan.copies:
             self.runner.copy_prefix([src], [dst], length)
             self.runner.set_lengths(dst, length)
 
