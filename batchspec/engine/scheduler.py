@@ -245,14 +245,14 @@ class Scheduler:
         """The payoff check runs an epoch without drafts (payoff.py)."""
         return self.payoff is not None and not self.payoff.drafting
 
-    def _plain_price(self, round: Round) -> tuple[int, float] | None:
+    def _plain_price(self, plan: Plan) -> tuple[int, float] | None:
         """The round's rows but admission's, without drafts, as the cost model prices them (the measured round
         leaves admission out too): (their tokens, which the payoff check counts, the seconds); None before the
         costs are known and the rest of a round (host work) has been measured over 3 rounds or more."""
         costs = self.adaptive.costs
         if not isinstance(costs, PackedCosts) or not costs.known or costs.rest.n < 4:  # the weak zero and 3 rounds
             return None
-        counted = sum(round.plan.rows[i] not in round.plan.admitted for i in round.plan.running)
+        counted = sum(plan.rows[i] not in plan.admitted for i in plan.running)
         return counted, costs.prices().seconds(counted, 0, 0)
 
     @property
@@ -275,12 +275,13 @@ class Scheduler:
         if self.payoff is not None and tokens is not None:
             # Admission is the job's work whichever arm runs: its share of the forward and the admitted rows'
             # first tokens are taken out.
-            admitted = round.plan.admitted
-            counted = sum(n for i, n in zip(round.plan.running, tokens) if round.plan.rows[i] not in admitted)
-            self.payoff.observe(counted, seconds - round.plan.admission_seconds(forward), rows=len(round.plan.running),
-                                plain=self._plain_price(round),
+            plan = round.plan
+            admitted = plan.admitted
+            counted = sum(n for i, n in zip(plan.running, tokens) if plan.rows[i] not in admitted)
+            self.payoff.observe(counted, seconds - plan.admission_seconds(forward), rows=len(plan.running),
+                                plain=self._plain_price(plan),
                                 learning=self.adaptive.learning and not self._plain_epoch,
-                                admitting=bool(round.plan.fills), drafted=any(round.budgets),
+                                admitting=bool(plan.fills), drafted=any(round.budgets),
                                 ending=self.intake_.drained)
         drafted, accepted = [c.drafted for c in emitted.counts], [c.accepted for c in emitted.counts]
         shape = self.adaptive.shapes.index(round.shape)

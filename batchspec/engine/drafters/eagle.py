@@ -79,7 +79,7 @@ class EagleDrafter:
     @torch.inference_mode()
     def admit(self, slots, prompts, features: list[torch.Tensor] | None = None):
         """The head's entries over each prompt: position p from the target's features of p and token p + 1
-        (0 .. P - 2); the features of P - 1 wait in the stash for the first plan. features: per seat, the
+        (0 .. P - 2); the features of P - 1 wait in the stash for the first round. features: per seat, the
         target's features of its prompt [P, F] (from its eager prefill); None when packed rounds prefill the
         prompts: the entries then come chunk by chunk (packed_forward), and the rows sit out the head's
         steps until their prompt is in."""

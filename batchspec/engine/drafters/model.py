@@ -69,7 +69,7 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def admit(self, slots, prompts, features=None):
-        """Prefill the draft on each prompt; the first token is fed in the row's first drafted plan. Packed
+        """Prefill the draft on each prompt; the first token is fed in the row's first drafted round. Packed
         drafting forwards feed a new row's prompt in its first drafting round instead."""
         if self.runner.packs:  # the first drafting forward of each row feeds its prompt (_packed_steps)
             for slot in slots:

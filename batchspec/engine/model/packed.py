@@ -32,8 +32,8 @@ SHORT = 8  # rows of at most this many tokens (decoding rows) share one group; l
 # A group's empty slots between its rows ride along (no queries) up to this many a row, at least 2; more: a gather
 # of every layer's keys and values of the group's rows. A hole in a group of decoding rows (at most SHORT tokens)
 # costs their few queries' attention, less than a gather of the rows' caches; in a group of prompt chunks it
-# costs a whole chunk's padded attention. Measured (docs/benchmarks.md, 2026-12-06): one a row took 16 spare
-# slots at batch 32 from 0.94 to 0.98 of none without them.
+# costs a whole chunk's padded attention. Measured (docs/benchmarks.md, 2026-12-06, q384 at batch 32): one a row
+# took 16 spare slots from 0.95 to 0.995 of drafter none without them, and 1.003 without spare slots.
 HOLES_PER_ROW = 0.25
 SHORT_HOLES_PER_ROW = 1.0
 
