@@ -337,7 +337,7 @@ def test_the_timed_forward_computes_logits_at_every_token_as_a_verify_does(llama
 def test_the_key_names_the_products_the_linears_run(llama_pair):
     """Points timed under one choice of BLAS product (few_rows.py) price another forward under another: a change of
     choice is a new key, for the target's linears and the draft model's."""
-    from batchspec.engine.model.few_rows import CHOICE
+    from batchspec.engine.model.few_rows import BLOCKED, CHOICE, LEFT
 
     models = batchspec.load_models(str(llama_pair.target), str(llama_pair.draft))
     generator = batchspec.build_generator(models, drafter="model", k=3, batch_size=4)
@@ -347,7 +347,8 @@ def test_the_key_names_the_products_the_linears_run(llama_pair):
     assert first["linears"][0] is not None and first["linears"][1] is not None
     for model, index in ((models.target, 0), (generator.drafter.runner.model, 1)):
         before = getattr(model, CHOICE)
-        setattr(model, CHOICE, {shape: frozenset({1, 2, 3}) - buckets for shape, buckets in before.items()})
+        flip = lambda chosen: {b: LEFT for b in (1, 2, 3) if b not in chosen} | {12: BLOCKED}  # noqa: E731
+        setattr(model, CHOICE, {shape: flip(chosen) for shape, chosen in before.items()})
         assert key()["linears"][index] != first["linears"][index] and key()["linears"][1 - index] == first["linears"][1 - index]
         setattr(model, CHOICE, before)
     assert key() == first

@@ -70,7 +70,7 @@ def linear_choice(model: torch.nn.Module) -> str | None:
     choice = getattr(model, CHOICE, None)
     if choice is None:
         return None
-    text = repr(sorted((shape, sorted(buckets)) for shape, buckets in choice.items()))
+    text = repr(sorted((shape, sorted(chosen.items())) for shape, chosen in choice.items()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

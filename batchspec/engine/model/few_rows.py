@@ -28,6 +28,16 @@ MLP's weights chose it up to 4 or 8 rows and the LM head at most counts up to 32
 runner's eager forwards: each `nn.Linear` of the model gets its own forward for the block, and the model is
 as it was after it.
 
+A wide weight (an LM head: BLOCK_MIN rows or more) has a third product for more than 8 rows, W @ x.T in
+blocks of BLOCK rows of W (`blocked_left`): past 8 rows MKL's product over the whole weight slows down (Gemma-3's
+262,144-row head took 56 ms at 8 rows and 126-138 at 12-24 as W @ x.T, 142-172 with F.linear), and a block of
+2,048 rows (5 MB) stays in the caches while all the rows multiply it: 84-110 ms at 12-24 rows, 15-25% less from
+12 to 64 rows on that head and on SmolLM2's 49,152-row one, and slower at 8-10 rows (2 CPU cores, 2026-12-07).
+A verify pass's logits are that product at 1 + k rows a row: at batch 8 with 2 drafts a row, 24. Timing the
+blocks too, Gemma-3-270M's choice ran out of BUDGET_S at 12 rows, so a wide weight's buckets that the budget
+left get WIDE_BUDGET_S of their own (11.9 s in all for that model, once a machine; its head then chose blocks
+at 12-24, 32 and 48 rows, SmolLM2's at 24-40).
+
 Both orders compute the same sums in another order: logits differ in the last bits (SmolLM2: at most 6e-4
 of logits in the tens), as they already do between a 1-token step and a verify pass of k + 1 tokens.
 """
@@ -47,9 +57,14 @@ from .threads import read_sample
 
 BUCKETS = tuple(range(1, 17)) + (20, 24, 28, 32, 40, 48, 56, 64)
 BUDGET_S = 6.0  # the most seconds timing may take (a loaded machine took 45-73 s for the demo pair unbounded)
-MARGIN = 0.9  # W @ x.T must take at most this share of F.linear's time
+WIDE_BUDGET_S = 6.0  # and then for a wide weight's (an LM head's) buckets the budget left: Gemma-3-270M's
+#   ran out at 12 rows, where a verify pass at batch 8 with 2 drafts a row computes its head at 24
+MARGIN = 0.9  # W @ x.T (or its blocks) must take at most this share of F.linear's time (blocks: of W @ x.T's too)
 SAMPLE_BYTES = 64 << 20  # the weights one timing pass reads: past the caches (32 MB of L3 here)
 CHOICE = "_batchspec_few_rows"  # the model's attribute keeping the choice: timed once per model
+BLOCK = 2048  # rows of W a block of `blocked_left` multiplies: 5 MB of a 640-wide fp32 head, within the caches
+BLOCK_MIN = 8 * BLOCK  # a weight with fewer rows is not timed blocked (a block or a few are the whole product)
+LEFT, BLOCKED = "left", "blocked"  # the products a bucket may choose over F.linear
 
 
 def weight_left(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -62,6 +77,26 @@ def weight_left(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if bias is not None:
         out += bias
     return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def blocked_left(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """weight_left over blocks of BLOCK rows of the weight, each written into its rows of one output.
+    x [..., K], weight [N, K] -> [..., N], contiguous."""
+    flat = x.reshape(-1, x.shape[-1])
+    rows = flat.shape[0]
+    right = flat.t().contiguous() if rows > 1 else torch.cat([flat, flat]).t().contiguous()
+    out = torch.empty(weight.shape[0], right.shape[1], dtype=right.dtype, device=right.device)  # [N, M]
+    for start in range(0, weight.shape[0], BLOCK):
+        torch.mm(weight[start:start + BLOCK], right, out=out[start:start + BLOCK])
+    out = out[:, :rows].t().contiguous()
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def product(name: str):
+    """The product a bucket chose by its name (looked up when called: the tests replace them)."""
+    return {LEFT: weight_left, BLOCKED: blocked_left}[name]
 
 
 def bucket(rows: int) -> int | None:
@@ -78,60 +113,88 @@ def passes(size: int, repeats: int) -> int:
     return 1 if size > SAMPLE_BYTES else repeats
 
 
-def _best_of(x: torch.Tensor, weights: list[torch.Tensor], repeats: int) -> tuple[float, float]:
-    """The best of `repeats` passes over `weights` with rows x, (F.linear's seconds, W @ x.T's), interleaved."""
-    best = {F.linear: float("inf"), weight_left: float("inf")}
+def _best_of(x: torch.Tensor, weights: list[torch.Tensor], repeats: int, names: list[str]) -> dict[str, float]:
+    """The best of `repeats` passes over `weights` with rows x: F.linear's seconds ("linear") and each named
+    product's, interleaved."""
+    funcs = {"linear": F.linear, **{name: product(name) for name in names}}
+    best = dict.fromkeys(funcs, float("inf"))
     for _ in range(repeats):
-        for f in best:
+        for name, f in funcs.items():
             start = time.perf_counter()
             for w in weights:
                 f(x, w)
-            best[f] = min(best[f], time.perf_counter() - start)
-    return best[F.linear], best[weight_left]
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def _pick(seconds: dict[str, float]) -> str | None:
+    """The product a bucket runs (None: F.linear): the faster of the others where it took at most MARGIN of
+    F.linear's time, and blocks over W @ x.T only where they took at most MARGIN of its time too."""
+    left, blocked = seconds.get(LEFT, float("inf")), seconds.get(BLOCKED, float("inf"))
+    name, best = (BLOCKED, blocked) if blocked <= MARGIN * left else (LEFT, left)
+    return name if best <= MARGIN * seconds["linear"] else None
+
+
+def _timed(steps: list, won: dict, noise: torch.Generator, deadline: float) -> int:
+    """Time (bucket, (shape, sampled weights, passes)) steps in order into `won` until the deadline (perf_counter
+    seconds); returns how many were timed."""
+    for done, (top, (shape, weights, count)) in enumerate(steps):
+        if time.perf_counter() >= deadline:
+            return done
+        names = [LEFT, BLOCKED] if shape[0] >= BLOCK_MIN and top > 8 else [LEFT]
+        seconds = _best_of(torch.randn(top, shape[1], generator=noise).to(weights[0]), weights, count, names)
+        if (name := _pick(seconds)) is not None:
+            won[shape][top] = name
+    return len(steps)
+
+
+Choice = dict[tuple[int, int], dict[int, str]]  # per weight shape (N, K): bucket -> the product it runs
 
 
 class FewRowLinears:
-    """For each nn.Linear of `model`: which row buckets run as W @ x.T (`left[shape]`). Enter around eager
-    forwards. `left`: the choice per weight shape (N, K), or None to time it here."""
+    """For each nn.Linear of `model`: which row buckets run as W @ x.T or in blocks (`chosen[shape]`: bucket ->
+    LEFT or BLOCKED). Enter around eager forwards. `chosen`: the choice per weight shape (N, K), or None to
+    time it here."""
 
-    def __init__(self, model: nn.Module, left: dict[tuple[int, int], frozenset[int]] | None = None,
-                 repeats: int = 3):
+    def __init__(self, model: nn.Module, chosen: Choice | None = None, repeats: int = 3):
         # Not subclasses (they may compute otherwise), nor a layer whose forward is already replaced (a hook).
         self.linears = [m for m in model.modules() if type(m) is nn.Linear and "forward" not in m.__dict__]
-        if left is None:
-            left = getattr(model, CHOICE, None)
-            if left is None:
-                left = self.cached_or_timed(self.linears, repeats)
-                setattr(model, CHOICE, left)
-        self.left = left
-        # (layer, its forward) for the layers whose shape chose W @ x.T for some bucket: the only ones touched
-        self._swaps = [(m, self._forward(m)) for m in self.linears if left.get(tuple(m.weight.shape))]
+        if chosen is None:
+            chosen = getattr(model, CHOICE, None)
+            if chosen is None:
+                chosen = self.cached_or_timed(self.linears, repeats)
+                setattr(model, CHOICE, chosen)
+        self.chosen = chosen
+        # (layer, its forward) for the layers whose shape chose another product for some bucket: the only ones touched
+        self._swaps = [(m, self._forward(m)) for m in self.linears if chosen.get(tuple(m.weight.shape))]
 
     @classmethod
-    def cached_or_timed(cls, linears: list[nn.Linear], repeats: int) -> dict[tuple[int, int], frozenset[int]]:
+    def cached_or_timed(cls, linears: list[nn.Linear], repeats: int) -> Choice:
         """The choice the machine's cache holds for these weights, or timed (and kept if undisturbed)."""
         shapes = sorted({(tuple(m.weight.shape), str(m.weight.dtype)) for m in linears})
         key = {"shapes": [list(s) + [d] for s, d in shapes], **machine_cache.machine(torch.device("cpu")),
-               "torch": torch.__version__, "timed": "every count to 16"}  # (earlier buckets' choices: not read)
+               "torch": torch.__version__, "timed": "every count to 16, blocks"}  # (earlier choices: not read)
         stored = machine_cache.read("few_rows", key)
         if stored is not None:
-            return {tuple(s): frozenset(b) for s, b in stored["left"]}
+            return {tuple(s): {int(b): name for b, name in chosen} for s, chosen in stored["chosen"]}
         started, before = time.perf_counter(), read_sample()
         choice = cls.time(linears, repeats)
         if machine_cache.undisturbed(before, read_sample(), time.perf_counter() - started):
-            machine_cache.write("few_rows", key, {"left": [[list(s), sorted(b)] for s, b in choice.items()]})
+            machine_cache.write("few_rows", key, {"chosen": [[list(s), sorted(c.items())] for s, c in choice.items()]})
         return choice
 
     @staticmethod
     @torch.inference_mode()
-    def time(linears: list[nn.Linear], repeats: int, budget_s: float = BUDGET_S) -> dict[tuple[int, int], frozenset[int]]:
-        """Per weight shape, the buckets where W @ x.T took at most MARGIN of F.linear's time at the bucket's top;
-        bucket by bucket, the fewest rows first and within one the largest shapes (by the bytes of their
-        weights) first, and nothing past budget_s seconds (what is left untimed keeps F.linear)."""
+    def time(linears: list[nn.Linear], repeats: int, budget_s: float = BUDGET_S) -> Choice:
+        """Per weight shape, the buckets where W @ x.T (or, for a wide weight past 8 rows, its blocks) took at most
+        MARGIN of F.linear's time at the bucket's top (_pick); bucket by bucket, the fewest rows first and within
+        one the largest shapes (by the bytes of their weights) first, and nothing past budget_s seconds (what is
+        left untimed keeps F.linear), then the wide weights' buckets left within their own budget (WIDE_BUDGET_S
+        scaled as budget_s is)."""
         groups: dict[tuple[int, int], list[torch.Tensor]] = defaultdict(list)
         for m in linears:
             groups[tuple(m.weight.shape)].append(m.weight)
-        won: dict[tuple[int, int], set[int]] = {shape: set() for shape in groups}
+        won: Choice = {shape: {} for shape in groups}
         noise = torch.Generator().manual_seed(0)  # not the global generator: seeded jobs must not see the timing
         started = time.perf_counter()
         def size(weights: list[torch.Tensor]) -> int:  # bytes of one weight of the shape
@@ -139,20 +202,20 @@ class FewRowLinears:
         by_size = sorted(groups.items(), key=lambda item: -size(item[1]) * len(item[1]))
         sampled = [(shape, ws[: max(1, SAMPLE_BYTES // max(size(ws), 1))], passes(size(ws), repeats))
                    for shape, ws in by_size]
-        for top, (shape, weights, count) in itertools.product(BUCKETS, sampled):  # bucket by bucket
-            if time.perf_counter() - started > budget_s:
-                break
-            linear, left = _best_of(torch.randn(top, shape[1], generator=noise).to(weights[0]), weights, count)
-            if left <= MARGIN * linear:
-                won[shape].add(top)
-        return {shape: frozenset(b) for shape, b in won.items()}
+        steps = list(itertools.product(BUCKETS, sampled))  # bucket by bucket
+        # A wide weight's buckets that the budget left untimed get a budget of their own (see WIDE_BUDGET_S).
+        timed = _timed(steps, won, noise, started + budget_s)
+        _timed([step for step in steps[timed:] if step[1][0][0] >= BLOCK_MIN], won, noise,
+               time.perf_counter() + WIDE_BUDGET_S * (budget_s / BUDGET_S))
+        return won
 
     def _forward(self, module: nn.Linear):
-        left = self.left[tuple(module.weight.shape)]
+        chosen = self.chosen[tuple(module.weight.shape)]
 
         def forward(x: torch.Tensor) -> torch.Tensor:
-            if bucket(x.numel() // x.shape[-1]) in left:
-                return weight_left(x, module.weight, module.bias)
+            name = chosen.get(bucket(x.numel() // x.shape[-1]))
+            if name is not None:
+                return product(name)(x, module.weight, module.bias)
             return F.linear(x, module.weight, module.bias)
         return forward
 
