@@ -67,36 +67,35 @@ BLOCK_MIN = 8 * BLOCK  # a weight with fewer rows is not timed blocked (a block 
 LEFT, BLOCKED = "left", "blocked"  # the products a bucket may choose over F.linear
 
 
-def weight_left(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) computed as weight @ x.T. x [..., K], weight [N, K] -> [..., N], contiguous."""
+def weight_left(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                block: int | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) computed as weight @ x.T; with `block`, over blocks of that many rows of the
+    weight, each written into its rows of one output. x [..., K], weight [N, K] -> [..., N], contiguous."""
     flat = x.reshape(-1, x.shape[-1])
     rows = flat.shape[0]
     if rows == 1:  # a matrix-vector product would take the slow path again
         flat = torch.cat([flat, flat])
-    out = (weight @ flat.t())[:, :rows].t().contiguous()
+    if block is None:
+        out = (weight @ flat.t())[:, :rows].t().contiguous()
+    else:
+        right = flat.t().contiguous()
+        full = torch.empty(weight.shape[0], right.shape[1], dtype=right.dtype, device=right.device)  # [N, M]
+        for start in range(0, weight.shape[0], block):
+            torch.mm(weight[start:start + block], right, out=full[start:start + block])
+        out = full[:, :rows].t().contiguous()
     if bias is not None:
         out += bias
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def blocked_left(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """weight_left over blocks of BLOCK rows of the weight, each written into its rows of one output.
-    x [..., K], weight [N, K] -> [..., N], contiguous."""
-    flat = x.reshape(-1, x.shape[-1])
-    rows = flat.shape[0]
-    right = flat.t().contiguous() if rows > 1 else torch.cat([flat, flat]).t().contiguous()
-    out = torch.empty(weight.shape[0], right.shape[1], dtype=right.dtype, device=right.device)  # [N, M]
-    for start in range(0, weight.shape[0], BLOCK):
-        torch.mm(weight[start:start + BLOCK], right, out=out[start:start + BLOCK])
-    out = out[:, :rows].t().contiguous()
-    if bias is not None:
-        out += bias
-    return out.view(*x.shape[:-1], weight.shape[0])
+    """weight_left in blocks of BLOCK rows of the weight."""
+    return weight_left(x, weight, bias, block=BLOCK)
 
 
 def product(name: str):
     """The product a bucket chose by its name (looked up when called: the tests replace them)."""
-    return {LEFT: weight_left, BLOCKED: blocked_left}[name]
+    return weight_left if name == LEFT else blocked_left
 
 
 def bucket(rows: int) -> int | None:
