@@ -6,7 +6,9 @@ for some prompts but not others, so the parity tests cover requests ending on EO
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: spinning threads on a busy CPU
@@ -23,6 +25,7 @@ from tiny import PROMPTS, build_tokenizer, save_model
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The machine's measured costs (engine/control/startup_costs.py) go to a folder of this run's, not the user's cache.
 os.environ["BATCHSPEC_CACHE"] = tempfile.mkdtemp(prefix="batchspec-cache-")
+atexit.register(shutil.rmtree, os.environ["BATCHSPEC_CACHE"], ignore_errors=True)  # each worker's own folder
 # torch's threads per test: one for the tiny models, two for the real ones (SmolLM2, Gemma-3), set around each
 # test's setup, call and teardown (pytest_runtest_protocol below). The suite runs two workers on two cores: the
 # tiny models' small ops gain nothing from a second thread and lose to the other worker's (2 threads each: 105-110 s
