@@ -202,9 +202,10 @@ def test_demo_pair_sampled_output_ignores_the_drafter():
             assert sum(r.accepted_tokens for r in got) / sum(r.draft_tokens for r in got) > 0.4
 
 
-def test_job_output_ignores_drafter_shards_and_a_resume(tmp_path, tiny_models, monkeypatch):
+def test_job_output_ignores_drafter_shards_and_a_resume(tmp_path, tiny_models, monkeypatch, drafting_priced_cheap):
     """Through the job runner: plain decoding in one run; the model drafter in two shards; the n-gram
-    drafter in a run cut short by source.limit and then resumed. Every row is the same."""
+    drafter in a run cut short by source.limit and then resumed. Every row is the same. Start-up costs pinned
+    (conftest), as in the test above: the check that the shards drafted must not hang on the machine's load."""
     pq.write_table(pa.table({"text": PROMPTS}), tmp_path / "in.parquet")
     sampling = {"temperature": 0.9, "top_p": 0.95, "seed": 3, "max_new_tokens": 16}
     write_job(tmp_path, "cs", tiny_job(tiny_models, {"path": "in.parquet", "prompt_column": "text"},
