@@ -36,7 +36,7 @@ blocks of BLOCK rows of W (`blocked_left`): past 8 rows MKL's product over the w
 A verify pass's logits are that product at 1 + k rows a row: at batch 8 with 2 drafts a row, 24. Timing the
 blocks too, Gemma-3-270M's choice ran out of BUDGET_S at 12 rows, so a wide weight's buckets that the budget
 left get WIDE_BUDGET_S of their own (11.9 s in all for that model, once a machine; its head then chose blocks
-at 12-24, 32 and 48 rows, SmolLM2's at 24-40).
+at 12, 13, 16, 20, 24, 32 and 48 rows, SmolLM2's at 24, 28 and 32).
 
 Both orders compute the same sums in another order: logits differ in the last bits (SmolLM2: at most 6e-4
 of logits in the tens), as they already do between a 1-token step and a verify pass of k + 1 tokens.
