@@ -70,17 +70,23 @@ def test_eager_and_static_draft_the_same_with_the_demo_head(tree):
     assert per_forward[0] > 2.5 and abs(per_forward[0] - per_forward[1]) < 0.15 * per_forward[0], per_forward
 
 
-# Which rounds draft nothing (by round index), and the most entries a row may hold before catching up.
-SKIPPED = [("two of three", lambda i: i % 3 != 2, 16), ("runs of seven", lambda i: i % 9 < 7, 16),
-           ("runs past the stash", lambda i: i % 9 < 7, 3)]
+# Which rows draft nothing (by round index i and row index j in the round), and the most entries a row may
+# hold before catching up (16 and 3: less than a prompt, whose entries the head then computes as it comes in;
+# 4096: every prompt waits in the stash until its row first drafts).
+SKIPPED = [("two of three", lambda i, j: i % 3 != 2, 16), ("runs of seven", lambda i, j: i % 9 < 7, 16),
+           ("runs past the stash", lambda i, j: i % 9 < 7, 3), ("prompts wait", lambda i, j: i % 9 < 7, 4096),
+           ("prompts wait, most rounds plain", lambda i, j: i % 6 != 0, 4096),
+           ("some rows draft", lambda i, j: (i + j) % 3 != 0, 4096), ("some rows draft, short stash",
+                                                                      lambda i, j: (i + 2 * j) % 5 < 2, 3)]
 
 
 @pytest.mark.parametrize("pattern,lag", [(p, lag) for _, p, lag in SKIPPED], ids=[name for name, _, _ in SKIPPED])
 def test_rounds_that_draft_nothing_skip_the_head_and_lose_nothing(monkeypatch, pattern, lag):
-    """Eager rounds in which no row drafts run no head forward; the head's entries wait in the stash (or,
-    past LAG_MAX, are caught up anyway). The head must then draft exactly what a head that never skips
-    drafts: the same tokens, and the same drafts accepted in every round of every request (LAG_MAX = 0
-    never skips). Greedy, the shipped demo head (which guesses most tokens, so a misaligned stash shows)."""
+    """Rows that draft nothing in an eager round run no head forward; their entries wait in the stash (or,
+    past LAG_MAX, are caught up anyway), as do the prompts' when they fit. The head must then draft exactly
+    what a head that never skips drafts: the same tokens, and the same drafts accepted in every round of
+    every request (LAG_MAX = 0 never skips). Greedy, the shipped demo head (which guesses most tokens, so a
+    misaligned stash shows)."""
     from batchspec.bench.calibrate import DEMO, read_prompts
     from batchspec.engine.drafters import eagle
 
@@ -88,8 +94,8 @@ def test_rounds_that_draft_nothing_skip_the_head_and_lose_nothing(monkeypatch, p
     propose, forwards = eagle.EagleDrafter._propose, []
 
     def draft_some(self, plan, choice, spec):
-        if pattern(len(forwards)):
-            choice = dataclasses.replace(choice, budgets=[0] * len(choice.budgets))
+        budgets = [0 if pattern(len(forwards), j) else k for j, k in enumerate(choice.budgets)]
+        choice = dataclasses.replace(choice, budgets=budgets)
         forwards.append(None)
         return propose(self, plan, choice, spec)
 

@@ -7,12 +7,11 @@ head lacks, valid .. L - 2, from the target features the last verify pass left (
 the accepted path) and the tokens after them; its output at L - 2 is the first draft. Each later step
 feeds the draft just made with the head's own output, one position further. After the verdict the
 head is valid up to L - 1 entries (its drafted entries are stale) and the stash holds the features of
-the accepted positions L - 1 .. L - 1 + m: exactly what the next round's first step computes. On the
-static path the first step runs every round (a captured step; k = 0 rounds cost one head step). Eager
-rounds in which no row drafts skip it: each row's stash then keeps growing by its verified features
-(entry j: the features of position valid + j) until a round drafts, or until some row holds LAG_MAX
-entries, when the first step catches every row up; so a round that drafts nothing costs what plain
-decoding costs.
+the accepted positions L - 1 .. L - 1 + m: exactly what the next round's first step computes.
+The captured (static) path runs the first step for every row every round. Eager rounds run it only for the
+rows that draft, or whose stash would overflow (`lag_max` entries); the others' verified features wait in
+the stash, and so do a packed round's prompt features (where the prompt fits): a row that never drafts
+(the payoff check's verdict plain) never costs a head forward (docs/eagle.md says what that saved).
 """
 
 from __future__ import annotations
@@ -33,7 +32,8 @@ from .eagle_static import EagleStaticSteps
 from .head_model import HeadAsModel
 
 EAGLE_POLICY = DrafterPolicy(draft_forwards=True, trees=True)
-LAG_MAX = 16  # eager: the most stashed entries a row holds before a round that drafts nothing catches it up
+LAG_MAX = 4096  # eager: the most stashed entries a row holds before its first step must catch it up
+STASH_BYTES = 256 * 2**20  # eager: the stash's size in all, which bounds lag_max below LAG_MAX (16 at least)
 
 
 class EagleDrafter:
@@ -49,18 +49,20 @@ class EagleDrafter:
                                   max_position=max_position, graphs=graphs, widths=(1, self.catch_up),
                                   buckets=buckets, name="eagle", feature_layers=(0,))
         self.sampling, self.graphs, self.device = sampling, graphs, self.runner.device
-        self.num_slots = num_slots
-        width = sum([head.config.target_hidden_size] * len(self.feature_layers))
-        # The static path's first step reads exactly catch_up entries; eager rows may lag LAG_MAX entries
-        # behind, and the verdict then appends up to catch_up more.
-        entries = self.catch_up if self.runner.static else LAG_MAX + self.catch_up
+        self.num_slots, width = num_slots, head.config.target_hidden_size * len(self.feature_layers)
+        # The static path's first step reads exactly catch_up entries; an eager row may lag lag_max entries
+        # behind (its whole prompt, deferred), and the verdict then appends up to catch_up more.
+        fits = STASH_BYTES // (num_slots * width * torch.finfo(self.runner.model.dtype).bits // 8) - self.catch_up
+        self.lag_max = 0 if self.runner.static else min(LAG_MAX, capacity, max(fits, min(LAG_MAX, 16)))
+        entries = self.lag_max + self.catch_up
         self.stash = torch.zeros(num_slots, entries, width, dtype=self.runner.model.dtype, device=self.device)
         self.out = torch.zeros(num_slots, 1, head.config.hidden_size, dtype=self.runner.model.dtype, device=self.device)
         self.valid = [0] * num_slots  # per slot: the head's entries known to be right (host)
-        self.waiting: dict[int, int] = {}  # slot -> its prompt's entries (P - 1), while packed rounds bring them in
+        # slot -> its prompt's entries (P - 1), while packed rounds bring them in (to the stash if <= lag_max)
+        self.waiting: dict[int, int] = {}
         self._round: tuple | None = None
         self._verify_index: torch.Tensor | None = None  # packed: the last forward's [b, W] verify positions
-        self._lagging: set[int] = set()  # slots that sat the last round's first step out (eager)
+        self._ran: set[int] = set()  # slots whose first step ran in the last round (the others lag)
         self._target: ModelRunner | None = None
         self.static_steps = (EagleStaticSteps(self.runner, graphs, sampling, stash=self.stash, out=self.out,
                                               catch_up=self.catch_up) if self.runner.static else None)
@@ -73,8 +75,6 @@ class EagleDrafter:
         self._target, self._state, self._acceptor = target, state, acceptor
         if self.static_steps is not None:
             self.static_steps.bind(shapes, target, state, buffers, acceptor)
-
-    # ---- requests in and out ----------------------------------------------------------------------
 
     @torch.inference_mode()
     def admit(self, slots, prompts, features: list[torch.Tensor] | None = None):
@@ -105,41 +105,48 @@ class EagleDrafter:
     @torch.inference_mode()
     def packed_forward(self, chunks, verify_index):
         """A packed forward just ran: the head's entries over the prompt chunks it wrote (slot, start, count, at:
-        the chunk's first token in that forward), entry p from the target's features of p and token p + 1;
-        verify_index [b, W] (each deciding row's verify positions in it) says where extend finds the
-        features of the tokens the rows keep."""
+        the chunk's first token in that forward), or, for a prompt that fits, their features into the stash;
+        verify_index [b, W] (each deciding row's verify positions in it) says where extend finds the features
+        of the tokens the rows keep."""
         self._verify_index = verify_index
         chunks = [c for c in chunks if c[0] in self.waiting]
         if not chunks:
             return
-        features, tokens = self._target.features, self._state.tokens  # [N, F]; [B, S]
-        width = max(count for _, _, count, _ in chunks)
-        arange = torch.arange(width, device=self.device)
-        starts = torch.tensor([start for _, start, _, _ in chunks], device=self.device)
-        ats = torch.tensor([at for _, _, _, at in chunks], device=self.device)
-        counts = torch.tensor([count for _, _, count, _ in chunks], device=self.device)
-        inside = arange[None, :] < counts[:, None]
-        slots = torch.tensor([slot for slot, _, _, _ in chunks], device=self.device)
+        features = self._target.features  # [N, F]
+        for slot, start, count, at in chunks:
+            if self.waiting[slot] <= self.lag_max:  # deferred: entry p is position p's (valid = 0)
+                self.stash[slot, start:start + count] = features[at:at + count].to(self.stash.dtype)
+        computed = [c for c in chunks if self.waiting[c[0]] > self.lag_max]
+        if computed:
+            self._prompt_entries(computed, features)
+        for slot, start, count, _ in chunks:
+            if start + count >= self.waiting[slot]:
+                del self.waiting[slot]
+
+    def _prompt_entries(self, chunks, features: torch.Tensor) -> None:
+        """The head's entries over prompt chunks (slot, start, count, at) from the forward's features [N, F]."""
+        slots, starts, counts, ats = (torch.tensor(c, device=self.device) for c in zip(*chunks))
+        arange = torch.arange(int(counts.max()), device=self.device)
+        tokens = self._state.tokens  # [B, S]
         ids = tokens[slots[:, None], (starts[:, None] + 1 + arange).clamp(max=tokens.shape[1] - 1)]
-        hidden = features[(ats[:, None] + arange).clamp(max=features.shape[0] - 1)] * inside[:, :, None]
+        inside = (arange < counts[:, None])[..., None]
+        hidden = features[(ats[:, None] + arange).clamp(max=features.shape[0] - 1)] * inside
         self.runner.prefill([c[0] for c in chunks], ids, [c[1] for c in chunks], [c[2] for c in chunks],
                             extra={"hidden": hidden.to(self.stash.dtype)})
         for slot, start, count, _ in chunks:
             self.valid[slot] = start + count
-            if self.valid[slot] >= self.waiting[slot]:
-                del self.waiting[slot]
 
     def extend(self, slots, emitted, num_accepted, path=None):
         """After the verdict: the head is valid up to L - 1 entries of each row whose first step ran, and the
         stash takes the verify pass's features along the accepted path (what the next first step reads),
-        appended after what a row that sat the first step out still holds."""
+        appended after what a row that sat the first step out still holds (L - 1 - valid entries)."""
         if self._round is None:
             return
         rows, lengths = self._round
         self._round = None
         by_slot = dict(zip(rows, lengths))
         for slot in slots:
-            if slot not in self._lagging:
+            if slot in self._ran:
                 self.valid[slot] = by_slot[slot] - 1
         features = self._target.features  # [b, T, F]: the round's verify pass, row order = rows
         if self.static_steps is not None:
@@ -153,7 +160,7 @@ class EagleDrafter:
             along = self._acceptor.path_out[: len(rows), : features.shape[1]]  # [b, E] verify positions kept
             gathered = features.gather(1, along[:, :, None].expand(-1, -1, features.shape[-1]))[:, : self.catch_up]
         index = torch.tensor(rows, device=self.device)
-        held = torch.tensor([n - 1 - self.valid[r] if r in self._lagging else 0 for r, n in zip(rows, lengths)],
+        held = torch.tensor([0 if r in self._ran else n - 1 - self.valid[r] for r, n in zip(rows, lengths)],
                             device=self.device)  # entries each row already holds: where its new ones go
         at = held[:, None] + torch.arange(gathered.shape[1], device=self.device)
         self.stash[index[:, None], at] = gathered.to(self.stash.dtype)
@@ -164,8 +171,6 @@ class EagleDrafter:
     def lags(self, slots, lengths):
         """Per row the head's entries its first step computes before its first draft (valid .. L - 2)."""
         return [max(n - 1 - self.valid[s], 0) for s, n in zip(slots, lengths)]
-
-    # ---- proposing --------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def propose(self, plan: Plan, choice: Choice) -> Draft:
@@ -185,8 +190,9 @@ class EagleDrafter:
         branching = spec.branching if spec is not None else 0
         rejection = not (self.sampling.greedy or self.sampling.coupled)
         probs = (buffers.q_at if spec is not None else buffers.probs) if rejection else None
-        if plan.static:
+        if plan.static:  # the captured first step runs for every row
             self.static_steps.run(plan.lengths, *self._first_entries(plan), max(steps, 1), spec)
+            self._ran = set(plan.rows)
         else:
             self._eager_steps(plan, choice, max(steps, 1), branching, probs, draft=steps > 0)
         self._round = (list(plan.rows), list(plan.lengths))
@@ -199,16 +205,17 @@ class EagleDrafter:
         runner, b, state = self.runner, len(plan.rows), plan.state
         rows = plan.rows_t
         kv_len = max(plan.lengths) - 1 + steps
-        # Rows whose prompt a packed round is still bringing in sit the first step out (they draft nothing);
-        # so does every row when none drafts and none would outgrow its stash (then the head's entries
-        # wait in the stash, and the round costs no head forward).
-        ready = [i for i, slot in enumerate(plan.rows) if slot not in self.waiting]
+        # The first step runs for the rows that draft (a tree round drafts every row) and for those whose
+        # stash would overflow; the others, and rows whose prompt a packed round is still bringing in, sit it
+        # out (their entries wait in the stash: a round that drafts nothing costs no head forward).
         starts, counts = self._first_entries(plan)
-        if not draft and all(counts[i] <= LAG_MAX for i in ready):
-            self._lagging = {plan.rows[i] for i in ready}
+        drafting = [draft and (branching > 0 or k > 0) for k in choice.budgets]
+        run = [i for i, slot in enumerate(plan.rows)
+               if slot not in self.waiting and (drafting[i] or counts[i] > self.lag_max)]
+        self._ran = {plan.rows[i] for i in run}
+        if not run:
             return
-        self._lagging = set()
-        logits, out = self._first_step(plan, ready, starts, counts, kv_len)
+        logits, out = self._first_step(plan, run, starts, counts, kv_len)
         if not draft:
             return
         # Rows drafting further come first, so that those still drafting at step i are a prefix (a tree
@@ -244,18 +251,16 @@ class EagleDrafter:
         if q is not None:
             probs[perm] = q
 
-    def _first_step(self, plan: Plan, ready: list[int], starts: list[int], counts: list[int],
+    def _first_step(self, plan: Plan, run: list[int], starts: list[int], counts: list[int],
                     kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The head's first forward over the `ready` rows (indices into plan.rows): each row's entries from
+        """The head's first forward over the rows `run` (indices into plan.rows): each row's entries from
         starts[i] + 1, counts[i] of them -> (logits after each row's last entry [b, V], its features
-        [b, 1, H]; zero for rows not ready)."""
+        [b, 1, H]; zero for the other rows)."""
         runner, b, state = self.runner, len(plan.rows), plan.state
         logits = torch.zeros(b, runner.vocab_size, dtype=self.stash.dtype, device=self.device)
         out = torch.zeros(b, 1, self.out.shape[-1], dtype=self.stash.dtype, device=self.device)
-        if not ready:
-            return logits, out
-        starts, counts = [starts[i] for i in ready], [counts[i] for i in ready]
-        at = torch.tensor(ready, device=self.device)
+        starts, counts = [starts[i] for i in run], [counts[i] for i in run]
+        at = torch.tensor(run, device=self.device)
         sub = plan.rows_t[at]
         width = max(counts)
         start_t = torch.tensor(starts, device=self.device)
@@ -266,13 +271,12 @@ class EagleDrafter:
         started = wall(self.device)
         logits[at] = runner.forward(ids, kv_len=kv_len, rows=sub, extra={"hidden": self.stash[sub, :width]},
                                     keep=last)[:, 0]
-        self._steps.append((len(ready) * width, wall(self.device) - started))
+        self._steps.append((len(run) * width, wall(self.device) - started))
         out[at] = runner.features.gather(1, last[:, :, None].expand(-1, -1, runner.features.shape[-1]))
         return logits, out
 
     def draft_seconds(self, k: int, kv_len: int) -> float:
-        """Static: k drafted tokens cost about k head steps (the first computes a few entries more); the
-        head's steps are not timed separately (0: adaptive's overhead estimate absorbs them)."""
+        """0: the captured head steps are not timed apart (adaptive's overhead estimate absorbs them)."""
         return 0.0
 
     def step_times(self) -> list[tuple[int, float]]:
@@ -281,8 +285,7 @@ class EagleDrafter:
         return steps
 
     def step_seconds(self, rows: int, repeats: int, tokens: int | None = None) -> float | None:
-        """One head step over `rows` rows of one token (startup_costs.py); None for more tokens (its first step's
-        entries are priced by the step line)."""
+        """One head step over `rows` rows of one token (startup_costs.py); None for more (the step line's)."""
         if tokens is not None:
             return None
         hidden = torch.zeros(rows, 1, self.stash.shape[-1], dtype=self.stash.dtype, device=self.device)
