@@ -259,20 +259,22 @@ class EagleDrafter:
         runner, b, state = self.runner, len(plan.rows), plan.state
         logits = torch.zeros(b, runner.vocab_size, dtype=self.stash.dtype, device=self.device)
         out = torch.zeros(b, 1, self.out.shape[-1], dtype=self.stash.dtype, device=self.device)
-        starts, counts = [starts[i] for i in run], [counts[i] for i in run]
-        at = torch.tensor(run, device=self.device)
-        sub = plan.rows_t[at]
-        width = max(counts)
-        start_t = torch.tensor(starts, device=self.device)
-        positions = (start_t[:, None] + 1 + torch.arange(width, device=self.device)).clamp(max=state.tokens.shape[1] - 1)
-        ids = state.tokens[sub[:, None], positions]
-        runner.set_lengths(sub, start_t)
-        last = torch.tensor(counts, device=self.device)[:, None] - 1
-        started = wall(self.device)
-        logits[at] = runner.forward(ids, kv_len=kv_len, rows=sub, extra={"hidden": self.stash[sub, :width]},
-                                    keep=last)[:, 0]
-        self._steps.append((len(run) * width, wall(self.device) - started))
-        out[at] = runner.features.gather(1, last[:, :, None].expand(-1, -1, runner.features.shape[-1]))
+        # A forward pads every row to its longest: rows as far behind within 2x share one (a deferred prompt
+        # padded the rest: fixed k=2 at batch 32 on SmolLM2's head ran 0.55x drafter none, grouped 0.83x).
+        groups: dict[int, list[int]] = {}
+        for i in run:
+            groups.setdefault(max(counts[i], self.catch_up).bit_length(), []).append(i)
+        for group in groups.values():
+            at, width = torch.tensor(group, device=self.device), max(counts[i] for i in group)
+            sub, start_t = plan.rows_t[at], torch.tensor([starts[i] for i in group], device=self.device)
+            positions = (start_t[:, None] + 1 + torch.arange(width, device=self.device)).clamp(max=state.tokens.shape[1] - 1)
+            runner.set_lengths(sub, start_t)
+            last = torch.tensor([counts[i] for i in group], device=self.device)[:, None] - 1
+            started = wall(self.device)
+            logits[at] = runner.forward(state.tokens[sub[:, None], positions], kv_len=kv_len, rows=sub,
+                                        extra={"hidden": self.stash[sub, :width]}, keep=last)[:, 0]
+            self._steps.append((len(group) * width, wall(self.device) - started))
+            out[at] = runner.features.gather(1, last[:, :, None].expand(-1, -1, runner.features.shape[-1]))
         return logits, out
 
     def draft_seconds(self, k: int, kv_len: int) -> float:
