@@ -58,8 +58,7 @@ class EagleDrafter:
         self.stash = torch.zeros(num_slots, entries, width, dtype=self.runner.model.dtype, device=self.device)
         self.out = torch.zeros(num_slots, 1, head.config.hidden_size, dtype=self.runner.model.dtype, device=self.device)
         self.valid = [0] * num_slots  # per slot: the head's entries known to be right (host)
-        # slot -> its prompt's entries (P - 1), while packed rounds bring them in (to the stash if <= lag_max)
-        self.waiting: dict[int, int] = {}
+        self.waiting: dict[int, int] = {}  # slot -> P - 1 while packed rounds bring its prompt in
         self._round: tuple | None = None
         self._verify_index: torch.Tensor | None = None  # packed: the last forward's [b, W] verify positions
         self._ran: set[int] = set()  # slots whose first step ran in the last round (the others lag)
@@ -112,11 +111,12 @@ class EagleDrafter:
         chunks = [c for c in chunks if c[0] in self.waiting]
         if not chunks:
             return
-        features = self._target.features  # [N, F]
+        features, computed = self._target.features, []  # [N, F]
         for slot, start, count, at in chunks:
             if self.waiting[slot] <= self.lag_max:  # deferred: entry p is position p's (valid = 0)
                 self.stash[slot, start:start + count] = features[at:at + count].to(self.stash.dtype)
-        computed = [c for c in chunks if self.waiting[c[0]] > self.lag_max]
+            else:
+                computed.append((slot, start, count, at))
         if computed:
             self._prompt_entries(computed, features)
         for slot, start, count, _ in chunks:
@@ -126,7 +126,7 @@ class EagleDrafter:
     def _prompt_entries(self, chunks, features: torch.Tensor) -> None:
         """The head's entries over prompt chunks (slot, start, count, at) from the forward's features [N, F]."""
         slots, starts, counts, ats = (torch.tensor(c, device=self.device) for c in zip(*chunks))
-        arange = torch.arange(int(counts.max()), device=self.device)
+        arange = torch.arange(max(c[2] for c in chunks), device=self.device)  # the host's width: no sync
         tokens = self._state.tokens  # [B, S]
         ids = tokens[slots[:, None], (starts[:, None] + 1 + arange).clamp(max=tokens.shape[1] - 1)]
         inside = (arange < counts[:, None])[..., None]
