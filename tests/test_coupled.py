@@ -239,7 +239,7 @@ def test_a_packed_rounds_noise_is_drawn_where_its_drafts_are_decided(llama_pair,
     generator.state.noise_keys.copy_(torch.arange(4) * 7919 + 3)
     rows, lengths = [2, 0, 3, 1], [5, 9, 17, 4]
     plan = Plan(rows=rows, rows_t=torch.tensor(rows), span=None, lengths=lengths, lengths_t=torch.tensor(lengths),
-                running=[0, 1, 2, 3], room=[width - 1] * 4, limits=drafts, static=False)
+                running=[0, 1, 2, 3], room=[width - 1] * 4, limits=drafts)
     full = generator.acceptor.noise(plan, width)
     got = generator.acceptor.noise(plan, width, drafts)
     assert got.shape == full.shape

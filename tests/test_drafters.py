@@ -16,7 +16,7 @@ def context(seqs: list[list[int]], k: list[int]) -> tuple[Plan, Choice]:
     buffers = RoundBuffers(b, 8, 32, torch.device("cpu"), noise=False, probs=False, trees=True)
     plan = Plan(rows=list(range(b)), rows_t=torch.arange(b), span=slice(0, b), lengths=[len(s) for s in seqs],
                 lengths_t=torch.tensor([len(s) for s in seqs]), running=list(range(b)), room=list(k), limits=list(k),
-                static=False, buffers=buffers)
+                buffers=buffers)
     return plan, Choice(list(k))
 
 

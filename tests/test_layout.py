@@ -235,6 +235,26 @@ def test_no_class_is_spread_over_files_by_a_mixin():
     assert mixins == MIXINS_LEFT, f"new mixins: {mixins - MIXINS_LEFT}; undone (drop from the list): {MIXINS_LEFT - mixins}"
 
 
+# Tests of a path flag outside engine/model/ that run at each call, not once when the generator is built (issue 60:
+# 31 of them before the paths were chosen in the constructors): (module under engine/, flags). The one left reads a
+# round's cost record (whether its forwards were counted), not the generator's path.
+PATH_TESTS_LEFT = {("control/adaptive.py", "packed")}
+
+
+def test_the_engine_chooses_its_path_once():
+    """Outside the runner's folder no code asks at each call which path it is on (tools/path_flags.py): the
+    path is chosen in the constructors (or the functions that run once at build, path_flags.CHOSEN_ONCE)."""
+    sys.path.insert(0, str(PACKAGE.parent / "tools"))
+    import path_flags
+
+    found = set()
+    for path in sorted((PACKAGE / "engine").rglob("*.py")):
+        rel = path.relative_to(PACKAGE / "engine").as_posix()
+        if not rel.startswith("model/"):
+            found |= {(rel, names) for _, names, built in path_flags.flag_tests(path.read_text(), rel) if not built}
+    assert found == PATH_TESTS_LEFT, f"new: {found - PATH_TESTS_LEFT}; gone (drop from the list): {PATH_TESTS_LEFT - found}"
+
+
 # Modules read before a job has work to do (its config and the drafter names it checks against, the status
 # command): importing them must not load torch or transformers (seconds), which a package __init__ that imports
 # its modules eagerly, or a helper imported from a module that needs torch, does silently (engine/drafters/__init__.py

@@ -189,7 +189,7 @@ def test_admission_share_of_a_round(name, fills, forward, expected):
     from batchspec.engine.round import Plan
 
     plan = Plan(rows=[0], rows_t=torch.tensor([0]), span=slice(0, 1), lengths=[5], lengths_t=torch.tensor([5]),
-                running=[0], room=[0], limits=[0], static=False, fills=fills)
+                running=[0], room=[0], limits=[0], fills=fills)
     assert plan.admission_seconds(forward) == pytest.approx(expected)
 
 

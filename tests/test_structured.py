@@ -147,7 +147,7 @@ def test_refused_drafts_are_cut_and_forced_ones_added_before_verification(tokeni
     assert grammars.advance(1, encode("hello")) == (len(encode("hello")), None)
     buffers = RoundBuffers(4, 8, len(tokenizer), torch.device("cpu"), noise=False, probs=False, trees=False)
     proposals = [encode("hello b") + encode("x"), encode(" bat"), encode("zzz"), encode("zzz")]
-    plan = Plan([0, 1, 2, 3], None, None, [2, 7, 2, 2], None, [0, 1, 2, 3], [50] * 4, [4] * 4, False)
+    plan = Plan([0, 1, 2, 3], None, None, [2, 7, 2, 2], None, [0, 1, 2, 3], [50] * 4, [4] * 4)
     draft, forced = constrain_drafts(plan, host_draft(buffers, proposals), grammars, slots, buffers, limit=4)
     kept = draft.host_tokens
     assert kept[0] == encode("hello b")  # cut before "x"; it covers the forced "hello " (other tokens)

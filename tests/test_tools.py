@@ -408,3 +408,30 @@ def test_code_prompts_keep_the_pairs_own_and_add_prefixes_of_other_files(llama_p
     assert sorted(r["id"] for r in rows) == ["heldout-0000", "heldout-0001", "tf-0000", "tf-0001", "tf-0002"]
     added = [r for r in rows if r["id"].startswith("tf-")]
     assert all(r["source_file"].endswith("/src/mod.py") and r["prompt"].startswith("def function_") for r in added)
+
+
+PATH_FLAG_CASES = [
+    # (source, rel, expected (line, flags, built)) of tools/path_flags.py
+    ("def f(self):\n    if self.static:\n        pass\n", "x.py", [(2, "static", False)]),
+    ("class A:\n    def __init__(self, r):\n        self.f = self.a if r.packs else self.b\n", "x.py",
+     [(3, "packs", True)]),
+    ("def f(rows, per_row):\n    return [r for r in rows if per_row]\n", "x.py", [(2, "per_row", False)]),
+    ("def f(self):\n    while self.fill_budget and self.static:\n        pass\n", "x.py",
+     [(2, "fill_budget, static", False)]),
+    ("def f(self):\n    if self.sampling.greedy:\n        pass\n    x = self.static\n", "x.py", []),
+    ("def verify_pass(runner):\n    if runner.static:\n        pass\n", "verify_pass.py", [(2, "static", True)]),
+    ("def verify_pass(runner):\n    if runner.static:\n        pass\n", "other.py", [(2, "static", False)]),
+]
+
+
+@pytest.mark.parametrize("source, rel, expected", PATH_FLAG_CASES)
+def test_path_flags_counts_the_tests_of_path_flags_and_when_they_run(source, rel, expected):
+    """tools/path_flags.py: a condition that reads a path flag is counted, as built when it sits in a constructor
+    or a function that runs once at build; a flag read outside a condition, or another attribute, is not."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import path_flags
+
+    assert path_flags.flag_tests(source, rel) == expected

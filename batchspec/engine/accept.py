@@ -53,6 +53,13 @@ class Acceptor:
             positions = buffers.verdict.shape[1] - PACKED_FIELDS
             self._lp = torch.zeros(self.num_slots, (1 + positions) * block, device=self.device)
             self._first_lp = torch.zeros(self.num_slots, block, device=self.device)  # drawn at admission
+        # The path is chosen once: on the static path the noise, a tree's geometry and the first tokens are steps
+        # over every slot (captured on a GPU); eagerly they run on the round's rows.
+        captured = graphs.static
+        self._noise_of = self._slot_noise if captured else self._row_noise
+        self._tree_of = self._slot_tree if captured else self._row_tree
+        self._first_tokens = self._slot_first_tokens if captured else self._row_first_tokens
+        self._step = graphs.run if captured else _call  # the acceptance: a step, or eagerly a call
 
     def _rows(self, rows: torch.Tensor) -> RowSampling | None:
         """The rows' own sampling transforms (None: every row samples, or decodes greedily, as the job does)."""
@@ -62,15 +69,21 @@ class Acceptor:
 
     def noise(self, plan: Plan, width: int, drafts: list[int] | None = None) -> torch.Tensor:
         """Coupled sampling's Gumbel noise for positions L .. L + width - 1 of each row: [b, width, V] (on the
-        static path the buffer's full width, computed once per round). drafts [b]: the most drafts each row
-        verifies, or None; with it, a row that drafts nothing gets noise at its first position only, the rest
-        of its [width, V] left unset (the verdict never reads past a row's drafts): a packed round at batch 8
-        where one row drafts had drawn 8 x 2 x V values for the 9 positions it decides, and coupled noise was
-        3.5-3.7% of a lookup's job against 2.7% of drafter none's (SmolLM2, T = 0.7; 2026-12-04)."""
-        if plan.static:
-            out = self.buffers.gumbel
-            self.graphs.run(("noise",), self._noise_step, (out,))
-            return out
+        static path every slot's at the buffer's full width); drafts: see _row_noise."""
+        return self._noise_of(plan, width, drafts)
+
+    def _slot_noise(self, plan: Plan, width: int, drafts: list[int] | None = None) -> torch.Tensor:
+        """The static path's: every slot's noise at the buffer's full width, one step a round."""
+        out = self.buffers.gumbel
+        self.graphs.run(("noise",), self._noise_step, (out,))
+        return out
+
+    def _row_noise(self, plan: Plan, width: int, drafts: list[int] | None = None) -> torch.Tensor:
+        """The round's rows' noise [b, width, V]. drafts [b]: the most drafts each row verifies, or None; with it,
+        a row that drafts nothing gets noise at its first position only, the rest of its [width, V] left unset
+        (the verdict never reads past a row's drafts): a packed round at batch 8 where one row drafts had drawn
+        8 x 2 x V values for the 9 positions it decides, and coupled noise was 3.5-3.7% of a lookup's job against
+        2.7% of drafter none's (SmolLM2, T = 0.7; 2026-12-04)."""
         if drafts is None or width == 1 or min(drafts) > 0:
             return self._noise(plan.rows_t, plan.lengths_t, width)
         out = torch.empty(len(drafts), width, self.runner.vocab_size, device=self.device)
@@ -91,11 +104,17 @@ class Acceptor:
 
     # ---- trees ------------------------------------------------------------------------------------
 
-    def shape_tree(self, draft: Draft, depth: int, static: bool) -> TreeShape:
+    def shape_tree(self, draft: Draft, depth: int) -> TreeShape:
         """The geometry of a round's drafted trees (tree_shape) of at most `depth`, in the buffers on the static
         path."""
-        if not static:
-            return tree_shape(draft.parents, draft.valid, depth)
+        return self._tree_of(draft, depth)
+
+    @staticmethod
+    def _row_tree(draft: Draft, depth: int) -> TreeShape:
+        return tree_shape(draft.parents, draft.valid, depth)
+
+    def _slot_tree(self, draft: Draft, depth: int) -> TreeShape:
+        """The static path's: in the buffers, one step."""
         tree = self.buffers.tree
         width = draft.parents.shape[1]
         view = TreeShape(tree.depth[:, : width + 1], tree.ancestors[:, : width + 1, : width + 1],
@@ -127,10 +146,7 @@ class Acceptor:
             args += (tree.depth, tree.ancestors, tree.parent_t, tree.rank, tree.valid)
         body = partial(self._accept_step, rows=round.plan.rows_t, max_depth=tree.max_depth if tree else 0,
                        spec=draft.spec)
-        if round.plan.static:
-            self.graphs.run(("accept", width, tree is not None), body, args)
-        else:
-            body(*args)
+        self._step(("accept", width, tree is not None), body, args)
         packed, logprobs = host_lists(out, lp, counter=self.counter)
         return RoundOutcome.unpack(packed, tree is not None, logprobs, self.k or 0)
 
@@ -174,32 +190,37 @@ class Acceptor:
 
     # ---- admission --------------------------------------------------------------------------------
 
-    def first_tokens(self, rows: list[int], logits: torch.Tensor, static: bool) -> tuple | None:
-        """Draw each new row's first token (position len(prompt)) from its prefill's last logits, as
-        `generate` does, and write it into the row's sequence. Eagerly: logits [n, V] of `rows`; the tokens
-        (and their logprobs blocks, or None) come back to the host (a sync; free on a CPU). Static: logits
-        [B + 1, V] by slot, one step over every slot, nothing comes back: the next round's verdict carries
-        them (its `pending`)."""
-        self._mask_first(rows, logits, static)
-        if not static:
-            rows_t = torch.tensor(rows, device=self.device)
-            tokens, lp = self._first(rows_t, self.runner.lengths[rows_t], logits)
-            return tuple(host_lists(tokens, lp, counter=self.counter))
+    def first_tokens(self, rows: list[int], logits: torch.Tensor) -> tuple | None:
+        """Draw each new row's first token (position len(prompt)) from its prefill's last logits, as `generate`
+        does, and write it into the row's sequence (eagerly: logits [n, V] of `rows`; on the static path [B + 1,
+        V] by slot)."""
+        return self._first_tokens(rows, logits)
+
+    def _row_first_tokens(self, rows: list[int], logits: torch.Tensor) -> tuple:
+        """The tokens (and their logprobs blocks, or None) come back to the host (a sync; free on a CPU)."""
+        self._mask_first(rows, list(range(len(rows))), logits)
+        rows_t = torch.tensor(rows, device=self.device)
+        tokens, lp = self._first(rows_t, self.runner.lengths[rows_t], logits)
+        return tuple(host_lists(tokens, lp, counter=self.counter))
+
+    def _slot_first_tokens(self, rows: list[int], logits: torch.Tensor) -> None:
+        """One step over every slot; nothing comes back: the next round's verdict carries them (its `pending`)."""
+        self._mask_first(rows, rows, logits)
         chosen = set(rows)
         new = self._new_in.put([slot in chosen for slot in range(self.num_slots)])
         self.graphs.run(("first",), self._first_step, (logits, new))
-        return None
 
-    def _mask_first(self, rows: list[int], logits: torch.Tensor, static: bool) -> None:
-        """Constrained new rows: their first token's logits masked by their grammar's start, in place."""
+    def _mask_first(self, rows: list[int], at: list[int], logits: torch.Tensor) -> None:
+        """Constrained new rows: their first token's logits (row i's at logits[at[i]]) masked by their grammar's
+        start, in place."""
         index = self.grammars.constrained(rows) if self.grammars is not None else []
         if not index:
             return
         slots = [rows[i] for i in index]
-        at = torch.tensor(slots if static else index, device=self.device)  # static logits are by slot
-        masked = logits[at]
+        where = torch.tensor([at[i] for i in index], device=self.device)
+        masked = logits[where]
         apply_masks(masked, self.grammars.masks(slots, [[] for _ in slots], 1)[:, 0].to(self.device))
-        logits[at] = masked
+        logits[where] = masked
 
     def _first(self, rows: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor):
         """rows [n], lengths [n] (= prompt lengths: the first token's position), logits [n, V] -> tokens [n],
@@ -261,3 +282,7 @@ class Acceptor:
                     tree.parent_t, tree.rank, b.valid[:, :n])
             body = partial(self._accept_step, rows=self.runner.slot_index, max_depth=depth, spec=shape.tree)
             self.graphs.declare(("accept", width, True), body, args, size=width)
+
+
+def _call(key, fn, args: tuple) -> None:
+    fn(*args)

@@ -45,13 +45,19 @@ class Admitter:
 
     def __init__(self, runner: ModelRunner, state: SlotState, acceptor: Acceptor, life: SlotLife):
         self.runner, self.state, self.acceptor, self.life = runner, state, acceptor, life
-        self.device, self.static, self.packed = runner.device, runner.static, runner.packs
+        self.device = runner.device
+        # The path is chosen once. Packed rounds prefill the prompts themselves (but those whose logprobs are
+        # wanted); the static path prefills in captured chunks, its logits by slot, and the next round's verdict
+        # carries the first tokens.
+        self._waits = _waits_for_rounds if runner.packs else _never
+        self._prefill = self._slot_prefill if runner.static else self._row_prefill
+        self._first_tokens = self._slot_first_tokens if runner.static else self._row_first_tokens
 
     def admit(self, seats) -> Seated:
         """New rows' device side: prompt logprobs, and eagerly the first tokens at once (on the static path
         the next round's verdict carries them). Packed rounds prefill the other rows' prompts themselves: only
         their sequences and the drafter's admission happen here (Seated.later)."""
-        later = [s for s in seats if s.admission.prompt_logprobs is None] if self.packed else []
+        later = [s for s in seats if self._waits(s)]
         if later:
             self.seat_later(later)
         now = [s for s in seats if s not in later]
@@ -88,39 +94,54 @@ class Admitter:
         if copies:
             self.runner.copy_prefix([a for a, _ in copies], [b for _, b in copies], max(map(len, prompts)))
         self.life.prefilled(slots, prompts, None if features is None else [features[src] for src in sources])
-        if self.static:
-            self.acceptor.first_tokens(slots, last, static=True)
-            return Seated(prompt_logprobs=blocks)
+        return self._first_tokens(slots, first, sources, last, blocks)
+
+    def _row_first_tokens(self, slots: list[int], first, sources: list[int], last: torch.Tensor,
+                          blocks: list) -> Seated:
+        """The first tokens drawn from last [len(first), V] (each prefilled prompt's; the other samples of a
+        request from their group's), back to the host."""
         index = {seat.slot: i for i, seat in enumerate(first)}
         logits = last[torch.tensor([index[src] for src in sources], device=self.device)]
-        tokens, logprobs = self.acceptor.first_tokens(slots, logits, static=False)
+        tokens, logprobs = self.acceptor.first_tokens(slots, logits)
         return Seated(tokens=tokens, logprobs=logprobs, prompt_logprobs=blocks)
 
-    def _prefill(self, seats, blocks: list) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
-        """The target's prefill of the seats' prompts -> the logits after each prompt ([n, V] eagerly, [B + 1, V]
-        by slot on the static path) and, for a drafter that reads them, the prompts' features by slot."""
+    def _slot_first_tokens(self, slots: list[int], first, sources: list[int], last: torch.Tensor,
+                           blocks: list) -> Seated:
+        """The first tokens drawn on the device from last [B + 1, V] by slot; the next round's verdict carries
+        them."""
+        self.acceptor.first_tokens(slots, last)
+        return Seated(prompt_logprobs=blocks)
+
+    def _slot_prefill(self, seats, blocks: list) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
+        """The static path's prefill -> the logits after each prompt [B + 1, V] by slot and, for a drafter that
+        reads them, the prompts' features by slot: captured chunks, but eagerly for prompts whose logprobs are
+        wanted or whose features a drafter reads."""
         needs_features = bool(self.runner.feature_layers)
-        eager = [s for s in seats if needs_features or s.admission.prompt_logprobs is not None or not self.static]
+        eager = [s for s in seats if needs_features or s.admission.prompt_logprobs is not None]
         chunked = [s for s in seats if s not in eager]
-        last = None
+        last, features = None, None
         if chunked:
             last = self.runner.static_prefill.prefill(self.state.tokens, [s.slot for s in chunked], [0] * len(chunked),
-                                              [len(s.prompt_ids) for s in chunked])
-        if not eager:
-            return last, None
-        scored = [s for s in eager if s.admission.prompt_logprobs is not None]
-        logits = self._eager_prefill(eager, all_logits=bool(scored))  # [n, W, V] or [n, V]
-        ends = torch.tensor([len(s.prompt_ids) - 1 for s in eager], device=self.device)
-        at_end = logits[torch.arange(len(eager), device=self.device), ends] if scored else logits
-        features = None
-        if needs_features:
-            features = {s.slot: self.runner.features[i, : len(s.prompt_ids)] for i, s in enumerate(eager)}
-        if scored:
-            self._prompt_logprobs(eager, logits, blocks)
-        if self.static:
+                                                      [len(s.prompt_ids) for s in chunked])
+        if eager:
+            at_end, features = self._row_prefill(eager, blocks)
             last = self.runner.static_prefill.last_logits()
             last[torch.tensor([s.slot for s in eager], device=self.device)] = at_end.to(last.dtype)
-            return last, features
+        return last, features
+
+    def _row_prefill(self, seats, blocks: list) -> tuple[torch.Tensor, dict[int, torch.Tensor] | None]:
+        """The target's eager prefill of the seats' prompts -> the logits after each prompt [n, V] and, for a
+        drafter that reads them, the prompts' features by slot; the prompt logprobs of the rows that want them
+        go to `blocks`."""
+        scored = [s for s in seats if s.admission.prompt_logprobs is not None]
+        logits = self._eager_prefill(seats, all_logits=bool(scored))  # [n, W, V] or [n, V]
+        ends = torch.tensor([len(s.prompt_ids) - 1 for s in seats], device=self.device)
+        at_end = logits[torch.arange(len(seats), device=self.device), ends] if scored else logits
+        features = None
+        if self.runner.feature_layers:
+            features = {s.slot: self.runner.features[i, : len(s.prompt_ids)] for i, s in enumerate(seats)}
+        if scored:
+            self._prompt_logprobs(seats, logits, blocks)
         return at_end, features
 
     def _prompt_logprobs(self, seats, logits: torch.Tensor, out: list) -> None:
@@ -138,3 +159,12 @@ class Admitter:
         ids = torch.tensor([s.prompt_ids + [0] * (width - len(s.prompt_ids)) for s in seats], device=self.device)
         return self.runner.prefill([s.slot for s in seats], ids, [0] * len(seats), [len(s.prompt_ids) for s in seats],
                                    all_logits=all_logits)
+
+
+def _waits_for_rounds(seat) -> bool:
+    """A packed path's seat whose prompt the rounds prefill: all but those whose prompt logprobs are wanted."""
+    return seat.admission.prompt_logprobs is None
+
+
+def _never(seat) -> bool:
+    return False

@@ -31,10 +31,15 @@ class DraftStage:
     (the noise's seconds)."""
 
     def __init__(self, drafter: Drafter, scheduler: Scheduler, acceptor: Acceptor, grammars: Grammars,
-                 buffers: RoundBuffers, *, forced_max: int, coupled: bool, timers: Timers):
+                 buffers: RoundBuffers, *, forced_max: int, coupled: bool, timers: Timers, per_row: bool):
         self.drafter, self.scheduler, self.acceptor = drafter, scheduler, acceptor
         self.grammars, self.buffers = grammars, buffers
         self.forced_max, self.coupled, self.timers = forced_max, coupled, timers
+        # Chosen once, by the verify pass (per_row: each row verifies its own number of drafts): such rows take
+        # their own cut of a lookup's proposals and coupled noise only where their drafts can be decided; a
+        # padded verify's rows share the round's width.
+        self._cut = self._cut_rows if per_row else self._cut_round
+        self._noise_drafts = self._budgets if per_row else self._every_position
 
     def run(self, plan: Plan) -> Round:
         """The plan's drafted round (a plan without rows, one that only prefills, drafts nothing)."""
@@ -45,21 +50,18 @@ class DraftStage:
             offered = drafter.propose(plan, Choice(plan.limits))
             shape, budgets = scheduler.choose(plan, offered.host_num, offered.priors)
             if shape.tree is None:
-                draft = offered.cut(budgets, self.buffers) if scheduler.per_row else offered.truncate(shape.drafts)
+                draft = self._cut(offered, shape, budgets)
                 proposed = offered.host_tokens  # what the cut left unverified, adaptive judges in hindsight
         else:
             shape, budgets = scheduler.choose(plan)
         gumbel = None
         if self.coupled:
-            # A packed chain round's row i drafts at most budgets[i]: its noise is needed at positions
-            # 0 .. budgets[i] only (a grammar may force drafts past a budget: then every position).
-            drafts = budgets if scheduler.per_row and shape.tree is None and not self.grammars.rows else None
-            gumbel = self._noise(plan, shape.width, drafts)
+            gumbel = self._noise(plan, shape.width, self._noise_drafts(shape, budgets))
         if draft is None:  # the drafters that draft after the choice (a draft model samples with the coupled noise)
             choice = Choice(budgets, gumbel)
             draft = drafter.propose_tree(plan, choice, shape.tree) if shape.tree else drafter.propose(plan, choice)
         if shape.tree is not None:
-            tree = self.acceptor.shape_tree(draft, shape.tree.depth, plan.static)
+            tree = self.acceptor.shape_tree(draft, shape.tree.depth)
             return Round(plan, shape, budgets, draft, gumbel, tree=tree)
         shape, draft, forced, gumbel = self._constrain(plan, shape, draft, gumbel)
         return Round(plan, shape, budgets, draft, gumbel, forced=forced, proposed=proposed)
@@ -80,6 +82,22 @@ class DraftStage:
         if widened or draft.tokens.shape[1] < shape.drafts:
             shape = RoundShape(drafts=draft.tokens.shape[1])
         return shape, draft, forced, gumbel
+
+    def _cut_rows(self, offered: Draft, shape: RoundShape, budgets: list[int]) -> Draft:
+        return offered.cut(budgets, self.buffers)  # each row to its own budget
+
+    def _cut_round(self, offered: Draft, shape: RoundShape, budgets: list[int]) -> Draft:
+        return offered.truncate(shape.drafts)  # every row to the round's width
+
+    def _budgets(self, shape: RoundShape, budgets: list[int]) -> list[int] | None:
+        """A chain round's row i verifies at most budgets[i] drafts: its noise is needed at positions
+        0 .. budgets[i] only (a grammar may force drafts past a budget, and a tree's nodes are not its depth:
+        then every position)."""
+        return budgets if shape.tree is None and not self.grammars.rows else None
+
+    @staticmethod
+    def _every_position(shape: RoundShape, budgets: list[int]) -> None:
+        return None  # a padded verify's noise at every position (the static path's is every slot's anyway)
 
     def _noise(self, plan: Plan, width: int, drafts: list[int] | None = None) -> torch.Tensor:
         """The coupled noise of the round's rows at positions L .. L + width - 1 (accept.py); with `drafts`, only

@@ -142,7 +142,8 @@ class SpecBatchGenerator:
         self.startup: StartupCosts | None = None  # the costs adaptive speculation started from (the first run())
         self.admitter = Admitter(self.runner, self.state, self.acceptor, self.life)
         self.drafting = DraftStage(drafter, self.scheduler, self.acceptor, self.grammars, self.buffers,
-                                   forced_max=self.forced_max, coupled=sampling.coupled, timers=self.timers)
+                                   forced_max=self.forced_max, coupled=sampling.coupled, timers=self.timers,
+                                   per_row=self.verify.per_row)
         self.verify.prepare(self.shapes, self.acceptor, graphs)  # the drafter bound, a captured path's steps declared
 
     # ---- what callers read ----------------------------------------------------------------------
@@ -238,7 +239,7 @@ class SpecBatchGenerator:
         position."""
         logits = verified.logits
         if self.grammars.rows:
-            mask_round(round, logits, self.grammars, self.scheduler.slots, self.state.tokens, self.static)
+            mask_round(round, logits, self.grammars, self.scheduler.slots, self.state.tokens)
         return self.acceptor.accept(round, logits)
 
     def _commit(self, round: Round, verified: Verified, outcome, started: float) -> list[Result]:

@@ -105,14 +105,14 @@ class RowOutcomes:
         for i in round.plan.running:
             slot, record, new = round.plan.rows[i], self.slots[round.plan.rows[i]], outcome.emitted[i]
             head = []
-            if record.awaiting_first and not round.plan.static:  # a packed round decided its first token
+            if record.awaiting_first and not record.first_drawn:  # a packed round decided its first token
                 result = self._take_first(slot, record, new[0], outcome.logprobs[i][0] if outcome.logprobs else None)
                 if result is not None:
                     finished.append((slot, result))
                     continue
                 emitted.add(slot, new, 0, cut_counts(0, 0, 0, 1))
                 continue
-            if record.awaiting_first:  # its first token arrives with this round (the static path)
+            if record.awaiting_first:  # its first token, drawn at admission, arrives with this round
                 head = [outcome.pending[i]]
                 result = self._take_first(slot, record, head[0],
                                           outcome.pending_logprobs[i] if outcome.pending_logprobs else None)

@@ -141,7 +141,6 @@ class Plan:
     running: list[int]  # indices into rows of the running requests
     room: list[int]  # [b] drafts each row has room for before its limits (0 for idle slots)
     limits: list[int]  # [b] the most drafts each row may propose (<= room; 0: it drafts nothing)
-    static: bool  # every slot, static shapes (the captured path)
     state: SlotState | None = None  # the slots' sequences, noise keys and repetition context (device)
     buffers: RoundBuffers | None = None
     fills: list[tuple[int, int, int]] = field(default_factory=list)  # packed: prompt chunks (slot, start, count)

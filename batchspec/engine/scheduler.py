@@ -51,10 +51,8 @@ class Scheduler:
         self.tokenizer, self.stops, self.adaptive, self.grammars = tokenizer, stops, life.adaptive, life.grammars
         self.payoff = payoff  # per-row rounds: epochs with and without drafting, compared (payoff.py)
         self.max_seq_len = max_seq_len
-        self.k_max, self.trees, self.static = k_max, trees, static
+        self.k_max, self.trees = k_max, trees
         self.fill_budget = fill_budget  # prompt tokens a packed round prefills (0: not packed)
-        # Packed verifies (eager, or the static path's chains): adaptive gives each row its own number of drafts.
-        self.per_row = per_row
         no_constraints = ("structured output (json_schema, regex, choice, grammar, json_object) does not run "
                           "with tree drafts: drop drafter.tree") if trees else None
         self.intake_ = Intake(tokenizer, vocab_size=vocab_size, max_seq_len=max_seq_len, defaults=defaults,
@@ -67,6 +65,15 @@ class Scheduler:
         self.admitting = True
         self.place = place  # a round's rows and lengths on the device, as its verify pass reads them
         self.decoding, self.wave = decoding, wave
+        # The path is chosen once: a packed round's rows are the ones whose prompts are in, and it prefills
+        # chunks; otherwise the running rows (every slot on the static path). Where each row verifies its own
+        # drafts (packed verifies: eager, or the static path's chains), adaptive speculation chooses them per row,
+        # and a lookup does not propose for hopeless rows.
+        self._schedule = self._schedule_packed if fill_budget else self._schedule_unpacked
+        self._round_rows = self.slots.every_slot if static else self.slots.active_span
+        per_row_choice = self.adaptive is not None and per_row
+        self._choose = self._choose_rows if per_row_choice else self._choose_round
+        self._skips_hopeless = per_row_choice and life.drafter.policy.propose_first
 
     def stop_admitting(self) -> None:
         """Take no new rows: the ones in flight finish, then the job is done (done)."""
@@ -109,7 +116,9 @@ class Scheduler:
         self.fills.add(seated.later)  # prefilled inside the next packed rounds
         for slot, blocks, k in seated.prompt_logprobs:
             self.outcomes.set_prompt_logprobs(slot, blocks, k)
-        if seated.tokens is None:
+        if seated.tokens is None:  # drawn on the device: they reach the host with the rows' first rounds
+            for seat in seated.now:
+                self.slots[seat.slot].first_drawn = True
             return []
         return self.outcomes.first_tokens([s.slot for s in seated.now], seated.tokens, seated.logprobs)
 
@@ -121,19 +130,20 @@ class Scheduler:
     # ---- a round ------------------------------------------------------------------------------------
 
     def schedule(self) -> Plan:
-        """The round's plan: its rows (every slot when static, else the running ones), their lengths, room and
-        limits. Its budgets and shape come from `choose` (before drafting, or after it for a drafter that
-        proposes first)."""
-        if self.fill_budget:
-            return self._schedule_packed()
-        rows = list(range(len(self.slots.records))) if self.static else self._eager_rows()
+        """The round's plan: its rows, their lengths, room and limits (and a packed round's prompt chunks). Its
+        budgets and shape come from `choose` (before drafting, or after it for a drafter that proposes first)."""
+        return self._schedule()
+
+    def _schedule_unpacked(self) -> Plan:
+        """An unpacked round: its rows are every slot on the static path, else the running ones."""
+        rows = self._round_rows()
         records = [self.slots[r] for r in rows]
         lengths = [r.length if r is not None else 1 for r in records]
         room = [r.room(self.max_seq_len) if r is not None else 0 for r in records]
         running = [i for i, r in enumerate(records) if r is not None]
         span = slice(rows[0], rows[-1] + 1) if rows and rows[-1] - rows[0] == len(rows) - 1 else None
         return Plan(rows=rows, span=span, lengths=lengths, running=running, room=room,
-                     limits=self._limits(rows, running, room, lengths, 0), static=self.static,
+                     limits=self._limits(rows, running, room, lengths, 0),
                      **self.place(rows, lengths))
 
     def _schedule_packed(self) -> Plan:
@@ -155,7 +165,7 @@ class Scheduler:
         # The plan books its chunks as written (the rows and limits above read the records before): the verify
         # pass only carries them out.
         fill_slots = [self.fills.samples_of(slot) for slot, _, _ in fills]
-        return Plan(rows=rows, span=span, lengths=lengths, running=running, room=room, limits=limits, static=False,
+        return Plan(rows=rows, span=span, lengths=lengths, running=running, room=room, limits=limits,
                      fills=fills, fill_slots=fill_slots, copies=self.fills.book(fills), **self.place(rows, lengths))
 
     def _deciding(self, ready: list[int]) -> list[int]:
@@ -169,19 +179,6 @@ class Scheduler:
                      key=lambda slot: self.slots[slot].started)
         return sorted(going + new[: max(0, self.decoding - len(going))])
 
-    def _eager_rows(self) -> list[int]:
-        """The running slots, with the idle ones between them riding along (as on the static path) when they
-        are few: eager forwards read a consecutive span of slots as views, and any other set of rows as a
-        gather of every layer's cache (about 10% of a round at batch 32 on the demo target, more than a few
-        padding rows cost)."""
-        active = self.slots.active()
-        if not active:
-            return active
-        holes = active[-1] - active[0] + 1 - len(active)
-        if 0 < holes <= max(2, len(active) // 4):
-            return list(range(active[0], active[-1] + 1))
-        return active
-
     def _limits(self, rows: list[int], running: list[int], room: list[int], lengths: list[int],
                 chunk_tokens: int) -> list[int]:
         """The plan's most drafts each row may propose: its room, up to k_max; under per-row adaptive speculation
@@ -190,7 +187,7 @@ class Scheduler:
         limits = [min(self.k_max, n) for n in room]
         if rows and self.adaptive is not None:  # once a round, before anything prices it (here, then `choose`)
             self.adaptive.costs.at_length(max(lengths) + self._widest)
-        if not rows or self.adaptive is None or not self.per_row or not self.life.drafter.policy.propose_first:
+        if not rows or not self._skips_hopeless:
             return limits
         if self._plain_epoch:  # nobody proposes
             hopeless = [True] * len(running)
@@ -208,9 +205,12 @@ class Scheduler:
         already proposed (a drafter that proposes first), whose longest proposal bounds a chain's width; else
         the plan's limits; priors: the drafter's own chance that each row's first draft is right (its rows'
         acceptance prior)."""
-        offer = proposed if proposed is not None else plan.limits
-        if self.adaptive is not None and self.per_row:  # packed: each row's own number of drafts
-            return self._choose_rows(plan, offer, priors)
+        return self._choose(plan, proposed if proposed is not None else plan.limits, priors)
+
+    def _choose_round(self, plan: Plan, offer: list[int],
+                      priors: list[float | None] | None) -> tuple[RoundShape, list[int]]:
+        """One shape for the whole round (adaptive's, or k_max / the first tree without it), each row's drafts up
+        to its offer (a tree: as deep as its room allows)."""
         if self.adaptive is None:
             shape = RoundShape(tree=self.trees[0]) if self.trees else RoundShape(drafts=self.k_max)
         else:
@@ -223,8 +223,9 @@ class Scheduler:
 
     def _choose_rows(self, plan: Plan, offer: list[int],
                      priors: list[float | None] | None) -> tuple[RoundShape, list[int]]:
-        """A packed round's shape and each row's drafts (AdaptiveK.choose_rows) over its running rows; a static
-        round's idle slots draft nothing."""
+        """Each row its own drafts (rows that verify per row, under adaptive speculation): the round's shape and
+        each row's drafts (AdaptiveK.choose_rows) over its running rows; a static round's idle slots draft
+        nothing."""
         adaptive = self.adaptive
         budgets = [0] * len(plan.rows)
         if self._plain_epoch:

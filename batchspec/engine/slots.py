@@ -37,6 +37,8 @@ class Slot:
     top_logprob_ids: list[list[int]] = field(default_factory=list)
     prompt_logprobs: tuple | None = None  # (logprobs, top values, top ids) of the prompt's tokens
     awaiting_first: bool = True  # its first token (drawn at admission) has not reached the host yet
+    first_drawn: bool = False  # its first token was drawn on the device at admission (the static path): it
+    #   reaches the host as the pending token of its first round; else a packed round decides it
     # Prefilled inside packed rounds (eager): prompt tokens (of its first P - 1) not yet in the target's
     # cache, and the slot of the sample of the same request whose prompt cache this row copies.
     unfilled: int = 0
@@ -117,6 +119,23 @@ class SlotTable:
 
     def active(self) -> list[int]:
         return [s for s, record in enumerate(self.records) if record is not None]
+
+    def every_slot(self) -> list[int]:
+        """The static path's rows: every slot in order (idle slots ride along with no drafts)."""
+        return list(range(len(self.records)))
+
+    def active_span(self) -> list[int]:
+        """An unpacked eager round's rows: the running slots, with the idle ones between them riding along (as
+        on the static path) when they are few: eager forwards read a consecutive span of slots as views, and any
+        other set of rows as a gather of every layer's cache (about 10% of a round at batch 32 on the demo
+        target, more than a few padding rows cost)."""
+        active = self.active()
+        if not active:
+            return active
+        holes = active[-1] - active[0] + 1 - len(active)
+        if 0 < holes <= max(2, len(active) // 4):
+            return list(range(active[0], active[-1] + 1))
+        return active
 
     def occupy(self, slot: int, request: Request, prompt_ids: list[int], *, max_new_tokens: int,
                stop: tuple[str, ...], logprobs: int | None) -> Slot:

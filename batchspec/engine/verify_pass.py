@@ -116,6 +116,9 @@ class StaticPass(_Pass):
                  stats: Statistics, *, per_row: bool):
         super().__init__(runner, state, buffers, drafter, stats)
         self.per_row = per_row
+        self._chain = self._packed if runner.packed_width else self._padded  # tree rounds verify padded
+        if not per_row:
+            self.measured = super().measured  # priced by the replay tables per round shape (StepTable)
 
     def cost_model(self, shapes: list[RoundShape]) -> CostModel:
         """Timed replays of the captured steps: per row when the chains are packed, else per round shape."""
@@ -132,13 +135,13 @@ class StaticPass(_Pass):
         return self._placed(self.runner.slot_index, None)  # every slot; the steps read lengths on the device
 
     def run(self, round: Round) -> Verified:
-        verified = self._packed(round) if self.runner.packed_width and round.tree is None else self._padded(round)
+        verified = self._chain(round) if round.tree is None else self._padded(round)
         self.drafter.learn_pending()
         return verified
 
     def measured(self, round: Round, verified: Verified, costs: CostModel | None) -> tuple | None:
         """The packed chains' prices from the timed replays (costs.StaticPackedCosts): their forwards are not timed."""
-        if self.per_row and costs is not None and verified.forward is not None:
+        if costs is not None and verified.forward is not None:
             return costs.round_costs(verified.forward[0], round.shape.depth)
         return None
 

@@ -28,7 +28,7 @@ def check_baselines(rows: list[Row], k: int, count: int) -> None:
             for token in row.completion[1:]:
                 plan = Plan(rows=[0], rows_t=torch.tensor([0]), span=slice(0, 1), lengths=[len(seq)],
                             lengths_t=torch.tensor([len(seq)]), running=[0], room=[k], limits=[k],
-                            static=False, buffers=buffers)
+                            buffers=buffers)
                 draft = real.propose(plan, Choice([k]))
                 want = draft.tokens[0, : int(draft.num_tokens[0])].tolist()
                 got = sim.propose(r, k)[0]

@@ -81,15 +81,22 @@ def lay_out_static_tree(spec: TreeSpec, num: torch.Tensor, drafts: torch.Tensor,
 def buffered_draft(plan: Plan, budgets: list[int], steps: int, num: torch.Tensor, probs: torch.Tensor | None,
                    spec: TreeSpec | None, device: torch.device) -> Draft:
     """What a drafting model's steps wrote into the round's buffers, as its Draft: a chain of `steps` drafts
-    per row (num: their counts), or the tree of `spec` (static: laid out by the first step; eager: here)."""
+    per row (num: their counts), or the tree of `spec`, laid out here (eagerly)."""
     b, buffers = len(plan.rows), plan.buffers
     if spec is None:
         return Draft(tokens=buffers.drafts[:b, :steps], num_tokens=num,
                      probs=probs[:b, :steps] if probs is not None else None, host_num=list(budgets))
     n = spec.nodes
-    if plan.static:  # the first step laid out the tree
-        return Draft(tokens=buffers.drafts[:, :n], num_tokens=num, parents=buffers.parents[:, :n],
-                     valid=buffers.valid[:, :n], q_at=probs[:, : n + 1] if probs is not None else None, spec=spec)
     parents, valid = layout_tree(spec, num, buffers.drafts[:b, :n], device)
     return Draft(tokens=buffers.drafts[:b, :n], num_tokens=valid.sum(1), parents=parents, valid=valid,
                  q_at=probs[:b, : n + 1] if probs is not None else None, spec=spec)
+
+
+def laid_out_draft(plan: Plan, budgets: list[int], steps: int, num: torch.Tensor, probs: torch.Tensor | None,
+                   spec: TreeSpec | None, device: torch.device) -> Draft:
+    """buffered_draft on the static path, where the first step laid a tree out in the buffers (every slot)."""
+    if spec is None:
+        return buffered_draft(plan, budgets, steps, num, probs, spec, device)
+    n, buffers = spec.nodes, plan.buffers
+    return Draft(tokens=buffers.drafts[:, :n], num_tokens=num, parents=buffers.parents[:, :n],
+                 valid=buffers.valid[:, :n], q_at=probs[:, : n + 1] if probs is not None else None, spec=spec)

@@ -8,10 +8,9 @@ the accepted path) and the tokens after them; its output at L - 2 is the first d
 feeds the draft just made with the head's own output, one position further. After the verdict the
 head is valid up to L - 1 entries (its drafted entries are stale) and the stash holds the features of
 the accepted positions L - 1 .. L - 1 + m: exactly what the next round's first step computes.
-The captured (static) path runs the first step for every row every round. Eager rounds run it only for the
-rows that draft, or whose stash would overflow (`lag_max` entries); the others' verified features wait in
-the stash, and so do a packed round's prompt features (where the prompt fits): a row that never drafts
-(the payoff check's verdict plain) never costs a head forward (docs/eagle.md says what that saved).
+The captured (static) path runs the first step for every row every round; eager rounds only for the rows that
+draft, or whose stash would overflow (`lag_max` entries): the others' features wait in the stash, as do a packed
+round's prompt features (where they fit), so a row that never drafts never costs a head forward (docs/eagle.md).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from ..model.timing import time_rows
 from ..sampling import SamplingParams, row_transforms
 from ..slots import SlotState
 from .base import DrafterPolicy, empty_draft
-from .choosing import buffered_draft, choose_draft, no_tree
+from .choosing import buffered_draft, choose_draft, laid_out_draft, no_tree
 from .eagle_static import EagleStaticSteps
 from .head_model import HeadAsModel
 
@@ -66,6 +65,10 @@ class EagleDrafter:
         self.static_steps = (EagleStaticSteps(self.runner, graphs, sampling, stash=self.stash, out=self.out,
                                               catch_up=self.catch_up) if self.runner.static else None)
         self._steps: list[tuple[int, float]] = []  # the last round's drafting forwards after the first: (rows, seconds)
+        # The path is chosen once: captured steps over every slot, or eager steps over the rows that draft.
+        self._draft_steps = self._captured_steps if self.runner.static else self._eager_steps
+        self._buffered = laid_out_draft if self.runner.static else buffered_draft
+        self._stash_kept = self._captured_stash if self.runner.static else self._eager_stash
 
     def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers,
              acceptor=None) -> None:
@@ -77,11 +80,9 @@ class EagleDrafter:
 
     @torch.inference_mode()
     def admit(self, slots, prompts, features: list[torch.Tensor] | None = None):
-        """The head's entries over each prompt: position p from the target's features of p and token p + 1
-        (0 .. P - 2); the features of P - 1 wait in the stash for the first round. features: per seat, the
-        target's features of its prompt [P, F] (from its eager prefill); None when packed rounds prefill the
-        prompts: the entries then come chunk by chunk (packed_forward), and the rows sit out the head's
-        steps until their prompt is in."""
+        """The head's entries over each prompt: position p from the target's features of p and token p + 1 (0 ..
+        P - 2); P - 1's features wait in the stash. features: per seat, the target's over its prompt [P, F] (its
+        eager prefill); None when packed rounds prefill the prompts (packed_forward takes them chunk by chunk)."""
         if features is None:
             for slot, prompt in zip(slots, prompts):
                 self.valid[slot], self.waiting[slot] = 0, len(prompt) - 1
@@ -103,10 +104,9 @@ class EagleDrafter:
 
     @torch.inference_mode()
     def packed_forward(self, chunks, verify_index):
-        """A packed forward just ran: the head's entries over the prompt chunks it wrote (slot, start, count, at:
-        the chunk's first token in that forward), or, for a prompt that fits, their features into the stash;
-        verify_index [b, W] (each deciding row's verify positions in it) says where extend finds the features
-        of the tokens the rows keep."""
+        """A packed forward just ran: the head's entries over its prompt chunks (slot, start, count, at: the chunk's
+        first token in it), or for a prompt that fits their features into the stash; verify_index [b, W] (each
+        deciding row's verify positions) is where extend finds the features of the tokens the rows keep."""
         self._verify_index = verify_index
         chunks = [c for c in chunks if c[0] in self.waiting]
         if not chunks:
@@ -137,21 +137,22 @@ class EagleDrafter:
             self.valid[slot] = start + count
 
     def extend(self, slots, emitted, num_accepted, path=None):
-        """After the verdict: the head is valid up to L - 1 entries of each row whose first step ran, and the
-        stash takes the verify pass's features along the accepted path (what the next first step reads),
-        appended after what a row that sat the first step out still holds (L - 1 - valid entries)."""
+        """After the verdict: the head is valid up to L - 1 entries of each row whose first step ran, and the stash
+        takes the verify pass's features along the accepted path (what the next first step reads)."""
         if self._round is None:
             return
-        rows, lengths = self._round
-        self._round = None
+        (rows, lengths), self._round = self._round, None
         by_slot = dict(zip(rows, lengths))
         for slot in slots:
             if slot in self._ran:
                 self.valid[slot] = by_slot[slot] - 1
-        features = self._target.features  # [b, T, F]: the round's verify pass, row order = rows
-        if self.static_steps is not None:
-            self.static_steps.stash_from(features.shape[1])
-            return
+        self._stash_kept(rows, lengths, self._target.features)
+
+    def _captured_stash(self, rows: list[int], lengths: list[int], features: torch.Tensor) -> None:
+        self.static_steps.stash_from(features.shape[1])  # [B, W, F]: every slot's, by slot
+
+    def _eager_stash(self, rows: list[int], lengths: list[int], features: torch.Tensor) -> None:
+        """Features [b, T, F] (rows' order; packed: [N, F]) along the accepted paths, after what each row holds."""
         if features.dim() == 2:  # a packed forward's [N, F]: each row's verify positions at verify_index
             where = self._verify_index
             along = self._acceptor.path_out[: len(rows), : where.shape[1]]
@@ -190,24 +191,24 @@ class EagleDrafter:
         branching = spec.branching if spec is not None else 0
         rejection = not (self.sampling.greedy or self.sampling.coupled)
         probs = (buffers.q_at if spec is not None else buffers.probs) if rejection else None
-        if plan.static:  # the captured first step runs for every row
-            self.static_steps.run(plan.lengths, *self._first_entries(plan), max(steps, 1), spec)
-            self._ran = set(plan.rows)
-        else:
-            self._eager_steps(plan, choice, max(steps, 1), branching, probs, draft=steps > 0)
+        self._draft_steps(plan, choice, max(steps, 1), branching, probs, steps > 0, spec)
         self._round = (list(plan.rows), list(plan.lengths))
         if steps == 0:
             return empty_draft(buffers, b) if spec is None else no_tree(buffers, b, spec)
-        return buffered_draft(plan, choice.budgets, steps, num, probs, spec, self.device)
+        return self._buffered(plan, choice.budgets, steps, num, probs, spec, self.device)
 
-    def _eager_steps(self, plan: Plan, choice: Choice, steps: int, branching: int, probs, draft: bool) -> None:
+    def _captured_steps(self, plan: Plan, choice: Choice, steps: int, branching: int, probs, draft, spec) -> None:
+        self.static_steps.run(plan.lengths, *self._first_entries(plan), steps, spec)  # the first step: every row
+        self._ran = set(plan.rows)
+
+    def _eager_steps(self, plan: Plan, choice: Choice, steps: int, branching: int, probs, draft: bool,
+                     spec: TreeSpec | None) -> None:
         """The first step (the entries each row lacks, up to L - 2), then one drafted token per step."""
         runner, b, state = self.runner, len(plan.rows), plan.state
         rows = plan.rows_t
         kv_len = max(plan.lengths) - 1 + steps
-        # The first step runs for the rows that draft (a tree round drafts every row) and for those whose
-        # stash would overflow; the others, and rows whose prompt a packed round is still bringing in, sit it
-        # out (their entries wait in the stash: a round that drafts nothing costs no head forward).
+        # The first step runs for the rows that draft (in a tree round every row) or whose stash would overflow;
+        # the others, and rows whose prompt is still coming in, sit it out (their entries wait in the stash).
         starts, counts = self._first_entries(plan)
         drafting = [draft and (branching > 0 or k > 0) for k in choice.budgets]
         run = [i for i, slot in enumerate(plan.rows)
@@ -253,9 +254,8 @@ class EagleDrafter:
 
     def _first_step(self, plan: Plan, run: list[int], starts: list[int], counts: list[int],
                     kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The head's first forward over the rows `run` (indices into plan.rows): each row's entries from
-        starts[i] + 1, counts[i] of them -> (logits after each row's last entry [b, V], its features
-        [b, 1, H]; zero for the other rows)."""
+        """The head's first forward over the rows `run` (indices into plan.rows), counts[i] entries from starts[i]
+        + 1 -> (logits after each row's last entry [b, V], its features [b, 1, H]; zero for the other rows)."""
         runner, b, state = self.runner, len(plan.rows), plan.state
         logits = torch.zeros(b, runner.vocab_size, dtype=self.stash.dtype, device=self.device)
         out = torch.zeros(b, 1, self.out.shape[-1], dtype=self.stash.dtype, device=self.device)

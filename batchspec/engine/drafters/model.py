@@ -16,7 +16,7 @@ from ..sampling import SamplingParams, row_transforms
 from ..slots import SlotState
 from ..model.timing import time_packed, time_rows
 from .base import MODEL_POLICY, empty_draft
-from .choosing import buffered_draft, choose_draft, no_tree
+from .choosing import buffered_draft, choose_draft, laid_out_draft, no_tree
 from .model_static import ModelStaticSteps
 
 
@@ -56,6 +56,18 @@ class ModelDrafter:
         self._state: SlotState | None = None  # the generator's sequences (bind)
         self.static_steps = ModelStaticSteps(self.runner, graphs, sampling, self._align) if graphs.static else None
         self._steps: list[tuple[int, float]] = []  # the last round's packed drafting forwards: (tokens, seconds)
+        # The path is chosen once: the draft's caches are fed by captured chunks (static) or eager prefills, and
+        # a round drafts by captured steps, by packed forwards (a chain, where the draft's forwards pack) or by
+        # eager forwards over the round's rows.
+        self._feed = self._static_feed if graphs.static else self._eager_feed
+        self._buffered = laid_out_draft if graphs.static else buffered_draft
+        self._admit_feed = self._feed_later if self.runner.packs else self._feed_prompts
+        self._step_seconds = self._packed_seconds if self.runner.packs else self._row_seconds
+        if self.static_steps is not None:  # timed replays of its steps
+            self.draft_seconds = self.static_steps.draft_seconds
+        self._tree_steps = self._captured_steps if graphs.static else self._eager_round
+        self._chain_steps = (self._captured_steps if graphs.static else
+                             self._packed_steps if self.runner.packs else self._eager_round)
 
     def _align(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., V_draft] -> [..., V_target]: ids the target lacks are dropped, ids the draft
@@ -69,31 +81,33 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def admit(self, slots, prompts, features=None):
-        """Prefill the draft on each prompt; the first token is fed in the row's first drafted round. Packed
-        drafting forwards feed a new row's prompt in its first drafting round instead."""
-        if self.runner.packs:  # the first drafting forward of each row feeds its prompt (_packed_steps)
-            for slot in slots:
-                self.valid[slot] = 0
-            return
-        if self.runner.static:
-            self.runner.static_prefill.prefill(self._state.tokens, slots, [0] * len(slots), [len(p) for p in prompts])
-        else:
-            width = max(len(p) for p in prompts)
-            ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=self.device)
-            self.runner.prefill(slots, ids, [0] * len(slots), [len(p) for p in prompts])
-        for slot, prompt in zip(slots, prompts):
-            self.valid[slot] = len(prompt)
+        """Prefill the draft on each prompt (the first token is fed in the row's first drafted round); where the
+        draft's forwards pack, nothing yet: its first drafting forward feeds a row's prompt."""
+        for slot, fed in zip(slots, self._admit_feed(slots, prompts)):
+            self.valid[slot] = fed
+
+    def _feed_prompts(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
+        self._feed(self._state.tokens, slots, [0] * len(slots), [len(p) for p in prompts])
+        return [len(p) for p in prompts]
+
+    @staticmethod
+    def _feed_later(slots: list[int], prompts: list[list[int]]) -> list[int]:
+        return [0] * len(slots)  # the first drafting forward of each row feeds its prompt (_packed_steps)
 
     def _catch_up(self, plan: Plan, budgets: list[int], tokens: torch.Tensor) -> None:
         """Feed rows that missed tokens (rounds without drafting) up to position L-2."""
         lagging = [(row, self.valid[row], n - 2) for row, n, k in zip(plan.rows, plan.lengths, budgets)
                    if k > 0 and self.valid[row] < n - 2]
-        if not lagging:
-            return
-        rows, starts, ends = ([x[j] for x in lagging] for j in range(3))
-        if self.runner.static:
-            self.runner.static_prefill.prefill(tokens, rows, starts, ends)
-            return
+        if lagging:
+            self._feed(tokens, *([x[j] for x in lagging] for j in range(3)))
+
+    def _static_feed(self, tokens: torch.Tensor, rows: list[int], starts: list[int], ends: list[int]) -> None:
+        """The draft's cache of each row fed tokens[row, start:end] (tokens: the sequences [B, capacity]), in
+        captured chunks."""
+        self.runner.static_prefill.prefill(tokens, rows, starts, ends)
+
+    def _eager_feed(self, tokens: torch.Tensor, rows: list[int], starts: list[int], ends: list[int]) -> None:
+        """The same, in one eager prefill over the rows."""
         width = max(e - s for s, e in zip(starts, ends))
         index = torch.tensor(starts, device=self.device)[:, None] + torch.arange(width, device=self.device)
         ids = tokens[torch.tensor(rows, device=self.device)[:, None], index.clamp(max=tokens.shape[1] - 1)]
@@ -133,8 +147,8 @@ class ModelDrafter:
             self.static_steps.bind(shapes, target, state, buffers)
 
     def draft_seconds(self, k: int, kv_len: int) -> float:
-        """Device time of drafting k tokens (static path: timed replays of its steps)."""
-        return self.static_steps.draft_seconds(k, kv_len) if self.static_steps is not None else 0.0
+        """Device time of drafting k tokens (the static path's: timed replays of its steps; 0 off it)."""
+        return 0.0
 
     def packed_forward(self, chunks, verify_index):
         pass  # it reads tokens, not the target's hidden states
@@ -166,25 +180,31 @@ class ModelDrafter:
             self._round = None
             return empty_draft(buffers, b) if spec is None else no_tree(buffers, b, spec)
         num = buffers.put_num_drafts([min(k, depth) for k in choice.budgets])  # the budgets, on the device
-        if plan.static or not self.runner.packs or spec is not None:  # packed steps catch up in their first
-            self._catch_up(plan, choice.budgets, plan.state.tokens)
-        kv_len = max(plan.lengths) + steps - 1
-        branching = spec.branching if spec is not None else 0
         rejection = not (self.sampling.greedy or self.sampling.coupled)
         probs = (buffers.q_at if spec is not None else buffers.probs) if rejection else None
+        steps_of = self._tree_steps if spec is not None else self._chain_steps
+        steps_of(plan, choice, steps, spec, probs)
+        return self._buffered(plan, choice.budgets, steps, num, probs, spec, self.device)
+
+    def _fed_rows(self, plan: Plan, choice: Choice, steps: int, spec: TreeSpec | None) -> int:
+        """Before a round's captured or eager steps: rows that missed tokens caught up; what the round feeds
+        (for `extend`); returns the attended length."""
+        self._catch_up(plan, choice.budgets, plan.state.tokens)
         # Rows that did not draft and lag behind (a new row whose prompt the draft has not seen) are not fed
         # up to their pending token: their draft cache stays as it was.
         fed = [i for i, (slot, n, k) in enumerate(zip(plan.rows, plan.lengths, choice.budgets))
                if k > 0 or self.valid[slot] >= n - 2]
         self._round = ([plan.rows[i] for i in fed], [plan.lengths[i] for i in fed], [steps] * len(fed),
-                       max(branching, 1))
-        if plan.static:
-            self.static_steps.run(steps, kv_len, spec)
-        elif self.runner.packs and spec is None:
-            self._packed_steps(plan, choice, probs)
-        else:
-            self._eager_steps(plan, choice, steps, kv_len, branching, probs)
-        return buffered_draft(plan, choice.budgets, steps, num, probs, spec, self.device)
+                       max(spec.branching if spec is not None else 0, 1))
+        return max(plan.lengths) + steps - 1
+
+    def _captured_steps(self, plan: Plan, choice: Choice, steps: int, spec: TreeSpec | None, probs) -> None:
+        kv_len = self._fed_rows(plan, choice, steps, spec)
+        self.static_steps.run(steps, kv_len, spec)
+
+    def _eager_round(self, plan: Plan, choice: Choice, steps: int, spec: TreeSpec | None, probs) -> None:
+        kv_len = self._fed_rows(plan, choice, steps, spec)
+        self._eager_steps(plan, choice, steps, kv_len, spec.branching if spec is not None else 0, probs)
 
     def _eager_steps(self, plan: Plan, choice: Choice, steps: int, kv_len: int, branching: int, probs) -> None:
         """The drafting loop over the round's rows: one forward per drafted token."""
@@ -214,7 +234,7 @@ class ModelDrafter:
                 runner.set_lengths(where, start + width + i)
                 logits = runner.forward(token[:, None], kv_len=kv_len, rows=rows)[:, -1]
 
-    def _packed_steps(self, plan: Plan, choice: Choice, probs) -> None:
+    def _packed_steps(self, plan: Plan, choice: Choice, steps: int, spec: None, probs) -> None:
         """The drafting loop over the rows that draft (budget > 0), each forward packed (packed.py): the first
         feeds each row what its draft cache lacks up to its pending token (valid .. L - 1: after rounds it
         sat out, the tokens it missed; a new row, its prompt), each later one the draft just made, for the
@@ -224,7 +244,7 @@ class ModelDrafter:
         lengths = [plan.lengths[i] for i in order]
         budgets = [choice.budgets[i] for i in order]  # descending: the rows still drafting are a prefix
         self._round = (slots, lengths, budgets, 1)
-        state, steps = plan.state, budgets[0]
+        state = plan.state  # steps: budgets[0], the longest
         sub = torch.tensor(order, device=self.device)
         rows_t = plan.rows_t[sub]
         lengths_t, keys = plan.lengths_t[sub], state.noise_keys[rows_t]
@@ -269,8 +289,12 @@ class ModelDrafter:
         """One drafting forward over `rows` rows of one token, as rounds run it, or (tokens) of that many tokens
         in all, as a first drafting forward feeds rows what their caches lack (startup_costs.py; None where the
         forward does not pack, or the cache cannot hold them)."""
-        if self.runner.packs:
-            if tokens is not None and tokens // rows + 1 > self.runner.capacity:
-                return None
-            return time_packed(self.runner, rows, tokens or rows, repeats=repeats, last_only=True)
+        return self._step_seconds(rows, repeats, tokens)
+
+    def _packed_seconds(self, rows: int, repeats: int, tokens: int | None) -> float | None:
+        if tokens is not None and tokens // rows + 1 > self.runner.capacity:
+            return None
+        return time_packed(self.runner, rows, tokens or rows, repeats=repeats, last_only=True)
+
+    def _row_seconds(self, rows: int, repeats: int, tokens: int | None) -> float | None:
         return time_rows(self.runner, rows, repeats=repeats) if tokens is None else None

@@ -41,8 +41,7 @@ def constrain_drafts(plan: Plan, draft: Draft, grammars: Grammars, slots: SlotTa
     return replace(host_draft(buffers, merged), priors=draft.priors), forced if any(forced) else None
 
 
-def mask_round(round: Round, logits: torch.Tensor, grammars: Grammars, slots: SlotTable, tokens: torch.Tensor,
-               static: bool) -> None:
+def mask_round(round: Round, logits: torch.Tensor, grammars: Grammars, slots: SlotTable, tokens: torch.Tensor) -> None:
     """Mask the verify positions of the round's constrained rows by their grammars, in place: logits [b, W, V],
     position t after the row's pending token and its first t drafts. Drafts made on the device come to the
     host for it (a sync, in constrained rounds only). tokens: the slots' sequences (SlotState.tokens), where
@@ -59,11 +58,11 @@ def mask_round(round: Round, logits: torch.Tensor, grammars: Grammars, slots: Sl
         proposed, counts = draft.tokens[at].tolist(), draft.num_tokens[at].tolist()
         drafts = [t[:n] for t, n in zip(proposed, counts)]
     prefixes = None
-    if static:
-        waiting = [slots[slot].awaiting_first for slot in rows]
-        if any(waiting):
-            prefixes = [[int(tokens[slot, round.plan.lengths[i] - 1])] if w else []
-                        for slot, i, w in zip(rows, index, waiting)]
+    # A new row's first token drawn at admission (the static path) is this round's pending token.
+    waiting = [slots[slot].awaiting_first and slots[slot].first_drawn for slot in rows]
+    if any(waiting):
+        prefixes = [[int(tokens[slot, round.plan.lengths[i] - 1])] if w else []
+                    for slot, i, w in zip(rows, index, waiting)]
     bitmask = grammars.masks(rows, drafts, width, prefixes)
     at = torch.tensor(index, device=device)
     constrained = logits[at]
