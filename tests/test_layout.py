@@ -236,9 +236,8 @@ def test_no_class_is_spread_over_files_by_a_mixin():
 
 
 # Tests of a path flag outside engine/model/ that run at each call, not once when the generator is built (issue 60:
-# 31 of them before the paths were chosen in the constructors): (module under engine/, flags). The one left reads a
-# round's cost record (whether its forwards were counted), not the generator's path.
-PATH_TESTS_LEFT = {("control/adaptive.py", "packed")}
+# 31 of them before the paths were chosen in the constructors): (module under engine/, flags).
+PATH_TESTS_LEFT: set[tuple[str, str]] = set()
 
 
 def test_the_engine_chooses_its_path_once():

@@ -38,7 +38,8 @@ class Slot:
     prompt_logprobs: tuple | None = None  # (logprobs, top values, top ids) of the prompt's tokens
     awaiting_first: bool = True  # its first token (drawn at admission) has not reached the host yet
     first_drawn: bool = False  # its first token was drawn on the device at admission (the static path): it
-    #   reaches the host as the pending token of its first round; else a packed round decides it
+    #   reaches the host as the pending token of its first round; else eager admission brought it to the host
+    #   at once, or a packed round decides it
     # Prefilled inside packed rounds (eager): prompt tokens (of its first P - 1) not yet in the target's
     # cache, and the slot of the sample of the same request whose prompt cache this row copies.
     unfilled: int = 0

@@ -109,6 +109,9 @@ class AdaptiveK:
         self.shapes = [RoundShape(drafts=k) for k in range(self.k_max + 1)] + [RoundShape(tree=t) for t in self.trees]
         self._index = {shape: i for i, shape in enumerate(self.shapes)}
         self._next_probe = self.revisit_every
+        # Chosen once, by the cost model: one that prices rounds by their forwards learns from every round; whole
+        # rounds' times leave out a draft model's first round after plain ones (see _observe_round_time).
+        self._observe_cost = self.costs.observe if isinstance(self.costs, PackedCosts) else self._observe_round_time
 
     # What the scheduler calls: a row's arrival, a packed round's choice and learning (packed_choice.py,
     # acceptance_model.py), and the chain rounds' below.
@@ -266,15 +269,16 @@ class AdaptiveK:
         A row whose drafter proposed fewer drafts than allowed and had them all accepted (nothing more to
         say) counts as a rejection too: for throughput, a missing draft is a refused one.
         """
-        if cost.packed:  # priced by what its forwards computed
-            self.costs.observe(cost)
-        else:
-            # A draft model first catches up on the tokens it skipped in plain rounds: not a cost of this k.
-            after_plain = self.policy.catches_up and cost.shape > 0 and self._last_k == 0
-            self._last_k = cost.shape
-            if cost.seconds > 0 and not after_plain:
-                self.costs.observe(cost)
+        self._observe_cost(cost)
         self.learn(cost.shape, slots, budgets, drafted, accepted, proposed, emitted)
+
+    def _observe_round_time(self, cost: RoundCost) -> None:
+        """A whole round's wall time for its shape, but a draft model's first drafted round after plain ones: it
+        first catches up on the tokens it skipped, which is not a cost of this k."""
+        after_plain = self.policy.catches_up and cost.shape > 0 and self._last_k == 0
+        self._last_k = cost.shape
+        if cost.seconds > 0 and not after_plain:
+            self.costs.observe(cost)
 
     def observe_index(self, k: int, seconds: float, slots: list[int], budgets: list[int], drafted: list[int],
                       accepted: list[int]) -> None:

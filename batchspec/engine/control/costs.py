@@ -34,10 +34,6 @@ class RoundCost:
     prompt_tokens: int = 0  # of `tokens`, prompt chunks prefilled in the same forward (admission)
     exploring: bool = False  # the controller's exploration or sampling chose its drafts (packed_choice.py)
 
-    @property
-    def packed(self) -> bool:
-        return self.tokens > 0
-
 
 class CostModel(Protocol):
     """What every cost model does, with the same signatures: learn from a round, and hear the length its rows
