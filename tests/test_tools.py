@@ -435,3 +435,40 @@ def test_path_flags_counts_the_tests_of_path_flags_and_when_they_run(source, rel
     import path_flags
 
     assert path_flags.flag_tests(source, rel) == expected
+
+
+@pytest.mark.slow
+def test_ab_bench_in_separate_processes_imports_each_checkouts_own_package(llama_pair, prompt_file, tmp_path, capsys):
+    """tools/ab_bench.py --processes: each pair of runs in a new process importing only its checkout (here this one
+    twice, so both must agree), one line a pair, and the report's rates, paired ratios and output checks."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "tools"))
+    import ab_bench
+
+    out = tmp_path / "ab.json"
+    ab_bench.main(["--base", str(root), "--processes", "--target", str(llama_pair.target), "--draft",
+                   str(llama_pair.draft), "--prompts", prompt_file, "--num-prompts", "4", "--max-new-tokens", "4",
+                   "--batch-size", "2", "--drafters", "none,ngram", "--repeats", "1", "--json", str(out)])
+    [report] = json.loads(out.read_text())
+    assert report["how"] == "separate processes" and report["outputs_equal"] == {"base": True, "this": True,
+                                                                                    "across": True}
+    assert all(len(rates) == 1 and rates[0] > 0 for by in report["rates"].values() for rates in by.values())
+    assert report["vs_first"]["this"]["none"] == 1.0 and report["this_vs_base"]["ngram"] > 0
+    printed = capsys.readouterr()
+    assert "interleaved, separate processes" in printed.out
+    assert printed.err.count("batch 2 repeat 1: ") == 2
+
+
+def test_ab_bench_worker_refuses_a_checkout_without_the_package(tmp_path):
+    """A --processes worker pointed at a folder without batchspec/ must not fall back on another checkout's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parent.parent / "tools" / "ab_bench.py"
+    done = subprocess.run([sys.executable, str(tool), "--worker", str(tmp_path), "--drafters", "none"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode != 0 and f"ab_bench: {tmp_path} holds no batchspec package" in done.stderr.replace(str(tmp_path.resolve()), str(tmp_path))
