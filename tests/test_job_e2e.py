@@ -284,3 +284,33 @@ def test_a_job_with_tree_drafts(tmp_path, tiny_models, monkeypatch):
     assert "ngram tree 3x3 fixed" in printed and f"3x3 {s['rounds_by_tree']['3x3']}" in printed
     assert run_inprocess(tmp_path, "job=tr", "drafter=none", "drafter.tree=2x2", "output.dir=bad",
                          monkeypatch=monkeypatch) == 2
+
+
+def test_a_sweeps_next_job_loads_its_models_after_the_last_jobs_are_freed(tmp_path, tiny_models, monkeypatch):
+    """Hydra -m runs a sweep's jobs in one process. The engine's parts refer to each other, so a finished job's
+    models, KV caches and captured steps would wait for the cycle collector: the job frees them as it ends, and
+    the next job loads its models with none of the last job's alive. The collector is off for the test, so that
+    only the job's own collection can free them."""
+    import gc
+    from transformers import PreTrainedModel
+
+    import batchspec.jobs.shard as shard
+
+    pq.write_table(pa.table({"text": PROMPTS[:4]}), tmp_path / "in.parquet")
+    write_job(tmp_path, "sw", tiny_job(tiny_models, {"path": "in.parquet", "prompt_column": "text"}))
+    alive_at_load = []
+
+    def load_job_models(*args, **kwargs):
+        alive_at_load.append(sum(isinstance(o, PreTrainedModel) for o in gc.get_objects()))
+        return load(*args, **kwargs)
+
+    load = shard.load_job_models
+    monkeypatch.setattr(shard, "load_job_models", load_job_models)
+    gc.collect()
+    before = sum(isinstance(o, PreTrainedModel) for o in gc.get_objects())
+    gc.disable()
+    try:
+        code = run_inprocess(tmp_path, "-m", "job=sw", "drafter=model", "drafter.k=1,2", monkeypatch=monkeypatch)
+    finally:
+        gc.enable()
+    assert code == 0 and alive_at_load == [before, before]

@@ -235,6 +235,74 @@ def test_no_class_is_spread_over_files_by_a_mixin():
     assert mixins == MIXINS_LEFT, f"new mixins: {mixins - MIXINS_LEFT}; undone (drop from the list): {MIXINS_LEFT - mixins}"
 
 
+PROTOCOLS = [  # (module, protocol, the fewest implementations the engine has)
+    ("batchspec.engine.drafters.base", "Drafter", 6),
+    ("batchspec.engine.control.costs", "CostModel", 4),
+    ("batchspec.engine.control.costs", "WholeRoundCosts", 2),
+    ("batchspec.engine.verify_pass", "VerifyPass", 3),
+]
+
+
+def engine_classes() -> list[type]:
+    """Every class the engine's modules define (each module imported)."""
+    import importlib
+    import inspect
+
+    found = []
+    for path in sorted((PACKAGE / "engine").rglob("*.py")):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        module = importlib.import_module(name)
+        found += [c for c in vars(module).values() if inspect.isclass(c) and c.__module__ == module.__name__]
+    return found
+
+
+def public_methods(cls: type) -> dict:
+    import inspect
+    import typing
+
+    return {name: value for klass in reversed(cls.__mro__) if klass not in (typing.Protocol, typing.Generic, object)
+            for name, value in vars(klass).items() if inspect.isfunction(value) and not name.startswith("_")}
+
+
+def implementations(module: str, protocol: str) -> tuple[dict, list[type]]:
+    """(the protocol's methods, the engine's classes that have all of them)."""
+    import importlib
+
+    declared = public_methods(getattr(importlib.import_module(module), protocol))
+    return declared, [c for c in engine_classes() if not getattr(c, "_is_protocol", False)
+                      and all(callable(getattr(c, name, None)) for name in declared)]
+
+
+def parameters(function) -> list:
+    """A function's parameters as a caller sees them: names, kinds and defaults (annotations aside)."""
+    import inspect
+
+    return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
+
+
+@pytest.mark.parametrize("module, protocol, fewest", PROTOCOLS, ids=[p for _, p, _ in PROTOCOLS])
+def test_a_protocols_implementations_take_its_methods_parameters_as_it_declares_them(module, protocol, fewest):
+    """Every engine class that has all of a protocol's methods takes each method's parameters with the
+    protocol's names, kinds and defaults, so that a caller written against the protocol calls any of them
+    alike (issue 60: CostModel.observe(k, b, seconds) was not what PackedCosts.observe took)."""
+    import inspect
+
+    declared, found = implementations(module, protocol)
+    assert len(found) >= fewest, [c.__name__ for c in found]
+    differ = [f"{c.__name__}.{name}{inspect.signature(getattr(c, name))}" for c in found
+              for name, method in declared.items() if parameters(getattr(c, name)) != parameters(method)]
+    assert not differ, f"not as {protocol} declares them: {differ}"
+
+
+def test_every_tree_drafter_proposes_trees_alike():
+    """propose_tree, which only drafters whose policy says `trees` have (drafters/base.py), takes the same
+    parameters in each of them."""
+    _, drafters = implementations("batchspec.engine.drafters.base", "Drafter")
+    trees = {c.__name__: parameters(c.propose_tree) for c in drafters if c.policy.trees}
+    assert len(trees) >= 5 and len({repr(p) for p in trees.values()}) == 1, trees
+    assert [c for c in drafters if c.policy.trees != callable(getattr(c, "propose_tree", None))] == []
+
+
 # Tests of a path flag outside engine/model/ that run at each call, not once when the generator is built (issue 60:
 # 31 of them before the paths were chosen in the constructors): (module under engine/, flags).
 PATH_TESTS_LEFT: set[tuple[str, str]] = set()

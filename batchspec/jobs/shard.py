@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import sys
@@ -44,7 +45,21 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
     index, count = shard_from_env(job.shard.index, job.shard.count, environ)
     out_dir.mkdir(parents=True, exist_ok=True)
     with ShardLock(out_dir, index, count):
-        return run_shard(job, out_dir=out_dir, composed=composed, job_name=job_name, index=index, count=count)
+        try:
+            return run_shard(job, out_dir=out_dir, composed=composed, job_name=job_name, index=index, count=count)
+        finally:
+            free_engine()
+
+
+def free_engine() -> None:
+    """Free a finished job's models, KV caches and captured steps now. The engine's parts refer to each other (a
+    runner and its captured steps, paths chosen once as bound methods), so without a collection they wait for
+    the cycle collector, and a sweep's next job (Hydra -m, one process) would load its models beside them: on a
+    GPU, two jobs' weights at once, and a budget for captured steps measured with the last job's memory held."""
+    gc.collect()
+    torch = sys.modules.get("torch")  # loaded by any job that ran; this module does not import it
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()  # the freed blocks back to the device, where the next job measures what is free
 
 @dataclass
 class ShardInput:

@@ -71,7 +71,7 @@ class EagleDrafter:
         self._stash_kept = self._captured_stash if self.runner.static else self._eager_stash
 
     def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers,
-             acceptor=None) -> None:
+             acceptor) -> None:
         """The generator's device state; on the static path, declare the steps: each drafting step of each
         shape over each bucket, and the stash's update for each verify width."""
         self._target, self._state, self._acceptor = target, state, acceptor

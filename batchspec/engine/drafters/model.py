@@ -140,7 +140,7 @@ class ModelDrafter:
         return [max(n - 1 - self.valid[s], 0) for s, n in zip(slots, lengths)]
 
     def bind(self, shapes: list[RoundShape], target: ModelRunner, state: SlotState, buffers: RoundBuffers,
-             acceptor=None) -> None:
+             acceptor) -> None:
         """The generator's device state (its sequences); on the static path the captured steps are declared."""
         self._state = state
         if self.static_steps is not None:
