@@ -229,11 +229,67 @@ def test_a_bad_job_wide_constraint_is_refused_up_front(llama_pair):
         batchspec.generate(PROMPTS[:1], target=str(llama_pair.target), regex="a", choice=["b"])
 
 
-def test_tree_drafts_refuse_constrained_rows(llama_pair):
-    results = batchspec.generate(PROMPTS[:2], target=str(llama_pair.target), drafter="ngram", tree="2x2",
-                                 max_new_tokens=4, params=[RowParams(regex="[a-z]+"), None])
-    assert results[0].finish_reason == "error" and "tree drafts" in results[0].error
-    assert results[1].error is None
+# ---- constrained rows inside tree rounds -------------------------------------------------------------------
+# (drafter, batch size, compile, adaptive): every tree drafter eagerly at batch 3, some at 8, on the static path
+# and choosing between chains and the tree (adaptive).
+TREES = [(d, 3, "auto", False) for d in ("ngram", "prompt_lookup", "suffix", "model-identical")] + \
+    [("ngram", 8, "auto", False), ("model-identical", 8, "auto", False), ("prompt_lookup", 3, "static", False),
+     ("model-identical", 3, "static", False), ("prompt_lookup", 8, "auto", True), ("model-identical", 8, "auto", True)]
+
+
+def mixed_params() -> list[RowParams | None]:
+    """Every other prompt under its constraint (CONSTRAINTS cycled), the others free."""
+    return [RowParams(**CONSTRAINTS[(i // 2) % len(CONSTRAINTS)]) if i % 2 == 0 else None for i in range(len(PROMPTS))]
+
+
+@pytest.mark.parametrize("drafter,batch_size,compile,adaptive", TREES)
+def test_constrained_rows_decode_inside_tree_rounds(pair, drafter, batch_size, compile, adaptive):
+    """A job with tree drafts runs constrained rows beside free ones: a constrained row drafts nothing in a tree
+    round (its grammar masks the one position it decides), the free rows draft trees, and every output is drafter
+    none's, token for token (greedy, fp32)."""
+    draft = str(pair.target) if drafter == "model-identical" else None
+    common = dict(target=str(pair.target), batch_size=batch_size, max_new_tokens=MAX_NEW, params=mixed_params())
+    expected = batchspec.generate(PROMPTS, drafter="none", adaptive=False, **common)
+    results = batchspec.generate(PROMPTS, draft=draft, drafter="model" if draft else drafter, k=3, tree="2x3",
+                                 compile=compile, adaptive=adaptive, **common)
+    assert all(r.error is None for r in results), next(r.error for r in results if r.error)
+    assert [r.completion_token_ids for r in results] == [r.completion_token_ids for r in expected]
+    if not adaptive:  # every round a tree (adaptive may choose chains, or to draft nothing, as it pays)
+        assert all(r.draft_tokens == r.forced_tokens == 0 for r in results[::2])
+        assert sum(r.draft_tokens for r in results[1::2]) > 0 and sum(r.accepted_tokens for r in results[1::2]) > 0
+    assert [r.structured_complete for r in results] == [r.structured_complete for r in expected]
+
+
+@pytest.mark.parametrize("verify", ["coupled", "rejection"])
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_sampled_constrained_rows_inside_tree_rounds(pair, drafter, verify):
+    """Sampled: coupled, every output is drafter none's with the same noise; under rejection sampling (a draft
+    model's tree rows verified against its q) the constrained rows keep to their grammars and the free rows draft
+    trees."""
+    common = dict(target=str(pair.target), batch_size=4, max_new_tokens=MAX_NEW, params=mixed_params(),
+                  adaptive=False, temperature=0.8, seed=3, verify=verify)
+    draft = str(pair.draft) if drafter == "model" else None
+    results = batchspec.generate(PROMPTS, drafter=drafter, draft=draft, k=3, tree="2x3", **common)
+    assert all(r.error is None for r in results), next(r.error for r in results if r.error)
+    assert sum(r.draft_tokens for r in results[1::2]) > 0 and all(r.draft_tokens == 0 for r in results[::2])
+    assert all(r.structured_complete is not None for r in results[::2])
+    if verify == "coupled":
+        expected = batchspec.generate(PROMPTS, drafter="none", **common)
+        assert [r.completion_token_ids for r in results] == [r.completion_token_ids for r in expected]
+
+
+@pytest.mark.parametrize("adaptive,warned", [(False, True), (True, False)])
+def test_a_job_wide_constraint_with_only_tree_rounds_is_told_nothing_drafts(llama_pair, caplog, adaptive, warned):
+    """Every row constrained and every round a tree: nothing can draft, which a warning says. Adaptive speculation
+    prices a constrained row's tree as the one token it emits, so it never chooses a tree round here, and its
+    chain rounds draft what the grammar forces."""
+    with caplog.at_level("WARNING", logger="batchspec"):
+        results = batchspec.generate(PROMPTS[:4], target=str(llama_pair.target), drafter="ngram", tree="2x2",
+                                     max_new_tokens=16, regex="[a-z ]+", adaptive=adaptive)
+    assert all(r.error is None for r in results)
+    assert ("a constrained row drafts nothing in a tree round" in caplog.text) == warned
+    trees = sum(1 for r in results for t in r.tree_per_round if t)
+    assert trees == 0 if adaptive else trees > 0
 
 
 # ---- sampled output follows the constrained distribution ----------------------------------------------

@@ -439,8 +439,10 @@ def test_path_flags_counts_the_tests_of_path_flags_and_when_they_run(source, rel
 
 @pytest.mark.slow
 def test_ab_bench_in_separate_processes_imports_each_checkouts_own_package(llama_pair, prompt_file, tmp_path, capsys):
-    """tools/ab_bench.py --processes: each pair of runs in a new process importing only its checkout (here this one
-    twice, so both must agree), one line a pair, and the report's rates, paired ratios and output checks."""
+    """tools/ab_bench.py --processes: each pair of runs in a new process importing only its checkout (the base a
+    copy of this one's package elsewhere, so both must agree), one line a pair, and the report's rates, paired
+    ratios and output checks."""
+    import shutil
     import sys
     from pathlib import Path
 
@@ -448,8 +450,10 @@ def test_ab_bench_in_separate_processes_imports_each_checkouts_own_package(llama
     sys.path.insert(0, str(root / "tools"))
     import ab_bench
 
+    base = tmp_path / "base"
+    shutil.copytree(root / "batchspec", base / "batchspec", ignore=shutil.ignore_patterns("assets", "__pycache__"))
     out = tmp_path / "ab.json"
-    ab_bench.main(["--base", str(root), "--processes", "--target", str(llama_pair.target), "--draft",
+    ab_bench.main(["--base", str(base), "--processes", "--target", str(llama_pair.target), "--draft",
                    str(llama_pair.draft), "--prompts", prompt_file, "--num-prompts", "4", "--max-new-tokens", "4",
                    "--batch-size", "2", "--drafters", "none,ngram", "--repeats", "1", "--json", str(out)])
     [report] = json.loads(out.read_text())

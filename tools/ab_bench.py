@@ -54,8 +54,9 @@ def first_module(names: tuple[str, ...]):
     for name in names:
         try:
             return importlib.import_module(name)
-        except ModuleNotFoundError:
-            continue
+        except ModuleNotFoundError as error:
+            if error.name is None or not name.startswith(error.name):
+                raise  # a dependency the module needs is missing, not the module
     raise ModuleNotFoundError(f"none of {', '.join(names)}")
 
 
@@ -201,7 +202,10 @@ def bench_processes(args, argv: list[str], drafters: list[str], batch: int) -> d
                 pair = list(dict.fromkeys([reference, d]))
                 command = [sys.executable, __file__, *common, "--worker", str(checkouts[name]),
                            "--batch-size", str(batch), "--drafters", ",".join(pair)]
-                lines = subprocess.run(command, check=True, capture_output=True, text=True).stdout.splitlines()
+                done = subprocess.run(command, capture_output=True, text=True)
+                if done.returncode:  # the worker's own words (a refused checkout, a traceback)
+                    raise SystemExit(f"ab_bench: the {name} run failed ({done.returncode}):\n{done.stderr[-4000:]}")
+                lines = done.stdout.splitlines()
                 report = json.loads(lines[-1])
                 for c, (rate, out) in report.items():
                     rates[name][c].append(rate)

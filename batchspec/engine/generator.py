@@ -20,6 +20,7 @@ Stops (EOS ids, stop strings, max_new_tokens, max_seq_len) are checked on emitte
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Iterable, Iterator
 
@@ -53,6 +54,17 @@ from .verify_pass import verify_pass
 
 FILL_TOKENS = 1024  # prompt tokens a packed round prefills at most (see SpecBatchGenerator)
 FORCED_DRAFTS = 4  # drafts a grammar may force per row and round with drafter none (eager path)
+log = logging.getLogger("batchspec")
+
+
+def check_trees(trees: tuple[TreeSpec, ...], drafter: Drafter, defaults: Defaults, adaptive: bool) -> None:
+    """Tree drafts need a drafter that proposes them; with a job-wide constraint and no adaptive speculation to
+    choose chain rounds, nothing would draft (a constrained row drafts nothing in a tree round): say so."""
+    if trees and not drafter.policy.trees:
+        raise ValueError("this drafter proposes no trees")
+    if trees and defaults.constraint is not None and not adaptive:
+        log.warning("every row is constrained and every round drafts a tree: a constrained row drafts nothing in a "
+                    "tree round, so nothing is drafted; chain drafts (no tree) draft what the grammar forces")
 
 
 class SpecBatchGenerator:
@@ -89,8 +101,7 @@ class SpecBatchGenerator:
         if batch_size < 1 or k_max < 0 or defaults.max_new_tokens < 1 or max_seq_len < 2:
             raise ValueError(f"need batch_size >= 1, k >= 0, max_new_tokens >= 1, max_seq_len >= 2; got "
                              f"{batch_size}, {k_max}, {defaults.max_new_tokens}, {max_seq_len}")
-        if trees and not drafter.policy.trees:
-            raise ValueError("this drafter proposes no trees")
+        check_trees(trees, drafter, defaults, adaptive)
         self.drafter, self.sampling, self.graphs = drafter, sampling, graphs
         self.batch_size, self.max_seq_len, self.k_max, self.trees = batch_size, max_seq_len, k_max, tuple(trees)
         self.device, self.static = target.device, graphs.static

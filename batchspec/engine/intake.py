@@ -95,12 +95,12 @@ def prompt_ids(request: Request, tokenizer: PreTrainedTokenizerBase, vocab_size:
 
 class Intake:
     """grammars: checks (and compiles) structured-output constraints (engine/grammar/grammar.py; None: constraints are
-    refused); no_constraints: why this generator refuses them (tree drafts), or None."""
+    refused)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, *, vocab_size: int, max_seq_len: int, defaults: Defaults,
-                 grammars=None, no_constraints: str | None = None):
+                 grammars=None):
         self.tokenizer, self.vocab_size, self.max_seq_len, self.defaults = tokenizer, vocab_size, max_seq_len, defaults
-        self.grammars, self.no_constraints = grammars, no_constraints
+        self.grammars = grammars
         self._pending: Iterator[Request] = iter(())
         self._queue: deque[Admission] = deque()  # samples of a request not seated yet
         self._groups = 0
@@ -167,8 +167,6 @@ class Intake:
     def _constraint_problem(self, constraint: Constraint | None) -> str | None:
         if constraint is None:
             return None
-        if self.no_constraints is not None:
-            return self.no_constraints
         if self.grammars is None:
             return "structured output is not available in this generator"
         try:

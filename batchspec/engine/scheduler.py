@@ -53,10 +53,8 @@ class Scheduler:
         self.max_seq_len = max_seq_len
         self.k_max, self.trees = k_max, trees
         self.fill_budget = fill_budget  # prompt tokens a packed round prefills (0: not packed)
-        no_constraints = ("structured output (json_schema, regex, choice, grammar, json_object) does not run "
-                          "with tree drafts: drop drafter.tree") if trees else None
         self.intake_ = Intake(tokenizer, vocab_size=vocab_size, max_seq_len=max_seq_len, defaults=defaults,
-                              grammars=self.grammars, no_constraints=no_constraints)
+                              grammars=self.grammars)
         self.life, self.slots = life, life.table
         self.fills = PromptFills(self.slots)  # rows whose prompts packed rounds prefill
         self.stats = stats
@@ -207,18 +205,25 @@ class Scheduler:
         acceptance prior)."""
         return self._choose(plan, proposed if proposed is not None else plan.limits, priors)
 
+    def _tree_room(self, plan: Plan) -> list[int]:
+        """How deep each row's tree may go: its room, and none for a constrained row, whose grammar masks only the
+        position it decides (each of a tree's nodes would need the grammar's state after its own path)."""
+        constrained = set(self.grammars.constrained(plan.rows)) if self.trees else set()
+        return [0 if i in constrained else r for i, r in enumerate(plan.room)] if constrained else plan.room
+
     def _choose_round(self, plan: Plan, offer: list[int],
                       priors: list[float | None] | None) -> tuple[RoundShape, list[int]]:
         """One shape for the whole round (adaptive's, or k_max / the first tree without it), each row's drafts up
         to its offer (a tree: as deep as its room allows)."""
+        room = self._tree_room(plan)
         if self.adaptive is None:
             shape = RoundShape(tree=self.trees[0]) if self.trees else RoundShape(drafts=self.k_max)
         else:
             shape = self.adaptive.choose(plan.running_slots, [offer[i] for i in plan.running],
-                                         [plan.room[i] for i in plan.running],
+                                         [room[i] for i in plan.running],
                                          [priors[i] for i in plan.running] if priors is not None else None)
         if shape.tree is not None:
-            return shape, list(plan.room)  # a tree is as deep as each row's room allows
+            return shape, list(room)  # a tree is as deep as each row's room allows
         return shape, [min(shape.drafts, n) for n in offer]
 
     def _choose_rows(self, plan: Plan, offer: list[int],
@@ -234,7 +239,7 @@ class Scheduler:
         pick = lambda values: [values[i] for i in at]  # noqa: E731
         rows = pick(plan.rows)
         lags = self.life.drafter.lags(rows, pick(plan.lengths)) if adaptive.policy.draft_forwards else None
-        index, drafts = adaptive.choose_rows(rows, pick(offer), pick(plan.room),
+        index, drafts = adaptive.choose_rows(rows, pick(offer), pick(self._tree_room(plan)),
                                              pick(priors) if priors is not None else None,
                                              len(at) + plan.chunk_tokens, adaptive.costs, lags)
         for i, k in zip(at, drafts):

@@ -45,10 +45,9 @@ def run(job: JobConfig, *, out_dir: Path, composed: dict[str, Any], job_name: st
     index, count = shard_from_env(job.shard.index, job.shard.count, environ)
     out_dir.mkdir(parents=True, exist_ok=True)
     with ShardLock(out_dir, index, count):
-        try:
-            return run_shard(job, out_dir=out_dir, composed=composed, job_name=job_name, index=index, count=count)
-        finally:
-            free_engine()
+        code = run_shard(job, out_dir=out_dir, composed=composed, job_name=job_name, index=index, count=count)
+    free_engine()  # after a failure the traceback holds the engine anyway, and a failed job ends a sweep
+    return code
 
 
 def free_engine() -> None:

@@ -51,7 +51,9 @@ def mask_round(round: Round, logits: torch.Tensor, grammars: Grammars, slots: Sl
         return
     draft, width, device = round.draft, logits.shape[1], logits.device
     rows = [round.plan.rows[i] for i in index]
-    if draft.host_tokens is not None:
+    if round.tree is not None:  # a constrained row drafts nothing in a tree round (Scheduler._tree_room)
+        drafts = [[] for _ in index]
+    elif draft.host_tokens is not None:
         drafts = [draft.host_tokens[i] for i in index]
     else:
         at = torch.tensor(index, device=device)
