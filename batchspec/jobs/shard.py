@@ -57,8 +57,9 @@ def free_engine() -> None:
     GPU, two jobs' weights at once, and a budget for captured steps measured with the last job's memory held."""
     gc.collect()
     torch = sys.modules.get("torch")  # loaded by any job that ran; this module does not import it
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()  # the freed blocks back to the device, where the next job measures what is free
+
 
 @dataclass
 class ShardInput:
