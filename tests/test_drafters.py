@@ -123,12 +123,13 @@ def test_lazy_learning_proposes_as_eager_learning(name, make, seq):
     assert lazy.pending == {}
 
 
-# name, sequence, tree, expected (token, parent) per valid node in index order
+# name, sequence, tree, expected (token, parent) per node: depth-major, siblings in their matches' order, the
+# valid nodes first (a packed verify reads a row's first host_num node slots)
 TREE_CASES = [
     # (1, 2) follows at 0 (-> 3, 9) and at 4 (-> 4, 1): the most recent match first
     ("two_matches", [1, 2, 3, 9, 1, 2, 4, 1, 2], "2x2", [(4, -1), (3, -1), (1, 0), (9, 1)]),
     # (9, 5) follows at 0 (-> 6, 7, 9) and at 4 (-> 6, 8, 9): both start with 6, one node for it
-    ("shared_prefix_merged", [9, 5, 6, 7, 9, 5, 6, 8, 9, 5], "2x3", [(6, -1), (8, 0), (7, 0), (9, 2), (9, 3)]),
+    ("shared_prefix_merged", [9, 5, 6, 7, 9, 5, 6, 8, 9, 5], "2x3", [(6, -1), (8, 0), (7, 0), (9, 1), (9, 2)]),
     ("no_match", [1, 2, 3], "2x2", []),
 ]
 
@@ -140,4 +141,5 @@ def test_prompt_lookup_trees(name, seq, tree, expected):
     draft = drafter.propose_tree(*context([seq], [4]), TreeSpec.parse(tree))
     nodes = [(t, p) for t, p, v in zip(draft.tokens[0].tolist(), draft.parents[0].tolist(), draft.valid[0].tolist()) if v]
     assert nodes == expected
-    assert draft.num_tokens.tolist() == [len(expected)]
+    assert draft.valid[0].tolist() == [True] * len(expected) + [False] * (draft.valid.shape[1] - len(expected))
+    assert draft.num_tokens.tolist() == draft.host_num == [len(expected)]

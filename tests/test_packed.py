@@ -33,9 +33,10 @@ from tiny import PROMPTS
 
 def test_packed_forward_equals_each_rows_own_forward(pair):
     """Rows of every kind in one forward: a prompt's first chunk, a prompt's last chunk with its pending
-    token, decoding rows verifying 1 and 4 tokens over cached prefixes of different lengths, a tree row
-    (node 2 a sibling of node 1) and a row whose chunk is longer than a group's 8 tokens. Each row's logits
-    equal those of the model run on that row's sequence alone."""
+    token, decoding rows verifying 1 and 4 tokens over cached prefixes of different lengths, tree rows of their
+    own node counts (one whose node 2 is a sibling of node 1, one that has only its first node of three) and a
+    row whose chunk is longer than a group's 8 tokens. Each row's logits equal those of the model run on that
+    row's sequence alone."""
     model = AutoModelForCausalLM.from_pretrained(pair.target, dtype=torch.float32).eval()
     runner = ModelRunner(model, num_slots=6, capacity=64, max_position=512, graphs=StepGraphs(None, torch.device("cpu")))
     assert runner.packs
@@ -46,12 +47,15 @@ def test_packed_forward_equals_each_rows_own_forward(pair):
     prefill = [RowTokens(s, 0, n) for s, n in enumerate(cached) if n]
     runner.forward_packed(torch.tensor([t for s, n in enumerate(cached) for t in seqs[s][:n]]),
                           pack(prefill, device=model.device, dtype=model.dtype, keep=[]))
-    tree_parents = torch.tensor([[-1, -1, 0]])  # nodes 0 and 1 children of the root, node 2 of node 0
-    tree = tree_shape(tree_parents, torch.ones(1, 3, dtype=torch.bool))
+    # Tree 0: nodes 0 and 1 children of the root, node 2 of node 0. Tree 1: a chain of three, of which its row
+    # brings node 0 only (a tree's nodes are its first node slots); its other slots are never seen.
+    tree = tree_shape(torch.tensor([[-1, -1, 0], [-1, 0, 1]]), torch.tensor([[True] * 3, [True, False, False]]))
     rows = [RowTokens(0, 0, 6), RowTokens(1, 5, 4), RowTokens(2, 10, 1), RowTokens(3, 20, 4, tree=0),
-            RowTokens(4, 8, 4), RowTokens(5, 0, 13)]
-    tree_tokens = [seqs[3][20], 7, 9, 11]  # root, then nodes 0..2
-    ids = [t for r in rows for t in (tree_tokens if r.tree is not None else seqs[r.slot][r.start : r.start + r.count])]
+            RowTokens(4, 8, 2, tree=1), RowTokens(5, 0, 13)]
+    tree_tokens = {3: [seqs[3][20], 7, 9, 11], 4: [seqs[4][8], 5]}  # root, then its nodes
+    paths = {3: [[], [7], [9], [7, 11]], 4: [[], [5]]}  # each verify position's path below the root
+    ids = [t for r in rows for t in (tree_tokens[r.slot] if r.tree is not None else
+                                    seqs[r.slot][r.start : r.start + r.count])]
     batch = pack(rows, device=model.device, dtype=model.dtype, tree_depth=tree.depth, tree_ancestors=tree.ancestors)
     logits = runner.forward_packed(torch.tensor(ids), batch)
     with torch.no_grad():
@@ -61,10 +65,42 @@ def test_packed_forward_equals_each_rows_own_forward(pair):
                 alone = model(torch.tensor([seqs[row.slot][: row.start + row.count]])).logits[0, row.start :]
                 torch.testing.assert_close(got, alone, atol=1e-4, rtol=1e-4)
                 continue
-            prefix = seqs[3][:20]
-            for node, path in enumerate([[], [7], [9], [7, 11]]):  # root, node 0, node 1, node 2 (under node 0)
-                alone = model(torch.tensor([prefix + [tree_tokens[0]] + path])).logits[0, -1]
+            prefix = seqs[row.slot][: row.start]
+            assert len(paths[row.slot]) == row.count
+            for node, path in enumerate(paths[row.slot]):
+                alone = model(torch.tensor([prefix + [tree_tokens[row.slot][0]] + path])).logits[0, -1]
                 torch.testing.assert_close(got[node], alone, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "prompt_lookup", "suffix", "model"])
+def test_a_packed_tree_round_computes_each_rows_own_nodes(pair, drafter, monkeypatch):
+    """In a packed tree round each row's verify tokens are its root and its own nodes (a lookup's tree often has
+    fewer than the shape's, a row at its end none), not the shape's width: every tree round's widths equal its
+    rows' valid nodes plus one, and the output is HF's, token for token."""
+    from batchspec.engine import verify_pass
+
+    models = load_models(str(pair.target), str(pair.draft) if drafter == "model" else None, dtype="float32")
+    generator = build_generator(models, drafter=drafter, k=3, batch_size=4, max_new_tokens=MAX_NEW, adaptive=False,
+                                tree="2x3")
+    widths, valid = [], []
+    layout, run = verify_pass.layout_round, verify_pass.PackedPass.run
+
+    def spy_layout(slots, lengths, row_widths, width, fills, tree):
+        widths.append(row_widths if tree else None)
+        return layout(slots, lengths, row_widths, width, fills, tree)
+
+    def spy_run(self, round):
+        valid.append([1 + n for n in round.draft.valid.sum(1).tolist()] if round.tree is not None else None)
+        return run(self, round)
+
+    monkeypatch.setattr(verify_pass, "layout_round", spy_layout)
+    monkeypatch.setattr(verify_pass.PackedPass, "run", spy_run)
+    results = sorted(generator.run(Request(str(i), p) for i, p in enumerate(PROMPTS)), key=lambda r: int(r.id))
+    assert [r.completion_token_ids for r in results] == pair.reference
+    trees = [(w, v) for w, v in zip(widths, valid) if v]
+    assert trees and all(w == v for w, v in trees)
+    if drafter != "model":  # a lookup's trees: most rows have fewer nodes than the shape's 6
+        assert sum(sum(w) for w, _ in trees) < 0.75 * sum(7 * len(w) for w, _ in trees)
 
 
 @pytest.mark.parametrize("fill_tokens", [1, 3, 7, 1024])
@@ -150,6 +186,8 @@ LAYOUTS = [
     ("chunks only", [], 1, [(0, 0, 4), (5, 4, 2)], False, [(0, 0, 4), (5, 4, 2)], [], []),
     ("a tree row's chunk is a row of its own", [(1, 6, 3)], 3, [(1, 2, 3)], True,
      [(1, 5, 3), (1, 2, 3)], [0, 1, 2], [[0, 1, 2]]),
+    ("tree rows of their own node counts", [(1, 6, 3), (2, 9, 1), (4, 3, 2)], 3, [], True,
+     [(1, 5, 3), (2, 8, 1), (4, 2, 2)], [0, 1, 2, 3, 4, 5], [[0, 1, 2], [3, 3, 3], [4, 5, 5]]),
 ]
 
 

@@ -244,9 +244,9 @@ def mixed_params() -> list[RowParams | None]:
 
 @pytest.mark.parametrize("drafter,batch_size,compile,adaptive", TREES)
 def test_constrained_rows_decode_inside_tree_rounds(pair, drafter, batch_size, compile, adaptive):
-    """A job with tree drafts runs constrained rows beside free ones: a constrained row drafts nothing in a tree
-    round (its grammar masks the one position it decides), the free rows draft trees, and every output is drafter
-    none's, token for token (greedy, fp32)."""
+    """A job with tree drafts runs constrained rows beside free ones: in a tree round a constrained row drafts the
+    tokens its grammar forces as a chain of nodes (a lookup; a draft model's rows draft none, as in its chain
+    rounds), the free rows draft trees, and every output is drafter none's, token for token (greedy, fp32)."""
     draft = str(pair.target) if drafter == "model-identical" else None
     common = dict(target=str(pair.target), batch_size=batch_size, max_new_tokens=MAX_NEW, params=mixed_params())
     expected = batchspec.generate(PROMPTS, drafter="none", adaptive=False, **common)
@@ -255,9 +255,19 @@ def test_constrained_rows_decode_inside_tree_rounds(pair, drafter, batch_size, c
     assert all(r.error is None for r in results), next(r.error for r in results if r.error)
     assert [r.completion_token_ids for r in results] == [r.completion_token_ids for r in expected]
     if not adaptive:  # every round a tree (adaptive may choose chains, or to draft nothing, as it pays)
-        assert all(r.draft_tokens == r.forced_tokens == 0 for r in results[::2])
+        forced_in_trees(results[::2], lookup=draft is None)
         assert sum(r.draft_tokens for r in results[1::2]) > 0 and sum(r.accepted_tokens for r in results[1::2]) > 0
     assert [r.structured_complete for r in results] == [r.structured_complete for r in expected]
+
+
+def forced_in_trees(constrained: list, *, lookup: bool) -> None:
+    """In tree rounds a lookup's constrained rows draft only the tokens their grammars force, and some are forced
+    (the schema's keys, the regex's parentheses); a draft model's draft nothing (its rows draft no forced tokens)."""
+    assert all(r.draft_tokens == r.forced_tokens for r in constrained)
+    if lookup:
+        assert sum(r.forced_tokens for r in constrained) > 0 and sum(r.forced_accepted for r in constrained) > 0
+    else:
+        assert all(r.draft_tokens == 0 for r in constrained)
 
 
 @pytest.mark.parametrize("verify", ["coupled", "rejection"])
@@ -271,25 +281,32 @@ def test_sampled_constrained_rows_inside_tree_rounds(pair, drafter, verify):
     draft = str(pair.draft) if drafter == "model" else None
     results = batchspec.generate(PROMPTS, drafter=drafter, draft=draft, k=3, tree="2x3", **common)
     assert all(r.error is None for r in results), next(r.error for r in results if r.error)
-    assert sum(r.draft_tokens for r in results[1::2]) > 0 and all(r.draft_tokens == 0 for r in results[::2])
+    assert sum(r.draft_tokens for r in results[1::2]) > 0
+    forced_in_trees(results[::2], lookup=draft is None)
     assert all(r.structured_complete is not None for r in results[::2])
     if verify == "coupled":
         expected = batchspec.generate(PROMPTS, drafter="none", **common)
         assert [r.completion_token_ids for r in results] == [r.completion_token_ids for r in expected]
 
 
-@pytest.mark.parametrize("adaptive,warned", [(False, True), (True, False)])
-def test_a_job_wide_constraint_with_only_tree_rounds_is_told_nothing_drafts(llama_pair, caplog, adaptive, warned):
-    """Every row constrained and every round a tree: nothing can draft, which a warning says. Adaptive speculation
-    prices a constrained row's tree as the one token it emits, so it never chooses a tree round here, and its
-    chain rounds draft what the grammar forces."""
+@pytest.mark.parametrize("drafter,adaptive,warned", [("model", False, True), ("ngram", False, False),
+                                                     ("ngram", True, False)])
+def test_a_job_wide_constraint_with_only_tree_rounds(llama_pair, caplog, drafter, adaptive, warned):
+    """Every row constrained and every round a tree: a lookup's rows draft what their grammars force, as chains of
+    nodes; a draft model's rows draft nothing, which a warning says. Adaptive speculation prices a constrained
+    row's tree as the one token it emits, so it never chooses a tree round here, and its chain rounds draft what
+    the grammar forces."""
+    draft = str(llama_pair.draft) if drafter == "model" else None
     with caplog.at_level("WARNING", logger="batchspec"):
-        results = batchspec.generate(PROMPTS[:4], target=str(llama_pair.target), drafter="ngram", tree="2x2",
-                                     max_new_tokens=16, regex="[a-z ]+", adaptive=adaptive)
+        results = batchspec.generate(PROMPTS[:4], target=str(llama_pair.target), drafter=drafter, draft=draft,
+                                     tree="2x2", max_new_tokens=16, regex="(def|class) [a-z_]+\\((a|b|x|y)\\):",
+                                     adaptive=adaptive)
     assert all(r.error is None for r in results)
     assert ("a constrained row drafts nothing in a tree round" in caplog.text) == warned
     trees = sum(1 for r in results for t in r.tree_per_round if t)
     assert trees == 0 if adaptive else trees > 0
+    forced = sum(r.forced_tokens for r in results)
+    assert forced > 0 if drafter == "ngram" else forced == 0
 
 
 # ---- sampled output follows the constrained distribution ----------------------------------------------

@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--batch-size", default="8")
     parser.add_argument("--drafters", default="none,suffix:adaptive",
-                        help="contenders, drafter[:adaptive]; the first is the reference for ratios and outputs")
+                        help="contenders, drafter[:adaptive][:tree=BxD]; the first is the reference for ratios and "
+                        "outputs")
     parser.add_argument("--row-lengths", choices=("fixed", "staggered"), default="fixed")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--fresh", action="store_true", help="every run builds its generator anew, as a short job "
@@ -141,11 +142,16 @@ def in_process(args, drafters: list[str]) -> list[dict]:
 
 
 def build(args, api, models, spec: str, batch: int):
-    """The generator of contender `spec` (drafter[:adaptive]) through a checkout's API."""
-    drafter, _, mode = spec.partition(":")
+    """The generator of contender `spec` (drafter[:adaptive][:tree=BxD]) through a checkout's API."""
+    drafter, *options = spec.split(":")
+    trees = [o.partition("=")[2] for o in options if o.startswith("tree=")]
+    unknown = [o for o in options if o != "adaptive" and not o.startswith("tree=")]
+    if unknown:
+        raise SystemExit(f"contender {spec!r}: unknown option {unknown[0]!r} (adaptive, tree=BxD)")
     return api.build_generator(models, drafter=drafter, k=args.k, batch_size=batch,
                                max_new_tokens=2 * args.max_new_tokens, max_seq_len=args.max_seq_len,
-                               adaptive=mode == "adaptive", guard_threads=False)  # threads are per process
+                               adaptive="adaptive" in options, tree=trees[0] if trees else None,
+                               guard_threads=False)  # threads are per process
 
 
 def timed_run(args, generator, types, prompts: list[str]) -> tuple[float, dict]:

@@ -7,7 +7,8 @@ Two orders, by what the drafter can tell before it drafts:
     limits); adaptive speculation then chooses the shape and each row's budget from what is on the table (and
     the drafter's own priors), and the proposals are cut to it;
   - others (a draft model, an EAGLE head) are asked for the chosen budgets (a Choice), with the coupled noise.
-Structured output then cuts drafts the grammar refuses and adds the tokens it forces (constrain.py).
+Structured output then cuts drafts the grammar refuses and adds the tokens it forces (constrain.py); in a tree
+round a constrained row's forced tokens are its chain of nodes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .accept import Acceptor
-from .grammar.constrain import constrain_drafts
+from .grammar.constrain import constrain_drafts, constrain_tree
 from .drafters import Drafter
 from .grammar.grammar import Grammars
 from .phases import NOISE, Timers
@@ -61,8 +62,12 @@ class DraftStage:
             choice = Choice(budgets, gumbel)
             draft = drafter.propose_tree(plan, choice, shape.tree) if shape.tree else drafter.propose(plan, choice)
         if shape.tree is not None:
+            forced = None
+            if self.grammars.rows:
+                draft, forced = constrain_tree(plan, draft, self.grammars, self.scheduler.slots, self.buffers,
+                                               self.forced_max)
             tree = self.acceptor.shape_tree(draft, shape.tree.depth)
-            return Round(plan, shape, budgets, draft, gumbel, tree=tree)
+            return Round(plan, shape, budgets, draft, gumbel, tree=tree, forced=forced)
         shape, draft, forced, gumbel = self._constrain(plan, shape, draft, gumbel)
         return Round(plan, shape, budgets, draft, gumbel, forced=forced, proposed=proposed)
 

@@ -58,13 +58,15 @@ log = logging.getLogger("batchspec")
 
 
 def check_trees(trees: tuple[TreeSpec, ...], drafter: Drafter, defaults: Defaults, adaptive: bool) -> None:
-    """Tree drafts need a drafter that proposes them; with a job-wide constraint and no adaptive speculation to
-    choose chain rounds, nothing would draft (a constrained row drafts nothing in a tree round): say so."""
+    """Tree drafts need a drafter that proposes them; with a job-wide constraint, no adaptive speculation to
+    choose chain rounds and a drafter with forwards (whose rows draft no forced tokens: a constrained row then
+    drafts nothing in a tree round) nothing would draft: say so."""
     if trees and not drafter.policy.trees:
         raise ValueError("this drafter proposes no trees")
-    if trees and defaults.constraint is not None and not adaptive:
+    if trees and defaults.constraint is not None and not adaptive and drafter.policy.draft_forwards:
         log.warning("every row is constrained and every round drafts a tree: a constrained row drafts nothing in a "
-                    "tree round, so nothing is drafted; chain drafts (no tree) draft what the grammar forces")
+                    "tree round of a draft model, so nothing is drafted; chain drafts (no tree) verify the "
+                    "model's drafts under the grammar")
 
 
 class SpecBatchGenerator:

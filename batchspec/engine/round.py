@@ -57,7 +57,8 @@ class Draft:
     tokens: torch.Tensor  # [b, W] int64, padded with 0 past num_tokens; the verify width is W + 1
     num_tokens: torch.Tensor  # [b] int64: how many of each row's tokens are proposals
     probs: torch.Tensor | None = None  # [b, W, V] q after the sampling transforms; None = one-hot q
-    host_num: list[int] | None = None  # num_tokens on the host, when the drafter knows it without a sync
+    host_num: list[int] | None = None  # num_tokens on the host, when the drafter knows it without a sync (a tree's
+    #                                    nodes are then its first host_num node slots: a packed verify reads those)
     parents: torch.Tensor | None = None  # [b, W] a tree: each node's parent (-1: the root's child)
     valid: torch.Tensor | None = None  # [b, W] bool: the tree's real nodes
     q_at: torch.Tensor | None = None  # [b, W + 1, V] a tree's q after each verify position (rejection

@@ -198,7 +198,7 @@ class PackedPass(_Pass):
         plan, tree, draft = round.plan, round.tree, round.draft
         b = len(plan.rows)
         width = round.shape.width if b else 1
-        num = draft.host_num if b and tree is None and draft.host_num is not None else [width - 1] * b
+        num = draft.host_num if b and draft.host_num is not None else [width - 1] * b
         layout = layout_round(plan.rows, plan.lengths, [1 + min(n, width - 1) for n in num], width, plan.fills,
                               tree is not None)
         if width > 1:  # the drafts go where they will be verified: the forward reads its tokens from there

@@ -113,31 +113,25 @@ def empty_draft(buffers: RoundBuffers, b: int) -> Draft:
 
 def host_tree(buffers: RoundBuffers, continuations: list[list[list[int]]], spec: TreeSpec) -> Draft:
     """Per row, up to `branching` candidate continuations (host lists) -> their prefix tree in the round's
-    buffers: node (d, m) at index d * M + m (depth-major, so parents come first), shared prefixes merged
-    (a node is kept iff no earlier candidate has the same prefix up to it)."""
+    buffers, shared prefixes merged (a node is kept iff no earlier candidate has the same prefix up to it), in
+    depth-major order (parents first, siblings in their candidates' order): a row's nodes are its first node
+    slots, so that a packed verify reads only those (Draft.host_num)."""
     m, depth = spec.branching, spec.depth
-    tokens, parents, valid = [], [], []
+    rows = []
     for row in continuations:
         row = (row + [[]] * m)[:m]
-        t, p, v = [0] * (m * depth), [-1] * (m * depth), [0] * (m * depth)
+        tokens, parents = [], []
         canonical: dict[tuple[int, ...], int] = {}  # a prefix -> the node that stands for it
-        for c, seq in enumerate(row):
-            for d, token in enumerate(seq[:depth]):
+        for d in range(depth):
+            for seq in row:
                 prefix = tuple(seq[: d + 1])
-                if prefix in canonical:
+                if len(seq) <= d or prefix in canonical:
                     continue
-                node = d * m + c
-                canonical[prefix] = node
-                t[node], v[node] = token, 1
-                p[node] = canonical[prefix[:-1]] if d > 0 else -1
-        tokens.append(t)
-        parents.append(p)
-        valid.append(v)
-    b, n = len(continuations), m * depth
-    draft_tokens = buffers.put_drafts(tokens, b, n)
-    valid_t = buffers.put_tree(parents, valid, b, n)
-    return Draft(tokens=draft_tokens, num_tokens=buffers.put_num_drafts([sum(v) for v in valid]),
-                 parents=buffers.parents[:b, :n], valid=valid_t, spec=spec)
+                canonical[prefix] = len(tokens)
+                parents.append(canonical[prefix[:-1]] if d > 0 else -1)
+                tokens.append(seq[d])
+        rows.append((tokens, parents))
+    return host_tree_nodes(buffers, rows, spec)
 
 
 def host_tree_nodes(buffers: RoundBuffers, rows: list[tuple[list[int], list[int]]], spec: TreeSpec) -> Draft:
@@ -149,7 +143,8 @@ def host_tree_nodes(buffers: RoundBuffers, rows: list[tuple[list[int], list[int]
     valid = [[1] * len(t) + [0] * (n - len(t)) for t, _ in rows]
     draft_tokens = buffers.put_drafts(tokens, b, n)
     valid_t = buffers.put_tree(parents, valid, b, n)
-    return Draft(tokens=draft_tokens, num_tokens=buffers.put_num_drafts([len(t) for t, _ in rows]),
+    counts = [len(t) for t, _ in rows]
+    return Draft(tokens=draft_tokens, num_tokens=buffers.put_num_drafts(counts), host_num=counts,
                  parents=buffers.parents[:b, :n], valid=valid_t, spec=spec)
 
 

@@ -18,8 +18,8 @@ def no_tree(buffers: RoundBuffers, b: int, spec: TreeSpec) -> Draft:
     n = spec.nodes
     tokens = buffers.put_drafts([[0] * n] * b, b, n)
     valid = buffers.put_tree([[-1] * n] * b, [[0] * n] * b, b, n)
-    return Draft(tokens=tokens, num_tokens=buffers.put_num_drafts([0] * b), parents=buffers.parents[:b, :n],
-                 valid=valid, spec=spec)
+    return Draft(tokens=tokens, num_tokens=buffers.put_num_drafts([0] * b), host_num=[0] * b,
+                 parents=buffers.parents[:b, :n], valid=valid, spec=spec)
 
 
 def choose_draft(logits, i: int, sampling: SamplingParams, lengths, keys, presence, gumbel, drafts, probs,
@@ -88,8 +88,9 @@ def buffered_draft(plan: Plan, budgets: list[int], steps: int, num: torch.Tensor
                      probs=probs[:b, :steps] if probs is not None else None, host_num=list(budgets))
     n = spec.nodes
     parents, valid = layout_tree(spec, num, buffers.drafts[:b, :n], device)
+    nodes = [spec.branching * min(k, spec.depth) for k in budgets]  # the first levels: a prefix of the node slots
     return Draft(tokens=buffers.drafts[:b, :n], num_tokens=valid.sum(1), parents=parents, valid=valid,
-                 q_at=probs[:b, : n + 1] if probs is not None else None, spec=spec)
+                 q_at=probs[:b, : n + 1] if probs is not None else None, spec=spec, host_num=nodes)
 
 
 def laid_out_draft(plan: Plan, budgets: list[int], steps: int, num: torch.Tensor, probs: torch.Tensor | None,

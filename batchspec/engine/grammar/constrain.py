@@ -41,6 +41,36 @@ def constrain_drafts(plan: Plan, draft: Draft, grammars: Grammars, slots: SlotTa
     return replace(host_draft(buffers, merged), priors=draft.priors), forced if any(forced) else None
 
 
+def constrain_tree(plan: Plan, draft: Draft, grammars: Grammars, slots: SlotTable, buffers: RoundBuffers,
+                   limit: int) -> tuple[Draft, list[int] | None]:
+    """A tree round's constrained rows, which have no nodes (Scheduler._tree_room: each node would need the
+    grammar's state after its own path), draft the tokens their grammar forces as a chain of nodes (at most
+    `limit`, their room and the tree's depth), beside the free rows' trees. Only trees whose rows' nodes are
+    known on the host (draft.host_num: its first node slots) take them, in place in the round's buffers. Returns
+    (the drafts, each row's forced drafts or None when no row has any)."""
+    if draft.host_num is None or limit <= 0:
+        return draft, None
+    chains = {}
+    for i in grammars.constrained(plan.rows):
+        slot = plan.rows[i]
+        if slots[slot] is None or slots[slot].awaiting_first:
+            continue
+        tokens = grammars.forced(slot, min(plan.room[i], limit, draft.spec.depth))
+        if tokens:
+            chains[i] = tokens
+    if not chains:
+        return draft, None
+    nodes, device = draft.tokens.shape[1], draft.tokens.device
+    index = torch.tensor(list(chains), device=device)
+    counts = torch.tensor([len(t) for t in chains.values()], device=device)
+    draft.tokens[index] = torch.tensor([t + [0] * (nodes - len(t)) for t in chains.values()], device=device)
+    draft.parents[index] = torch.arange(-1, nodes - 1, device=device)  # node j's parent is node j - 1
+    draft.valid[index] = torch.arange(nodes, device=device)[None, :] < counts[:, None]
+    host_num = [len(chains[i]) if i in chains else n for i, n in enumerate(draft.host_num)]
+    forced = [len(chains.get(i, ())) for i in range(len(plan.rows))]
+    return replace(draft, num_tokens=buffers.put_num_drafts(host_num), host_num=host_num), forced
+
+
 def mask_round(round: Round, logits: torch.Tensor, grammars: Grammars, slots: SlotTable, tokens: torch.Tensor) -> None:
     """Mask the verify positions of the round's constrained rows by their grammars, in place: logits [b, W, V],
     position t after the row's pending token and its first t drafts. Drafts made on the device come to the
@@ -51,14 +81,13 @@ def mask_round(round: Round, logits: torch.Tensor, grammars: Grammars, slots: Sl
         return
     draft, width, device = round.draft, logits.shape[1], logits.device
     rows = [round.plan.rows[i] for i in index]
-    if round.tree is not None:  # a constrained row drafts nothing in a tree round (Scheduler._tree_room)
-        drafts = [[] for _ in index]
-    elif draft.host_tokens is not None:
+    # A constrained row's drafts are a chain, in a tree round too (its forced tokens, constrain_tree, or none).
+    if draft.host_tokens is not None:
         drafts = [draft.host_tokens[i] for i in index]
     else:
         at = torch.tensor(index, device=device)
-        proposed, counts = draft.tokens[at].tolist(), draft.num_tokens[at].tolist()
-        drafts = [t[:n] for t, n in zip(proposed, counts)]
+        counts = [draft.host_num[i] for i in index] if draft.host_num is not None else draft.num_tokens[at].tolist()
+        drafts = [t[:n] for t, n in zip(draft.tokens[at].tolist(), counts)]
     prefixes = None
     # A new row's first token drawn at admission (the static path) is this round's pending token.
     waiting = [slots[slot].awaiting_first and slots[slot].first_drawn for slot in rows]

@@ -91,7 +91,8 @@ def pack(rows: list[RowTokens], *, device: torch.device, dtype: torch.dtype, kee
          window: int | None = None) -> PackedBatch:
     """Host specs of the rows (any order, each slot once) -> a PackedBatch. keep: indices into the N of
     the tokens whose logits come back. A tree row's geometry: tree_depth [t, W] and tree_ancestors
-    [t, W, W] of the forward's tree rows (RowTokens.tree indexes them; its count is W). window: the model's
+    [t, W, W] of the forward's tree rows (RowTokens.tree indexes them; a row's count is its root and first nodes,
+    at most W: a tree's nodes are its first node slots). window: the model's
     sliding window (its windowed layers' masks keep to it)."""
     offsets, n = [], 0
     for row in rows:
@@ -102,12 +103,12 @@ def pack(rows: list[RowTokens], *, device: torch.device, dtype: torch.dtype, kee
     tensors = torch.tensor([slots, index], dtype=torch.long).to(device, non_blocking=True)
     positions = tensors[1]
     trees = [i for i, row in enumerate(rows) if row.tree is not None]
-    if trees:  # a tree's tokens sit at start + depth
+    if trees:  # a tree's tokens sit at start + depth (a row's count: its root and first nodes)
         positions = positions.clone()
         flat = torch.tensor([offsets[i] + t for i in trees for t in range(rows[i].count)], device=device)
-        order = torch.tensor([rows[i].tree for i in trees], device=device)
-        starts = torch.tensor([rows[i].start for i in trees], device=device)
-        positions[flat] = (starts[:, None] + tree_depth[order]).flatten()
+        at = torch.tensor([[rows[i].tree, t] for i in trees for t in range(rows[i].count)], device=device)
+        starts = torch.tensor([rows[i].start for i in trees for _ in range(rows[i].count)], device=device)
+        positions[flat] = starts + tree_depth[at[:, 0], at[:, 1]]
     groups = tuple(_group(rows, offsets, members, device, dtype, tree_depth, tree_ancestors, window)
                    for members in _grouping(rows))
     keep_t = torch.tensor(keep, dtype=torch.long).to(device, non_blocking=True) if keep is not None else None
@@ -137,7 +138,7 @@ class RoundLayout:
 
 def layout_round(slots: list[int], lengths: list[int], widths: list[int], width: int,
                  fills: list[tuple[int, int, int]], tree: bool) -> RoundLayout:
-    """slots, lengths L, widths (1 + its drafts; a tree row `width`) of the deciding rows, the round's verify
+    """slots, lengths L, widths (1 + its drafts or a tree row's nodes) of the deciding rows, the round's verify
     width, its prompt chunks (slot, start, count) -> the RoundLayout. A deciding row's last chunk ends at
     L - 2, right before its pending token: in a chain round they are one row."""
     chunks = {slot: (start, count) for slot, start, count in fills}
@@ -207,10 +208,10 @@ def _group(rows: list[RowTokens], offsets: list[int], members: list[int], device
     else:
         order = torch.tensor([rows[i].tree for i in members], device=device)
         starts = torch.tensor([rows[i].start for i in members], device=device)
-        mask = tree_mask(starts, tree_ancestors[order], kv_len, dtype)
+        ancestors = tree_ancestors[order, :width, :width]  # the group's rows' first nodes: no later ones are seen
+        mask = tree_mask(starts, ancestors, kv_len, dtype)
         if window is not None:
-            windowed = tree_mask(starts, tree_ancestors[order], kv_len, dtype, starts[:, None] + tree_depth[order],
-                                 window)
+            windowed = tree_mask(starts, ancestors, kv_len, dtype, starts[:, None] + tree_depth[order, :width], window)
     rows_out = slice(slots[0], slots[-1] + 1) if span else torch.tensor(slots, device=device)
     return AttentionGroup(rows_out, q, tp[0], tp[1], mask, kv_len, windowed)
 
