@@ -64,20 +64,25 @@ def references(gemma):
     return prompts, [hf_generate(model, tokenizer, p, NEW_TOKENS, model_dir=path) for p in prompts]
 
 
-CELLS = [(d, 8) for d in ("ngram", "prompt_lookup", "suffix")] + [(d, 1) for d in ("none", "ngram", "prompt_lookup",
-                                                                                 "suffix")]
+# (drafter, batch size, tree): prompt_lookup's batch-8 cell drafts a tree every round, each row its own nodes
+# (a node past the window sees its ancestors and the prefix inside its own position's window).
+CELLS = [("ngram", 8, None), ("prompt_lookup", 8, "2x4"), ("suffix", 8, None)] + \
+    [(d, 1, None) for d in ("none", "ngram", "prompt_lookup", "suffix")]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter,batch_size", CELLS)
-def test_greedy_parity_past_the_sliding_window(gemma, references, drafter, batch_size, drafting_priced_cheap):
+@pytest.mark.parametrize("drafter,batch_size,tree", CELLS)
+def test_greedy_parity_past_the_sliding_window(gemma, references, drafter, batch_size, tree, drafting_priced_cheap):
     prompts, expected = references
     rows = range(len(prompts)) if batch_size > 1 else ALONE
     results = batchspec.generate([prompts[i] for i in rows], target=gemma[2], tokenizer=gemma[1], drafter=drafter,
-                                 batch_size=batch_size, max_new_tokens=NEW_TOKENS, max_seq_len=2048 + 64)
+                                 batch_size=batch_size, max_new_tokens=NEW_TOKENS, max_seq_len=2048 + 64, tree=tree,
+                                 adaptive=False if tree else None)
     assert [r.completion_token_ids for r in results] == [expected[i] for i in rows]
     if drafter != "none":
         assert sum(r.draft_tokens for r in results) > 0
+    if tree:
+        assert all(all(t for t in r.tree_per_round[1:]) for r in results)  # after its first token, every round
 
 
 SCHEMA = {"type": "object", "properties": {"title": {"type": "string"}, "sections": {"type": "integer"}},
