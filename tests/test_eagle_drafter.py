@@ -54,6 +54,32 @@ def test_greedy_parity(pair, heads, request, batch_size, k, tree, compile, adapt
     assert sum(r.draft_tokens for r in results) > 0
 
 
+def test_trees_of_different_widths_in_turn(monkeypatch):
+    """Rounds alternate between a tree of 16 nodes and one of 4 (as adaptive speculation may choose between them),
+    with the demo head, which accepts deep into the wide tree: the head reads the target's features along each
+    round's accepted path within that round's width, never at a wider round's leftover positions (before, an
+    index error), and the output is drafter none's."""
+    from batchspec.bench.calibrate import DEMO, read_prompts
+    from batchspec.engine.round import RoundShape
+    from batchspec.engine.scheduler import Scheduler
+
+    prompts = read_prompts(str(DEMO / "prompts.parquet"), 8)
+    common = dict(target=str(DEMO / "target"), batch_size=4, max_new_tokens=32)
+    expected = batchspec.generate(prompts, drafter="none", **common)
+    turns, choose = iter(range(10**6)), Scheduler._choose_round
+
+    def in_turn(self, plan, offer, priors):
+        shape, budgets = choose(self, plan, offer, priors)
+        return RoundShape(tree=self.trees[next(turns) % 2]), budgets
+
+    monkeypatch.setattr(Scheduler, "_choose_round", in_turn)
+    results = batchspec.generate(prompts, draft=str(DEMO / "eagle"), drafter="eagle", k=4, tree="2x8,2x2",
+                                 adaptive=False, **common)
+    assert [r.completion_token_ids for r in results] == [r.completion_token_ids for r in expected]
+    assert {t for r in results for t in r.tree_per_round} == {"", "2x8", "2x2"}
+    assert max(a for r in results for a in r.accepted_per_round) >= 3  # deep enough to leave wide positions
+
+
 @pytest.mark.parametrize("tree", [None, "2x3"])
 def test_eager_and_static_draft_the_same_with_the_demo_head(tree):
     """The captured path's head steps are the eager ones, with the shipped demo head (which guesses most

@@ -90,6 +90,10 @@ def test_a_packed_tree_round_computes_each_rows_own_nodes(pair, drafter, monkeyp
         return layout(slots, lengths, row_widths, width, fills, tree)
 
     def spy_run(self, round):
+        if round.tree is not None:  # a row's nodes are its first node slots
+            nodes = round.draft.valid
+            first = torch.arange(nodes.shape[1])[None, :] < nodes.sum(1, keepdim=True)
+            assert torch.equal(nodes, first)
         valid.append([1 + n for n in round.draft.valid.sum(1).tolist()] if round.tree is not None else None)
         return run(self, round)
 

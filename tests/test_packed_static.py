@@ -131,3 +131,32 @@ def test_a_draft_model_at_k_1_prices_its_one_step(llama_pair, pack):
     is never declared at k=1 and wrote past the one-column drafts buffer (found by a review)."""
     outputs, _ = generator_run(llama_pair, "model-identical", 3, pack, k=1, adaptive=True)
     assert outputs == llama_pair.reference
+
+
+# a padded verify: width, each row's drafts on the host (None: not known there), running rows; computed, padding
+PADDED = [
+    ("a tree with idle slots", 9, [2, 0, 3, 0], [0, 2], 36, 6 + 5 + 2 * 9),
+    ("a chain, every slot running", 5, [4, 1, 0, 2], [0, 1, 2, 3], 20, 0 + 3 + 4 + 2),
+    ("drafts not known on the host: the full width", 5, None, [1], 10, 5),
+]
+
+
+@pytest.mark.parametrize("name,width,num,running,computed,padding", PADDED, ids=[p[0] for p in PADDED])
+def test_a_padded_verify_counts_what_it_computed_for_nothing(name, width, num, running, computed, padding):
+    """Every row computes the width: a running row's padding is what its drafts (a tree: its nodes) leave of it, an
+    idle slot's is its whole row, counted once."""
+    import torch
+
+    from batchspec.engine.phases import Timers
+    from batchspec.engine.round import Draft, Plan, Round, RoundShape
+    from batchspec.engine.stats import Statistics
+    from batchspec.engine.verify_pass import count_padded
+
+    b = len(num) if num is not None else 2
+    rows = torch.arange(b)
+    plan = Plan(rows=list(range(b)), rows_t=rows, span=None, lengths=[5] * b, lengths_t=rows, running=running,
+                room=[8] * b, limits=[4] * b)
+    draft = Draft(tokens=torch.zeros(b, width - 1, dtype=torch.long), num_tokens=rows, host_num=num)
+    stats = Statistics(4, 4, Timers())
+    count_padded(stats, Round(plan, RoundShape(drafts=width - 1), [0] * b, draft))
+    assert (stats.forwards.computed, stats.forwards.padding) == (computed, padding)

@@ -63,7 +63,7 @@ class DraftStage:
             draft = drafter.propose_tree(plan, choice, shape.tree) if shape.tree else drafter.propose(plan, choice)
         if shape.tree is not None:
             forced = None
-            if self.grammars.rows:
+            if self.grammars.rows and self.forced_max:  # a lookup's tree (a drafter with forwards forces none)
                 draft, forced = constrain_tree(plan, draft, self.grammars, self.scheduler.slots, self.buffers,
                                                self.forced_max)
             tree = self.acceptor.shape_tree(draft, shape.tree.depth)

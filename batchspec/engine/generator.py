@@ -57,16 +57,18 @@ FORCED_DRAFTS = 4  # drafts a grammar may force per row and round with drafter n
 log = logging.getLogger("batchspec")
 
 
-def check_trees(trees: tuple[TreeSpec, ...], drafter: Drafter, defaults: Defaults, adaptive: bool) -> None:
+def check_trees(trees: tuple[TreeSpec, ...], drafter: Drafter, defaults: Defaults, adaptive: bool,
+                forced_max: int) -> None:
     """Tree drafts need a drafter that proposes them; with a job-wide constraint, no adaptive speculation to
-    choose chain rounds and a drafter with forwards (whose rows draft no forced tokens: a constrained row then
-    drafts nothing in a tree round) nothing would draft: say so."""
+    choose chain rounds and no forced drafts (forced_max 0: a draft model's or EAGLE head's rows, or a lookup's
+    with k = 0 on the static path; a constrained row then drafts nothing in a tree round) nothing would draft:
+    say so."""
     if trees and not drafter.policy.trees:
         raise ValueError("this drafter proposes no trees")
-    if trees and defaults.constraint is not None and not adaptive and drafter.policy.draft_forwards:
+    if trees and defaults.constraint is not None and not adaptive and forced_max == 0:
         log.warning("every row is constrained and every round drafts a tree: a constrained row drafts nothing in a "
-                    "tree round of a draft model, so nothing is drafted; chain drafts (no tree) verify the "
-                    "model's drafts under the grammar")
+                    "tree round but the tokens its grammar forces, and this drafter drafts none of those, so "
+                    "nothing is drafted; chain drafts (no tree) draft under the grammar")
 
 
 class SpecBatchGenerator:
@@ -103,7 +105,6 @@ class SpecBatchGenerator:
         if batch_size < 1 or k_max < 0 or defaults.max_new_tokens < 1 or max_seq_len < 2:
             raise ValueError(f"need batch_size >= 1, k >= 0, max_new_tokens >= 1, max_seq_len >= 2; got "
                              f"{batch_size}, {k_max}, {defaults.max_new_tokens}, {max_seq_len}")
-        check_trees(trees, drafter, defaults, adaptive)
         self.drafter, self.sampling, self.graphs = drafter, sampling, graphs
         self.batch_size, self.max_seq_len, self.k_max, self.trees = batch_size, max_seq_len, k_max, tuple(trees)
         self.device, self.static = target.device, graphs.static
@@ -113,6 +114,7 @@ class SpecBatchGenerator:
         # that drafts on the device (a draft model, EAGLE) keeps its own drafts (its caches follow them).
         self.forced_max = (0 if drafter.policy.draft_forwards else
                            min(forced_drafts, k_max) if self.static or k_max > 0 else forced_drafts)
+        check_trees(trees, drafter, defaults, adaptive, self.forced_max)
         widest = max([shape.width for shape in self.shapes] + [self.forced_max + 1])
         capacity = kv_capacity(max_seq_len, max(k_max, self.forced_max), self.trees)
         # A drafter that reads the target's hidden states (EAGLE-3) names the layers: every forward hands them out.

@@ -81,7 +81,8 @@ def tree_mask(lengths: torch.Tensor, ancestors: torch.Tensor, kv_len: int, dtype
               positions: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
     """Additive mask [b, 1, T, kv_len]: query t of row b sees cache index j < lengths[b] (the prefix) and
     the scratch entry lengths[b] + u of every u in ancestors[b, t] ([b, T, W]: a window of W >= T
-    entries, the last T of which this forward writes; earlier ones were written by earlier forwards). With
+    entries, the last T of which this forward writes, or the first of them a row has nodes for: a valid node's
+    ancestors are among them; earlier ones were written by earlier forwards). With
     a sliding window (and positions [b, T], each query's sequence position) the prefix entries at or before
     its position - window are not seen; its ancestors, closer than any window, are."""
     t, w = ancestors.shape[1], ancestors.shape[2]

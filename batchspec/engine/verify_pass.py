@@ -245,5 +245,6 @@ def count_padded(stats: Statistics, round: Round) -> None:
     slots' whole rows."""
     width, num = round.shape.width, round.draft.host_num
     num = num or [width - 1] * len(round.plan.rows)
-    padding = sum(width - 1 - n for n in num) + (len(round.plan.rows) - len(round.plan.running)) * width
+    running = round.plan.running
+    padding = sum(width - 1 - num[i] for i in running) + (len(round.plan.rows) - len(running)) * width
     stats.forward(len(round.plan.rows) * width, padding, 0)

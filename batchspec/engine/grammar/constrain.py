@@ -45,9 +45,10 @@ def constrain_tree(plan: Plan, draft: Draft, grammars: Grammars, slots: SlotTabl
                    limit: int) -> tuple[Draft, list[int] | None]:
     """A tree round's constrained rows, which have no nodes (Scheduler._tree_room: each node would need the
     grammar's state after its own path), draft the tokens their grammar forces as a chain of nodes (at most
-    `limit`, their room and the tree's depth), beside the free rows' trees. Only trees whose rows' nodes are
-    known on the host (draft.host_num: its first node slots) take them, in place in the round's buffers. Returns
-    (the drafts, each row's forced drafts or None when no row has any)."""
+    `limit`, their room and the tree's depth), beside the free rows' trees, in place in the round's buffers. For a
+    lookup's tree (made on the host, its rows' nodes known there: draft.host_num), the only kind that forces
+    drafts (a drafter with forwards has limit 0, and its trees share one layout across rows). Returns (the
+    drafts, each row's forced drafts or None when no row has any)."""
     if draft.host_num is None or limit <= 0:
         return draft, None
     chains = {}
@@ -84,6 +85,8 @@ def mask_round(round: Round, logits: torch.Tensor, grammars: Grammars, slots: Sl
     # A constrained row's drafts are a chain, in a tree round too (its forced tokens, constrain_tree, or none).
     if draft.host_tokens is not None:
         drafts = [draft.host_tokens[i] for i in index]
+    elif round.tree is not None and draft.host_num is None:  # a device tree: a constrained row has no nodes
+        drafts = [[] for _ in index]
     else:
         at = torch.tensor(index, device=device)
         counts = [draft.host_num[i] for i in index] if draft.host_num is not None else draft.num_tokens[at].tolist()
