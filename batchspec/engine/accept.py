@@ -183,9 +183,10 @@ class Acceptor:
         verdict.pack(out, pending)
         along = verdict.path if verdict.path is not None else index.expand(verdict.tokens.shape[0], -1)
         self.path_out[: along.shape[0], : along.shape[1]] = along
-        # Past the path its last entry, as the verdict's: a reader of this round's width (EAGLE's stash) never meets
-        # a wider round's positions (a tree of more nodes before it).
-        self.path_out[: along.shape[0], along.shape[1]:] = along[:, -1:]
+        if verdict.path is not None:
+            # A tree's verify width passes its path: past it the path's last entry, so that a reader of this round's
+            # width (EAGLE's stash) never meets a wider round's positions (a tree of more nodes before it).
+            self.path_out[: along.shape[0], along.shape[1]:] = along[:, -1:]
         if lp is not None:
             block = 1 + 2 * self.k
             lp[:, :block] = self._first_lp[rows]
