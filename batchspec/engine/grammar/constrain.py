@@ -49,7 +49,7 @@ def constrain_tree(plan: Plan, draft: Draft, grammars: Grammars, slots: SlotTabl
     lookup's tree (made on the host, its rows' nodes known there: draft.host_num), the only kind that forces
     drafts (a drafter with forwards has limit 0, and its trees share one layout across rows). Returns (the
     drafts, each row's forced drafts or None when no row has any)."""
-    if draft.host_num is None or limit <= 0:
+    if draft.host_num is None:
         return draft, None
     chains = {}
     for i in grammars.constrained(plan.rows):

@@ -105,10 +105,11 @@ def pack(rows: list[RowTokens], *, device: torch.device, dtype: torch.dtype, kee
     trees = [i for i, row in enumerate(rows) if row.tree is not None]
     if trees:  # a tree's tokens sit at start + depth (a row's count: its root and first nodes)
         positions = positions.clone()
-        flat = torch.tensor([offsets[i] + t for i in trees for t in range(rows[i].count)], device=device)
-        at = torch.tensor([[rows[i].tree, t] for i in trees for t in range(rows[i].count)], device=device)
-        starts = torch.tensor([rows[i].start for i in trees for _ in range(rows[i].count)], device=device)
-        positions[flat] = starts + tree_depth[at[:, 0], at[:, 1]]
+        width = tree_depth.shape[1]
+        # Per token: its index in the N, its entry in tree_depth (flattened) and its row's start, in one copy.
+        at = torch.tensor([[offsets[i] + t, rows[i].tree * width + t, rows[i].start]
+                           for i in trees for t in range(rows[i].count)], device=device)
+        positions[at[:, 0]] = at[:, 2] + tree_depth.flatten()[at[:, 1]]
     groups = tuple(_group(rows, offsets, members, device, dtype, tree_depth, tree_ancestors, window)
                    for members in _grouping(rows))
     keep_t = torch.tensor(keep, dtype=torch.long).to(device, non_blocking=True) if keep is not None else None
