@@ -113,8 +113,8 @@ def build_generator(
     raise it again when they are free (engine/model/threads.py). fill_tokens: the most prompt tokens one packed
     round prefills (the rest of a long prompt rides in the next rounds). constraint: the structured output
     every request must match unless it sets its own (types.Constraint; RowParams' json_schema etc.).
-    pack_static: on the static path (a GPU) chain verifies are packed, every running row computing only its
-    own tokens (engine/model/packed_static.py); False gives every slot the round's width (for comparisons).
+    pack_static: on the static path (a GPU) verifies are packed, every running row computing its own tokens (a
+    tree row its nodes: engine/model/packed_static.py); False: every slot the round's width (for comparisons).
     spare_slots: cache slots beyond batch_size, their prompts prefilled ahead in waves (docs/api.md)."""
     for role, model in (("target", models.target), ("draft", models.draft)):
         problem = check_model(model) if model is not None else None

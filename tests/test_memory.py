@@ -36,3 +36,17 @@ def test_a_budget_below_the_largest_step_is_one_line():
         fit_buckets(BUCKETS, 1000 * MiB, memory)
     assert memory(BUCKETS, noise=True).buffers > memory(BUCKETS).buffers  # coupled noise adds a buffer
     assert GRAPH_BYTES > 0
+
+
+def test_packed_trees_have_steps_and_a_buffer_of_their_own():
+    """Packed, a tree of 9 verify positions (2x4) runs steps of its own per token bucket up to 64 x 9 tokens (23
+    buckets at batch 64: 1 .. 32, then 64 .. 576 in steps of 32), and the packed logits buffer holds its 576
+    tokens; unpacked it is one forward per length bucket."""
+    chains = memory(BUCKETS, packed_chain=5)
+    trees = estimate(LLAMA_3B, num_slots=64, widths=[1, 2, 3, 4, 5, 9], buckets=BUCKETS, dtype_bytes=2,
+                     packed_chain=5, tree_widths=(9,))
+    unpacked = estimate(LLAMA_3B, num_slots=64, widths=[1, 2, 3, 4, 5, 9], buckets=BUCKETS, dtype_bytes=2)
+    # the tree's packed steps, its gather and its acceptance width
+    assert trees.graphs - chains.graphs == len(BUCKETS) * 23 + 2
+    assert unpacked.graphs < trees.graphs
+    assert trees.buffers - chains.buffers > 64 * 4 * LLAMA_3B.vocab * 2  # the wider output and packed buffers

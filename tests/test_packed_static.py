@@ -5,9 +5,14 @@ unpacked static verify (every slot the round's width), which stays for compariso
 from __future__ import annotations
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
 import batchspec
+from batchspec.engine.model.graphs import StepGraphs
 from batchspec.engine.model.packed_static import host_layout
+from batchspec.engine.model.runner import ModelRunner
+from batchspec.engine.tree import tree_shape
 from batchspec.engine.model.shapes import token_buckets
 from conftest import MAX_NEW
 from tiny import PROMPTS
@@ -36,6 +41,40 @@ def test_token_buckets(slots, width, buckets):
     assert token_buckets(slots, width) == buckets
 
 
+def test_a_packed_static_tree_verify_gives_each_node_its_paths_logits(pair):
+    """One packed static tree verify over four slots: slot 0 a tree whose node 2 is a sibling of node 1 (its
+    three nodes), slot 1 idle, slot 2 a chain tree of which it brings only its first node, slot 3 a chain of
+    three. Each verified node's logits equal the model's on that row's prefix, root and path alone. The 4 + 2 + 4
+    tokens are a bucket of their own (10 of 4 x 4, in steps of 2): nothing is computed for slot 1 or past slot 2's
+    node."""
+    model = AutoModelForCausalLM.from_pretrained(pair.target, dtype=torch.float32).eval()
+    runner = ModelRunner(model, num_slots=4, capacity=64, max_position=512, widths=(1, 2, 3, 4), packed_width=3,
+                         graphs=StepGraphs("static", torch.device("cpu")))
+    assert runner.packed_width == 3
+    gen = torch.Generator().manual_seed(0)
+    cached = [10, 0, 5, 7]
+    seqs = torch.randint(3, 200, (4, 32), generator=gen)  # each slot's sequence; its pending token at cached[s]
+    for slot, n in enumerate(cached):
+        if n:
+            runner.forward(seqs[slot : slot + 1, :n], kv_len=n, rows=torch.tensor([slot]))
+        runner.set_lengths(slot, n)
+    parents = torch.tensor([[-1, -1, 0], [-1, -1, -1], [-1, 0, 1], [-1, 0, 1]])
+    valid = torch.tensor([[True] * 3, [False] * 3, [True, False, False], [True] * 3])
+    tree = tree_shape(parents, valid)
+    drafts = torch.tensor([[7, 9, 11], [0, 0, 0], [5, 6, 8], [12, 13, 14]])
+    widths = [4, 0, 2, 4]
+    with torch.inference_mode():  # as in a round
+        logits = runner.static_steps.verify_packed(widths, 4, max(cached) + 4, seqs, drafts, tree)
+    assert runner.static_steps.token_bucket(sum(widths), 4) == 10
+    paths = {0: [[], [7], [9], [7, 11]], 2: [[], [5]], 3: [[], [12], [12, 13], [12, 13, 14]]}
+    with torch.no_grad():
+        for slot, nodes in paths.items():
+            prefix = seqs[slot, : cached[slot] + 1].tolist()  # the prefix and the root (the pending token)
+            for node, path in enumerate(nodes):
+                alone = model(torch.tensor([prefix + path])).logits[0, -1]
+                torch.testing.assert_close(logits[slot, node], alone, atol=1e-4, rtol=1e-4)
+
+
 def generator_run(pair, drafter: str, batch_size: int, pack: bool, k: int = 3, **kw):
     draft = {"model-random": pair.draft, "model-identical": pair.target}.get(drafter)
     models = batchspec.load_models(str(pair.target), str(draft) if draft else None)
@@ -46,14 +85,18 @@ def generator_run(pair, drafter: str, batch_size: int, pack: bool, k: int = 3, *
     return [r.completion_token_ids for r in results], generator
 
 
-@pytest.mark.parametrize("drafter,batch_size,adaptive", [
-    ("none", 8, False), ("ngram", 8, False), ("prompt_lookup", 3, True), ("model-random", 3, False),
-    ("model-identical", 8, True), ("suffix", 3, False), ("ngram", 1, True),
+@pytest.mark.parametrize("drafter,batch_size,adaptive,tree", [
+    ("none", 8, False, None), ("ngram", 8, False, None), ("prompt_lookup", 3, True, None),
+    ("model-random", 3, False, None), ("model-identical", 8, True, None), ("suffix", 3, False, None),
+    ("ngram", 1, True, None),
+    # Trees: a lookup's rows verify their own nodes (few: candidates share prefixes), a draft model's its whole tree
+    ("prompt_lookup", 3, False, "2x3"), ("suffix", 8, False, "3x2"), ("model-random", 3, False, "2x2"),
+    ("model-identical", 8, True, "2x3"),
 ])
 def test_packed_and_unpacked_static_verifies_are_exact_and_packing_computes_less(llama_pair, drafter, batch_size,
-                                                                                 adaptive):
-    packed, with_packing = generator_run(llama_pair, drafter, batch_size, True, adaptive=adaptive)
-    unpacked, without = generator_run(llama_pair, drafter, batch_size, False, adaptive=adaptive)
+                                                                                 adaptive, tree):
+    packed, with_packing = generator_run(llama_pair, drafter, batch_size, True, adaptive=adaptive, tree=tree)
+    unpacked, without = generator_run(llama_pair, drafter, batch_size, False, adaptive=adaptive, tree=tree)
     assert packed == llama_pair.reference and unpacked == llama_pair.reference
     rounds, step = with_packing.stats.rounds, max(1, batch_size // 2)
     # Padding is the rounding to a token bucket: below half the slots per round (or below the real tokens).

@@ -90,7 +90,7 @@ def parity(lines: list[str], report: dict, num_prompts: int, max_new_tokens: int
 
 def compile_settings(mode: str) -> dict:
     """build_generator's settings for a --modes entry: a compile mode, or `unpacked` (CUDA graphs with the
-    static path's chain verify unpacked: pack_static=False)."""
+    static path's verify unpacked: pack_static=False)."""
     return dict(compile="on", pack_static=False) if mode == "unpacked" else dict(compile=mode)
 
 
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
                         "adaptive, 1 runs k=4)")
     parser.add_argument("--structured", action="store_true", help="also the structured-output parity (llguidance)")
     parser.add_argument("--modes", default="on,static,off", help="compile modes the parity check runs (also "
-                        "inductor), and `unpacked` (CUDA graphs with the chain verify unpacked)")
+                        "inductor), and `unpacked` (CUDA graphs with the verify unpacked)")
     parser.add_argument("--drafters", default="none,model,eagle,ngram,prompt_lookup,suffix",
                         help="drafters the parity check runs")
     parser.add_argument("--device", default="cuda", help="cpu runs the same checks with torch.compile for capture "

@@ -35,7 +35,7 @@ class Contender:
     compile: str = "auto"  # batchspec: how its static-shape forwards are captured
     verify: str = "coupled"  # batchspec with sampling: coupled or rejection
     tree: str | None = None  # batchspec: tree drafts (a fixed tree, or the trees adaptive may choose)
-    pack_static: bool = True  # batchspec on the static path: chain verifies packed (engine/model/packed_static.py)
+    pack_static: bool = True  # batchspec on the static path: verifies packed (engine/model/packed_static.py)
     spare_slots: int = 0  # batchspec: cache slots beyond the batch, prompts prefilled ahead (build_generator's)
     warmup_s: float | None = None  # the untimed first run (compile / capture included)
     capture_s: float | None = None  # of which batchspec spent capturing its forwards

@@ -110,7 +110,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tree", default="", help="tree drafts to run too, BxD (e.g. 2x4,2x8): a fixed-tree "
                         "contender for each, and adaptive chooses between chains and these trees")
     parser.add_argument("--pack-static", choices=("on", "off", "both"), default="on",
-                        help="on the static path (a GPU): chain verifies packed, each row computing only its own "
+                        help="on the static path (a GPU): verifies packed (chains and trees), each row computing only its own "
                         "tokens (on), every slot the round's width (off), or each batchspec contender both ways")
     parser.add_argument("--spare-slots", default="0", help="batchspec's spare cache slots, whose prompts packed "
                         "rounds prefill ahead in waves (build_generator's spare_slots; CPU); a list (e.g. 0,16) runs "

@@ -83,8 +83,8 @@ class SpecBatchGenerator:
     drafter), profile (sync a GPU after each phase, so that phase times are exact), and buckets (the
     attended lengths of static steps; default: 64, 128, ... up to the capacity), threads (a ThreadGuard
     that run() polls: torch's CPU threads back off while another process shares the cores), fill_tokens
-    (the most prompt tokens one packed round prefills), pack_static (the static path's chain verifies are
-    packed, packed_static.py: every running row computes its own tokens; False: every slot the round's width),
+    (the most prompt tokens one packed round prefills), pack_static (the static path's verifies, chains and
+    trees, are packed, packed_static.py: every running row computes its own tokens; False: every slot the round's width),
     spare_slots (cache slots beyond batch_size whose prompts packed rounds prefill ahead, in waves, while
     batch_size rows decode; unused on other paths: build_generator).
 

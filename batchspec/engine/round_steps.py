@@ -24,11 +24,11 @@ def declare_round_steps(shapes: list[RoundShape], runner: ModelRunner, state: Sl
             w = shape.width
             trees[w] = type(b.tree)(b.tree.depth[:, :w], b.tree.ancestors[:, :w, :w], b.tree.parent_t[:, : w - 1],
                                     b.tree.rank[:, : w - 1], b.valid[:, : w - 1], shape.tree.depth)
-    runner.static_steps.declare(b.drafts, state.tokens, from_seqs=1,
-                                trees={w: (t.depth, t.ancestors) for w, t in trees.items()})
+    geometry = {w: (t.depth, t.ancestors) for w, t in trees.items()}
+    runner.static_steps.declare(b.drafts, state.tokens, from_seqs=1, trees=geometry)
     runner.static_prefill.declare(state.tokens)
     if runner.packed_width:
-        runner.static_steps.declare_packed(state.tokens, b.drafts)
+        runner.static_steps.declare_packed(state.tokens, b.drafts, geometry)
     acceptor.declare_steps(shapes, trees)
     drafter.bind(shapes, runner, state, b, acceptor)
     graphs.capture_all(reset=runner.reset_lengths)

@@ -108,15 +108,15 @@ class PaddedPass(_Pass):
 
 
 class StaticPass(_Pass):
-    """Captured steps over every slot in order (idle slots ride along): a chain round's verify packed over the
-    running rows' own tokens when `per_row` (the runner's packed width), a tree round's every slot at its width.
-    While a captured verify runs on the device, the idle host does the drafter's put-off work."""
+    """Captured steps over every slot in order (idle slots ride along): a round's verify packed over the running
+    rows' own tokens (a tree row its nodes) when the runner has a packed width, else every slot at the round's
+    width. While a captured verify runs on the device, the idle host does the drafter's put-off work."""
 
     def __init__(self, runner: ModelRunner, state: SlotState, buffers: RoundBuffers, drafter: Drafter,
                  stats: Statistics, *, per_row: bool):
         super().__init__(runner, state, buffers, drafter, stats)
         self.per_row = per_row
-        self._chain = self._packed if runner.packed_width else self._padded  # tree rounds verify padded
+        self._verify = self._packed if runner.packed_width else self._padded
         if not per_row:
             self.measured = super().measured  # priced by the replay tables per round shape (StepTable)
 
@@ -135,7 +135,7 @@ class StaticPass(_Pass):
         return self._placed(self.runner.slot_index, None)  # every slot; the steps read lengths on the device
 
     def run(self, round: Round) -> Verified:
-        verified = self._chain(round) if round.tree is None else self._padded(round)
+        verified = self._verify(round)
         self.drafter.learn_pending()
         return verified
 
@@ -151,14 +151,15 @@ class StaticPass(_Pass):
                                             seqs=self.state.tokens, from_seqs=1))
 
     def _packed(self, round: Round) -> Verified:
-        """Every running row its pending token and its own drafts, idle slots nothing -> logits [num_slots, W, V]."""
+        """Every running row its pending token and its own drafts (a tree row its nodes, the first node slots),
+        idle slots nothing -> logits [num_slots, W, V]. A device tree's rows (no host counts) verify it whole."""
         draft, width = round.draft, round.shape.width
         num = draft.host_num if draft.host_num is not None else [width - 1] * len(round.plan.rows)
         running = set(round.plan.running)
         widths = [1 + min(n, width - 1) if i in running else 0 for i, n in enumerate(num)]
         steps = self.runner.static_steps
-        logits = steps.verify_packed(widths, width, kv_len(round), self.state.tokens, self.buffers.drafts)
-        n = steps.token_bucket(sum(widths))
+        logits = steps.verify_packed(widths, width, kv_len(round), self.state.tokens, self.buffers.drafts, round.tree)
+        n = steps.token_bucket(sum(widths), width if round.tree is not None else None)
         self.stats.forward(n, n - sum(widths), 0)
         return Verified(logits, (n, 0.0))  # its tokens; its time is not measured (a sync): the replay tables price it
 

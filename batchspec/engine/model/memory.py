@@ -82,12 +82,13 @@ def step_temporaries(m: Shape, rows: int, width: int, kv_len: int, dtype_bytes: 
 
 def estimate(target: Shape, *, num_slots: int, widths: list[int], buckets: list[int], dtype_bytes: int,
              draft: Shape | None = None, draft_steps: int = 0, prefill_chunk: int = 64, noise: bool = False,
-             probs: bool = False, packed_chain: int = 0, tree_widths: int = 0) -> GraphMemory:
+             probs: bool = False, packed_chain: int = 0, tree_widths: tuple[int, ...] = ()) -> GraphMemory:
     """The captured path of a generator: the target's verify widths and prefill chunks over every bucket,
     the acceptance, and a draft model's drafting steps (draft_steps per bucket) and prefill chunks.
-    packed_chain: the widest chain when chains verify packed (packed_static.py: a step per token bucket
+    packed_chain: the widest chain when verifies are packed (packed_static.py: a step per token bucket
     instead of one per chain width, a gather per width, and the packed logits buffer); 0: unpacked.
-    tree_widths: how many of `widths` are trees' (their verify is never packed)."""
+    tree_widths: the trees' verify widths among `widths` (packed, each tree has steps of its own per token
+    bucket up to num_slots x its width, and a gather)."""
     widest = max(widths)
     v = target.vocab
     buffers = num_slots * widest * v * dtype_bytes + (num_slots + 1) * v * dtype_bytes  # logits, prefill's last
@@ -98,9 +99,10 @@ def estimate(target: Shape, *, num_slots: int, widths: list[int], buckets: list[
     rows_buckets = max(num_slots - 1, 0).bit_length() + 1
     forwards, gathers = len(widths), 0
     if packed_chain:
-        buffers += num_slots * packed_chain * v * dtype_bytes
-        forwards = len(token_buckets(num_slots, packed_chain)) + tree_widths
-        gathers = packed_chain
+        trees = set(tree_widths)
+        buffers += num_slots * max([packed_chain, *trees]) * v * dtype_bytes
+        forwards = sum(len(token_buckets(num_slots, w)) for w in {packed_chain} | trees)
+        gathers = len(set(range(1, packed_chain + 1)) | trees)
     graphs = len(buckets) * (forwards + rows_buckets) + len(widths) + gathers + 3  # forwards, chunks; acceptance...
     if draft is not None:
         buffers += (num_slots + 1) * draft.vocab * dtype_bytes
@@ -174,7 +176,7 @@ def capture_buckets(models, mode: str | None, capacity: int, *, batch_size: int,
     estimate_for = partial(estimate, Shape.of(target.config), num_slots=batch_size, widths=widths,
                            dtype_bytes=dtype_bytes, draft=draft, draft_steps=max([k, *(t.depth for t in trees)]),
                            noise=sampling.coupled, probs=not (sampling.greedy or sampling.coupled) and draft is not None,
-                           packed_chain=packed_chain, tree_widths=len({t.nodes + 1 for t in trees}))
+                           packed_chain=packed_chain, tree_widths=tuple({t.nodes + 1 for t in trees}))
     chosen, memory = fit_buckets(buckets, budget, lambda b: estimate_for(buckets=b))
     log.info("captured steps: about %s%s", memory,
              "" if chosen == buckets else f"; buckets {chosen} of {buckets} to fit {budget >> 20:,} MiB")

@@ -2,18 +2,21 @@
 
 The eager path packs each round from host specs (packed.py). A captured step needs fixed shapes and
 reads everything from the device, so the static packed verify is one step per (n, attended-length
-bucket), n the round's tokens rounded up to a bucket (`shapes.token_buckets`). The host writes which
-slot each of the n tokens belongs to and its offset t in that slot's row into a layout buffer (one
-copy per round, no sync); in the step (StaticSteps.verify_packed, static_steps.py):
+bucket) for chains, and one per (n, bucket) for each tree width, n the round's tokens rounded up to a
+bucket (`shapes.token_buckets`). The host writes which slot each of the n tokens belongs to and its
+offset t in that slot's row into a layout buffer (one copy per round, no sync); in the step
+(StaticSteps.verify_packed, static_steps.py):
 
-  - token (s, t) is slot s's pending token for t = 0 and its t-th draft after, at position and cache
-    index lengths[s] + t: a row computes only the tokens it verifies and an idle slot none; the
-    bucket's padding tokens write into the scratch slot;
+  - token (s, t) is slot s's pending token for t = 0 and its t-th draft (or tree node) after, at cache
+    index lengths[s] + t and position lengths[s] + t (a tree node: lengths[s] + its depth): a row
+    computes only the tokens it verifies (a tree row its nodes, its first node slots) and an idle slot
+    none; the bucket's padding tokens write into the scratch slot;
   - projections, MLP and LM head run over the n tokens;
   - attention (`StaticLayout.attention`) scatters the n queries into a per-slot grid [slots + 1, W, H, D]
-    (W the widest chain verify; the extra row takes the padding), attends over each slot's cache with
-    the causal mask from `lengths`, and gathers the outputs back. Attention is the one part computed at
-    the widest width: on a GPU at decode it reads each slot's cache, which costs the same whatever W.
+    (W the widest chain verify, or the tree's width; the extra row takes the padding), attends over each
+    slot's cache with the mask from `lengths` (causal, or a tree's: the prefix and the node's ancestors),
+    and gathers the outputs back. Attention is the one part computed at the grid's width: on a GPU at
+    decode it reads each slot's cache, which costs the same whatever W.
 
 The logits land in an [n, V] buffer; a second, small step per verify width gathers each slot's W
 positions (its last repeated past its own width) into the runner's [slots, W, V] output, which

@@ -45,8 +45,9 @@ class ModelRunner:
     graphs: the generator's StepGraphs (its mode decides eager or static forwards). widths: the step
     widths T of static forwards (verify widths for a target; 1 and 2 for a draft). max_position clamps
     position ids so that padding never indexes past a learned position table. name appears in logs.
-    packed_width: a target's widest chain verify, whose static verify forwards are packed
-    (packed_static.py; 0: not packed, and models that cannot pack never are).
+    packed_width: a target's widest chain verify; with it the target's static verify forwards, chains and
+    trees (each tree at its own width), are packed (packed_static.py; 0: not packed, and models that cannot
+    pack never are).
     """
 
     def __init__(self, model: PreTrainedModel, *, num_slots: int, capacity: int, max_position: int,
@@ -72,7 +73,7 @@ class ModelRunner:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self._arange = torch.arange(max(self.widths + [PREFILL_CHUNK]) + 1, device=self.device)
         # Eager forwards of a model whose attention transformers dispatches are packed (packed.py); static
-        # chain verify forwards too when asked (packed_static.py).
+        # verify forwards too when asked (packed_static.py).
         packable = supports_packing(model) and self._packs_through()
         self.packs = not graphs.static and packable
         self.packed_width = packed_width if graphs.static and packable else 0

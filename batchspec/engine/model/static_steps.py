@@ -1,6 +1,7 @@
 """A ModelRunner's static steps (the captured path): the forward of every slot, positions and mask from the
-runner's `lengths` on the device, and a target's packed verify (packed_static.py); their declaration at start
-(a forward per width and bucket, a packed verify per token bucket and bucket); and the one output buffer
+runner's `lengths` on the device, and a target's packed verify of chains and trees (packed_static.py); their
+declaration at start (a forward per width and bucket, a packed verify per verify kind, token bucket and
+bucket); and the one output buffer
 (logits, and the features a drafter reads) whose contiguous prefixes the steps write.
 
 `StaticSteps` is a part of its runner (`runner.static_steps`): it calls the runner's raw forwards (`call`,
@@ -17,12 +18,12 @@ from .host_device import HostBuffer
 from .kv_cache import causal_mask
 from .packed_static import StaticLayout, host_layout
 from .shapes import token_buckets
-from ..tree import TreeShape
+from ..tree import TreeShape, tree_mask
 
 
 class StaticSteps:
     """The static steps of `runner`'s every slot (see the module docstring). token_buckets: the token counts a
-    packed verify runs at (only with the runner's packed_width)."""
+    packed chain verify runs at (only with the runner's packed_width; a tree's: `buckets_of` its width)."""
 
     def __init__(self, runner):  # the ModelRunner this is a part of (runner.py imports this module)
         self.runner, self.graphs, self.name = runner, runner.graphs, runner.name
@@ -35,10 +36,12 @@ class StaticSteps:
         self._no_seqs = torch.zeros(self.num_slots, 1, dtype=torch.long, device=self.device)  # for steps that read none
         self._arange = torch.arange(max(self.widths + [runner.packed_width]) + 1, device=self.device)
         if runner.packed_width:
-            self.token_buckets = token_buckets(self.num_slots, runner.packed_width)
+            self.token_buckets = self.buckets_of(runner.packed_width)
             # A packed verify's host plan, one copy a round: rows 0-1 the slot and t of each token, then a row
-            # per slot of its verify positions (packed_static.host_layout).
-            self._plan = HostBuffer((2 + self.num_slots, self.token_buckets[-1]), self.device)
+            # per slot of its verify positions (packed_static.host_layout). A tree verifies packed at its own
+            # width (one of the runner's widths), which may be wider than any chain.
+            self._most_tokens = self.num_slots * max(self.widths + [runner.packed_width])
+            self._plan = HostBuffer((2 + self.num_slots, self._most_tokens), self.device)
 
     @staticmethod
     def _key(name: str, width: int, bucket: int, last_only: bool, window: int, from_seqs: int) -> tuple:
@@ -110,43 +113,65 @@ class StaticSteps:
     # ---- the packed verify (packed_static.py) -------------------------------------------------------
 
     def verify_packed(self, widths: list[int], width: int, kv_len: int, seqs: torch.Tensor,
-                      drafts: torch.Tensor) -> torch.Tensor:
+                      drafts: torch.Tensor, tree: TreeShape | None = None) -> torch.Tensor:
         """The packed verify of every slot: widths[s] tokens of slot s (its pending token, from seqs
-        [num_slots, S] at lengths[s], then drafts[s, :widths[s] - 1]; drafts [num_slots, >= packed_width - 1]
-        is the round's buffer), attending over the bucket of kv_len -> logits [num_slots, width, V], a view
-        of the output buffer (a slot's positions past its own width repeat its last). Two steps, no sync."""
-        n = self.token_bucket(sum(widths))
+        [num_slots, S] at lengths[s], then drafts[s, :widths[s] - 1]; drafts [num_slots, >= W - 1] is the
+        round's buffer), attending over the bucket of kv_len -> logits [num_slots, width, V], a view of the
+        output buffer (a slot's positions past its own width repeat its last). A chain's tokens are
+        causal; a tree's (tree: the round's geometry, depth [num_slots, width], ancestors [num_slots, width,
+        width]) sit at lengths + depth and see their ancestors, a row's nodes its first widths[s] - 1 node
+        slots. Two steps, no sync."""
+        grid = width if tree is not None else self.runner.packed_width  # the attention grid's width W
+        n = self.token_bucket(sum(widths), grid)
         layout, table = host_layout(widths, width, n, self.runner.scratch)
         columns = max(n, width)
         self._plan.put([row + [0] * (columns - len(row)) for row in layout + table])
         plan, bucket = self._plan.device, self.runner.bucket(kv_len)
-        self.graphs.run((self.name, "packed", n, bucket), partial(self._packed_step, n=n, kv_len=bucket),
-                        (seqs, drafts, plan))
+        geometry = (tree.depth, tree.ancestors) if tree is not None else ()
+        self.graphs.run(self._packed_key(n, bucket, grid, tree is not None),
+                        partial(self._packed_step, n=n, kv_len=bucket, width=grid), (seqs, drafts, plan, *geometry))
         out = self.output(width)
         self.graphs.run((self.name, "gather", width), partial(self._gather_step, width=width), (plan, out))
         if self.runner.feature_layers:
             self.runner.features = self.features_buffer(width)
         return out
 
-    def token_bucket(self, tokens: int) -> int:
-        """The token bucket a packed verify of `tokens` real tokens runs at (the rest is padding)."""
-        return next(b for b in self.token_buckets if b >= max(tokens, 1))
+    def buckets_of(self, width: int) -> list[int]:
+        """The token buckets of a packed verify whose rows verify at most `width` tokens each."""
+        return token_buckets(self.num_slots, width)
 
-    def _packed_step(self, seqs: torch.Tensor, drafts: torch.Tensor, plan: torch.Tensor, *, n: int,
-                     kv_len: int) -> None:
-        """The captured packed verify of n tokens (plan rows 0-1: slot, t of each) into the packed buffers."""
+    def token_bucket(self, tokens: int, width: int | None = None) -> int:
+        """The token bucket a packed verify of `tokens` real tokens runs at (the rest is padding): a chain's, or
+        a tree's of `width`."""
+        buckets = self.token_buckets if width in (None, self.runner.packed_width) else self.buckets_of(width)
+        return next(b for b in buckets if b >= max(tokens, 1))
+
+    def _packed_key(self, n: int, bucket: int, width: int, tree: bool) -> tuple:
+        return (self.name, "packed", n, bucket) + ((width,) if tree else ())
+
+    def _packed_step(self, seqs: torch.Tensor, drafts: torch.Tensor, plan: torch.Tensor, depth=None, ancestors=None,
+                     *, n: int, kv_len: int, width: int) -> None:
+        """The captured packed verify of n tokens (plan rows 0-1: slot, t of each) into the packed buffers, in a
+        grid `width` wide: a chain's (causal), or a tree's (depth [S, width], ancestors [S, width, width])."""
         runner = self.runner
         slots, t = plan[0, :n], plan[1, :n]
-        width, dtype = runner.packed_width, runner.model.dtype
+        owner, dtype = slots.clamp(max=self.num_slots - 1), runner.model.dtype
         starts = runner.lengths[: self.num_slots]
         pending = seqs.gather(1, starts[:, None].clamp(max=seqs.shape[1] - 1))
         tokens = torch.cat([pending, drafts[:, : width - 1]], dim=1)  # [S, W]: what each slot may verify
-        ids = tokens[slots.clamp(max=self.num_slots - 1), t]
+        ids = tokens[owner, t]
         index = (runner.lengths[slots] + t).clamp(max=runner.capacity - 1)  # padding: the scratch slot
-        positions = starts[:, None] + self._arange[:width]
-        mask = causal_mask(positions, kv_len, dtype)
-        windowed = causal_mask(positions, kv_len, dtype, runner.window.size) if runner.window else None
-        logits, features = runner.call_packed(ids, index, StaticLayout(slots, t, index, mask, kv_len, windowed))
+        window = runner.window.size if runner.window else None
+        if depth is None:  # a chain: token t at position lengths + t, causal
+            positions = starts[:, None] + self._arange[:width]
+            mask = causal_mask(positions, kv_len, dtype)
+            windowed = causal_mask(positions, kv_len, dtype, window) if window else None
+        else:  # a tree: node t at lengths + its depth, seeing the prefix and its ancestors (cached at lengths + u)
+            positions = starts[:, None] + depth
+            mask = tree_mask(starts, ancestors, kv_len, dtype)
+            windowed = tree_mask(starts, ancestors, kv_len, dtype, positions, window) if window else None
+        logits, features = runner.call_packed(ids, positions[owner, t] if depth is not None else index,
+                                              StaticLayout(slots, t, index, mask, kv_len, windowed))
         buffers = self.packed_buffers()
         buffers[0][:n].copy_(logits)
         if features is not None:
@@ -164,7 +189,7 @@ class StaticSteps:
     def packed_buffers(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The packed verify's logits [n_max, V] and features [n_max, F] (None without feature layers)."""
         if self._packed is None:
-            n, dtype = self.token_buckets[-1], self.runner.model.dtype
+            n, dtype = self._most_tokens, self.runner.model.dtype
             features = None
             if self.runner.feature_layers:
                 features = torch.zeros(n, self._features_size(), dtype=dtype, device=self.device)
@@ -173,16 +198,22 @@ class StaticSteps:
 
     # ---- declared at start --------------------------------------------------------------------------
 
-    def declare_packed(self, seqs: torch.Tensor, drafts: torch.Tensor) -> None:
-        """Declare the packed verify: a step per token bucket and attended-length bucket, and a gather per
-        chain width (captured at start in cuda_graphs mode)."""
+    def declare_packed(self, seqs: torch.Tensor, drafts: torch.Tensor,
+                       trees: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """Declare the packed verify: a step per token bucket and attended-length bucket, for chains and for each
+        tree width in `trees` (width -> its depth and ancestors buffers), and a gather per verify width
+        (captured at start in cuda_graphs mode)."""
+        plan, chain = self._plan.device, self.runner.packed_width
+        kinds = [(chain, ())] + [(width, geometry) for width, geometry in sorted((trees or {}).items())]
         for bucket in self.runner.buckets:
-            for n in self.token_buckets:
-                self.graphs.declare((self.name, "packed", n, bucket), partial(self._packed_step, n=n, kv_len=bucket),
-                                    (seqs, drafts, self._plan.device), size=n * bucket, compile=True)
-        for width in range(1, self.runner.packed_width + 1):
+            for width, geometry in kinds:
+                for n in self.buckets_of(width):
+                    self.graphs.declare(self._packed_key(n, bucket, width, bool(geometry)),
+                                        partial(self._packed_step, n=n, kv_len=bucket, width=width),
+                                        (seqs, drafts, plan, *geometry), size=n * bucket, compile=True)
+        for width in sorted(set(range(1, chain + 1)) | set(trees or {})):
             self.graphs.declare((self.name, "gather", width), partial(self._gather_step, width=width),
-                                (self._plan.device, self.output(width)), size=width)
+                                (plan, self.output(width)), size=width)
 
     def declare(self, tokens: torch.Tensor, seqs: torch.Tensor, *, from_seqs: int = 0,
                 trees: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
@@ -190,14 +221,15 @@ class StaticSteps:
         """Declare the forwards this runner may run (captured at start in cuda_graphs mode): for each width T
         and bucket, a forward feeding `from_seqs` tokens from `seqs` and tokens[:, :T - from_seqs] (a tree
         width reads its depth/ancestors buffers from `trees`: T -> (depth, ancestors); widths in `last_only`
-        keep only the last logits). A packed runner's chains verify packed instead (declare_packed)."""
+        keep only the last logits). A packed runner's verifies, chains and trees, are packed instead
+        (declare_packed)."""
         self.declared_io = (tokens, seqs, from_seqs, dict(trees or {}))
+        if self.runner.packed_width:
+            return
         for bucket in self.runner.buckets:
             for width in self.widths:
                 only = width in set(last_only)
                 tree = (trees or {}).get(width)
-                if self.runner.packed_width and tree is None:
-                    continue
                 window = tree[1].shape[2] if tree is not None else 0
                 args = (seqs, tokens[:, : width - from_seqs], self.output(1 if only else width)) + (tree or ())
                 self.graphs.declare(self._key(self.name, width, bucket, only, window, from_seqs),

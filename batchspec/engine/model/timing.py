@@ -81,8 +81,9 @@ def time_step(runner: ModelRunner, width: int, kv_len: int, *, last_only: bool =
             shape = tree_shape(parents, torch.ones_like(parents, dtype=torch.bool))
     with runner.lengths_kept():
         runner.set_lengths(slice(None, runner.num_slots), runner.capacity - width)
-        if runner.packed_width and not tree and not last_only:  # a chain verifies packed: every slot its width
-            return median_seconds(lambda: runner.static_steps.verify_packed([width] * runner.num_slots, width, kv_len, seqs, tokens),
+        if runner.packed_width and not last_only:  # a verify is packed: every slot its whole width
+            return median_seconds(lambda: runner.static_steps.verify_packed([width] * runner.num_slots, width, kv_len,
+                                                                            seqs, tokens, shape),
                                   runner.device, repeats)
         return median_seconds(lambda: runner.forward(tokens[:, : width - from_seqs], kv_len=kv_len, last_only=last_only,
                                                      tree=shape, seqs=seqs, from_seqs=from_seqs),
