@@ -158,15 +158,18 @@ def test_seeded_output_ignores_drafter_k_adaptive_batch_and_order(pair, drafting
     assert [r.completion_token_ids for r in other_seed.values()] != [r.completion_token_ids for r in plain.values()]
 
 
-TREES = [("model-identical", 3, "2x3"), ("model-random", 8, "3x2"), ("ngram", 1, "2x3"), ("prompt_lookup", 3, "3x3")]
+TREES = [("model-identical", 3, "2x3", "auto"), ("model-random", 8, "3x2", "auto"), ("ngram", 1, "2x3", "auto"),
+         ("prompt_lookup", 3, "3x3", "auto"),
+         # the static path's packed tree verify: a lookup's rows their own nodes, a draft model's its whole tree
+         ("prompt_lookup", 8, "2x3", "static"), ("model-identical", 3, "3x2", "static")]
 
 
-@pytest.mark.parametrize("drafter,batch_size,tree", TREES, ids=[f"{d}-{t}" for d, _, t in TREES])
-def test_seeded_output_with_trees_is_plain_decodings(llama_pair, drafter, batch_size, tree):
+@pytest.mark.parametrize("drafter,batch_size,tree,compile", TREES, ids=[f"{d}-{t}-{c}" for d, _, t, c in TREES])
+def test_seeded_output_with_trees_is_plain_decodings(llama_pair, drafter, batch_size, tree, compile):
     """Coupled sampling with tree drafts: the child equal to the target's own draw is followed, so the
     text is still plain decoding's for the seed."""
     plain = generate(llama_pair, "none", 0, 1, False, False)
-    got = generate(llama_pair, drafter, 4, batch_size, False, False, tree=tree)
+    got = generate(llama_pair, drafter, 4, batch_size, False, False, compile=compile, tree=tree)
     assert {i: r.completion_token_ids for i, r in got.items()} == {i: r.completion_token_ids for i, r in plain.items()}
     if drafter == "model-identical":
         assert sum(r.accepted_tokens for r in got.values()) > len(PROMPTS) * 3
