@@ -2,12 +2,14 @@
 
     python tools/gpu_check.py --out $OUT/check                         # parity (fp32, demo pair)
     python tools/gpu_check.py --out $OUT/check --pair /tmp/pair        # + step times of a synthetic pair (bf16)
+    python tools/gpu_check.py --out $OUT/check --trees 2x4 --modes on,unpacked   # + tree rounds, packed and not
 
 1. Parity, fp32: the shipped demo pair on held-out prompts, Hugging Face `generate` on each prompt
    alone against batchspec with every drafter, batch 1 and 8, fixed k and adaptive, compile on (CUDA
    graphs), static (the same shapes, eager) and off (eager, busy rows only). Every output must be
    identical; the report counts mismatches per configuration and the capture time. With the demo's
-   EAGLE-3 head (batchspec/assets/demo/eagle) the eagle drafter too.
+   EAGLE-3 head (batchspec/assets/demo/eagle) the eagle drafter too; with --trees, each drafter that
+   proposes trees at batch 8 with a tree every round.
 2. Step times (with --pair, a `tools/synthetic_pair.py` pair in bf16): one static step of T = 1..5
    tokens per slot for the target and T = 1, 2 for the draft, at several batch sizes, eager against
    a CUDA-graph replay (median of timed runs), which is the cost table adaptive k uses on a GPU. With
@@ -57,7 +59,7 @@ def hf_reference(models, prompts: list[str], max_new_tokens: int) -> list[list[i
 
 
 def parity(lines: list[str], report: dict, num_prompts: int, max_new_tokens: int, device: str,
-           modes: list[str], drafters: list[str], batch_sizes: list[int]) -> None:
+           modes: list[str], drafters: list[str], batch_sizes: list[int], trees: list[str]) -> None:
     head = DEMO / "eagle"
     models = batchspec.load_models(str(DEMO / "target"), str(DEMO / "draft"), dtype="float32", device=device,
                                    head=str(head) if head.is_dir() else None)
@@ -70,20 +72,23 @@ def parity(lines: list[str], report: dict, num_prompts: int, max_new_tokens: int
         for drafter in drafters:
             if drafter == "eagle" and models.head is None:
                 continue
-            for batch_size, adaptive in ((8, False), (8, True), (1, False)):
+            runs = [(8, False, None), (8, True, None), (1, False, None)]
+            runs += [(8, False, tree) for tree in trees if drafter != "none"]  # a tree every round
+            for batch_size, adaptive, tree in runs:
                 if (drafter == "none" and adaptive) or batch_size not in batch_sizes:
                     continue
                 generator = batchspec.build_generator(models, drafter=drafter, k=4, batch_size=batch_size,
-                                                      max_new_tokens=max_new_tokens, adaptive=adaptive,
+                                                      max_new_tokens=max_new_tokens, adaptive=adaptive, tree=tree,
                                                       **compile_settings(compile), max_seq_len=512)
                 started = time.perf_counter()
                 results = {r.id: r for r in generator.run(batchspec.Request(str(i), p) for i, p in enumerate(prompts))}
                 wall = time.perf_counter() - started
                 same = sum(results[str(i)].completion_token_ids == ref for i, ref in enumerate(reference))
-                row = dict(compile=compile, drafter=drafter, batch=batch_size, adaptive=adaptive, identical=same,
-                           prompts=len(prompts), capture_s=generator.capture_s, wall_s=wall)
+                row = dict(compile=compile, drafter=drafter, batch=batch_size, adaptive=adaptive, tree=tree,
+                           identical=same, prompts=len(prompts), capture_s=generator.capture_s, wall_s=wall)
                 report["parity"].append(row)
-                lines.append(f"| {compile} | {drafter} | {batch_size} | {'adaptive <= 4' if adaptive else '4'} | "
+                shape = f"tree {tree}" if tree else "adaptive <= 4" if adaptive else "4"
+                lines.append(f"| {compile} | {drafter} | {batch_size} | {shape} | "
                              f"{same}/{len(prompts)} | {generator.capture_s:.2f} | {wall:.1f} |")
                 print(lines[-1], flush=True)
 
@@ -218,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-parity", action="store_true")
     parser.add_argument("--parity-batches", default="8,1", help="batch sizes of the parity check (8 runs k=4 and "
                         "adaptive, 1 runs k=4)")
+    parser.add_argument("--trees", default="", help="tree drafts the parity check also runs at batch 8, a tree "
+                        "every round (e.g. 2x4; none by default)")
     parser.add_argument("--structured", action="store_true", help="also the structured-output parity (llguidance)")
     parser.add_argument("--modes", default="on,static,off", help="compile modes the parity check runs (also "
                         "inductor), and `unpacked` (CUDA graphs with the verify unpacked)")
@@ -237,7 +244,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if not args.skip_parity:
             parity(lines, report, args.num_prompts, args.max_new_tokens, args.device, args.modes.split(","),
-                   args.drafters.split(","), [int(b) for b in args.parity_batches.split(",")])
+                   args.drafters.split(","), [int(b) for b in args.parity_batches.split(",")],
+                   [t for t in args.trees.split(",") if t])
         if args.structured:
             structured_parity(lines, report, args.num_prompts, args.max_new_tokens, args.device,
                               args.modes.split(","), [d for d in args.drafters.split(",") if d != "eagle"])
