@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fresh", action="store_true", help="every run builds its generator anew, as a short job "
                         "would (default: each contender keeps its generator across repeats, as one long job)")
     parser.add_argument("--chat", action="store_true", help="render each prompt with the target's chat template")
+    parser.add_argument("--compile", default="auto", help="build_generator's compile (e.g. static: the captured "
+                        "path's steps, run eagerly on CPU)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
@@ -151,7 +153,7 @@ def build(args, api, models, spec: str, batch: int):
     return api.build_generator(models, drafter=drafter, k=args.k, batch_size=batch,
                                max_new_tokens=2 * args.max_new_tokens, max_seq_len=args.max_seq_len,
                                adaptive="adaptive" in options, tree=trees[0] if trees else None,
-                               guard_threads=False)  # threads are per process
+                               compile=args.compile, guard_threads=False)  # threads are per process
 
 
 def timed_run(args, generator, types, prompts: list[str]) -> tuple[float, dict]:
