@@ -50,3 +50,7 @@ def test_packed_trees_have_steps_and_a_buffer_of_their_own():
     assert trees.graphs - chains.graphs == len(BUCKETS) * 23 + 2
     assert unpacked.graphs < trees.graphs
     assert trees.buffers - chains.buffers > 64 * 4 * LLAMA_3B.vocab * 2  # the wider output and packed buffers
+    # A tree as wide as the widest chain (2x2, 5 positions) still has steps of its own: 15 token buckets a length
+    # bucket (1 .. 32, then 64 .. 320 in steps of 32), its gather and acceptance shared with the chain of 5.
+    same_width = memory(BUCKETS, packed_chain=5, tree_widths=(5,))
+    assert same_width.graphs - chains.graphs == len(BUCKETS) * 15

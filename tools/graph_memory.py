@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--draft-layers", type=int, default=0, help="a draft of the target's first N layers (0: none)")
     p.add_argument("--budget-mib", type=int, help="a memory budget: the buckets that fit")
     p.add_argument("--sampling", action="store_true", help="coupled sampling's noise buffer too")
-    p.add_argument("--unpacked", action="store_true", help="chains verify unpacked (build_generator's pack_static=False)")
+    p.add_argument("--unpacked", action="store_true", help="verifies unpacked (build_generator's pack_static=False)")
     args = p.parse_args(argv)
     config = target_config(args.shape)
     target = Shape.of(config)

@@ -12,7 +12,7 @@ Per slot, with seq = prompt + output so far and L = len(seq):
 The host side (requests, slots, budgets, the round's shape, stops, statistics) is the Scheduler; the
 device side is the ModelRunners (target, and a draft model's), the drafter and the Acceptor. On the
 static path (a GPU) every round runs as steps captured at start over every slot: one per drafted token,
-one verify (a chain's packed: each running row its own tokens, idle slots none; packed_static.py), one
+one verify (packed: each running row its own tokens or tree nodes, idle slots none; packed_static.py), one
 acceptance, and one host sync; eager rounds (CPU) are packed: one forward of the deciding rows' own
 tokens and of new prompts' chunks (packed.py).
 Stops (EOS ids, stop strings, max_new_tokens, max_seq_len) are checked on emitted tokens only.

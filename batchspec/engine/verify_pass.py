@@ -4,8 +4,8 @@ three paths chosen once, when the generator is built (`verify_pass`), so that no
   - PackedPass (eager, a model whose attention transformers dispatches): each deciding row its own width and
     new prompts' chunks in one forward (packed.py);
   - PaddedPass (eager, other models): every round row the round's width;
-  - StaticPass (captured steps, a GPU): a chain's packed over the running rows' own tokens (packed_static.py), a
-    tree's over every slot at the round's width.
+  - StaticPass (captured steps, a GPU): packed over the running rows' own tokens, a tree row its nodes
+    (packed_static.py); with pack_static=False every slot at the round's width.
 
 Each sets its path up once (`prepare`: the drafter bound to the device state, a captured path's steps declared and
 captured; `start_costs`: the machine's costs that adaptive speculation starts from, where rounds are priced per

@@ -97,7 +97,8 @@ class StepTable:
     """Captured forwards: the device time of a round's captured steps for k = 0..k_max, measured by
     timed replays once per attended-length bucket (`measure(bucket)`), plus the round's host overhead
     (sampling, bookkeeping, the host sync) per k: the average of measured round time minus the table.
-    Every slot rides along in a captured step, so the number of busy rows b does not change the cost."""
+    The table is a round whose every slot verifies the shape's whole width: a packed verify of fewer rows, or
+    of a lookup's trees with fewer nodes, costs less, and the overhead per k averages that gap in."""
 
     measure: Callable[[int], list[float]]
     bucket_of: Callable[[int], int] = lambda kv_len: kv_len  # the attended-length bucket of a length

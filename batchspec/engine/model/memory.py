@@ -101,7 +101,8 @@ def estimate(target: Shape, *, num_slots: int, widths: list[int], buckets: list[
     if packed_chain:
         trees = set(tree_widths)
         buffers += num_slots * max([packed_chain, *trees]) * v * dtype_bytes
-        forwards = sum(len(token_buckets(num_slots, w)) for w in {packed_chain} | trees)
+        # A tree as wide as the widest chain still has steps of its own (their mask is its ancestors).
+        forwards = len(token_buckets(num_slots, packed_chain)) + sum(len(token_buckets(num_slots, w)) for w in trees)
         gathers = len(set(range(1, packed_chain + 1)) | trees)
     graphs = len(buckets) * (forwards + rows_buckets) + len(widths) + gathers + 3  # forwards, chunks; acceptance...
     if draft is not None:
