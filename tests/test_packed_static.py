@@ -64,8 +64,8 @@ def test_a_packed_static_tree_verify_gives_each_node_its_paths_logits(pair):
     drafts = torch.tensor([[7, 9, 11], [0, 0, 0], [5, 6, 8], [12, 13, 14]])
     widths = [4, 0, 2, 4]
     with torch.inference_mode():  # as in a round
-        logits = runner.static_steps.verify_packed(widths, 4, max(cached) + 4, seqs, drafts, tree)
-    assert runner.static_steps.token_bucket(sum(widths), 4) == 10
+        logits, n = runner.static_steps.verify_packed(widths, 4, max(cached) + 4, seqs, drafts, tree)
+    assert n == runner.static_steps.token_bucket(sum(widths), 4) == 10
     paths = {0: [[], [7], [9], [7, 11]], 2: [[], [5]], 3: [[], [12], [12, 13], [12, 13, 14]]}
     with torch.no_grad():
         for slot, nodes in paths.items():

@@ -157,9 +157,8 @@ class StaticPass(_Pass):
         num = draft.host_num if draft.host_num is not None else [width - 1] * len(round.plan.rows)
         running = set(round.plan.running)
         widths = [1 + min(n, width - 1) if i in running else 0 for i, n in enumerate(num)]
-        steps = self.runner.static_steps
-        logits = steps.verify_packed(widths, width, kv_len(round), self.state.tokens, self.buffers.drafts, round.tree)
-        n = steps.token_bucket(sum(widths), width if round.tree is not None else None)
+        logits, n = self.runner.static_steps.verify_packed(widths, width, kv_len(round), self.state.tokens,
+                                                           self.buffers.drafts, round.tree)
         self.stats.forward(n, n - sum(widths), 0)
         return Verified(logits, (n, 0.0))  # its tokens; its time is not measured (a sync): the replay tables price it
 

@@ -113,11 +113,12 @@ class StaticSteps:
     # ---- the packed verify (packed_static.py) -------------------------------------------------------
 
     def verify_packed(self, widths: list[int], width: int, kv_len: int, seqs: torch.Tensor,
-                      drafts: torch.Tensor, tree: TreeShape | None = None) -> torch.Tensor:
+                      drafts: torch.Tensor, tree: TreeShape | None = None) -> tuple[torch.Tensor, int]:
         """The packed verify of every slot: widths[s] tokens of slot s (its pending token, from seqs
         [num_slots, S] at lengths[s], then drafts[s, :widths[s] - 1]; drafts [num_slots, >= W - 1] is the
-        round's buffer), attending over the bucket of kv_len -> logits [num_slots, width, V], a view of the
-        output buffer (a slot's positions past its own width repeat its last). A chain's tokens are
+        round's buffer), attending over the bucket of kv_len -> (logits [num_slots, width, V], a view of the
+        output buffer (a slot's positions past its own width repeat its last); the tokens it computed, the
+        token bucket). A chain's tokens are
         causal; a tree's (tree: the round's geometry, depth [num_slots, width], ancestors [num_slots, width,
         width]) sit at lengths + depth and see their ancestors, a row's nodes its first widths[s] - 1 node
         slots. Two steps, no sync."""
@@ -134,16 +135,16 @@ class StaticSteps:
         self.graphs.run((self.name, "gather", width), partial(self._gather_step, width=width), (plan, out))
         if self.runner.feature_layers:
             self.runner.features = self.features_buffer(width)
-        return out
+        return out, n
 
     def buckets_of(self, width: int) -> list[int]:
         """The token buckets of a packed verify whose rows verify at most `width` tokens each."""
         return token_buckets(self.num_slots, width)
 
-    def token_bucket(self, tokens: int, width: int | None = None) -> int:
-        """The token bucket a packed verify of `tokens` real tokens runs at (the rest is padding): a chain's, or
-        a tree's of `width`."""
-        buckets = self.token_buckets if width in (None, self.runner.packed_width) else self.buckets_of(width)
+    def token_bucket(self, tokens: int, width: int) -> int:
+        """The token bucket a packed verify of `tokens` real tokens in a grid `width` wide runs at (the rest is
+        padding): a chain's (the packed width), or a tree's."""
+        buckets = self.token_buckets if width == self.runner.packed_width else self.buckets_of(width)
         return next(b for b in buckets if b >= max(tokens, 1))
 
     def _packed_key(self, n: int, bucket: int, width: int, tree: bool) -> tuple:
